@@ -1,0 +1,19 @@
+"""streamwin: stream sliding windows of variable-length sequences from tar shards into DDP.
+
+    import streamwin as sw
+    sw.pack(sequences, "s3://bucket/corpus/")
+    loader = sw.WindowLoader(sw.WindowDataset("s3://bucket/corpus/", window=512, stride=256, batch_size=64))
+"""
+from .dataset import WindowDataset
+from .errors import ManifestError, PackError, ShardError, StateMismatchError, StreamwinError
+from .loader import WindowLoader
+from .manifest import Manifest
+from .pack import merge, pack
+from .plan import Plan, PlanConfig, WindowSpec, make_plan
+from .storage import load_manifest
+
+__version__ = "0.1.0"
+__all__ = sorted([
+    "Manifest", "ManifestError", "PackError", "Plan", "PlanConfig", "ShardError", "StateMismatchError",
+    "StreamwinError", "WindowDataset", "WindowLoader", "WindowSpec", "load_manifest", "make_plan", "merge", "pack",
+])

@@ -1,0 +1,212 @@
+"""WindowDataset: a dataset URL plus a window spec, iterated as a stream of ready batches.
+
+Each DataLoader worker (or the trainer itself with num_workers=0) runs one *stream* of the
+plan: BlockReader -> Batcher -> ThreadPrefetcher. Its iterator is the Stateful object that
+StatefulDataLoader checkpoints: {epoch, batch} plus the plan inputs that must match on load.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .errors import StateMismatchError
+from .manifest import Manifest
+from .nodes import Batcher, BlockReader, ThreadPrefetcher
+from .batch import Gatherer
+from .plan import Plan, PlanConfig, WindowSpec, make_plan
+from .read import ShardSource
+from .storage import load_manifest
+from .world import resolve_world
+
+log = logging.getLogger("streamwin")
+STATE_VERSION = 1
+
+
+class WindowDataset(IterableDataset):
+    """Sliding windows over the sequences of a packed dataset, as batches.
+
+    Args:
+        url: dataset root (local path or fsspec URL) holding index.json and the shards.
+        window: steps per window (``batch["x"]`` is ``[B, window, *features]``).
+        stride: steps between window starts (default: ``window``, no overlap).
+        horizon: target steps right after the window (``batch["y"]``), 0 for none.
+        pad: give a sequence shorter than window + horizon one zero-padded window with ``batch["mask"]``.
+        shuffle: permute slices per epoch and windows within blocks of ``shuffle_buffer``.
+        shuffle_buffer: windows per shuffle block; bounds resident memory.
+        seed: the order is a pure function of (seed, epoch, world_size, num_workers, batch_size).
+        batch_size: windows per batch (batches are formed in the worker).
+        equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
+            (each at least once, repeats marked ``batch["weight"] == 0``).
+        rank, world_size: override the detected ones (see streamwin.world).
+        storage_options: passed to fsspec (credentials, endpoint_url, ...).
+        slice_windows: windows per read slice (default shuffle_buffer // 8); smaller mixes more.
+        readahead: blocks read ahead of the one being batched.
+        prefetch: batches prepared ahead on a background thread (0 disables the thread).
+    """
+
+    def __init__(self, url: str, window: int, stride: int | None = None, horizon: int = 0, *, pad: bool = False,
+                 shuffle: bool = True, shuffle_buffer: int = 10_000, seed: int = 0, batch_size: int = 64,
+                 equalize: str = "drop", rank: int | None = None, world_size: int | None = None,
+                 storage_options: dict[str, Any] | None = None, slice_windows: int | None = None,
+                 readahead: int = 1, prefetch: int = 2, retries: int = 5):
+        self.url = str(url)
+        self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad)
+        self.shuffle, self.shuffle_buffer, self.seed = bool(shuffle), int(shuffle_buffer), int(seed)
+        self.batch_size, self.equalize = int(batch_size), equalize
+        self.slice_windows = int(slice_windows) if slice_windows else max(1, self.shuffle_buffer // 8)
+        self.readahead, self.prefetch, self.retries = int(readahead), int(prefetch), int(retries)
+        self.storage_options = storage_options
+        self._rank, self._world_size = rank, world_size
+        self._world: tuple[int, int] | None = None
+        self.num_workers = 0  # set by WindowLoader
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # seen by persistent workers
+        self._manifest: Manifest | None = None
+        self.config(world_size=1)  # validate the arguments now, with a clear message
+
+    # -- configuration ---------------------------------------------------------------------------
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._manifest = load_manifest(self.url, self.storage_options)
+        return self._manifest
+
+    def world(self) -> tuple[int, int]:
+        """(rank, world_size), resolved on first use (see streamwin.world)."""
+        if self._world is None:
+            self._world = resolve_world(self._rank, self._world_size)
+        return self._world
+
+    def config(self, world_size: int | None = None) -> PlanConfig:
+        return PlanConfig(
+            spec=self.spec, batch_size=self.batch_size,
+            world_size=self.world()[1] if world_size is None else world_size,
+            num_workers=self.num_workers, seed=self.seed, shuffle=self.shuffle,
+            block_windows=self.shuffle_buffer, slice_windows=self.slice_windows, equalize=self.equalize)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Change the order for a new epoch; call it with the same epoch on every rank."""
+        self._epoch.fill_(int(epoch))
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    def plan(self, epoch: int | None = None) -> Plan:
+        m = self.manifest
+        return make_plan(m.length, m.shard_starts, self.config(), self.epoch if epoch is None else epoch)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch: the same on every rank."""
+        return self.plan().batches_per_rank
+
+    def plan_inputs(self) -> dict[str, Any]:
+        """What a checkpoint must agree on to be resumed exactly."""
+        cfg = self.config()
+        d = {k: v for k, v in asdict(cfg).items() if k != "spec"}
+        d.update(asdict(cfg.spec))
+        d["dataset"] = self.manifest.digest
+        return d
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers users care about for this epoch, for logging."""
+        m, p = self.manifest, self.plan()
+        return {"shards": len(m.shards), "sequences": m.num_sequences, "steps": m.num_steps,
+                "windows_per_epoch": p.total_windows, "dropped_windows": p.dropped_windows,
+                "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,
+                "world_size": self.world()[1], "streams": p.config.num_streams,
+                "short_sequences": int((m.length < self.spec.span).sum()) if not self.spec.pad else 0}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_manifest"] = None  # workers reload it; never ship a 100 MB index through a pipe
+        return state
+
+    # -- iteration -------------------------------------------------------------------------------
+    def __iter__(self) -> "StreamIterator":
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 0)
+        if num_workers != self.num_workers:
+            raise RuntimeError(
+                f"WindowDataset planned for num_workers={self.num_workers} but runs with {num_workers} "
+                "DataLoader workers: wrap it in streamwin.WindowLoader, which keeps the two in sync")
+        return StreamIterator(self, worker)
+
+
+class StreamIterator:
+    """One stream's batches for one epoch; its state_dict is what StatefulDataLoader saves."""
+
+    def __init__(self, dataset: WindowDataset, worker: int):
+        self.ds = dataset
+        self.epoch = dataset.epoch
+        rank, _ = dataset.world()
+        self.stream = rank * max(1, dataset.num_workers) + worker
+        self._batch = 0
+        self._node: ThreadPrefetcher | Batcher | None = None
+        self._plan: Plan | None = None
+
+    def __iter__(self) -> "StreamIterator":
+        return self
+
+    def __next__(self) -> dict:
+        if self._node is None:
+            self._start()
+        try:
+            item = next(self._node)
+        except StopIteration:
+            self.close()
+            raise
+        self._batch += 1
+        return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in item.items()}
+
+    def _start(self) -> None:
+        ds = self.ds
+        self._plan = plan = ds.plan(self.epoch)
+        source = ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options, retries=ds.retries)
+        reader = BlockReader(source, plan, self.stream, readahead=ds.readahead)
+        node = Batcher(reader, Gatherer(ds.manifest, ds.spec, with_weight=ds.equalize == "pad"))
+        if ds.prefetch > 0:
+            node = ThreadPrefetcher(node, depth=ds.prefetch)
+        node.reset({Batcher.BATCH_KEY: self._batch})
+        self._node = node
+
+    def close(self) -> None:
+        if isinstance(self._node, ThreadPrefetcher):
+            self._node.close()
+        elif self._node is not None:
+            self._node.reader.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "inputs": self.ds.plan_inputs(), "epoch": self.epoch,
+                "stream": self.stream, "batch": self._batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, self.ds.plan_inputs())
+        if state["stream"] != self.stream:
+            raise StateMismatchError(f"state of stream {state['stream']} loaded into stream {self.stream}")
+        if state["epoch"] == self.epoch:  # same epoch: resume where it stopped; else a new epoch begins
+            self._batch = int(state["batch"])
+            if self._node is not None:
+                self.close()
+                self._node = None
+
+
+def check_state(state: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """Refuse a state taken under other plan inputs, naming each difference."""
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise StateMismatchError(f"not a streamwin loader state of version {STATE_VERSION}: {str(state)[:200]}")
+    saved = state["inputs"]
+    diffs = [f"{k}: in checkpoint {saved.get(k)!r} / now {inputs.get(k)!r}"
+             for k in sorted(set(saved) | set(inputs)) if saved.get(k) != inputs.get(k)]
+    if diffs:
+        raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs))

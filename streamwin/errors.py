@@ -1,0 +1,51 @@
+"""Every error streamwin raises on purpose derives from StreamwinError.
+
+Errors about data name where the problem is: the shard, the member and the byte offset,
+so a user with a corrupt 256 MB shard out of ten thousand can find it.
+"""
+from __future__ import annotations
+
+
+class StreamwinError(Exception):
+    """Base class of all streamwin errors."""
+
+
+class PackError(StreamwinError, ValueError):
+    """Input to `pack` that cannot become a dataset (bad key, dtype mismatch, unreadable item)."""
+
+
+class ManifestError(StreamwinError, ValueError):
+    """A missing, unfinished or malformed index.json."""
+
+
+class ShardError(StreamwinError):
+    """A shard whose bytes disagree with its manifest, or that cannot be read.
+
+    Attributes name the place: ``shard`` (URL), ``member`` (tar member name or None) and
+    ``offset`` (byte offset in the shard, or None).
+    """
+
+    def __init__(self, message: str, *, shard: str, member: str | None = None, offset: int | None = None):
+        where = f"shard {shard}"
+        if member is not None:
+            where += f", member {member}"
+        if offset is not None:
+            where += f", byte offset {offset}"
+        super().__init__(f"{message} ({where})")
+        self.shard = shard
+        self.member = member
+        self.offset = offset
+
+    def __reduce__(self):  # keep the attributes when the error crosses a worker process boundary
+        return (_rebuild_shard_error, (self.args[0], self.shard, self.member, self.offset))
+
+
+def _rebuild_shard_error(text: str, shard: str, member: str | None, offset: int | None) -> ShardError:
+    err = ShardError.__new__(ShardError)
+    Exception.__init__(err, text)
+    err.shard, err.member, err.offset = shard, member, offset
+    return err
+
+
+class StateMismatchError(StreamwinError, ValueError):
+    """A loader state that was taken under other plan inputs than the loader it is loaded into."""

@@ -1,0 +1,69 @@
+"""WindowLoader: a torchdata StatefulDataLoader over a WindowDataset.
+
+Batches are made inside the workers, so the loader passes them through (batch_size=None).
+It keeps the dataset's worker count and epoch in sync with the plan, resolves the rank
+when iteration starts, and checks a checkpoint's plan inputs when it is loaded.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from .dataset import WindowDataset, check_state
+
+log = logging.getLogger("streamwin")
+_META = "streamwin"
+
+
+class WindowLoader(StatefulDataLoader):
+    """A StatefulDataLoader yielding the batches of ``dataset``; ``len()`` is equal on every rank.
+
+    ``num_workers=0`` (the default) runs the pipeline in the trainer's process with a
+    background prefetch thread: on few cores that is the fastest mode, since handing
+    batches between processes costs more than making them.
+    """
+
+    def __init__(self, dataset: WindowDataset, *, num_workers: int = 0, pin_memory: bool = False,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False, **kwargs: Any):
+        if not isinstance(dataset, WindowDataset):
+            raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
+        if kwargs.get("batch_size") is not None:
+            raise ValueError("set batch_size on the WindowDataset: batches are formed inside the workers")
+        kwargs.pop("batch_size", None)
+        dataset.num_workers = num_workers
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
+                         prefetch_factor=prefetch_factor if num_workers > 0 else None,
+                         persistent_workers=persistent_workers and num_workers > 0, **kwargs)
+        self._logged = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch (the same on every rank) before iterating; a new epoch, a new order."""
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self):
+        self.dataset.world()  # resolve rank/world before workers start
+        if not self._logged:
+            self._logged = True
+            if self.dataset.world()[0] == 0:
+                log.info("streamwin: %s", self.dataset.summary())
+        return super().__iter__()
+
+    def state_dict(self) -> dict[str, Any]:
+        self.dataset.world()
+        state = super().state_dict()
+        state[_META] = {"version": 1, "epoch": self.dataset.epoch, "inputs": self.dataset.plan_inputs()}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a position; a following ``set_epoch`` with the same epoch keeps it."""
+        state = dict(state_dict)
+        meta = state.pop(_META, None)
+        if meta is not None:
+            check_state({"version": 1, "inputs": meta["inputs"]}, self.dataset.plan_inputs())
+            self.dataset.set_epoch(meta["epoch"])
+        super().load_state_dict(state)

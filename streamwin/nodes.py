@@ -1,0 +1,174 @@
+"""The pipeline's torchdata.nodes stages: BlockReader -> Batcher (-> Prefetcher).
+
+Both states are cursors, never payloads: the reader's is the next block index, the
+batcher's the number of batches it has produced. Everything else (which windows, in which
+order, which bytes) is recomputed from the plan, so a checkpoint is a few integers.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from .batch import Gatherer
+from .plan import Plan
+from .read import Block, ShardSource
+
+
+class BlockReader(BaseNode[Block]):
+    """Yields the blocks of one stream, reading ``readahead`` blocks ahead on a thread."""
+
+    BLOCK_KEY = "block"
+
+    def __init__(self, source: ShardSource, plan: Plan, stream: int, *, readahead: int = 1):
+        super().__init__()
+        self.source, self.plan, self.stream, self.readahead = source, plan, stream, readahead
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[int, Future] = {}
+        self._next = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._cancel()
+        self._next = int(initial_state[self.BLOCK_KEY]) if initial_state is not None else 0
+
+    def next(self) -> Block:
+        n = self.plan.num_blocks(self.stream)
+        k = self._next
+        if k >= n:
+            raise StopIteration
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read")
+        for j in range(k, min(k + 1 + self.readahead, n)):
+            if j not in self._pending:
+                self._pending[j] = self._pool.submit(self.source.read_block, self.plan, self.stream, j)
+        block = self._pending.pop(k).result()
+        self._next = k + 1
+        return block
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.BLOCK_KEY: self._next}
+
+    def _cancel(self) -> None:
+        for f in self._pending.values():
+            f.cancel()
+        self._pending.clear()
+
+    def close(self) -> None:
+        self._cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+class Batcher(BaseNode[dict]):
+    """Cuts a stream's blocks into exactly ``plan.batches_per_stream`` batches."""
+
+    BATCH_KEY = "batch"
+
+    def __init__(self, reader: BlockReader, gatherer: Gatherer):
+        super().__init__()
+        self.reader, self.gatherer = reader, gatherer
+        self.plan = reader.plan
+        self._batch = 0
+        self._block: Block | None = None
+        self._pos = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._batch = int(initial_state[self.BATCH_KEY]) if initial_state is not None else 0
+        first = self._batch * self.plan.config.batch_size
+        k, self._pos = divmod(first, self.plan.config.block_windows)
+        self.reader.reset({BlockReader.BLOCK_KEY: k})
+        self._block = None
+
+    def next(self) -> dict:
+        if self._batch >= self.plan.batches_per_stream:
+            raise StopIteration
+        need = self.plan.config.batch_size
+        parts = []
+        while need:
+            if self._block is None:  # first block after reset: _pos is the offset in it
+                self._block = next(self.reader)
+            elif self._pos >= len(self._block):
+                self._block = next(self.reader)
+                self._pos = 0
+            take = min(need, len(self._block) - self._pos)
+            parts.append((self._block, self._pos, self._pos + take))
+            self._pos += take
+            need -= take
+        self._batch += 1
+        return self.gatherer.gather(parts)
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.BATCH_KEY: self._batch}
+
+
+class ThreadPrefetcher(BaseNode[dict]):
+    """Runs its source on a background thread, ``depth`` items ahead.
+
+    numpy's copies release the GIL, so gathering the next batch overlaps the training step
+    in the same process at no IPC cost. The state is the source's state *as consumed*: the
+    number of batches handed out, not the number produced ahead.
+    """
+
+    def __init__(self, source: Batcher, depth: int = 2):
+        super().__init__()
+        self.source, self.depth = source, depth
+        self._queue = None
+        self._thread = None
+        self._stop = None
+        self._consumed = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        self.source.reset(initial_state)
+        self._consumed = int(initial_state[Batcher.BATCH_KEY]) if initial_state is not None else 0
+        import queue
+        import threading
+
+        self._queue = queue.Queue(maxsize=self.depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(self._queue, self._stop), daemon=True,
+                                        name="streamwin-prefetch")
+        self._thread.start()
+
+    def _run(self, q, stop) -> None:
+        try:
+            for item in self.source:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except Exception:  # queue.Full
+                        continue
+                if stop.is_set():
+                    return
+            q.put((None, StopIteration()))
+        except BaseException as e:  # hand errors to the consumer, in order
+            q.put((None, e))
+
+    def next(self) -> dict:
+        item, err = self._queue.get()
+        if err is not None:
+            self._queue.put((None, err))  # stay exhausted / failed on later calls
+            raise err
+        self._consumed += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {Batcher.BATCH_KEY: self._consumed}
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            try:
+                while True:
+                    self._queue.get_nowait()
+            except Exception:
+                pass
+            self._thread.join(timeout=5)
+            self._stop = None
+        self.source.reader.close()

@@ -1,0 +1,76 @@
+"""The two byte formats a shard is made of: numpy ``.npy`` members inside ustar tar files.
+
+Pure functions, no I/O. Headers are parsed with numpy's own safe parser
+(``allow_pickle`` never enters: object dtypes are refused before any data is read).
+Tar headers are written with fixed fields (mtime 0, uid/gid 0, mode 0644) so the same input
+gives byte-identical shards.
+"""
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+
+BLOCK = 512
+_MAGIC = b"\x93NUMPY"
+
+
+def npy_header(arr: np.ndarray) -> bytes:
+    """The .npy header (format 1.0, or 2.0 when needed) for a C-ordered copy of ``arr``."""
+    buf = io.BytesIO()
+    d = {"descr": np.lib.format.dtype_to_descr(arr.dtype), "fortran_order": False, "shape": arr.shape}
+    try:
+        np.lib.format.write_array_header_1_0(buf, d)
+    except ValueError:  # header longer than 65535 bytes
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def parse_npy_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, header length) of .npy bytes; ValueError if they are not a plain numeric array."""
+    head = bytes(data[:10])
+    if len(head) < 10 or head[:6] != _MAGIC:
+        raise ValueError("not a .npy member (bad magic bytes)")
+    major = head[6]
+    if major == 1:
+        hlen = 10 + int.from_bytes(head[8:10], "little")
+    elif major == 2:
+        head = bytes(data[:12])
+        hlen = 12 + int.from_bytes(head[8:12], "little")
+    else:
+        raise ValueError(f"unsupported .npy format version {major}")
+    if len(data) < hlen or hlen > 1 << 20:
+        raise ValueError(f"truncated .npy header ({len(data)} bytes, header says {hlen})")
+    fp = io.BytesIO(bytes(data[:hlen]))
+    version = np.lib.format.read_magic(fp)
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    try:
+        shape, fortran, dtype = reader(fp, max_header_size=1 << 20)
+    except (ValueError, SyntaxError, TypeError) as e:
+        raise ValueError(f"bad .npy header: {e}") from e
+    if dtype.hasobject or dtype.kind not in "biufc":
+        raise ValueError(f".npy member has dtype {dtype}: only numeric arrays are read (object arrays would need unpickling)")
+    if fortran and len(shape) > 1:
+        raise ValueError(".npy member is Fortran-ordered; streamwin writes and reads C order only")
+    return dtype, tuple(shape), hlen
+
+
+def tar_header(name: str, size: int) -> bytes:
+    """A deterministic ustar header block for a regular file member."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info.tobuf(format=tarfile.USTAR_FORMAT, encoding="ascii", errors="strict")
+
+
+def tar_padding(size: int) -> bytes:
+    return b"\0" * (-size % BLOCK)
+
+
+TAR_END = b"\0" * (2 * BLOCK)

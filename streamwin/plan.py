@@ -1,0 +1,195 @@
+"""The plan: which windows each stream yields, in which order, and how many batches.
+
+A pure function of (window counts per sequence, shard boundaries, window spec, epoch, seed,
+world_size, num_workers, batch_size); no I/O, so it is exhaustively testable and plans
+4096 ranks on one machine in milliseconds.
+
+It works in *window space*: the windows of the whole dataset numbered 0..N-1 in manifest
+order (sequence by sequence, start by start).
+
+1. A **slice** is a run of about ``slice_windows`` consecutive windows inside one shard:
+   one byte-range read. Shards are cut into slices of equal size; a long sequence spans
+   several slices, a slice may hold many short sequences.
+2. The slices are permuted with an RNG keyed by (seed, epoch), the same on every rank, and
+   laid end to end: the epoch's window order ``V``.
+3. ``V`` is cut into ``S = world_size * max(1, num_workers)`` ranges whose sizes differ by at
+   most one window. Stream ``s`` (rank ``s // workers``, worker ``s % workers``) takes range
+   ``s``, so the streams are balanced to the window whatever the data.
+4. Every stream yields exactly ``L`` windows, ``L`` a multiple of the batch size: with
+   equalize="drop" ``L`` rounds the smallest range down (fewer than S * batch_size windows are
+   dropped per epoch); with "pad" it rounds the largest up and fills with the windows that
+   follow the range in ``V`` (fewer than S * batch_size repeats, each marked weight 0).
+5. A stream's windows are cut into blocks of ``block_windows``; each block is permuted with an
+   RNG keyed by (seed, epoch, stream, block). That is the shuffle; its state is a position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """How windows are cut from a sequence of length T.
+
+    Windows start at 0, stride, 2*stride, ... while start + window + horizon <= T. With
+    ``pad`` a sequence shorter than window + horizon (but not empty) gives one window at 0,
+    padded with zeros and masked.
+    """
+
+    window: int
+    stride: int
+    horizon: int = 0
+    pad: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (("window", 1), ("stride", 1), ("horizon", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+    @property
+    def span(self) -> int:
+        """Steps one window reads: the window and its horizon."""
+        return self.window + self.horizon
+
+    def counts(self, lengths: np.ndarray) -> np.ndarray:
+        """Windows per sequence (int64), vectorized."""
+        # float64 division is exact here (lengths < 2**52) and several times faster than int64 //
+        room = np.asarray(lengths, dtype=np.float64) - self.span
+        n = np.floor_divide(room, self.stride, out=room)
+        n += 1
+        np.maximum(n, 1.0 if self.pad else 0.0, out=n)
+        n = n.astype(np.int64)
+        if self.pad:
+            n[np.asarray(lengths) <= 0] = 0
+        return n
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Everything besides the data that the plan depends on; part of the checkpoint fingerprint."""
+
+    spec: WindowSpec
+    batch_size: int
+    world_size: int = 1
+    num_workers: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    block_windows: int = 10_000
+    slice_windows: int = 1_250
+    equalize: str = "drop"
+
+    def __post_init__(self) -> None:
+        for name, low in (("batch_size", 1), ("world_size", 1), ("num_workers", 0),
+                          ("block_windows", 1), ("slice_windows", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.equalize not in ("drop", "pad"):
+            raise ValueError(f"equalize must be 'drop' or 'pad', got {self.equalize!r}")
+
+    @property
+    def workers_per_rank(self) -> int:
+        return max(1, self.num_workers)
+
+    @property
+    def num_streams(self) -> int:
+        return self.world_size * self.workers_per_rank
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One epoch's plan for all streams; cheap to build, arrays shared by every stream."""
+
+    config: PlanConfig
+    epoch: int
+    window_starts: np.ndarray  # [n_seq + 1] first global window index of each sequence
+    slice_lo: np.ndarray  # [P] first global window of each slice, in epoch order
+    slice_pos: np.ndarray  # [P + 1] position in V where each slice begins
+    stream_lo: np.ndarray  # [S + 1] range of V owned by each stream
+    windows_per_stream: int  # L, a multiple of batch_size
+
+    @property
+    def total_windows(self) -> int:
+        return int(self.window_starts[-1])
+
+    @property
+    def batches_per_stream(self) -> int:
+        return self.windows_per_stream // self.config.batch_size
+
+    @property
+    def batches_per_rank(self) -> int:
+        return self.batches_per_stream * self.config.workers_per_rank
+
+    @property
+    def dropped_windows(self) -> int:
+        """Windows of the dataset not yielded this epoch (equalize="drop")."""
+        owned = np.minimum(np.diff(self.stream_lo), self.windows_per_stream)
+        return self.total_windows - int(owned.sum())
+
+    @property
+    def repeated_windows(self) -> int:
+        """Windows yielded a second time to equalize steps (equalize="pad"), marked weight 0."""
+        return int(np.maximum(self.windows_per_stream - np.diff(self.stream_lo), 0).sum())
+
+    def num_blocks(self, stream: int) -> int:
+        return -(-self.windows_per_stream // self.config.block_windows)
+
+    def block(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """(global window indices, real flags) of one block of a stream, in yield order."""
+        cfg = self.config
+        lo = block * cfg.block_windows
+        hi = min(lo + cfg.block_windows, self.windows_per_stream)
+        if not 0 <= lo < hi:
+            raise IndexError(f"stream {stream} has no block {block}")
+        positions = np.arange(lo, hi, dtype=np.int64)
+        owned = int(self.stream_lo[stream + 1] - self.stream_lo[stream])
+        real = positions < owned
+        v = (self.stream_lo[stream] + positions) % max(self.total_windows, 1)
+        j = np.searchsorted(self.slice_pos, v, side="right") - 1
+        g = self.slice_lo[j] + (v - self.slice_pos[j])
+        if cfg.shuffle:
+            order = np.random.default_rng([cfg.seed, self.epoch, stream, block, 1]).permutation(len(g))
+            g, real = g[order], real[order]
+        return g, real
+
+    def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sequence index, window start step) of global window indices."""
+        seq = np.searchsorted(self.window_starts, g, side="right") - 1
+        return seq, (g - self.window_starts[seq]) * self.config.spec.stride
+
+
+def make_plan(lengths: np.ndarray, shard_starts: np.ndarray, config: PlanConfig, epoch: int) -> Plan:
+    """Plan one epoch. ``shard_starts[k]`` is the first sequence of shard k (with a final total)."""
+    counts = config.spec.counts(lengths)
+    window_starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=window_starts[1:])
+    slice_lo, slice_len = _cut_slices(window_starts[np.asarray(shard_starts, dtype=np.int64)], config.slice_windows)
+    if config.shuffle and len(slice_lo) > 1:
+        order = np.random.default_rng([config.seed, epoch, 0]).permutation(len(slice_lo))
+        slice_lo, slice_len = slice_lo[order], slice_len[order]
+    slice_pos = np.concatenate([[0], np.cumsum(slice_len)]).astype(np.int64)
+    total = int(window_starts[-1])
+    streams = config.num_streams
+    stream_lo = (np.arange(streams + 1, dtype=np.int64) * total) // streams
+    sizes = np.diff(stream_lo)
+    b = config.batch_size
+    if config.equalize == "drop":
+        per_stream = b * (int(sizes.min()) // b)
+    else:
+        per_stream = b * -(-int(sizes.max()) // b) if total else 0
+    return Plan(config, epoch, window_starts, slice_lo, slice_pos, stream_lo, per_stream)
+
+
+def _cut_slices(shard_window_bounds: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut each shard's window range into near-equal slices of at most ``target`` windows."""
+    lo, hi = shard_window_bounds[:-1], shard_window_bounds[1:]
+    n = hi - lo
+    pieces = np.where(n > 0, -(-n // target), 0)
+    shard = np.repeat(np.arange(len(n)), pieces)
+    k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    start = lo[shard] + (k * n[shard]) // pieces[shard]
+    end = lo[shard] + ((k + 1) * n[shard]) // pieces[shard]
+    return start.astype(np.int64), (end - start).astype(np.int64)
