@@ -21,6 +21,14 @@ def _byte_windows(buf: np.ndarray, nbytes: int) -> np.ndarray:
     return view
 
 
+def _cat(parts: list[tuple[Block, int, int]], name: str) -> np.ndarray:
+    """A per-window field of the batch (a view when the batch lies in one block)."""
+    if len(parts) == 1:
+        block, lo, hi = parts[0]
+        return getattr(block, name)[lo:hi]
+    return np.concatenate([getattr(b, name)[lo:hi] for b, lo, hi in parts])
+
+
 class Gatherer:
     """Turns (block, window range) parts into one batch dict of numpy arrays."""
 
@@ -39,7 +47,7 @@ class Gatherer:
         out = {"x": x}
         if spec.horizon:
             out["y"] = self._take(parts, spec.window * sb, spec.horizon)
-        valid = np.concatenate([b.valid[lo:hi] for b, lo, hi in parts]) if len(parts) > 1 else parts[0][0].valid[parts[0][1]:parts[0][2]]
+        valid = _cat(parts, "valid")
         if spec.pad:
             out["mask"] = np.arange(spec.window) < valid[:, None]
             if spec.horizon:
@@ -48,11 +56,10 @@ class Gatherer:
                 x[~out["mask"]] = 0
                 if spec.horizon:
                     out["y"][~out["y_mask"]] = 0
-        seq = np.concatenate([b.seq[lo:hi] for b, lo, hi in parts])
-        out["start"] = np.concatenate([b.start[lo:hi] for b, lo, hi in parts])
-        out["key"] = self.manifest.keys(seq)
+        out["start"] = _cat(parts, "start").copy()
+        out["key"] = [k for b, lo, hi in parts for k in b.batch_keys(lo, hi)]
         if self.with_weight:
-            out["weight"] = np.concatenate([b.real[lo:hi] for b, lo, hi in parts]).astype(np.float32)
+            out["weight"] = _cat(parts, "real").astype(np.float32)
         return out
 
     def _take(self, parts: list[tuple[Block, int, int]], shift: int, steps: int) -> np.ndarray:

@@ -17,6 +17,11 @@ log = logging.getLogger("streamwin")
 _META = "streamwin"
 
 
+def passthrough(batch: dict) -> dict:
+    """The loader's collate_fn: batches arrive ready-made (default_convert would walk every key)."""
+    return batch
+
+
 class WindowLoader(StatefulDataLoader):
     """A StatefulDataLoader yielding the batches of ``dataset``; ``len()`` is equal on every rank.
 
@@ -32,6 +37,7 @@ class WindowLoader(StatefulDataLoader):
         if kwargs.get("batch_size") is not None:
             raise ValueError("set batch_size on the WindowDataset: batches are formed inside the workers")
         kwargs.pop("batch_size", None)
+        kwargs.setdefault("collate_fn", passthrough)
         dataset.num_workers = num_workers
         super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                          prefetch_factor=prefetch_factor if num_workers > 0 else None,

@@ -89,12 +89,12 @@ class Manifest:
 
     def keys(self, indices) -> list[str]:
         """Keys of many sequences at once (the batch's ``key`` field)."""
-        ends = self.key_ends
+        uniq, inv = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
+        ends = self.key_ends[uniq].tolist()
+        starts = np.where(uniq > 0, self.key_ends[np.maximum(uniq - 1, 0)], 0).tolist()
         blob = self.key_blob
-        out = []
-        for i in np.asarray(indices, dtype=np.int64).tolist():
-            out.append(blob[(ends[i - 1] if i > 0 else 0) : ends[i]].decode("ascii"))
-        return out
+        names = [blob[a:b].decode("ascii") for a, b in zip(starts, ends)]
+        return [names[i] for i in inv.tolist()]
 
     def shard_of(self, i: int) -> int:
         return int(np.searchsorted(self.shard_starts, i, side="right") - 1)

@@ -43,6 +43,12 @@ class Block:
     start: np.ndarray
     real: np.ndarray
     valid: np.ndarray
+    keys: list[str]  # keys of the block's distinct sequences
+    key_index: np.ndarray  # window i belongs to keys[key_index[i]]
+
+    def batch_keys(self, lo: int, hi: int) -> list[str]:
+        keys = self.keys
+        return [keys[i] for i in self.key_index[lo:hi].tolist()]
 
     def __len__(self) -> int:
         return len(self.offs)
@@ -71,6 +77,7 @@ class ShardSource:
         self.retries, self.backoff = retries, backoff
         self.stats = ReadStats()
         self._header_cache: dict[bytes, tuple] = {}
+        self._descr = np.lib.format.dtype_to_descr(manifest.dtype)
         self._lock = threading.Lock()
 
     def shard_url(self, k: int) -> str:
@@ -101,7 +108,7 @@ class ShardSource:
         else:
             buf, base = self._read_plain(uniq, smin, np.minimum(length, smax + span), span * sb)
         offs = base[inv] + start * sb
-        return Block(buf, offs, seq, start, real, valid)
+        return Block(buf, offs, seq, start, real, valid, m.keys(uniq), inv)
 
     # -- uncompressed: byte ranges straight into the block buffer ------------------------------
     def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray, tail: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +141,11 @@ class ShardSource:
 
     def _check_header(self, header: bytes, i: int, k: int) -> int:
         m = self.manifest
-        expected = (m.dtype, (int(m.length[i]),) + m.step_shape, int(m.hlen[i]))
+        shape = (int(m.length[i]),) + m.step_shape
+        hlen = int(m.hlen[i])
+        if header == npyfmt.expected_npy_header(self._descr, shape, hlen):
+            return hlen
+        expected = (m.dtype, shape, hlen)
         got = self._header_cache.get(header)
         if got is None:
             try:

@@ -1,0 +1,490 @@
+"""Sources: turn what the user has into a deterministic stream of sequences ``(key, array, meta)``.
+
+The packer needs two things from a source: a list of independent *units* of work that it
+can hand to worker processes, and a way to read one unit. So a source is read in two steps::
+
+    units = list_units("data/ecg/")              # format detected from the file suffixes
+    for unit in units:                           # sorted by relative path; picklable
+        for key, array, meta in read_unit(unit): # deterministic order inside the unit
+            ...
+
+A unit is one input file (or, for an in-memory Python iterable, the iterable itself, read
+in-process). ``source`` is a local path (file or directory), a list of paths, an fsspec URL
+(``s3://bucket/dir``, ``memory://x``), or an iterable of ``(key, array)`` / ``(key, array,
+meta)`` tuples. Directories are walked recursively; hidden files and folders (names starting
+with ``.``) are skipped. Keys are derived from paths relative to the source root (for a list,
+the deepest folder that holds all its entries), so ``data/a/b.npy`` read from ``data/`` is
+``a__b``.
+
+Formats, and the options each accepts (an unknown option is an error):
+
+- ``npy``      one sequence per ``.npy`` file; key from the relative path.
+- ``npz``      every array of an ``.npz`` is a sequence; key ``<relpath>__<array name>``, or
+               the bare array name when the source is that one file.
+- ``parquet``  ``id_column``, ``order_column``, ``value_columns``, ``squeeze``, ``list_column``.
+               Long layout (one row per time step): rows grouped by ``id_column``, sorted by
+               ``order_column`` (else file order), ``value_columns`` (default: every other
+               numeric column) stacked to [T, F] ([T] for one column when ``squeeze``).
+               A sequence must lie within one file. Row layout (one row per sequence): chosen
+               when ``list_column`` is given or value columns are list-typed; each row's list
+               (or list of lists -> [T, F]) is a sequence, keyed by ``id_column`` or
+               ``<file>_<row>`` (row counted from 0).
+- ``csv``      the long layout of parquet (``id_column`` required); pyarrow.csv if installed,
+               else the stdlib csv module.
+- ``jsonl``    ``field`` (default "tokens"), ``key_field`` (default "id" when the object has
+               one, else ``<file>_<line>``, line counted from 1), ``dtype`` (default int32 for
+               integers, float32 otherwise), ``meta_fields`` (default: every other JSON scalar).
+               ``.jsonl.gz`` is decompressed.
+- ``text``     ``suffixes`` (default: every file). Each file is one uint8 sequence of its bytes;
+               the key keeps the suffix (``src/x.c`` -> ``src__x_c``) so that ``x.c`` and
+               ``x.h`` stay apart. Empty files give zero-length arrays.
+- ``iterable`` no options; keys are checked as given, arrays go through ``np.asarray``.
+
+Ids and array names become keys with their dots replaced, never cut as extensions. Keys are
+not checked for duplicates here: that needs the whole stream, which only the packer sees.
+Everything unreadable or malformed raises PackError naming the file (and line, row, array or
+column), raised from the original exception. Arrays must be numeric: object, string and
+structured arrays are refused, and nothing is ever unpickled.
+"""
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import json
+import os
+import posixpath
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from .errors import PackError
+from .keys import check_key, key_from_name
+
+Item = tuple[str, np.ndarray, dict | None]
+FORMATS = ("npy", "npz", "parquet", "csv", "jsonl", "text", "iterable")
+
+_LONG = ("id_column", "order_column", "value_columns", "squeeze")
+_OPTIONS: dict[str, tuple[str, ...]] = {
+    "npy": (), "npz": (), "parquet": (*_LONG, "list_column"), "csv": _LONG,
+    "jsonl": ("field", "key_field", "dtype", "meta_fields"), "text": ("suffixes",), "iterable": (),
+}
+_SUFFIXES = {
+    "npy": (".npy",), "npz": (".npz",), "parquet": (".parquet", ".pq"), "csv": (".csv", ".csv.gz"),
+    "jsonl": (".jsonl", ".jsonl.gz", ".ndjson"), "text": (".txt",),
+}
+_NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One independent piece of a source, cheap to pickle and send to a worker.
+
+    Args:
+        format: one of FORMATS.
+        path: what fsspec opens: a local path or a URL ("<iterable>" for iterables).
+        name: the path relative to the source root; keys are derived from it.
+        options: the format's options, sorted (key, value) pairs with lists made tuples.
+        single: the source named this one file (npz keys are then the bare array names).
+        data: the Python iterable of an "iterable" unit, else None.
+    """
+
+    format: str
+    path: str
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+    single: bool = False
+    data: Any = field(default=None, compare=False, repr=False)
+
+
+# ---- listing ---------------------------------------------------------------------------------
+
+def detect_format(source: Any) -> str:
+    """Name the format of ``source``: "iterable" for Python objects, else from file suffixes."""
+    if _is_paths(source):
+        return _detect(_find_files(source), source)
+    if isinstance(source, Iterable):
+        return "iterable"
+    raise PackError(f"source of type {type(source).__name__} is not a path, URL or iterable")
+
+
+def list_units(source: Any, *, format: str | None = None, **options: Any) -> list[Unit]:
+    """Deterministic list of the independent work units of ``source`` (one per input file).
+
+    Files of a directory are sorted by relative path; entries of a list keep their order.
+    An in-memory iterable becomes a single unit that carries it (read in-process; a
+    generator can be read only once).
+    """
+    if format is not None and format not in FORMATS:
+        raise PackError(f"unknown format {format!r}; known formats: {', '.join(FORMATS)}")
+    if not _is_paths(source):
+        if format not in (None, "iterable") or not isinstance(source, Iterable):
+            raise PackError(f"source of type {type(source).__name__} is not a path, URL or iterable")
+        return [Unit("iterable", "<iterable>", "", _check_options("iterable", options), data=source)]
+    files = _find_files(source)
+    fmt = format or _detect(files, source)
+    if fmt == "iterable":
+        raise PackError(f"format 'iterable' needs a Python iterable, not the path {source!r}")
+    opts = _check_options(fmt, options)
+    suffixes = dict(opts).get("suffixes") if fmt == "text" else _SUFFIXES[fmt]
+    single = not isinstance(source, (list, tuple))
+    units = [Unit(fmt, url, rel, opts, single and named) for url, rel, named in files
+             if named or suffixes is None or rel.lower().endswith(suffixes)]
+    if not units:
+        raise PackError(f"no {fmt} files in {source!r} (suffixes {suffixes})")
+    return units
+
+
+def _is_paths(source: Any) -> bool:
+    if isinstance(source, (str, os.PathLike)):
+        return True
+    return isinstance(source, (list, tuple)) and bool(source) and all(
+        isinstance(s, (str, os.PathLike)) for s in source)
+
+
+def _find_files(source: Any) -> list[tuple[str, str, bool]]:
+    """(url, path relative to the root, named directly) of every file of a path source."""
+    entries = [os.fspath(s) for s in source] if isinstance(source, (list, tuple)) else [os.fspath(source)]
+    located = [fsspec.core.url_to_fs(e) for e in entries]
+    fs = located[0][0]
+    if any(type(other) is not type(fs) for other, _ in located):
+        raise PackError(f"all paths of a list source must be on one filesystem: {entries}")
+    dirs = []
+    for entry, (_, path) in zip(entries, located):
+        if not fs.exists(path):
+            raise PackError(f"no such file or directory: {entry}")
+        dirs.append(fs.isdir(path))
+    root = posixpath.commonpath([p if d else posixpath.dirname(p) for (_, p), d in zip(located, dirs)])
+    found = []
+    for (_, path), is_dir in zip(located, dirs):
+        if not is_dir:
+            found.append((_url(fs, path), posixpath.relpath(path, root), True))
+            continue
+        inside = [p for p in fs.find(path) if not any(
+            part.startswith(".") for part in posixpath.relpath(p, path).split("/"))]
+        found += sorted((_url(fs, p), posixpath.relpath(p, root), False) for p in inside)
+    return found
+
+
+def _url(fs: Any, path: str) -> str:
+    return path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
+
+
+def _detect(files: list[tuple[str, str, bool]], source: Any) -> str:
+    found = {fmt for _, rel, _ in files for fmt, suffixes in _SUFFIXES.items() if rel.lower().endswith(suffixes)}
+    data = found - {"text"}
+    if len(data) == 1:
+        return data.pop()
+    if not data and found:
+        return "text"
+    raise PackError(f"cannot tell the format of {source!r} (found: {sorted(found) or 'no known suffix'}); "
+                    f"pass format= one of {', '.join(FORMATS)}")
+
+
+def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Refuse unknown options; return the given ones as sorted, hashable pairs."""
+    accepted = _OPTIONS[fmt]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise PackError(f"unknown option(s) {unknown} for format {fmt!r}; accepted: {list(accepted) or 'none'}")
+    opts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items() if v is not None}
+    if isinstance(opts.get("suffixes"), str):
+        opts["suffixes"] = (opts["suffixes"],)
+    if "dtype" in opts:
+        try:
+            opts["dtype"] = np.dtype(opts["dtype"]).name
+        except TypeError as e:
+            raise PackError(f"jsonl option dtype={options['dtype']!r} is not a numpy dtype") from e
+        if np.dtype(opts["dtype"]).kind not in _NUMERIC_KINDS:
+            raise PackError(f"jsonl option dtype={opts['dtype']!r} is not numeric")
+    if fmt == "csv" and "id_column" not in opts:
+        raise PackError("csv sources are long format: pass id_column= (the column naming each sequence)")
+    return tuple(sorted(opts.items()))
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+def read_unit(unit: Unit) -> Iterator[Item]:
+    """Yield the sequences ``(key, array, meta)`` of one unit, in a deterministic order."""
+    reader = _READERS[unit.format]
+    try:
+        yield from reader(unit, dict(unit.options))
+    except PackError:
+        raise
+    except Exception as e:
+        raise PackError(f"cannot read {unit.path}: {type(e).__name__}: {e}") from e
+
+
+def _open(unit: Unit, mode: str = "rb") -> Any:
+    encoding = "utf-8" if "t" in mode else None
+    return fsspec.open(unit.path, mode, compression="infer", encoding=encoding)
+
+
+def _text_key(text: str) -> str:
+    """A key from free text (an id, an array name): dots are replaced, never cut as an extension."""
+    return key_from_name(text + ".")  # key_from_name strips only the last suffix, here the empty one
+
+
+def _file_key(unit: Unit) -> str:
+    """The key part of a file name: ``dir/b.jsonl.gz`` -> ``dir__b``."""
+    name = unit.name[:-3] if unit.name.endswith(".gz") else unit.name
+    return key_from_name(name)
+
+
+def _check_array(arr: Any, where: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise PackError(f"{where}: expected a numpy array, got {type(arr).__name__}")
+    if arr.dtype.kind not in _NUMERIC_KINDS:
+        raise PackError(f"{where}: dtype {arr.dtype} is not numeric (object, string and structured "
+                        "arrays are refused)")
+    if arr.ndim == 0:
+        raise PackError(f"{where}: a sequence needs shape [T] or [T, F, ...], got a scalar")
+    return arr
+
+
+def _read_npy(unit: Unit, opts: dict) -> Iterator[Item]:
+    with _open(unit) as f:
+        arr = np.load(f, allow_pickle=False)
+    yield key_from_name(unit.name), _check_array(arr, unit.path), None
+
+
+def _read_npz(unit: Unit, opts: dict) -> Iterator[Item]:
+    prefix = "" if unit.single else posixpath.splitext(unit.name)[0] + "__"
+    with _open(unit) as f:
+        npz = np.load(f, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise PackError(f"{unit.path}: not an .npz archive")
+        with npz:
+            for name in npz.files:  # archive order, which is the order they were saved in
+                where = f"{unit.path}, array {name!r}"
+                try:
+                    arr = npz[name]
+                except Exception as e:
+                    raise PackError(f"{where}: {type(e).__name__}: {e}") from e
+                yield _text_key(prefix + name), _check_array(arr, where), None
+
+
+def _read_text(unit: Unit, opts: dict) -> Iterator[Item]:
+    with _open(unit) as f:
+        data = f.read()
+    yield _text_key(unit.name), np.frombuffer(data, dtype=np.uint8), None
+
+
+def _read_iterable(unit: Unit, opts: dict) -> Iterator[Item]:
+    for i, item in enumerate(unit.data):
+        where = f"iterable item {i}"
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+            raise PackError(f"{where}: expected (key, array) or (key, array, meta), got {type(item).__name__}")
+        try:
+            key = check_key(item[0])
+        except PackError as e:
+            raise PackError(f"{where}: {e}") from e
+        meta = item[2] if len(item) == 3 else None
+        if meta is not None and not isinstance(meta, dict):
+            raise PackError(f"{where} (key {key!r}): meta must be a dict or None, got {type(meta).__name__}")
+        try:
+            arr = np.asarray(item[1])
+        except Exception as e:
+            raise PackError(f"{where} (key {key!r}): cannot make an array: {e}") from e
+        yield key, _check_array(arr, f"{where} (key {key!r})"), meta
+
+
+# ---- jsonl -----------------------------------------------------------------------------------
+
+def _read_jsonl(unit: Unit, opts: dict) -> Iterator[Item]:
+    field_name = opts.get("field", "tokens")
+    with _open(unit, "rt") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{unit.path}, line {lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PackError(f"{where}: invalid JSON: {e}") from e
+            if not isinstance(obj, dict) or field_name not in obj:
+                raise PackError(f"{where}: expected a JSON object with field {field_name!r}")
+            key_field = opts.get("key_field", "id" if "id" in obj else None)
+            if key_field is None:
+                key = _text_key(f"{_file_key(unit)}_{lineno}")
+            elif key_field in obj:
+                key = _text_key(str(obj[key_field]))
+            else:
+                raise PackError(f"{where}: no key field {key_field!r}")
+            arr = _json_array(obj[field_name], opts.get("dtype"), f"{where}, field {field_name!r}")
+            yield key, arr, _json_meta(obj, {field_name, key_field}, opts.get("meta_fields"))
+
+
+def _json_array(value: Any, dtype: str | None, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # ragged lists
+        raise PackError(f"{where}: {e}") from e
+    if arr.size and arr.dtype.kind not in "iuf":
+        raise PackError(f"{where}: expected a list of numbers, got dtype {arr.dtype}")
+    floats = arr.size and arr.dtype.kind == "f"  # an empty list counts as integers
+    target = np.dtype(dtype or (np.float32 if floats else np.int32))
+    out = _check_array(arr, where).astype(target)
+    if target.kind in "iu" and not np.array_equal(out, arr):
+        raise PackError(f"{where}: values do not fit {target} exactly; pass a wider dtype= (e.g. 'int64')")
+    return out
+
+
+def _json_meta(obj: dict, used: set, meta_fields: tuple | None) -> dict | None:
+    if meta_fields is not None:
+        meta = {k: obj[k] for k in meta_fields if k in obj}
+    else:
+        scalar = (str, int, float, bool, type(None))
+        meta = {k: v for k, v in obj.items() if k not in used and isinstance(v, scalar)}
+    return meta or None
+
+
+# ---- tables: long layout (parquet, csv) and row layout (parquet) --------------------------------
+
+def _read_csv(unit: Unit, opts: dict) -> Iterator[Item]:
+    with _open(unit) as f:
+        try:
+            pacsv = importlib.import_module("pyarrow.csv")
+        except ImportError:
+            columns = _csv_columns_stdlib(f, unit.path)
+        else:
+            table = pacsv.read_csv(f)
+            columns = {c: table.column(c).to_numpy() for c in table.column_names}
+    yield from _long_sequences(columns, opts, unit.path)
+
+
+def _csv_columns_stdlib(f: Any, where: str) -> dict[str, np.ndarray]:
+    """Columns of a CSV file, each int64 or float64 when all its cells parse (empty -> NaN), else str."""
+    reader = csv.reader(io.TextIOWrapper(f, encoding="utf-8", newline=""))
+    header = next(reader, [])
+    rows = []
+    for lineno, row in enumerate(reader, 2):
+        if len(row) != len(header):
+            raise PackError(f"{where}, line {lineno}: {len(row)} fields, the header has {len(header)}")
+        rows.append(row)
+    columns = {}
+    for name, cells in zip(header, zip(*rows) if rows else [()] * len(header)):
+        text = np.asarray(cells, dtype=str)
+        columns[name] = text
+        for dtype, cells_as in ((np.int64, text), (np.float64, np.where(text == "", "nan", text))):
+            try:
+                columns[name] = cells_as.astype(dtype)
+                break
+            except ValueError:
+                continue
+    return columns
+
+
+def _long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str) -> Iterator[Item]:
+    """One sequence per id: its rows, sorted by the order column (stable: file order on ties)."""
+    id_col, order_col = opts.get("id_column"), opts.get("order_column")
+    if id_col is None:
+        raise PackError(f"{where}: long layout needs id_column= (or list columns for one row per sequence)")
+    for name in filter(None, (id_col, order_col)):
+        if name not in columns:
+            raise PackError(f"{where}: no column {name!r} (columns: {list(columns)})")
+    values = _value_matrix(columns, opts, where)
+    uniq, first, inverse = np.unique(columns[id_col], return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    sort_keys = (inverse,) if order_col is None else (columns[order_col], inverse)
+    rows = np.lexsort(sort_keys)  # grouped by id (last key is primary), then by order
+    ends = np.cumsum(np.bincount(inverse, minlength=len(uniq)))
+    starts = ends - np.bincount(inverse, minlength=len(uniq))
+    for g in np.argsort(first):  # ids in order of first appearance in the file
+        yield _text_key(str(uniq[g])), values[rows[starts[g]:ends[g]]], None
+
+
+def _value_matrix(columns: dict[str, np.ndarray], opts: dict, where: str) -> np.ndarray:
+    """The value columns stacked to [N, F], or [N] for one column when squeeze (default True)."""
+    skip = {opts.get("id_column"), opts.get("order_column")}
+    names = opts.get("value_columns") or [
+        c for c, a in columns.items() if c not in skip and a.dtype.kind in _NUMERIC_KINDS]
+    if not names:
+        raise PackError(f"{where}: no numeric value columns (columns: {list(columns)})")
+    for name in names:
+        if name not in columns:
+            raise PackError(f"{where}: no column {name!r} (columns: {list(columns)})")
+        if columns[name].dtype.kind not in _NUMERIC_KINDS:
+            raise PackError(f"{where}: column {name!r} is not numeric (dtype {columns[name].dtype})")
+    if len(names) == 1 and opts.get("squeeze", True):
+        return columns[names[0]]
+    return np.column_stack([columns[n] for n in names])
+
+
+def _read_parquet(unit: Unit, opts: dict) -> Iterator[Item]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise PackError(f"{unit.path}: reading parquet needs pyarrow: pip install 'streamwin[parquet]'") from e
+    with _open(unit) as f:
+        table = pq.read_table(f)
+    skip = {opts.get("id_column"), opts.get("order_column")}
+    candidates = opts.get("value_columns") or [c for c in table.column_names if c not in skip]
+    list_cols = opts.get("list_column") or [
+        c for c in candidates if c in table.column_names and _is_list(pa, table.schema.field(c).type)]
+    if list_cols:
+        yield from _row_sequences(table, [list_cols] if isinstance(list_cols, str) else list(list_cols),
+                                  opts, unit)
+    else:
+        columns = {c: table.column(c).to_numpy() for c in table.column_names}
+        yield from _long_sequences(columns, opts, unit.path)
+
+
+def _is_list(pa: Any, t: Any) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit) -> Iterator[Item]:
+    """One sequence per row: the row's list(s); several list columns are stacked as features."""
+    id_col = opts.get("id_column")
+    for name in names + ([id_col] if id_col else []):
+        if name not in table.column_names:
+            raise PackError(f"{unit.path}: no column {name!r} (columns: {table.column_names})")
+    per_column = [_list_arrays(table, name, unit.path) for name in names]
+    ids = table.column(id_col).to_pylist() if id_col else None
+    file_key = _file_key(unit)
+    for row in range(table.num_rows):
+        where = f"{unit.path}, row {row}"
+        parts = [arrays[row] for arrays in per_column]
+        if len(parts) > 1 and (any(p.ndim != 1 for p in parts) or len({len(p) for p in parts}) > 1):
+            raise PackError(f"{where}: list columns {names} differ in length or are nested")
+        arr = parts[0] if len(parts) == 1 else np.stack(parts, axis=1)
+        key = _text_key(str(ids[row]) if ids is not None else f"{file_key}_{row}")
+        yield key, _check_array(arr, where), None
+
+
+def _list_arrays(table: Any, name: str, where: str) -> list[np.ndarray]:
+    """Split a list<number> column into [T] arrays, a list<list<number>> column into [T, F]."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = table.column(name).combine_chunks()
+    where = f"{where}, column {name!r}"
+    if not _is_list(pa, col.type):
+        raise PackError(f"{where}: not a list column (type {col.type})")
+    if col.null_count:
+        raise PackError(f"{where}: {col.null_count} rows are null")
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    inner = col.flatten()
+    if _is_list(pa, inner.type):  # [T, F]: every step must have the same width F
+        widths = pc.list_value_length(inner).to_numpy(zero_copy_only=False)
+        width = int(widths[0]) if len(widths) else 0
+        if inner.null_count or (widths != width).any():
+            raise PackError(f"{where}: inner lists must all have one length (got {sorted(set(widths))[:5]})")
+        values = inner.flatten().to_numpy(zero_copy_only=False).reshape(len(widths), width)
+    else:
+        values = inner.to_numpy(zero_copy_only=False)
+    if values.dtype.kind not in _NUMERIC_KINDS:
+        raise PackError(f"{where}: values are not numeric (dtype {values.dtype})")
+    return np.split(values, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+
+_READERS = {
+    "npy": _read_npy, "npz": _read_npz, "parquet": _read_parquet, "csv": _read_csv,
+    "jsonl": _read_jsonl, "text": _read_text, "iterable": _read_iterable,
+}

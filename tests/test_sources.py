@@ -1,0 +1,313 @@
+"""sources: every format yields the sequences an independent reading of the input expects,
+in a deterministic order, from picklable units; bad input is a PackError naming the file."""
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import sys
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamwin.errors import PackError
+from streamwin.sources import FORMATS, Unit, detect_format, list_units, read_unit
+
+
+def read_all(source, **kw) -> list[tuple[str, np.ndarray, dict | None]]:
+    return [item for unit in list_units(source, **kw) for item in read_unit(unit)]
+
+
+def assert_items(got, expected) -> None:
+    """Same keys in the same order, arrays equal in shape, dtype and values, same meta."""
+    assert [k for k, _, _ in got] == [k for k, _, _ in expected]
+    for (key, arr, meta), (_, want, want_meta) in zip(got, expected):
+        assert arr.shape == want.shape and arr.dtype == want.dtype, key
+        np.testing.assert_array_equal(arr, want, err_msg=key)
+        assert meta == want_meta, key
+
+
+def assert_deterministic_and_picklable(source, **kw) -> None:
+    units = list_units(source, **kw)
+    assert units == list_units(source, **kw)
+    assert pickle.loads(pickle.dumps(units)) == units
+    first = [(k, a.tobytes(), m) for u in units for k, a, m in read_unit(u)]
+    again = [(k, a.tobytes(), m) for u in pickle.loads(pickle.dumps(units)) for k, a, m in read_unit(u)]
+    assert first == again
+
+
+# ---- npy -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def npy_dir(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {"b.npy": rng.normal(size=(5, 3)).astype(np.float32), "a.npy": np.arange(7, dtype=np.int64),
+              "sub/c.v2.npy": rng.integers(0, 9, size=(4, 2, 2)).astype(np.uint16)}
+    for rel, arr in arrays.items():
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        np.save(tmp_path / rel, arr)
+    (tmp_path / ".hidden.npy").write_bytes(b"junk")  # hidden files are skipped
+    (tmp_path / "README.md").write_text("not data")  # other suffixes are skipped
+    return tmp_path, arrays
+
+
+def test_npy_directory(npy_dir):
+    root, arrays = npy_dir
+    expected = [("a", arrays["a.npy"], None), ("b", arrays["b.npy"], None),
+                ("sub__c_v2", arrays["sub/c.v2.npy"], None)]
+    assert detect_format(root) == "npy"
+    assert_items(read_all(root), expected)
+    assert [u.name for u in list_units(root)] == ["a.npy", "b.npy", "sub/c.v2.npy"]
+    assert_deterministic_and_picklable(root)
+
+
+def test_npy_single_file_and_list(npy_dir):
+    root, arrays = npy_dir
+    assert_items(read_all(root / "b.npy"), [("b", arrays["b.npy"], None)])
+    # a list keeps its order; names are relative to the deepest folder holding all entries
+    got = read_all([str(root / "sub"), str(root / "a.npy")])
+    assert_items(got, [("sub__c_v2", arrays["sub/c.v2.npy"], None), ("a", arrays["a.npy"], None)])
+
+
+def test_npy_refuses_object_and_string_arrays(tmp_path):
+    np.save(tmp_path / "obj.npy", np.array([{"x": 1}, None], dtype=object), allow_pickle=True)
+    with pytest.raises(PackError, match="obj.npy") as info:
+        read_all(tmp_path)
+    assert info.value.__cause__ is not None
+    (tmp_path / "obj.npy").unlink()
+    np.save(tmp_path / "str.npy", np.array(["a", "b"]))
+    with pytest.raises(PackError, match=r"str\.npy.*not numeric"):
+        read_all(tmp_path)
+
+
+def test_npy_from_memory_filesystem():
+    fs = fsspec.filesystem("memory")
+    arrays = {"z.npy": np.arange(3, dtype=np.int16), "d/y.npy": np.ones((2, 4), dtype=np.float64)}
+    for rel, arr in arrays.items():
+        with fs.open(f"/swtest/{rel}", "wb") as f:
+            np.save(f, arr)
+    try:
+        expected = [("d__y", arrays["d/y.npy"], None), ("z", arrays["z.npy"], None)]
+        assert_items(read_all("memory://swtest"), expected)
+        assert all(u.path.startswith("memory://") for u in list_units("memory://swtest"))
+        assert_deterministic_and_picklable("memory://swtest")
+    finally:
+        fs.rm("/swtest", recursive=True)
+
+
+# ---- npz -------------------------------------------------------------------------------------
+
+def test_npz_file_and_directory(tmp_path):
+    a, b = np.arange(4, dtype=np.int32), np.zeros((3, 2), dtype=np.float32)
+    np.savez(tmp_path / "x.npz", second=a, first=b)
+    (tmp_path / "d").mkdir()
+    np.savez(tmp_path / "d" / "y.z.npz", **{"w.1": a})
+    # a single file: bare array names, in the order saved
+    assert_items(read_all(tmp_path / "x.npz"), [("second", a, None), ("first", b, None)])
+    expected = [("d__y_z__w_1", a, None), ("x__second", a, None), ("x__first", b, None)]
+    assert_items(read_all(tmp_path), expected)
+    assert len(list_units(tmp_path)) == 2
+    assert_deterministic_and_picklable(tmp_path)
+
+
+def test_npz_refuses_object_array_naming_it(tmp_path):
+    np.savez(tmp_path / "bad.npz", ok=np.arange(2), bad=np.array([None, 1], dtype=object))
+    with pytest.raises(PackError, match=r"bad\.npz, array 'bad'"):
+        read_all(tmp_path / "bad.npz")
+
+
+# ---- parquet ---------------------------------------------------------------------------------
+
+def test_parquet_long_layout(tmp_path):
+    table = pa.table({"sid": ["s2", "s1", "s2", "s1", "s2"], "t": [2, 1, 0, 0, 1],
+                      "x": [2.0, 11.0, 0.0, 10.0, 1.0], "y": [20, 110, 0, 100, 10], "note": list("abcde")})
+    pq.write_table(table, tmp_path / "long.parquet")
+    got = read_all(tmp_path, id_column="sid", order_column="t")
+    expected = [("s2", np.array([[0.0, 0], [1, 10], [2, 20]]), None),  # ids in order of first appearance
+                ("s1", np.array([[10.0, 100], [11, 110]]), None)]
+    assert_items(got, expected)
+    # one value column squeezes to [T]; without order_column rows keep file order
+    got = read_all(tmp_path, id_column="sid", value_columns=["y"])
+    assert_items(got, [("s2", np.array([20, 0, 10]), None), ("s1", np.array([110, 100]), None)])
+    got = read_all(tmp_path, id_column="sid", value_columns=["y"], squeeze=False)
+    assert got[0][1].shape == (3, 1)
+    assert_deterministic_and_picklable(tmp_path, id_column="sid", order_column="t")
+
+
+def test_parquet_row_layout(tmp_path):
+    tokens = [[1, 2, 3], [], [4]]
+    pq.write_table(pa.table({"doc": ["a.1", "b", "c"], "tokens": tokens}), tmp_path / "p1.parquet")
+    pq.write_table(pa.table({"feat": [[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0]]]}), tmp_path / "p2.pq")
+    got = read_all(tmp_path / "p1.parquet", id_column="doc")
+    assert_items(got, [(k, np.array(t, dtype=np.int64), None) for k, t in zip(["a_1", "b", "c"], tokens)])
+    got = read_all(tmp_path / "p2.pq")  # list-typed column found without options; keys <file>_<row>
+    assert_items(got, [("p2_0", np.array([[1.0, 2], [3, 4]]), None), ("p2_1", np.array([[5.0, 6]]), None)])
+    assert [u.name for u in list_units(tmp_path, list_column="tokens")] == ["p1.parquet", "p2.pq"]
+
+
+def test_parquet_errors_name_the_file(tmp_path, monkeypatch):
+    pq.write_table(pa.table({"sid": [1, 1], "name": ["x", "y"]}), tmp_path / "t.parquet")
+    with pytest.raises(PackError, match=r"t\.parquet: no column 'id'"):
+        read_all(tmp_path, id_column="id")
+    with pytest.raises(PackError, match=r"t\.parquet: column 'name' is not numeric"):
+        read_all(tmp_path, id_column="sid", value_columns=["name"])
+    with pytest.raises(PackError, match=r"t\.parquet: long layout needs id_column"):
+        read_all(tmp_path)
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(PackError, match=r"broken\.parquet") as info:
+        read_all(tmp_path / "broken.parquet", id_column="sid")
+    assert info.value.__cause__ is not None
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(PackError, match=r"pip install 'streamwin\[parquet\]'"):
+        read_all(tmp_path, id_column="sid")
+
+
+# ---- csv -------------------------------------------------------------------------------------
+
+CSV = "id,step,v1,v2\nb,1,1.5,2\na,0,0.5,7\nb,0,1.0,3\n"
+CSV_EXPECTED = [("b", np.array([[1.0, 3], [1.5, 2]]), None), ("a", np.array([[0.5, 7]]), None)]
+
+
+@pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
+def test_csv_long_layout(tmp_path, monkeypatch, backend):
+    if backend == "stdlib":
+        monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
+    (tmp_path / "one.csv").write_text(CSV)
+    with gzip.open(tmp_path / "two.csv.gz", "wt") as f:
+        f.write("id,step,v1,v2\n7,0,9.0,9\n")
+    got = read_all(tmp_path, id_column="id", order_column="step")
+    assert_items(got, CSV_EXPECTED + [("7", np.array([[9.0, 9]]), None)])
+    got = read_all(tmp_path / "one.csv", id_column="id", order_column="step", value_columns=["v2"])
+    assert_items(got, [("b", np.array([3, 2]), None), ("a", np.array([7]), None)])
+    assert_deterministic_and_picklable(tmp_path, id_column="id", order_column="step")
+
+
+@pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
+def test_csv_errors_name_the_file(tmp_path, monkeypatch, backend):
+    if backend == "stdlib":
+        monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
+    (tmp_path / "c.csv").write_text("id,step,label\na,0,x\n")
+    with pytest.raises(PackError, match=r"c\.csv: no column 'seq'"):
+        read_all(tmp_path, id_column="seq")
+    with pytest.raises(PackError, match=r"c\.csv: column 'label' is not numeric"):
+        read_all(tmp_path, id_column="id", value_columns=["step", "label"])
+    (tmp_path / "c.csv").write_text("id,step\na,0\nb\n")
+    with pytest.raises(PackError, match=r"c\.csv"):
+        read_all(tmp_path, id_column="id")
+    with pytest.raises(PackError, match="id_column"):
+        list_units(tmp_path)
+
+
+# ---- jsonl -----------------------------------------------------------------------------------
+
+def test_jsonl(tmp_path):
+    lines = [{"id": "doc.1", "tokens": [1, 2, 3], "lang": "en", "nested": {"x": 1}},
+             {"id": 7, "tokens": [], "score": 0.5},
+             {"id": "f", "tokens": [[0.5, 1], [2, 3]]}]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(o) for o in lines) + "\n\n")
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"tokens": [2**40]}) + "\n" + json.dumps({"tokens": [5]}) + "\n")
+    expected = [("doc_1", np.array([1, 2, 3], dtype=np.int32), {"lang": "en"}),
+                ("7", np.array([], dtype=np.int32), {"score": 0.5}),
+                ("f", np.array([[0.5, 1], [2, 3]], dtype=np.float32), None),
+                ("b_1", np.array([2**40], dtype=np.int64), None),
+                ("b_2", np.array([5], dtype=np.int64), None)]
+    assert detect_format(tmp_path) == "jsonl"
+    assert_items(read_all(tmp_path / "a.jsonl"), expected[:3])
+    assert_items(read_all(tmp_path / "b.jsonl.gz", dtype="int64"), expected[3:])
+    with pytest.raises(PackError, match=r"b\.jsonl\.gz, line 1, field 'tokens': values do not fit int32"):
+        read_all(tmp_path)  # one default dtype for every line: int32 unless told otherwise
+    got = read_all(tmp_path / "a.jsonl", key_field="id", meta_fields=["nested"])
+    assert [m for _, _, m in got] == [{"nested": {"x": 1}}, None, None]
+    assert_deterministic_and_picklable(tmp_path, dtype="float64")
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"tokens": [1, 2', r"line 2: invalid JSON"),
+    ('{"text": "no tokens"}', r"line 2: expected a JSON object with field 'tokens'"),
+    ('{"tokens": ["a", "b"]}', r"line 2, field 'tokens': expected a list of numbers"),
+    ('{"tokens": [[1, 2], [3]]}', r"line 2, field 'tokens'"),
+    ('{"tokens": [3000000000]}', r"line 2, field 'tokens': values do not fit int32"),
+])
+def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
+    (tmp_path / "bad.jsonl").write_text('{"tokens": [1]}\n' + line + "\n")
+    with pytest.raises(PackError, match=r"bad\.jsonl, " + message):
+        read_all(tmp_path)
+
+
+# ---- text ------------------------------------------------------------------------------------
+
+def test_text_files(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.c").write_bytes(b"int x;\n")
+    (tmp_path / "src" / "x.h").write_bytes("extern int x; // é\n".encode())
+    (tmp_path / "empty.txt").write_bytes(b"")
+    as_bytes = lambda p: np.frombuffer((tmp_path / p).read_bytes(), dtype=np.uint8)  # noqa: E731
+    expected = [("empty_txt", as_bytes("empty.txt"), None), ("src__x_c", as_bytes("src/x.c"), None),
+                ("src__x_h", as_bytes("src/x.h"), None)]
+    assert_items(read_all(tmp_path, format="text"), expected)
+    assert_items(read_all(tmp_path, format="text", suffixes=[".h"]), expected[2:])
+    assert detect_format(tmp_path / "empty.txt") == "text"
+    assert_deterministic_and_picklable(tmp_path, format="text")
+
+
+# ---- iterable --------------------------------------------------------------------------------
+
+def test_iterable():
+    data = [("a", [1, 2, 3]), ("b", np.ones((2, 3), np.float16), {"split": "train"})]
+    assert detect_format(data) == "iterable"
+    units = list_units(data)
+    assert len(units) == 1 and units[0].format == "iterable"
+    expected = [("a", np.array([1, 2, 3]), None), ("b", np.ones((2, 3), np.float16), {"split": "train"})]
+    assert_items(read_all(data), expected)
+    assert_deterministic_and_picklable(data)
+    assert_items(read_all(iter(data)), expected)  # any iterable, read once
+
+
+@pytest.mark.parametrize("item, message", [
+    (("a",), "item 1: expected"),
+    (("bad key", [1]), "item 1: invalid sequence key"),
+    (("a", ["x", "y"]), r"item 1 \(key 'a'\): dtype <U1 is not numeric"),
+    (("a", np.array([object()])), "not numeric"),
+    (("a", 5), "scalar"),
+    (("a", [1], ["not a dict"]), "meta must be a dict"),
+])
+def test_iterable_errors(item, message):
+    with pytest.raises(PackError, match=message):
+        read_all([("ok", [1]), item])
+
+
+# ---- listing, detection, options -------------------------------------------------------------
+
+def test_unknown_options_and_formats(tmp_path, npy_dir):
+    root, _ = npy_dir
+    with pytest.raises(PackError, match=r"unknown option\(s\) \['field'\] for format 'npy'; accepted: none"):
+        list_units(root, field="x")
+    with pytest.raises(PackError, match=r"accepted: \['field', 'key_field', 'dtype', 'meta_fields'\]"):
+        list_units(root, format="jsonl", id_column="x")
+    with pytest.raises(PackError, match="not a path, URL or iterable"):
+        detect_format(42)
+    with pytest.raises(PackError, match="unknown format"):
+        list_units(root, format="hdf5")
+    with pytest.raises(PackError, match="not a numpy dtype"):
+        list_units(root, format="jsonl", dtype="nonsense")
+    with pytest.raises(PackError, match="no such file"):
+        list_units(root / "missing")
+    with pytest.raises(PackError, match="no parquet files"):
+        list_units(root, format="parquet")
+    (root / "x.jsonl").write_text("{}\n")
+    with pytest.raises(PackError, match="cannot tell the format"):
+        detect_format(root)
+
+
+def test_units_are_plain_values(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(3))
+    (unit,) = list_units(tmp_path)
+    assert unit == Unit("npy", str(tmp_path / "a.npy"), "a.npy", (), single=False)
+    assert hash(unit) == hash(pickle.loads(pickle.dumps(unit)))
+    (unit,) = list_units(tmp_path, format="text", suffixes=[".npy"])
+    assert unit.options == (("suffixes", (".npy",)),)
+    assert set(FORMATS) == {"npy", "npz", "parquet", "csv", "jsonl", "text", "iterable"}
