@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny datasets written by streamwin.pack, and the loopback servers."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from servers import *  # noqa: E402,F401,F403  (s3_server, s3_bucket, s3_fault_proxy, http_server)
+
+import streamwin as sw  # noqa: E402
+
+
+def make_sequences(n: int = 60, *, features: tuple[int, ...] = (3,), seed: int = 0, max_len: int = 400,
+                   dtype=np.float32) -> dict[str, np.ndarray]:
+    """Sequences of very uneven lengths (some shorter than any window, a few long ones)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([rng.integers(1, 40, size=n // 3), rng.integers(40, max_len, size=n - n // 3 - 2),
+                              [max_len * 4, max_len * 2]])
+    rng.shuffle(lengths)
+    out = {}
+    for i, t in enumerate(lengths):
+        # values encode (sequence, step) so a misplaced window can never compare equal by chance
+        base = np.arange(int(t), dtype=np.float64)[:, None] * 1000 + i + np.zeros((1,) + features)
+        out[f"seq{i:04d}"] = (base.reshape((int(t),) + features)).astype(dtype)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """(url, sequences) of a dataset of 60 uneven sequences in several shards."""
+    seqs = make_sequences()
+    url = str(tmp_path_factory.mktemp("tiny") / "ds")
+    sw.pack(list(seqs.items()), url, shard_bytes=40_000, progress=False)
+    return url, seqs
+
+
+def reference_windows(seqs: dict[str, np.ndarray], window: int, stride: int, horizon: int = 0,
+                      pad: bool = False) -> set[tuple[str, int]]:
+    """Every (key, start) an epoch must cover, computed naively and independently of streamwin."""
+    out = set()
+    for key, arr in seqs.items():
+        t = len(arr)
+        start = 0
+        while start + window + horizon <= t:
+            out.add((key, start))
+            start += stride
+        if pad and 0 < t < window + horizon:
+            out.add((key, 0))
+    return out

@@ -1,0 +1,205 @@
+"""End-to-end loader tests on a local dataset: window contents, coverage, equal steps, resume."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import streamwin as sw
+from conftest import reference_windows
+
+W, S, H, B = 16, 8, 4, 8
+
+
+def check_batch(batch, seqs, window, horizon, pad):
+    """Every window in the batch equals the naive slice of its sequence (zero-padded when short)."""
+    for i, (key, start) in enumerate(zip(batch["key"], batch["start"].tolist())):
+        arr = seqs[key]
+        ref = np.zeros((window + horizon,) + arr.shape[1:], arr.dtype)
+        part = arr[start : start + window + horizon]
+        ref[: len(part)] = part
+        assert np.array_equal(batch["x"][i].numpy(), ref[:window]), (key, start)
+        if horizon:
+            assert np.array_equal(batch["y"][i].numpy(), ref[window:]), (key, start)
+        if pad:
+            assert batch["mask"][i].tolist() == [j < len(part) for j in range(window)]
+
+
+def run(loader):
+    return [{k: (v.clone() if torch.is_tensor(v) else list(v)) for k, v in b.items()} for b in loader]
+
+
+def make(url, workers=0, **kw):
+    workers_kw = {k: kw.pop(k) for k in ("persistent_workers",) if k in kw}
+    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=100, seed=1) | kw
+    return sw.WindowLoader(sw.WindowDataset(url, **args), num_workers=workers, **workers_kw)
+
+
+def same(a, b):
+    return len(a) == len(b) and all(
+        x["key"] == y["key"] and torch.equal(x["x"], y["x"]) and torch.equal(x["start"], y["start"]) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("pad", [False, True])
+def test_windows_are_exact_and_each_at_most_once(tiny, workers, pad):
+    url, seqs = tiny
+    loader = make(url, workers, pad=pad)
+    batches = run(loader)
+    assert len(batches) == len(loader) > 0
+    seen = []
+    for b in batches:
+        assert b["x"].shape == (B, W, 3) and b["x"].dtype == torch.float32
+        assert b["y"].shape == (B, H, 3) and b["start"].dtype == torch.int64
+        check_batch(b, seqs, W, H, pad)
+        seen += list(zip(b["key"], b["start"].tolist()))
+    expected = reference_windows(seqs, W, S, H, pad)
+    assert len(set(seen)) == len(seen)
+    assert set(seen) <= expected
+    dropped = loader.dataset.summary()["dropped_windows"]
+    assert len(expected) - len(seen) == dropped < max(1, workers) * B
+
+
+def test_eval_mode_every_window_exactly_once_across_ranks(tiny):
+    url, seqs = tiny
+    world = 3
+    per_rank, real = [], []
+    for rank in range(world):
+        ds = sw.WindowDataset(url, window=W, stride=S, horizon=H, batch_size=B, shuffle=False, equalize="pad",
+                              rank=rank, world_size=world)
+        batches = run(sw.WindowLoader(ds))
+        per_rank.append(len(batches))
+        for b in batches:
+            check_batch(b, seqs, W, H, False)
+            real += [(k, s) for k, s, w in zip(b["key"], b["start"].tolist(), b["weight"].tolist()) if w == 1.0]
+    assert len(set(per_rank)) == 1  # lockstep
+    assert sorted(real) == sorted(reference_windows(seqs, W, S, H))  # exactly once, repeats weigh 0
+
+
+def test_same_seed_same_batches_new_epoch_new_order(tiny):
+    url, _ = tiny
+    a, b = run(make(url)), run(make(url))
+    assert same(a, b)
+    loader = make(url)
+    loader.set_epoch(1)
+    c = run(loader)
+    assert not same(a, c)
+    assert sorted(k for x in a for k in zip(x["key"], x["start"].tolist())) != [] and len(c) == len(a)
+
+
+def test_resume_at_every_step_in_process(tiny):
+    url, _ = tiny
+    full = run(make(url))
+    for k in range(len(full) + 1):
+        loader = make(url)
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        state = loader.state_dict()
+        json.dumps(state)  # a checkpoint is plain data
+        restored = make(url)
+        restored.load_state_dict(pickle.loads(pickle.dumps(state)))
+        assert same(full[k:], run(restored)), f"resume after {k} batches differs"
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_with_workers_and_across_epochs(tiny, persistent):
+    url, _ = tiny
+    ref = make(url, 2, persistent_workers=persistent)
+    epochs = []
+    for e in range(2):
+        ref.set_epoch(e)
+        epochs.append(run(ref))
+    assert len(epochs[0]) == len(epochs[1]) == len(ref)  # persistent workers keep full epochs
+    n = len(epochs[0])
+    for k in (0, 1, n // 2, n - 1):
+        loader = make(url, 2, persistent_workers=persistent)
+        it = iter(loader)
+        got = [next(it) for _ in range(k)]
+        state = loader.state_dict()
+        del it, got
+        restored = make(url, 2, persistent_workers=persistent)
+        restored.load_state_dict(state)
+        out = []
+        for e in range(0, 2):  # the usual loop: set_epoch with the state's epoch keeps the position
+            restored.set_epoch(e)
+            out.append(run(restored))
+        assert same(out[0], epochs[0][k:]) and same(out[1], epochs[1]), k
+
+
+def test_resume_twice_and_thrice_in_a_row(tiny):
+    url, _ = tiny
+    full = run(make(url, 2))
+    loader, done = make(url, 2), []
+    for chunk in (3, 5, 4):
+        it = iter(loader)
+        done += [next(it) for _ in range(chunk)]
+        state = loader.state_dict()
+        loader = make(url, 2)
+        loader.load_state_dict(state)
+    done += run(loader)
+    assert same(full, [{k: v for k, v in b.items()} for b in done])
+
+
+def test_state_is_small_and_holds_no_window_data(tiny):
+    url, _ = tiny
+    loader = make(url, shuffle_buffer=10_000)
+    it = iter(loader)
+    next(it)
+    size = len(pickle.dumps(loader.state_dict()))
+    assert size < 4096, size
+
+
+def test_set_epoch_to_another_epoch_discards_restored_position(tiny):
+    url, _ = tiny
+    loader = make(url)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    fresh = make(url)
+    fresh.set_epoch(2)
+    expected = run(fresh)
+    restored = make(url)
+    restored.load_state_dict(state)
+    restored.set_epoch(2)
+    assert same(run(restored), expected)
+
+
+@pytest.mark.parametrize("change", [dict(batch_size=4), dict(window=8), dict(world_size=2, rank=0),
+                                    dict(seed=5), dict(workers=2)])
+def test_loading_state_into_different_plan_is_refused(tiny, change):
+    url, _ = tiny
+    loader = make(url)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    change = dict(change)
+    other = make(url, change.pop("workers", 0), **change)
+    with pytest.raises(sw.StateMismatchError, match="in checkpoint"):
+        other.load_state_dict(state)
+
+
+def test_loading_state_of_another_dataset_is_refused(tiny, tmp_path):
+    url, seqs = tiny
+    sw.pack(list(seqs.items())[:-1], str(tmp_path / "other"), progress=False)
+    loader = make(url)
+    next(iter(loader))
+    with pytest.raises(sw.StateMismatchError, match="dataset"):
+        make(str(tmp_path / "other")).load_state_dict(loader.state_dict())
+
+
+def test_one_dimensional_sequences_and_integer_dtype(tmp_path):
+    seqs = {f"t{i}": np.arange(i * 7 + 50, dtype=np.int32) for i in range(20)}
+    sw.pack(list(seqs.items()), str(tmp_path / "tok"), progress=False)
+    loader = sw.WindowLoader(sw.WindowDataset(str(tmp_path / "tok"), window=10, stride=3, horizon=1, batch_size=5))
+    for b in loader:
+        assert b["x"].shape == (5, 10) and b["x"].dtype == torch.int32 and b["y"].shape == (5, 1)
+        check_batch(b, seqs, 10, 1, False)
+
+
+def test_dataset_without_index_names_the_problem(tmp_path):
+    with pytest.raises(sw.ManifestError, match="index.json"):
+        len(sw.WindowLoader(sw.WindowDataset(str(tmp_path), window=4, batch_size=2)))

@@ -1,0 +1,149 @@
+"""Property tests of the pure planner against a naive enumeration of windows."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamwin.plan import PlanConfig, WindowSpec, make_plan
+
+
+def naive_windows(lengths, spec):
+    """(sequence, start) of every window, by the definition in the design."""
+    out = []
+    for i, t in enumerate(lengths):
+        s = 0
+        while s + spec.window + spec.horizon <= t:
+            out.append((i, s))
+            s += spec.stride
+        if spec.pad and 0 < t < spec.window + spec.horizon:
+            out.append((i, 0))
+    return out
+
+
+def all_streams(plan):
+    """Per stream: list of (sequence, start, real) in yield order."""
+    out = []
+    for s in range(plan.config.num_streams):
+        rows = []
+        for k in range(plan.num_blocks(s)):
+            g, real = plan.block(s, k)
+            seq, start = plan.locate(g)
+            rows += list(zip(seq.tolist(), start.tolist(), real.tolist()))
+        out.append(rows)
+    return out
+
+
+@st.composite
+def manifests(draw):
+    n = draw(st.integers(1, 150))
+    max_len = draw(st.sampled_from([10, 300, 5_000, 100_000]))
+    lengths = draw(st.lists(st.integers(0, max_len), min_size=n, max_size=n))
+    if draw(st.booleans()):  # one giant sequence among small ones
+        lengths[draw(st.integers(0, n - 1))] = max_len
+    shards = draw(st.integers(1, min(500, n + 5)))
+    cuts = sorted(draw(st.lists(st.integers(0, n), min_size=shards - 1, max_size=shards - 1)))
+    return np.array(lengths, dtype=np.int64), np.array([0] + cuts + [n], dtype=np.int64)
+
+
+@st.composite
+def configs(draw, max_len):
+    window = draw(st.integers(1, 64))
+    # keep the naive enumeration small: at most ~300 windows per sequence
+    stride = draw(st.integers(max(1, max_len // 300), max(1, max_len // 300) + 64))
+    spec = WindowSpec(window, stride, draw(st.integers(0, 8)), draw(st.booleans()))
+    return PlanConfig(
+        spec=spec, batch_size=draw(st.integers(1, 64)), world_size=draw(st.integers(1, 64)),
+        num_workers=draw(st.integers(0, 8)), seed=draw(st.integers(0, 2**31)), shuffle=draw(st.booleans()),
+        block_windows=draw(st.integers(1, 500)), slice_windows=draw(st.integers(1, 300)),
+        equalize=draw(st.sampled_from(["drop", "pad"])))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_coverage_and_equal_steps(data):
+    lengths, shard_starts = data.draw(manifests())
+    cfg = data.draw(configs(int(lengths.max(initial=1))))
+    epoch = data.draw(st.integers(0, 3))
+    plan = make_plan(lengths, shard_starts, cfg, epoch)
+    expected = naive_windows(lengths.tolist(), cfg.spec)
+    n, s, b = len(expected), cfg.num_streams, cfg.batch_size
+    assert plan.total_windows == n
+
+    streams = all_streams(plan)
+    # equal steps: every stream, hence every rank, yields the same whole number of batches
+    assert all(len(rows) == plan.windows_per_stream for rows in streams)
+    assert plan.windows_per_stream % b == 0
+    assert plan.batches_per_rank == plan.batches_per_stream * max(1, cfg.num_workers)
+
+    real = [(q, st_) for rows in streams for q, st_, r in rows if r]
+    repeats = [(q, st_) for rows in streams for q, st_, r in rows if not r]
+    assert len(set(real)) == len(real), "a window yielded twice as real"
+    assert set(real) <= set(expected) and set(repeats) <= set(expected)
+    if cfg.equalize == "drop":
+        assert not repeats
+        assert plan.dropped_windows == n - len(real)
+        assert plan.dropped_windows < s * b  # the stated bound
+        assert plan.dropped_windows <= n
+    else:
+        assert set(real) == set(expected), "pad must yield every window"
+        assert plan.repeated_windows == len(repeats) < s * b if n else True
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10), st.integers(1, 8))
+def test_order_is_deterministic_and_changes_with_epoch(seed, world):
+    lengths = np.full(400, 100)
+    cfg = PlanConfig(WindowSpec(10, 5), batch_size=4, world_size=world, seed=seed, block_windows=50, slice_windows=7)
+    shard_starts = np.array([0, 100, 250, 400])
+    a, b = make_plan(lengths, shard_starts, cfg, 0), make_plan(lengths, shard_starts, cfg, 0)
+    assert all_streams(a) == all_streams(b)
+    c = make_plan(lengths, shard_starts, cfg, 1)
+    assert all_streams(a) != all_streams(c)
+
+
+def test_unshuffled_streams_read_in_manifest_order():
+    lengths = np.array([30, 5, 50, 0, 40])
+    cfg = PlanConfig(WindowSpec(10, 10), batch_size=1, shuffle=False, equalize="pad")
+    plan = make_plan(lengths, np.array([0, 2, 5]), cfg, 0)
+    rows = all_streams(plan)[0]
+    assert [(q, s) for q, s, _ in rows] == naive_windows(lengths, cfg.spec)
+
+
+def test_fewer_windows_than_streams():
+    lengths = np.array([12])  # 3 windows, 4 ranks x 2 workers = 8 streams
+    base = PlanConfig(WindowSpec(4, 4), batch_size=2, world_size=4, num_workers=2)
+    drop = make_plan(lengths, np.array([0, 1]), base, 0)
+    assert drop.batches_per_rank == 0 and drop.dropped_windows == 3  # nothing to share: reported
+    pad = make_plan(lengths, np.array([0, 1]), dataclasses.replace(base, equalize="pad"), 0)
+    assert pad.batches_per_rank == 2  # 2 workers x 1 batch of 2, on every rank
+    real = [(q, s) for rows in all_streams(pad) for q, s, r in rows if r]
+    assert sorted(real) == [(0, 0), (0, 4), (0, 8)]
+
+
+def test_4096_ranks_plan_equal_and_fast_enough():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 5000, size=1_000_000)
+    shard_starts = np.arange(0, 1_000_001, 1000)
+    cfg = PlanConfig(WindowSpec(256, 64), batch_size=32, world_size=4096, num_workers=8)
+    plan = make_plan(lengths, shard_starts, cfg, 3)
+    sizes = np.diff(plan.stream_lo)
+    assert sizes.max() - sizes.min() <= 1
+    assert plan.dropped_windows < cfg.num_streams * cfg.batch_size
+    g, real = plan.block(32767, plan.num_blocks(32767) - 1)
+    assert real.all() and len(g) > 0
+
+
+@pytest.mark.parametrize("bad", [dict(window=0), dict(stride=0), dict(horizon=-1)])
+def test_window_spec_rejects_bad_values(bad):
+    args = dict(window=4, stride=2, horizon=0) | bad
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        WindowSpec(**args)
+
+
+def test_plan_config_rejects_bad_equalize():
+    with pytest.raises(ValueError, match="equalize"):
+        PlanConfig(WindowSpec(4, 4), batch_size=2, equalize="repeat")
