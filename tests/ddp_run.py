@@ -1,0 +1,69 @@
+"""Run under torchrun: stream a dataset with DDP-style lockstep and record what each rank saw.
+
+Every step does a real gloo all_reduce, so a rank with fewer batches would hang the others
+(the test bounds that with a timeout). Writes <out>/rank<r>.json; optionally stops after
+--stop-after batches saving <out>/state<r>.pt, or resumes from --resume <dir>.
+"""
+import argparse
+import datetime
+import hashlib
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+import streamwin as sw
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--stride", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--equalize", default="drop")
+    p.add_argument("--storage-options", default=None, help="JSON file")
+    p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--resume", default=None)
+    a = p.parse_args()
+    so = json.load(open(a.storage_options)) if a.storage_options else None
+    # built before init_process_group, as users often do: rank is resolved when iteration starts
+    ds = sw.WindowDataset(a.url, window=a.window, stride=a.stride, batch_size=a.batch_size, shuffle_buffer=64,
+                          seed=7, equalize=a.equalize, storage_options=so)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loader = sw.WindowLoader(ds, num_workers=a.workers)
+    start_epoch = 0
+    if a.resume:
+        ckpt = torch.load(os.path.join(a.resume, f"state{rank}.pt"), weights_only=False)
+        loader.load_state_dict(ckpt["data"])
+        start_epoch = ckpt["epoch"]
+    records, steps = [], 0
+    for epoch in range(start_epoch, a.epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            t = torch.ones(1)
+            dist.all_reduce(t)  # lockstep: hangs if any rank has fewer batches
+            assert t.item() == world
+            records.append({"epoch": epoch, "key": batch["key"], "start": batch["start"].tolist(),
+                            "weight": batch["weight"].tolist() if "weight" in batch else None,
+                            "x": hashlib.sha256(batch["x"].numpy().tobytes()).hexdigest()})
+            steps += 1
+            if a.stop_after is not None and steps == a.stop_after:
+                torch.save({"data": loader.state_dict(), "epoch": epoch}, os.path.join(a.out, f"state{rank}.pt"))
+                break
+        else:
+            continue
+        break
+    with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "world": world, "len": len(loader), "records": records}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
