@@ -2,50 +2,82 @@
 
 One writer appends members to the current shard and starts a new one past ``shard_bytes``,
 so the output is byte-identical for the same input, however many worker processes
-encode (read, convert, compress) the sources in parallel. Every shard is complete before
-the manifest names it; the manifest of a previous dataset at the destination is removed
-before anything else is written, so an interrupted pack leaves no index.json at all and
-rerunning it completes the dataset.
+encode (read, convert, compress) the sources in parallel.
+
+Crash safety, step by step:
+
+1. The index this pack will write (index.json, or its part index) is removed before
+   anything else, so from then on the destination reads as "not finished".
+2. Each shard is written to a temporary name and renamed when complete (local), or
+   uploaded in one object PUT that becomes visible only when complete (object stores);
+   an error discards the shard being written.
+3. index.json is written atomically after every shard is complete: it is the commit marker.
+4. Only then are leftovers of earlier runs removed (shards past the new count, temporaries).
+
+So an interrupted pack leaves no index.json at all, and rerunning it completes the dataset.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
-import io
 import json
 import multiprocessing as mp
 import os
 import re
 import sys
+import tarfile
+from array import array
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from types import SimpleNamespace
+from typing import Any, Iterator
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from . import npyfmt
-from .errors import ManifestError, PackError, ShardError
+from .errors import ManifestError, PackError
 from .keys import check_key
 from .manifest import INDEX_NAME, Manifest, ShardEntry, build_manifest, parse_manifest
-from .sources import list_units, read_unit
-from .storage import is_local, join, load_manifest, remove_if_exists, url_to_fs, write_atomic
+from .sources import Unit, list_units, read_unit
+from .storage import is_local, join, remove_if_exists, url_to_fs, write_atomic
+
+_USTAR_MAX_SIZE = 8**11 - 1  # the 11 octal digits of a ustar size field
+_TEMPLATE = bytearray(npyfmt.tar_header("_", 0))
+_TEMPLATE[0:100] = bytes(100)
+_TEMPLATE[124:136] = bytes(12)
+_TEMPLATE[148:156] = b" " * 8
+_TEMPLATE_SUM = sum(_TEMPLATE)
 
 
 @dataclass(frozen=True)
 class EncodedSeq:
-    """One sequence ready to append to a shard: member bytes plus what the manifest records."""
+    """One sequence ready to append to a shard: the member's content plus what the manifest records.
+
+    The content is ``head + body``: the npy header and the array's bytes (a uint8 view, never
+    copied in-process), or, with zstd, empty ``head`` and the compressed member as ``body``.
+    """
 
     key: str
-    data: bytes  # .npy bytes, zstd-compressed when compression is on
+    head: bytes
+    body: bytes | np.ndarray
     meta: bytes | None
     length: int
     dtype: str
     step_shape: tuple[int, ...]
     hlen: int
 
+    @property
+    def size(self) -> int:
+        return len(self.head) + len(self.body)
+
 
 def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str | None = None,
-                    compression: str | None = None) -> EncodedSeq | None:
-    """Validate and encode one sequence; None for a zero-length one (the caller counts it)."""
+                    compression: str | None = None, empty: str = "skip") -> EncodedSeq | None:
+    """Validate and encode one sequence; None for a zero-length one when ``empty="skip"``.
+
+    Multi-byte dtypes are stored little-endian (values unchanged), so a big-endian source
+    array packs together with little-endian ones.
+    """
     check_key(key)
     arr = np.asarray(array)
     if arr.dtype.hasobject or arr.dtype.kind not in "biufc":
@@ -55,19 +87,22 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
     if cast is not None:
         arr = arr.astype(cast)
     if arr.shape[0] == 0:
+        if empty == "error":
+            raise PackError(f"sequence {key!r} has zero length; pass empty='skip' to skip and count such sequences")
         return None
-    arr = np.ascontiguousarray(arr)
-    header = npyfmt.npy_header(arr)
-    data = header + arr.tobytes()
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else None)
+    head = npy_header(arr)
+    body = arr.reshape(-1).view(np.uint8)
+    hlen = len(head)
     if compression == "zstd":
-        data = _zstd().compress(data)
+        head, body = b"", _zstd().compress(head + body.tobytes())
     meta_bytes = None
     if meta is not None:
         try:
             meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
         except (TypeError, ValueError) as e:
             raise PackError(f"sequence {key!r}: metadata is not JSON-serializable: {e}") from e
-    return EncodedSeq(key, data, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), len(header))
+    return EncodedSeq(key, head, body, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), hlen)
 
 
 def _zstd():
@@ -78,47 +113,80 @@ def _zstd():
     return zstandard.ZstdCompressor(level=3)
 
 
+def tar_header(name: str, size: int) -> bytes:
+    """``npyfmt.tar_header(name, size)``, byte for byte, ~20x faster: a template with name, size
+    and checksum patched in (tests/test_pack.py checks the equality). Members too large for
+    ustar get a pax header."""
+    raw = name.encode("ascii")
+    if len(raw) > 100 or size > _USTAR_MAX_SIZE:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = size, 0o644, 0
+        return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8")
+    size_field = b"%011o\0" % size
+    buf = bytearray(_TEMPLATE)
+    buf[0 : len(raw)] = raw
+    buf[124:136] = size_field
+    buf[148:155] = b"%06o\0" % (_TEMPLATE_SUM + sum(raw) + sum(size_field))
+    return bytes(buf)
+
+
+def npy_header(arr: np.ndarray) -> bytes:
+    """``npyfmt.npy_header(arr)``, byte for byte, without numpy's per-call formatting: headers of
+    arrays that differ only in their length, with as many digits, differ only in those digits."""
+    digits = str(arr.shape[0])
+    key = (arr.dtype.str, arr.shape[1:], len(digits))
+    parts = _NPY_TEMPLATES.get(key)
+    if parts is None:
+        probe = npyfmt.npy_header(SimpleNamespace(dtype=arr.dtype, shape=(10 ** (len(digits) - 1),) + arr.shape[1:]))
+        at = probe.index(b"'shape': (") + len(b"'shape': (")
+        parts = _NPY_TEMPLATES[key] = (probe[:at], probe[at + len(digits) :])
+    return parts[0] + digits.encode() + parts[1]
+
+
+_NPY_TEMPLATES: dict[tuple, tuple[bytes, bytes]] = {}
+
+
 def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int]:
     """Worker-process task: read one source unit and encode its sequences."""
-    unit, cast, compression = args
-    out, empty = [], 0
-    for item in read_unit(unit):
-        enc = encode_sequence(*_split_item(item), cast=cast, compression=compression)
+    unit, cast, compression, empty = args
+    out, skipped = [], 0
+    for key, arr, meta in read_unit(unit):
+        enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty)
         if enc is None:
-            empty += 1
+            skipped += 1
         else:
             out.append(enc)
-    return out, empty
-
-
-def _split_item(item: Any) -> tuple[str, Any, dict | None]:
-    if not isinstance(item, tuple) or len(item) not in (2, 3):
-        raise PackError(f"a source item must be (key, array) or (key, array, meta), got {type(item).__name__}")
-    return (item[0], item[1], item[2] if len(item) == 3 else None)
+    return out, skipped
 
 
 class ShardWriter:
     """Appends encoded sequences to numbered tar shards and records the manifest columns."""
 
-    def __init__(self, fs, root: str, *, shard_bytes: int, prefix: str = "shard-"):
+    def __init__(self, fs, root: str, *, shard_bytes: int, prefix: str = "shard-", compression: str | None = None):
         self.fs, self.root, self.shard_bytes, self.prefix = fs, root, shard_bytes, prefix
+        self.suffix = ".npy.zst" if compression == "zstd" else ".npy"
         self.shards: list[ShardEntry] = []
         self.keys: list[str] = []
-        self.columns: dict[str, list[int]] = {"length": [], "offset": [], "size": [], "hlen": []}
+        self.columns = {"length": array("q"), "offset": array("q"), "size": array("q"), "hlen": array("q")}
         self.dtype: str | None = None
         self.step_shape: tuple[int, ...] | None = None
-        self._seen: dict[str, str] = {}
+        self._first_key = ""
+        self._seen: dict[str, int] = {}  # key -> shard number
         self._file = None
+
+    @property
+    def open_shards(self) -> int:
+        return len(self.shards) + (self._file is not None)
 
     def add(self, seq: EncodedSeq) -> int:
         """Append one sequence; returns the bytes written."""
         self._check_consistent(seq)
         if self._file is None:
             self._open_next()
-        written = self._member(f"{seq.key}.npy" + (".zst" if self._zst else ""), seq.data, record=seq)
+        written = self._member(seq.key + self.suffix, (seq.head, seq.body), seq.size, record=seq)
         if seq.meta is not None:
-            written += self._member(f"{seq.key}.json", seq.meta)
-        self._seen[seq.key] = self._name
+            written += self._member(f"{seq.key}.json", (seq.meta,), len(seq.meta))
+        self._seen[seq.key] = len(self.shards)
         if self._pos >= self.shard_bytes:
             self._close_current()
         return written
@@ -127,74 +195,100 @@ class ShardWriter:
         if self._file is not None:
             self._close_current()
 
+    def abort(self) -> None:
+        """Drop the shard being written: a temporary file is removed, an upload is discarded."""
+        f, self._file = self._file, None
+        if f is None:
+            return
+        if self._tmp:
+            f.close()
+            os.unlink(self._tmp)
+        elif hasattr(f, "discard"):
+            f.discard()  # fsspec buffered file: abort the (multipart) upload, commit nothing
+
     def _check_consistent(self, seq: EncodedSeq) -> None:
         if seq.key in self._seen:
-            raise PackError(f"duplicate sequence key {seq.key!r} (first written to {self._seen[seq.key]}); keys must be unique in a dataset")
+            raise PackError(f"duplicate sequence key {seq.key!r} (first written to {self._shard_name(self._seen[seq.key])}); "
+                            "keys must be unique in a dataset")
         if self.dtype is None:
-            self.dtype, self.step_shape = seq.dtype, seq.step_shape
-            self._zst = seq.data[:4] == b"\x28\xb5\x2f\xfd"
+            self.dtype, self.step_shape, self._first_key = seq.dtype, seq.step_shape, seq.key
         elif (seq.dtype, seq.step_shape) != (self.dtype, self.step_shape):
-            first = next(iter(self._seen), "?")
             raise PackError(
-                f"sequence {seq.key!r} has dtype {np.dtype(seq.dtype)} and step shape {seq.step_shape}, but "
-                f"{first!r} and the others have dtype {np.dtype(self.dtype)} and step shape {self.step_shape}; "
-                "pass cast='float32' (--cast) to convert, or pack them as separate datasets"
+                f"sequence {seq.key!r} has dtype {seq.dtype} and step shape {seq.step_shape}, but "
+                f"{self._first_key!r} and the ones before it have dtype {self.dtype} and step shape {self.step_shape}; "
+                "pass cast= (--cast) to convert the dtype, or pack them as separate datasets"
             )
 
+    def _shard_name(self, k: int) -> str:
+        return f"{self.prefix}{k:06d}.tar"
+
     def _open_next(self) -> None:
-        self._name = f"{self.prefix}{len(self.shards):06d}.tar"
+        self._name = self._shard_name(len(self.shards))
         path = join(self.root, self._name)
         self._tmp = f"{path}.tmp-{os.getpid()}" if is_local(self.fs) else None
-        self._file = open(self._tmp, "wb") if self._tmp else self.fs.open(path, "wb")
+        self._file = open(self._tmp, "wb", buffering=1 << 20) if self._tmp else self.fs.open(path, "wb")
         self._hash = hashlib.sha256()
-        self._pos = 0
-        self._count = 0
-        self._steps = 0
+        self._pos = self._count = self._steps = 0
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data) -> None:
         self._file.write(data)
         self._hash.update(data)
-        self._pos += len(data)
 
-    def _member(self, name: str, data: bytes, record: EncodedSeq | None = None) -> int:
+    def _member(self, name: str, chunks: tuple, size: int, record: EncodedSeq | None = None) -> int:
         start = self._pos
-        self._write(npyfmt.tar_header(name, len(data)))
+        header = tar_header(name, size)
+        self._write(header)
+        self._pos += len(header)
         if record is not None:
             self.keys.append(record.key)
             cols = self.columns
             cols["length"].append(record.length)
             cols["offset"].append(self._pos)
-            cols["size"].append(len(data))
+            cols["size"].append(size)
             cols["hlen"].append(record.hlen)
             self._count += 1
             self._steps += record.length
-        self._write(data)
-        self._write(npyfmt.tar_padding(len(data)))
+        for chunk in chunks:
+            if len(chunk):
+                self._write(chunk)
+        self._write(npyfmt.tar_padding(size))
+        self._pos += size + (-size % npyfmt.BLOCK)
         return self._pos - start
 
     def _close_current(self) -> None:
         self._write(npyfmt.TAR_END)
+        self._pos += len(npyfmt.TAR_END)
+        f = self._file
         if self._tmp:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-        self._file.close()
+            f.flush()
+            os.fsync(f.fileno())
+        f.close()
+        self._file = None
         if self._tmp:
             os.replace(self._tmp, join(self.root, self._name))
         self.shards.append(ShardEntry(self._name, self._pos, self._hash.hexdigest(), self._count, self._steps))
-        self._file = None
 
     def manifest(self, compression: str | None, dropped_empty: int) -> Manifest:
         if self.dtype is None:
-            raise PackError("the source yielded no non-empty sequence: nothing to pack")
+            raise PackError(f"the source yielded no non-empty sequence ({dropped_empty} empty ones): nothing to pack")
         return build_manifest(np.dtype(self.dtype), self.step_shape, compression, self.shards,
                               self.keys, self.columns, dropped_empty)
 
+    def remove_leftovers(self) -> None:
+        """Remove this prefix's shards past the ones just written and temporaries of crashed runs."""
+        pattern = re.compile(re.escape(self.prefix) + r"(\d{6})\.tar(\.tmp-\d+)?")
+        for path in self.fs.glob(join(self.root, f"{self.prefix}*")):
+            m = pattern.fullmatch(path.rsplit("/", 1)[-1])
+            if m and (m.group(2) or int(m.group(1)) >= len(self.shards)):
+                remove_if_exists(self.fs, path)
 
-def _parse_part(part: str | tuple[int, int] | None) -> tuple[int, int] | None:
+
+def parse_part(part: str | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``"i/n"`` or ``(i, n)`` -> (i, n) with 0 <= i < n; None stays None."""
     if part is None:
         return None
     if isinstance(part, str):
-        m = re.fullmatch(r"(\d+)/(\d+)", part)
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", part)
         if not m:
             raise PackError(f"part must look like 'i/n' (0 <= i < n), got {part!r}")
         part = (int(m.group(1)), int(m.group(2)))
@@ -208,6 +302,26 @@ def part_index_name(i: int, n: int) -> str:
     return f"index.part{i:05d}-of-{n:05d}.json"
 
 
+def _check_options(shard_bytes: int, compression: str | None, empty: str, cast: str | None, workers: int) -> None:
+    if not isinstance(shard_bytes, (int, np.integer)) or shard_bytes <= 0:
+        raise PackError(f"shard_bytes must be a positive integer, got {shard_bytes!r}")
+    if compression not in (None, "zstd"):
+        raise PackError(f"compression must be None or 'zstd', got {compression!r}")
+    if compression == "zstd":
+        _zstd()
+    if empty not in ("skip", "error"):
+        raise PackError(f"empty must be 'skip' or 'error', got {empty!r}")
+    if not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise PackError(f"workers must be an integer >= 1, got {workers!r}")
+    if cast is not None:
+        try:
+            dt = np.dtype(cast)
+        except TypeError as e:
+            raise PackError(f"cast={cast!r} is not a numpy dtype") from e
+        if dt.hasobject or dt.kind not in "biufc":
+            raise PackError(f"cast={cast!r}: only numeric dtypes can be packed")
+
+
 def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | None = None,
          workers: int = 1, compression: str | None = None, cast: str | None = None,
          empty: str = "skip", part: str | tuple[int, int] | None = None,
@@ -217,76 +331,119 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     Args:
         source: a directory or file (.npy dir, .npz, parquet, csv, jsonl, text), or an iterable of
             ``(key, array)`` / ``(key, array, meta)``.
+        dest: the dataset root. A dataset already there is replaced (its index.json is removed
+            first, so a crash in between leaves no dataset rather than a wrong one).
         shard_bytes: a shard is closed once it holds at least this many bytes.
         format: the source format when it cannot be detected (see ``streamwin.sources.FORMATS``).
         workers: processes that read and encode source files in parallel (output is identical).
         compression: None or "zstd" (per member, ``<key>.npy.zst``; byte ranges stay addressable).
         cast: convert every array to this dtype instead of refusing a dtype mismatch.
-        empty: "skip" zero-length sequences (counted in the manifest) or "error".
-        part: ``"i/n"`` packs the i-th of n disjoint parts of the source files into its own shard
-            range and part index; `merge` then writes the combined index.json.
+        empty: "skip" zero-length sequences (counted in ``manifest.dropped_empty``; the
+            default) or "error" (PackError naming the first one).
+        part: ``"i/n"`` packs the i-th of n disjoint parts of the source (contiguous runs of its
+            files; every n-th item of an iterable) into its own shard range and part index;
+            `merge` then writes the combined index.json.
+        storage_options: fsspec options for ``dest`` (credentials, endpoint_url, ...).
+        progress: show a tqdm bar on stderr (bytes, MB/s, sequences, shards).
         source_options: passed to the source reader (e.g. ``id_column=``, ``field=``).
+
+    Returns:
+        The manifest written to ``dest``.
     """
-    if shard_bytes <= 0:
-        raise PackError(f"shard_bytes must be positive, got {shard_bytes}")
-    if compression not in (None, "zstd"):
-        raise PackError(f"compression must be None or 'zstd', got {compression!r}")
-    if empty not in ("skip", "error"):
-        raise PackError(f"empty must be 'skip' or 'error', got {empty!r}")
-    part_ = _parse_part(part)
+    _check_options(shard_bytes, compression, empty, cast, workers)
+    part_ = parse_part(part)
+    units = _part_units(list_units(source, format=format, **source_options), part_)
     fs, root = url_to_fs(dest, storage_options)
     fs.makedirs(root, exist_ok=True)
     index_name = INDEX_NAME if part_ is None else part_index_name(*part_)
-    remove_if_exists(fs, join(root, index_name))  # from here on, the destination is "not finished"
-
-    units = list_units(source, format=format, **source_options)
+    # from here on the destination is "not finished": a part rewrites shards a merged index may name
+    pass
     if part_ is not None:
-        i, n = part_
-        units = units[i * len(units) // n : (i + 1) * len(units) // n]
+        remove_if_exists(fs, join(root, INDEX_NAME))
+
     prefix = "shard-" if part_ is None else f"part{part_[0]:05d}-shard-"
-    writer = ShardWriter(fs, root, shard_bytes=shard_bytes, prefix=prefix)
-    dropped = 0
-    bar = tqdm(desc=f"pack -> {dest}", unit="B", unit_scale=True, disable=not progress, file=sys.stderr)
+    writer = ShardWriter(fs, root, shard_bytes=shard_bytes, prefix=prefix, compression=compression)
+    dropped, shown = 0, 0
+    bar = tqdm(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
     try:
-        for batch, empties in _encoded_units(units, cast, compression, workers):
-            if empties and empty == "error":
-                raise PackError(f"{empties} zero-length sequence(s) in the source; pass empty='skip' to skip and count them")
-            dropped += empties
+        for batch, skipped in _encoded(units, cast, compression, empty, workers):
+            dropped += skipped
             for seq in batch:
                 bar.update(writer.add(seq))
-            bar.set_postfix(sequences=len(writer.keys), shards=len(writer.shards) + (writer._file is not None))
+            if len(writer.keys) - shown >= 1000 or len(batch) > 1:
+                shown = len(writer.keys)
+                bar.set_postfix(sequences=shown, shards=writer.open_shards, refresh=False)
         writer.close()
+        manifest = writer.manifest(compression, dropped)
+    except BaseException:
+        writer.abort()
+        raise
     finally:
         bar.close()
-    manifest = writer.manifest(compression, dropped)
     write_atomic(fs, join(root, index_name), manifest.to_json().encode())
+    writer.remove_leftovers()
     return manifest
 
 
-def _encoded_units(units: list, cast: str | None, compression: str | None, workers: int) -> Iterator[tuple[list[EncodedSeq], int]]:
-    tasks = [(u, cast, compression) for u in units]
+def _part_units(units: list[Unit], part: tuple[int, int] | None) -> list[Unit]:
+    """The units of part i of n: a contiguous run of files, or every n-th item of an iterable."""
+    if part is None:
+        return units
+    i, n = part
+    if len(units) == 1 and units[0].format == "iterable":
+        u = units[0]
+        return [Unit(u.format, u.path, u.name, u.options, data=_every_nth(u.data, i, n))]
+    mine = units[i * len(units) // n : (i + 1) * len(units) // n]
+    if not mine:
+        raise PackError(f"part {i}/{n} is empty: the source has only {len(units)} file(s); use at most that many parts")
+    return mine
+
+
+def _every_nth(items, i: int, n: int) -> Iterator:
+    for j, item in enumerate(items):
+        if j % n == i:
+            yield item
+
+
+def _encoded(units: list[Unit], cast: str | None, compression: str | None, empty: str,
+             workers: int) -> Iterator[tuple[list[EncodedSeq], int]]:
+    """(encoded sequences, zero-length ones skipped) per unit or item, in source order."""
     if workers <= 1 or len(units) <= 1:
-        for t in tasks:
-            # stream item by item so that one huge in-memory iterable is never held whole
-            unit = t[0]
-            for item in read_unit(unit):
-                enc = encode_sequence(*_split_item(item), cast=cast, compression=compression)
+        for unit in units:  # item by item, so that a huge in-memory iterable is never held whole
+            for key, arr, meta in read_unit(unit):
+                enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty)
                 yield ([enc], 0) if enc is not None else ([], 1)
         return
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    tasks = iter([(u, cast, compression, empty) for u in units])
     with ctx.Pool(workers) as pool:
-        yield from pool.imap(_encode_unit, tasks, chunksize=1)
+        # a bounded window of tasks in flight: a slow destination never piles results up in memory
+        pending = collections.deque(pool.apply_async(_encode_unit, (t,)) for _, t in zip(range(2 * workers), tasks))
+        while pending:
+            result = pending.popleft().get()
+            for t in tasks:
+                pending.append(pool.apply_async(_encode_unit, (t,)))
+                break
+            yield result
 
 
 def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
-    """Combine the part indexes written by ``pack(..., part="i/n")`` into one index.json."""
+    """Combine the part indexes written by ``pack(..., part="i/n")`` into one index.json.
+
+    Refuses (ManifestError) when a part index is missing, the parts disagree on n, dtype,
+    step shape or compression, a key is in two parts, or a shard a part names is missing.
+    """
     fs, root = url_to_fs(dest, storage_options)
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
     if not names:
-        raise ManifestError(f"no part indexes (index.partIIIII-of-NNNNN.json) at {dest}")
-    n = int(re.search(r"-of-(\d+)", names[0]).group(1))
+        raise ManifestError(f"no part indexes (index.partIIIII-of-NNNNN.json) at {dest}: run pack with --part i/n first")
+    counts = sorted({int(re.search(r"-of-(\d+)", name).group(1)) for name in names})
+    if len(counts) > 1:
+        raise ManifestError(f"part indexes at {dest} are for different part counts {counts}; remove the stale ones")
+    n = counts[0]
     expected = [part_index_name(i, n) for i in range(n)]
-    missing = sorted(set(expected) - set(names))
+    missing = [name for name in expected if name not in names]
     if missing:
         raise ManifestError(f"cannot merge {dest}: {len(missing)} of {n} parts are not finished: {', '.join(missing[:5])}")
     parts = [parse_manifest(fs.cat_file(join(root, name)), where=name) for name in expected]
@@ -295,7 +452,11 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
         if (m.dtype, m.step_shape, m.compression) != (first.dtype, first.step_shape, first.compression):
             raise ManifestError(f"{name} has dtype {m.dtype}, step shape {m.step_shape}, compression {m.compression}; "
                                 f"{expected[0]} has {first.dtype}, {first.step_shape}, {first.compression}")
-    keys = [m.key(i) for m in parts for i in range(m.num_sequences)]
+    present = {p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
+    absent = [s.name for m in parts for s in m.shards if s.name not in present]
+    if absent:
+        raise ManifestError(f"cannot merge {dest}: {len(absent)} shard(s) named by the part indexes are missing: {', '.join(absent[:5])}")
+    keys = [k for m in parts for k in m.keys(np.arange(m.num_sequences))]
     if len(set(keys)) != len(keys):
         seen: set[str] = set()
         dup = next(k for k in keys if k in seen or seen.add(k))

@@ -127,7 +127,8 @@ class ShardSource:
         sizes = run_hi - run_lo
         pos = np.zeros(len(first) + 1, dtype=np.int64)
         np.cumsum(sizes, out=pos[1:])
-        buf = np.zeros(int(pos[-1]) + tail, dtype=np.uint8)
+        buf = np.empty(int(pos[-1]) + tail, dtype=np.uint8)  # np.empty: numpy asks for huge pages
+        buf[len(buf) - tail :] = 0
         for j in range(len(first)):
             k = int(shard[first[j]])
             self._read_into(k, int(run_lo[j]), memoryview(buf)[pos[j] : pos[j + 1]])

@@ -1,0 +1,369 @@
+"""The ``streamwin`` command: pack, merge, index, verify, inspect and bench a dataset.
+
+    streamwin pack data/ecg/ s3://bucket/ecg/ --shard-size 256MB --workers 4
+    streamwin inspect s3://bucket/ecg/ --window 512 --stride 256 --batch-size 64 --world-size 8
+    streamwin bench s3://bucket/ecg/ --window 512 --batches 200
+
+Each subcommand is a thin layer over the library function of the same name. Exit codes: 0
+success, 2 usage errors and errors about the data or the storage (the message says what
+and where, on stderr), 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ShardError, StreamwinError
+from .sources import FORMATS
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 2**30, ``"64M"`` -> 64 * 2**20, ``"4096"`` -> 4096.
+
+    KB/MB/GB/TB are decimal, KiB/MiB/GiB/TiB and the bare letters K/M/G/T binary (as in ``split -b``).
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not unit:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 256MB, 1GiB, 64M, 1048576)")
+    value = int(float(m.group(1)) * unit)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return value
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip(), value
+
+
+def _source_value(value: str) -> Any:
+    """A JSON list, object, true/false/null is parsed; anything else (numbers too) stays a string."""
+    if value[:1] in "[{" or value in ("true", "false", "null"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise StreamwinError(f"option value {value!r} is not valid JSON: {e}") from e
+    return value
+
+
+def _storage_options(pairs: list[tuple[str, str]] | None) -> dict | None:
+    """``a.b=1`` pairs -> {"a": {"b": 1}}; values are JSON when they parse, else strings."""
+    if not pairs:
+        return None
+    out: dict = {}
+    for key, value in pairs:
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        *path, last = key.split(".")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = parsed
+    return out
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.1f} MB"
+
+
+# ---- subcommands -------------------------------------------------------------------------------
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from .pack import pack, parse_part
+
+    part = parse_part(args.part)
+    options = {k: _source_value(v) for k, v in args.option or []}
+    start = time.perf_counter()
+    m = pack(args.src, args.dest, shard_bytes=args.shard_size, format=args.format, workers=args.workers,
+             compression=None if args.compression == "none" else args.compression, cast=args.cast,
+             empty=args.empty, part=part, storage_options=_storage_options(args.storage_option),
+             progress=not args.no_progress, **options)
+    seconds = time.perf_counter() - start
+    nbytes = sum(s.bytes for s in m.shards)
+    what = f"part {part[0]}/{part[1]}: " if part else ""
+    print(f"{what}packed {m.num_sequences:,} sequences ({m.num_steps:,} steps, {_layout(m)}) into "
+          f"{len(m.shards):,} shards, {_mb(nbytes)}, at {args.dest} in {seconds:.1f} s ({nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
+    if m.dropped_empty:
+        print(f"skipped {m.dropped_empty:,} empty (zero-length) sequences")
+    if part:
+        print(f"when all {part[1]} parts are done: streamwin merge {args.dest}")
+        return 0
+    if args.verify:
+        return _verify(args.dest, args)
+    return 0
+
+
+def _layout(m) -> str:
+    shape = ", ".join(["T", *map(str, m.step_shape)])
+    return f"{m.dtype.name} [{shape}]" + (", zstd" if m.compression else "")
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from .pack import merge
+
+    m = merge(args.dest, storage_options=_storage_options(args.storage_option))
+    print(f"merged {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {_layout(m)}), "
+          f"{_mb(sum(s.bytes for s in m.shards))}, into {args.dest.rstrip('/')}/index.json")
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .index import index_shards
+
+    start = time.perf_counter()
+    m = index_shards(args.url, pattern=args.pattern, storage_options=_storage_options(args.storage_option),
+                     progress=not args.no_progress)
+    print(f"indexed {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {_layout(m)}), "
+          f"{_mb(sum(s.bytes for s in m.shards))}, in {time.perf_counter() - start:.1f} s; "
+          f"wrote {args.url.rstrip('/')}/index.json")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    return _verify(args.url, args)
+
+
+def _verify(url: str, args: argparse.Namespace) -> int:
+    from .index import verify
+
+    try:
+        r = verify(url, storage_options=_storage_options(args.storage_option), progress=not args.no_progress)
+    except ShardError as e:
+        failures = getattr(e, "failures", [e])
+        print(f"streamwin verify: FAILED: {len(failures)} shard(s) disagree with the manifest", file=sys.stderr)
+        for f in failures:
+            print(f"  {f}", file=sys.stderr)
+        return 2
+    print(f"verified {r['shards']:,} shards, {r['sequences']:,} sequences, {r['steps']:,} steps, {_mb(r['bytes'])}: "
+          f"sizes, checksums, members and headers match the manifest ({r['mb_per_s']:,.1f} MB/s)")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .plan import PlanConfig, WindowSpec, make_plan
+    from .storage import load_manifest
+
+    m = load_manifest(args.url, _storage_options(args.storage_option))
+    lengths = m.length
+    print(f"dataset      {args.url}")
+    print(f"shards       {len(m.shards):,}  ({_mb(sum(s.bytes for s in m.shards))})")
+    print(f"sequences    {m.num_sequences:,}  (dropped empty at pack time: {m.dropped_empty:,})")
+    print(f"steps        {m.num_steps:,}")
+    print(f"dtype        {_layout(m)}  ({m.step_bytes} bytes per step)")
+    if len(lengths):
+        print(f"length       min {lengths.min():,}  median {int(np.median(lengths)):,}  mean {lengths.mean():,.1f}  "
+              f"max {lengths.max():,}")
+        print("length histogram (log-spaced bins):")
+        for line in length_histogram(lengths):
+            print("  " + line)
+    if args.window is not None:
+        spec = WindowSpec(args.window, args.stride or args.window, args.horizon, args.pad)
+        cfg = PlanConfig(spec=spec, batch_size=args.batch_size, world_size=args.world_size,
+                         num_workers=args.num_workers, seed=args.seed, equalize=args.equalize)
+        plan = make_plan(m.length, m.shard_starts, cfg, 0)
+        short = int(((m.length < spec.span) & (m.length > 0)).sum())
+        print(f"windows      window {spec.window}, stride {spec.stride}, horizon {spec.horizon}"
+              + (", padded" if spec.pad else ""))
+        print(f"  per epoch          {plan.total_windows:,}")
+        print(f"  short sequences    {short:,} " + ("(one padded window each)" if spec.pad else
+                                                     f"(shorter than {spec.span} steps: no window)"))
+        print(f"  streams            {cfg.num_streams:,} ({args.world_size} rank(s) x {cfg.workers_per_rank} worker(s))")
+        print(f"  batches per rank   {plan.batches_per_rank:,} (batch size {args.batch_size})")
+        print(f"  dropped windows    {plan.dropped_windows:,} ({100 * plan.dropped_windows / max(plan.total_windows, 1):.2f}%)")
+        if args.equalize == "pad":
+            print(f"  repeated windows   {plan.repeated_windows:,}")
+    if args.png:
+        _histogram_png(lengths, args.png, args.url)
+        print(f"wrote {args.png}")
+    return 0
+
+
+def length_histogram(lengths: np.ndarray, bins: int = 12, width: int = 40) -> list[str]:
+    """Text histogram of sequence lengths in log-spaced bins ``[lo, hi)``."""
+    lo, hi = max(int(lengths.min()), 1), int(lengths.max())
+    edges = np.unique(np.round(np.geomspace(lo, hi + 1, bins + 1)).astype(np.int64))
+    if len(edges) < 2:
+        edges = np.array([lo, hi + 1])
+    counts, _ = np.histogram(lengths, bins=edges)
+    zeros = int((lengths < lo).sum())
+    rows = ([("0", zeros)] if zeros else []) + [(f"[{a:,}, {b:,})", int(c)) for a, b, c in zip(edges[:-1], edges[1:], counts)]
+    label_w = max(len(label) for label, _ in rows)
+    top = max(c for _, c in rows) or 1
+    return [f"{label:>{label_w}}  {c:>10,}  {'#' * round(width * c / top)}" for label, c in rows]
+
+
+def _histogram_png(lengths: np.ndarray, path: str, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise StreamwinError("--png needs matplotlib: pip install 'streamwin[plot]'") from e
+    positive = lengths[lengths > 0]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(positive):
+        ax.hist(positive, bins=np.geomspace(positive.min(), positive.max() + 1, 40))
+    ax.set_xscale("log")
+    ax.set_xlabel("sequence length (steps)")
+    ax.set_ylabel("sequences")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from .dataset import WindowDataset
+    from .loader import WindowLoader
+
+    start = time.perf_counter()
+    ds = WindowDataset(args.url, window=args.window, stride=args.stride, horizon=args.horizon, pad=args.pad,
+                       batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed,
+                       rank=0, world_size=1, storage_options=_storage_options(args.storage_option))
+    loader = WindowLoader(ds, num_workers=args.num_workers)
+    total = min(len(loader), args.batches) if args.batches else len(loader)
+    windows = nbytes = batches = 0
+    first = None
+    with tqdm(total=total, desc=f"bench {args.url}", unit="batch", disable=args.no_progress, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter()
+            windows += len(batch["x"])
+            nbytes += batch["x"].nbytes + (batch["y"].nbytes if "y" in batch else 0)
+            batches += 1
+            bar.update()
+            if batches >= total:
+                break
+    end = time.perf_counter()
+    if first is None:
+        raise StreamwinError(f"no batches: the dataset at {args.url} has {len(loader)} batches for this window spec "
+                             "(try a smaller --window or --batch-size; `streamwin inspect` shows why)")
+    # the rate excludes the first batch, which pays for start-up (manifest, plan, first reads)
+    steady = max(end - first, 1e-9)
+    rate = (windows - len(batch["x"])) / steady if batches > 1 else windows / max(end - start, 1e-9)
+    mb_s = (nbytes * (batches - 1) / batches) / 1e6 / steady if batches > 1 else nbytes / 1e6 / max(end - start, 1e-9)
+    print(f"{batches:,} batches, {windows:,} windows of {args.window} steps in {end - start:.2f} s "
+          f"(first batch after {first - start:.2f} s)")
+    print(f"{rate:,.0f} windows/s, {rate / args.batch_size:,.1f} batches/s, {mb_s:,.1f} MB/s of batch data "
+          f"(num_workers={args.num_workers})")
+    return 0
+
+
+# ---- parser ------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamwin", description="Pack variable-length sequences into tar shards and stream sliding windows from them.",
+        epilog="Sizes: 256MB (decimal), 1GiB or 64M (binary), or bytes. Exit codes: 0 ok, 2 error, 130 interrupted.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    def storage(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--storage-option", action="append", type=_key_value, metavar="KEY=VALUE",
+                       help="fsspec option for the dataset URL (repeatable; a.b=v nests; JSON values parsed), "
+                            "e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000")
+
+    def window(p: argparse.ArgumentParser, required: bool) -> None:
+        g = p.add_argument_group("window spec")
+        g.add_argument("--window", type=int, required=required, help="steps per window")
+        g.add_argument("--stride", type=int, help="steps between window starts (default: --window)")
+        g.add_argument("--horizon", type=int, default=0, help="target steps after each window (default 0)")
+        g.add_argument("--pad", action="store_true", help="one padded window for sequences shorter than window + horizon")
+        g.add_argument("--batch-size", type=int, default=64, help="windows per batch (default 64)")
+        g.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default 0)")
+        g.add_argument("--seed", type=int, default=0)
+
+    p = command("pack", cmd_pack, "pack a source (directory, file or URL) into tar shards and index.json")
+    p.add_argument("src", help="directory or file of .npy/.npz/parquet/csv/jsonl/text, or a URL")
+    p.add_argument("dest", help="dataset root: local path or fsspec URL (s3://, gs://, memory://, ...)")
+    p.add_argument("--shard-size", type=parse_size, default=256 << 20, metavar="SIZE",
+                   help="close a shard once it holds this many bytes (default 256MiB)")
+    p.add_argument("--workers", type=int, default=1, help="processes reading and encoding source files (default 1)")
+    p.add_argument("--format", choices=[f for f in FORMATS if f != "iterable"], help="source format (default: detected)")
+    p.add_argument("--compression", choices=["none", "zstd"], default="none", help="per-member compression")
+    p.add_argument("--cast", metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
+    p.add_argument("--empty", choices=["skip", "error"], default="skip",
+                   help="zero-length sequences: skip and count them (default) or fail")
+    p.add_argument("--part", metavar="I/N", help="pack part I of N of the source files (then: streamwin merge DEST)")
+    p.add_argument("--option", action="append", type=_key_value, metavar="KEY=VALUE",
+                   help="source option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
+    p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    storage(p)
+
+    p = command("merge", cmd_merge, "write index.json from the part indexes of `pack --part i/n`")
+    p.add_argument("dest")
+    storage(p)
+
+    p = command("index", cmd_index, "write index.json for existing tar shards with .npy members (e.g. from webdataset)")
+    p.add_argument("url")
+    p.add_argument("--pattern", default="*.tar", help="shard file glob under URL (default *.tar)")
+    p.add_argument("--no-progress", action="store_true")
+    storage(p)
+
+    p = command("verify", cmd_verify, "re-read every shard and check sizes, checksums, members and headers against index.json")
+    p.add_argument("url")
+    p.add_argument("--no-progress", action="store_true")
+    storage(p)
+
+    p = command("inspect", cmd_inspect, "summarize a dataset, and what a window spec makes of it")
+    p.add_argument("url")
+    window(p, required=False)
+    p.add_argument("--world-size", type=int, default=1, help="ranks to plan for (default 1)")
+    p.add_argument("--equalize", choices=["drop", "pad"], default="drop", help="how ranks get equal batch counts")
+    p.add_argument("--png", metavar="FILE", help="also save the length histogram as a PNG (needs matplotlib)")
+    storage(p)
+
+    p = command("bench", cmd_bench, "measure this dataset's loading throughput for a window spec")
+    p.add_argument("url")
+    window(p, required=True)
+    p.add_argument("--shuffle-buffer", type=int, default=10_000, help="windows per shuffle block (default 10000)")
+    p.add_argument("--batches", type=int, default=200, help="stop after this many batches (0: a whole epoch; default 200)")
+    p.add_argument("--no-progress", action="store_true")
+    storage(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed by argparse
+        return int(e.code or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"streamwin {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (StreamwinError, OSError, ValueError, ImportError) as e:
+        # data, storage and argument-value errors: one clear line, no traceback
+        kind = "" if isinstance(e, StreamwinError) else f"{type(e).__name__}: "
+        print(f"streamwin {args.command}: error: {kind}{e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

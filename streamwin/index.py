@@ -1,0 +1,338 @@
+"""Check a dataset against its manifest, and write a manifest for tar shards streamwin did not pack.
+
+Both read every shard once, front to back, through one scanner: the bytes are hashed as they
+stream by, and the tar structure is walked with ``tarfile`` in stream mode (so pax and GNU
+long-name headers work, and ``offset_data`` is where a member's content starts). For each
+``.npy`` / ``.npy.zst`` member the scanner parses the npy header (decompressing a zstd
+member whole) without ever unpickling anything.
+
+- ``verify(url)`` compares what it finds with index.json: per shard its bytes, sha256,
+  sequence and step counts; per sequence the member name, content offset and size, npy
+  header length, dtype and shape. Every shard is checked; the first problem of each failing
+  shard is collected, and one ShardError is raised at the end naming the first failure
+  (shard, member, byte offset) with all of them in its ``failures`` attribute.
+- ``index_shards(url)`` writes index.json for existing shards (e.g. from
+  ``webdataset.ShardWriter``), taking the key of a member as webdataset does: its path up to
+  the first dot of its base name.
+"""
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+import sys
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from . import npyfmt
+from .errors import ManifestError, ShardError
+from .manifest import INDEX_NAME, Manifest, ShardEntry, build_manifest
+from .storage import join, load_manifest, url_to_fs, write_atomic
+
+CHUNK = 4 << 20  # bytes fetched (and hashed) per read of a shard
+THREADS = 4  # shards scanned at once: hashing and I/O release the GIL
+_WDS_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's split of a member name: key, extension
+
+
+@dataclass(frozen=True)
+class NpyMember:
+    """One ``.npy`` / ``.npy.zst`` member as found in a shard."""
+
+    name: str
+    key: str
+    offset: int  # byte offset of the member content in the shard
+    size: int  # bytes of content in the tar (compressed size for .npy.zst)
+    compressed: bool
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    hlen: int  # npy header length (of the decompressed content)
+
+
+@dataclass(frozen=True)
+class ShardScan:
+    """What one read of a shard found."""
+
+    name: str
+    nbytes: int
+    sha256: str
+    members: list[NpyMember]
+
+
+class _HashingReader:
+    """A sequential reader that hashes and counts every byte it hands out, and reports progress."""
+
+    def __init__(self, f, on_bytes: Callable[[int], None]):
+        self.f, self.on_bytes = f, on_bytes
+        self.hash = hashlib.sha256()
+        self.nbytes = 0
+        self._chunk = memoryview(b"")
+        self._at = 0
+
+    def read(self, n: int = -1) -> bytes:
+        if self._at >= len(self._chunk):
+            data = self.f.read(CHUNK)
+            if not data:
+                return b""
+            self.hash.update(data)
+            self.nbytes += len(data)
+            self.on_bytes(len(data))
+            self._chunk, self._at = memoryview(data), 0
+        end = len(self._chunk) if n is None or n < 0 else min(len(self._chunk), self._at + n)
+        out = bytes(self._chunk[self._at : end])
+        self._at = end
+        return out
+
+    def drain(self) -> None:
+        """Read (and hash) whatever follows the tar's end-of-archive blocks."""
+        self._at = len(self._chunk)
+        while self.read():
+            self._at = len(self._chunk)
+
+
+def _npy_member(tf: tarfile.TarFile, info: tarfile.TarInfo, key: str, compressed: bool, shard: str) -> NpyMember:
+    """Read the npy header of a member (the whole member when compressed) and check its size."""
+    f = tf.extractfile(info)
+    where = dict(shard=shard, member=info.name, offset=info.offset_data)
+    if compressed:
+        import zstandard
+
+        try:
+            content = zstandard.ZstdDecompressor().decompressobj().decompress(f.read(info.size))
+        except zstandard.ZstdError as e:
+            raise ShardError(f"cannot decompress member: {e}", **where) from e
+        head = content[:12]
+    else:
+        head = f.read(min(info.size, 12))
+    if head[:6] != b"\x93NUMPY":
+        raise ShardError("member is not a .npy array (bad magic bytes)", **where)
+    hlen = (10 + int.from_bytes(head[8:10], "little")) if head[6] == 1 else (12 + int.from_bytes(head[8:12], "little"))
+    if not compressed:
+        head += f.read(max(0, min(hlen, info.size) - len(head)))
+    else:
+        head = content[:hlen]
+    try:
+        dtype, shape, hlen = npyfmt.parse_npy_header(head)
+    except ValueError as e:
+        raise ShardError(str(e), **where) from e
+    if not shape:
+        raise ShardError("member holds a 0-d array, not a sequence", **where)
+    data_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    have = (len(content) if compressed else info.size) - hlen
+    if have != data_bytes:
+        raise ShardError(f"member holds {have} bytes of array data, its header (dtype {dtype}, shape {shape}) needs "
+                         f"{data_bytes}", **where)
+    return NpyMember(info.name, key, info.offset_data, info.size, compressed, dtype, shape, hlen)
+
+
+def _walk(tf: tarfile.TarFile, shard: str, members: list[NpyMember], current: list) -> None:
+    """Append the shard's npy members to ``members``; ``current[0]`` is the member being read."""
+    for info in tf:
+        current[0] = info
+        if not info.isreg():
+            continue
+        m = _WDS_KEY.match(info.name)
+        if m is None or m.group(2) not in ("npy", "npy.zst"):
+            continue
+        members.append(_npy_member(tf, info, m.group(1), m.group(2) == "npy.zst", shard))
+    current[0] = None
+    # tarfile ends quietly when a header cannot be read whole: a complete shard ends with a zero block
+    if tf.fileobj.pos < tf.offset + tarfile.BLOCKSIZE:
+        raise ShardError(f"shard ends early, at byte {tf.fileobj.pos}, inside or before the tar header at "
+                         f"byte {tf.offset} (no end-of-archive marker)", shard=shard, offset=tf.offset)
+
+
+def scan_shard(fs, path: str, name: str, url: str, on_bytes: Callable[[int], None] = lambda n: None) -> ShardScan:
+    """Read one shard front to back: its size, sha256 and ``.npy`` members (ShardError if malformed)."""
+    try:
+        f = fs.open(path, "rb")
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        raise ShardError(f"cannot open shard: {e}", shard=url) from e
+    with f:
+        reader = _HashingReader(f, on_bytes)
+        members: list[NpyMember] = []
+        current: list = [None]
+        tf = None
+        try:
+            tf = tarfile.open(fileobj=reader, mode="r|")
+            _walk(tf, url, members, current)
+        except (tarfile.TarError, EOFError, OSError) as e:
+            info = current[0]
+            raise ShardError(f"not a readable tar shard: {type(e).__name__}: {e}", shard=url,
+                             member=info.name if info is not None else None,
+                             offset=info.offset_data if info is not None else (tf.offset if tf else 0)) from e
+        reader.drain()
+    return ShardScan(name, reader.nbytes, reader.hash.hexdigest(), members)
+
+
+def _scan_all(fs, root: str, url: str, names: list[str], total: int, progress: bool, desc: str,
+              on_done: Callable[[int, ShardScan | ShardError], None]) -> None:
+    """Scan shards on a few threads; call ``on_done(k, scan or error)`` in shard order."""
+    bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+
+    def scan(k: int) -> ShardScan | ShardError:
+        try:
+            return scan_shard(fs, join(root, names[k]), names[k], f"{url}/{names[k]}", bar.update)
+        except ShardError as e:
+            return e
+
+    try:
+        with ThreadPoolExecutor(min(THREADS, max(1, len(names)))) as pool:
+            for k, result in enumerate(pool.map(scan, range(len(names)))):
+                on_done(k, result)
+    finally:
+        bar.close()
+
+
+# ---- verify --------------------------------------------------------------------------------------
+
+def verify(url: str, storage_options: dict | None = None, progress: bool = True) -> dict[str, Any]:
+    """Re-read every shard of the dataset at ``url`` and check it against index.json.
+
+    Returns a summary dict (shards, sequences, steps, bytes, seconds, mb_per_s). Raises
+    ManifestError if index.json is missing or malformed, and ShardError naming the shard, member
+    and byte offset of the first problem; its ``failures`` attribute lists the first problem of
+    every failing shard.
+    """
+    start = time.perf_counter()
+    url = str(url).rstrip("/")
+    manifest = load_manifest(url, storage_options)
+    fs, root = url_to_fs(url, storage_options)
+    failures: list[ShardError] = []
+
+    def check(k: int, result: ShardScan | ShardError) -> None:
+        problem = result if isinstance(result, ShardError) else _compare(manifest, k, result, url)
+        if problem is not None:
+            failures.append(problem)
+
+    names = [s.name for s in manifest.shards]
+    _scan_all(fs, root, url, names, sum(s.bytes for s in manifest.shards), progress, f"verify {url}", check)
+    if len(failures) == 1:
+        failures[0].failures = failures
+        raise failures[0]
+    if failures:
+        first = failures[0]
+        where = str(ShardError("", shard=first.shard, member=first.member, offset=first.offset))
+        text = str(first)
+        text = text[: -len(where)] if text.endswith(where) else text
+        err = ShardError(f"{len(failures)} of {len(names)} shards failed verification; the first: {text}",
+                         shard=first.shard, member=first.member, offset=first.offset)
+        err.failures = failures
+        raise err from first
+    seconds = time.perf_counter() - start
+    nbytes = sum(s.bytes for s in manifest.shards)
+    return {"shards": len(manifest.shards), "sequences": manifest.num_sequences, "steps": manifest.num_steps,
+            "bytes": nbytes, "seconds": seconds, "mb_per_s": nbytes / 1e6 / max(seconds, 1e-9)}
+
+
+def _compare(m: Manifest, k: int, scan: ShardScan, url: str) -> ShardError | None:
+    """The first disagreement between shard ``k`` as scanned and the manifest, or None."""
+    entry = m.shards[k]
+    shard_url = f"{url}/{entry.name}"
+    lo, hi = int(m.shard_starts[k]), int(m.shard_starts[k + 1])
+    suffix = ".npy.zst" if m.compression == "zstd" else ".npy"
+    for j, i in enumerate(range(lo, hi)):
+        if j >= len(scan.members):
+            return ShardError(f"manifest lists {hi - lo} sequences, the shard holds {len(scan.members)} .npy members",
+                              shard=shard_url, member=m.key(i) + suffix, offset=int(m.offset[i]))
+        got = scan.members[j]
+        want = (m.key(i) + suffix, int(m.offset[i]), int(m.size[i]), m.dtype,
+                (int(m.length[i]),) + m.step_shape, int(m.hlen[i]))
+        have = (got.name, got.offset, got.size, got.dtype, got.shape, got.hlen)
+        if have != want:
+            fields = ("member name", "content offset", "size", "dtype", "shape", "npy header length")
+            diffs = "; ".join(f"{f}: shard {h!r} / manifest {w!r}" for f, h, w in zip(fields, have, want) if h != w)
+            return ShardError(f"sequence {i} disagrees with the manifest: {diffs}", shard=shard_url,
+                              member=got.name, offset=got.offset)
+    if len(scan.members) > hi - lo:
+        extra = scan.members[hi - lo]
+        return ShardError(f"shard holds {len(scan.members)} .npy members, manifest lists {hi - lo}",
+                          shard=shard_url, member=extra.name, offset=extra.offset)
+    steps = int(m.length[lo:hi].sum())
+    if steps != entry.num_steps:
+        return ShardError(f"steps mismatch: the manifest's sequences of this shard sum to {steps} steps, its shard "
+                          f"entry says {entry.num_steps}", shard=shard_url)
+    for what, have, want in (("bytes", scan.nbytes, entry.bytes), ("sha256", scan.sha256, entry.sha256)):
+        if have != want:
+            return ShardError(f"{what} mismatch: shard has {have}, manifest says {want}", shard=shard_url)
+    return None
+
+
+# ---- index ---------------------------------------------------------------------------------------
+
+def index_shards(url: str, pattern: str = "*.tar", storage_options: dict | None = None,
+                 progress: bool = True) -> Manifest:
+    """Write ``<url>/index.json`` for the existing tar shards matching ``pattern`` under ``url``.
+
+    Every ``<key>.npy`` (or ``<key>.npy.zst``) member is a sequence, in shard order then member
+    order; other members (``.json``, ``.cls``, ...) are left alone. All arrays must share one
+    dtype and step shape (ShardError naming the shard and member otherwise); keys must be
+    unique printable ASCII (webdataset keys may contain '/'). Zero-length arrays are kept as
+    sequences of length 0 (they yield no windows).
+    """
+    url = str(url).rstrip("/")
+    fs, root = url_to_fs(url, storage_options)
+    found = sorted(p for p in fs.glob(join(root, pattern)) if not p.endswith(INDEX_NAME))
+    if not found:
+        raise ManifestError(f"no shards matching {pattern!r} at {url}")
+    names = [posixpath.relpath(p, root) if root else p for p in found]
+    sizes = [fs.size(p) for p in found] if progress else [0]
+    acc = _Indexer(url)
+    _scan_all(fs, root, url, names, sum(sizes), progress, f"index {url}", acc.add)
+    manifest = acc.manifest()
+    write_atomic(fs, join(root, INDEX_NAME), manifest.to_json().encode())
+    return manifest
+
+
+class _Indexer:
+    """Accumulates scanned shards into manifest columns, checking consistency as it goes."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.shards: list[ShardEntry] = []
+        self.keys: list[str] = []
+        self.columns: dict[str, list[int]] = {"length": [], "offset": [], "size": [], "hlen": []}
+        self.first: tuple[str, NpyMember] | None = None
+        self.seen: dict[str, str] = {}
+
+    def add(self, k: int, scan: ShardScan | ShardError) -> None:
+        if isinstance(scan, ShardError):
+            raise scan
+        shard_url = f"{self.url}/{scan.name}"
+        for mem in scan.members:
+            self._check(mem, shard_url)
+            self.seen[mem.key] = scan.name
+            self.keys.append(mem.key)
+            for col, value in (("length", mem.shape[0]), ("offset", mem.offset), ("size", mem.size), ("hlen", mem.hlen)):
+                self.columns[col].append(value)
+        steps = sum(mem.shape[0] for mem in scan.members)
+        self.shards.append(ShardEntry(scan.name, scan.nbytes, scan.sha256, len(scan.members), steps))
+
+    def _check(self, mem: NpyMember, shard_url: str) -> None:
+        where = dict(shard=shard_url, member=mem.name, offset=mem.offset)
+        if not mem.key.isascii() or not mem.key.isprintable() or " " in mem.key:
+            raise ShardError(f"key {mem.key!r} is not printable ASCII without spaces", **where)
+        if mem.key in self.seen:
+            raise ShardError(f"duplicate key {mem.key!r} (also in {self.seen[mem.key]})", **where)
+        if self.first is None:
+            self.first = (shard_url, mem)
+            return
+        first_url, first = self.first
+        if (mem.dtype.str, mem.shape[1:], mem.compressed) != (first.dtype.str, first.shape[1:], first.compressed):
+            raise ShardError(
+                f"dtype {mem.dtype.str}, step shape {mem.shape[1:]}{', zstd' if mem.compressed else ''} differs from "
+                f"dtype {first.dtype.str}, step shape {first.shape[1:]}{', zstd' if first.compressed else ''} of "
+                f"{first.name} in {first_url}; a dataset has one dtype, step shape and compression", **where)
+
+    def manifest(self) -> Manifest:
+        if self.first is None:
+            raise ManifestError(f"no .npy or .npy.zst members in the shards at {self.url}: nothing to index")
+        first = self.first[1]
+        return build_manifest(first.dtype, first.shape[1:], "zstd" if first.compressed else None,
+                              self.shards, self.keys, self.columns)
