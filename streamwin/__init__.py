@@ -4,6 +4,7 @@
     sw.pack(sequences, "s3://bucket/corpus/")
     loader = sw.WindowLoader(sw.WindowDataset("s3://bucket/corpus/", window=512, stride=256, batch_size=64))
 """
+from .cache import ShardCache, prefetch
 from .dataset import WindowDataset
 from .errors import ManifestError, PackError, ShardError, StateMismatchError, StreamwinError
 from .loader import WindowLoader
@@ -14,6 +15,7 @@ from .storage import load_manifest
 
 __version__ = "0.1.0"
 __all__ = sorted([
-    "Manifest", "ManifestError", "PackError", "Plan", "PlanConfig", "ShardError", "StateMismatchError",
+    "Manifest", "ManifestError", "PackError", "Plan", "PlanConfig", "ShardCache", "ShardError", "StateMismatchError",
     "StreamwinError", "WindowDataset", "WindowLoader", "WindowSpec", "load_manifest", "make_plan", "merge", "pack",
+    "prefetch",
 ])

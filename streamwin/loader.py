@@ -7,6 +7,7 @@ when iteration starts, and checks a checkpoint's plan inputs when it is loaded.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -14,6 +15,37 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from .dataset import WindowDataset, check_state
 
 log = logging.getLogger("streamwin")
+
+
+def _stream_states(obj: Any):
+    """Every stream state inside a StatefulDataLoader state (in-process or per worker)."""
+    if isinstance(obj, dict):
+        if "stream" in obj and "inputs" in obj and "batch" in obj:
+            yield obj
+            return
+        for v in obj.values():
+            yield from _stream_states(v)
+
+
+class _Counted:
+    """Wraps the DataLoader iterator to count batches for stats() (one attribute bump per batch)."""
+
+    def __init__(self, it, loader: "WindowLoader"):
+        self._it, self._loader = it, loader
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._it)
+        self._loader._yielded += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str):
+        return getattr(self._it, name)
 _META = "streamwin"
 
 
@@ -43,6 +75,8 @@ class WindowLoader(StatefulDataLoader):
                          prefetch_factor=prefetch_factor if num_workers > 0 else None,
                          persistent_workers=persistent_workers and num_workers > 0, **kwargs)
         self._logged = False
+        self._started: float | None = None
+        self._yielded = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch (the same on every rank) before iterating; a new epoch, a new order."""
@@ -57,7 +91,20 @@ class WindowLoader(StatefulDataLoader):
             self._logged = True
             if self.dataset.world()[0] == 0:
                 log.info("streamwin: %s", self.dataset.summary())
-        return super().__iter__()
+        if self._started is None:
+            self._started = time.perf_counter()
+        return _Counted(super().__iter__(), self)
+
+    def stats(self) -> dict[str, Any]:
+        """What this rank's loader did: batches, windows/s, bytes read, retries, cache hits, skips."""
+        totals: dict[str, int] = {}
+        for stream_state in _stream_states(self.state_dict()):
+            for k, v in stream_state.get("stats", {}).items():
+                totals[k] = totals.get(k, 0) + v
+        elapsed = time.perf_counter() - self._started if self._started else 0.0
+        windows = self._yielded * self.dataset.batch_size
+        return {"batches": self._yielded, "windows": windows,
+                "windows_per_s": windows / elapsed if elapsed else 0.0, **totals}
 
     def state_dict(self) -> dict[str, Any]:
         self.dataset.world()

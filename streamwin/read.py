@@ -9,9 +9,9 @@ fails is a ShardError naming the shard, the member and the byte offset.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,8 @@ from .plan import Plan
 from .storage import is_local, join, url_to_fs
 
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
-CHUNK = 8 << 20  # a remote range is fetched in chunks; a retry resumes at the chunk that broke
+CHUNK = 4 << 20  # a remote range is fetched in chunks; a retry resumes at the chunk that broke
+REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
 
 
 @dataclass
@@ -63,18 +64,26 @@ class ReadStats:
     bytes_read: int = 0
     reads: int = 0
     retries: int = 0
+    skipped_ranges: int = 0
+    skipped_windows: int = 0
+    cache_hits: int = 0
 
 
 class ShardSource:
     """Reads byte ranges of a dataset's shards (any fsspec URL) and assembles blocks."""
 
     def __init__(self, url: str, manifest: Manifest, *, storage_options: dict[str, Any] | None = None,
-                 retries: int = 5, backoff: float = 0.2):
+                 retries: int = 5, backoff: float = 0.2, on_error: str = "raise", cache=None):
         self.url = url.rstrip("/")
         self.manifest = manifest
         self.fs, self.root = url_to_fs(url, storage_options)
         self.local = is_local(self.fs)
         self.retries, self.backoff = retries, backoff
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.on_error = on_error
+        self.cache = cache  # a streamwin.cache.ShardCache, or None
+        self._pool = None
         self.stats = ReadStats()
         self._header_cache: dict[bytes, tuple] = {}
         self._descr = np.lib.format.dtype_to_descr(manifest.dtype)
@@ -104,11 +113,28 @@ class ShardSource:
         length = m.length[uniq]
         valid = np.minimum(length[inv] - start, span)
         if m.compression:
-            buf, base = self._read_compressed(uniq)
+            buf, base, bad = self._read_compressed(uniq, span * sb)
         else:
-            buf, base = self._read_plain(uniq, smin, np.minimum(length, smax + span), span * sb)
+            buf, base, bad = self._read_plain(uniq, smin, np.minimum(length, smax + span), span * sb)
         offs = base[inv] + start * sb
+        if bad.any():  # on_error="skip": unreadable windows become zeros of weight 0
+            lost = bad[inv]
+            offs[lost] = len(buf) - span * sb
+            real = real & ~lost
+            valid = np.where(lost, 0, valid)
+            with self._lock:
+                self.stats.skipped_windows += int(lost.sum())
         return Block(buf, offs, seq, start, real, valid, m.keys(uniq), inv)
+
+    def _skip_or_raise(self, err: ShardError) -> None:
+        if self.on_error == "raise":
+            raise err
+        with self._lock:
+            self.stats.skipped_ranges += 1
+            first = self.stats.skipped_ranges == 1
+        if first:
+            warnings.warn(f"streamwin: skipping unreadable data (on_error='skip'), further skips are counted "
+                          f"in loader.stats(): {err}", RuntimeWarning, stacklevel=2)
 
     # -- uncompressed: byte ranges straight into the block buffer ------------------------------
     def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray, tail: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,16 +155,24 @@ class ShardSource:
         np.cumsum(sizes, out=pos[1:])
         buf = np.empty(int(pos[-1]) + tail, dtype=np.uint8)  # np.empty: numpy asks for huge pages
         buf[len(buf) - tail :] = 0
-        for j in range(len(first)):
-            k = int(shard[first[j]])
-            self._read_into(k, int(run_lo[j]), memoryview(buf)[pos[j] : pos[j + 1]])
         base = pos[run] + (data0 - run_lo[run])
-        covered = s_lo == 0
-        at = pos[run] + (m.offset[uniq] - run_lo[run])
-        for i, k, p, h in zip(uniq[covered].tolist(), shard[covered].tolist(), at[covered].tolist(),
-                              m.hlen[uniq[covered]].tolist()):
-            self._check_header(buf[p : p + h].tobytes(), i, k)
-        return buf, base
+        at = (pos[run] + (m.offset[uniq] - run_lo[run])).tolist()
+        hlens = m.hlen[uniq].tolist()
+        bounds = np.append(first, len(uniq)).tolist()
+        bad = np.zeros(len(uniq), dtype=bool)
+        runs = [(int(shard[first[j]]), int(run_lo[j]), memoryview(buf)[pos[j] : pos[j + 1]]) for j in range(len(first))]
+        for j, err in enumerate(self._read_many(runs)):
+            k = runs[j][0]
+            try:
+                if err is not None:
+                    raise err
+                for u in range(bounds[j], bounds[j + 1]):
+                    if s_lo[u] == 0:  # the read covers this member's .npy header: check it
+                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(uniq[u]), k)
+            except ShardError as e:
+                self._skip_or_raise(e)
+                bad[bounds[j] : bounds[j + 1]] = True
+        return buf, base, bad
 
     def _check_header(self, header: bytes, i: int, k: int) -> int:
         m = self.manifest
@@ -167,36 +201,76 @@ class ShardSource:
         return f"{self.manifest.key(i)}.npy" + (".zst" if self.manifest.compression else "")
 
     # -- compressed members: read whole, decompress, lay out the array data ---------------------
-    def _read_compressed(self, uniq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        import zstandard
-
+    def _read_compressed(self, uniq: np.ndarray, span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m = self.manifest
         sb = m.step_bytes
         shard = np.searchsorted(m.shard_starts, uniq, side="right") - 1
         nbytes = m.length[uniq] * sb
         base = np.zeros(len(uniq) + 1, dtype=np.int64)
         np.cumsum(nbytes, out=base[1:])
-        tail = int(nbytes.max()) if len(uniq) else 0
+        tail = max(int(nbytes.max()) if len(uniq) else 0, span_bytes)
         buf = np.zeros(int(base[-1]) + tail, dtype=np.uint8)
-        dctx = zstandard.ZstdDecompressor()
+        bad = np.zeros(len(uniq), dtype=bool)
         for j, i in enumerate(uniq.tolist()):
-            k, off, size = int(shard[j]), int(m.offset[i]), int(m.size[i])
-            raw = bytearray(size)
-            self._read_into(k, off, memoryview(raw))
             try:
-                data = dctx.decompress(bytes(raw), max_output_size=int(m.hlen[i]) + int(nbytes[j]))
-            except zstandard.ZstdError as e:
-                raise ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i), offset=off) from e
-            hlen = self._check_header(data[: int(m.hlen[i])], i, k)
-            if len(data) != hlen + nbytes[j]:
-                raise ShardError(f"member holds {len(data) - hlen} data bytes, manifest says {nbytes[j]}",
-                                 shard=self.shard_url(k), member=self._member(i), offset=off)
-            buf[base[j] : base[j + 1]] = np.frombuffer(data, dtype=np.uint8, offset=hlen)
-        return buf, base[:-1]
+                self._decompress_into(buf, int(base[j]), int(nbytes[j]), i, int(shard[j]))
+            except ShardError as e:
+                self._skip_or_raise(e)
+                bad[j] = True
+        return buf, base[:-1], bad
+
+    def _decompress_into(self, buf: np.ndarray, at: int, nbytes: int, i: int, k: int) -> None:
+        import zstandard
+
+        m = self.manifest
+        dctx = zstandard.ZstdDecompressor()
+        off, size = int(m.offset[i]), int(m.size[i])
+        raw = bytearray(size)
+        self._read_into(k, off, memoryview(raw))
+        try:
+            data = dctx.decompress(bytes(raw), max_output_size=int(m.hlen[i]) + nbytes)
+        except zstandard.ZstdError as e:
+            raise ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i), offset=off) from e
+        hlen = self._check_header(data[: int(m.hlen[i])], i, k)
+        if len(data) != hlen + nbytes:
+            raise ShardError(f"member holds {len(data) - hlen} data bytes, manifest says {nbytes}",
+                             shard=self.shard_url(k), member=self._member(i), offset=off)
+        buf[at : at + nbytes] = np.frombuffer(data, dtype=np.uint8, offset=hlen)
 
     # -- raw reads with retries -----------------------------------------------------------------
+    def _read_many(self, runs: list[tuple[int, int, memoryview]]) -> list[ShardError | None]:
+        """Read (shard, offset, destination) runs; concurrently on remote storage (latency-bound)."""
+        def one(run):
+            try:
+                self._read_into(*run)
+                return None
+            except ShardError as e:
+                return e
+        if self.local or self.cache is not None or len(runs) < 2:
+            return [one(r) for r in runs]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(max_workers=REMOTE_CONCURRENCY, thread_name_prefix="streamwin-get")
+        return list(self._pool.map(one, runs))
+
     def _read_into(self, k: int, offset: int, out: memoryview) -> None:
         path = join(self.root, self.manifest.shards[k].name)
+        if self.cache is not None:  # node-local copy: fetched once per node, verified, then read locally
+            hits = self.cache.hits
+            local = self.cache.fetch(self.shard_url(k), self.fs, path, self.manifest.shards[k])
+            try:
+                got = _read_local(local, offset, out)
+            except FileNotFoundError:  # evicted by another process between fetch and read
+                local = self.cache.fetch(self.shard_url(k), self.fs, path, self.manifest.shards[k])
+                got = _read_local(local, offset, out)
+            self.stats.cache_hits += self.cache.hits - hits
+            if got < len(out):
+                raise ShardError(f"cached shard ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
+                                 shard=self.shard_url(k), offset=offset + got)
+            with self._lock:
+                self.stats.bytes_read += len(out)
+                self.stats.reads += 1
+            return
         done = 0
         attempt = 0
         while done < len(out):
@@ -223,15 +297,20 @@ class ShardSource:
 
     def _read_chunk(self, path: str, offset: int, out: memoryview) -> int:
         if self.local:
-            with open(path, "rb", buffering=0) as f:
-                f.seek(offset)
-                got = 0
-                while got < len(out):
-                    n = f.readinto(out[got:])
-                    if not n:
-                        break
-                    got += n
-                return got
+            return _read_local(path, offset, out)
         data = self.fs.cat_file(path, start=offset, end=offset + len(out))
         out[: len(data)] = data
         return len(data)
+
+
+def _read_local(path: str, offset: int, out: memoryview) -> int:
+    """Read into ``out`` from a local file at ``offset``; returns the bytes read (short at EOF)."""
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        got = 0
+        while got < len(out):
+            n = f.readinto(out[got:])
+            if not n:
+                break
+            got += n
+        return got

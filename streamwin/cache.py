@@ -1,0 +1,158 @@
+"""A node-local cache of whole shards, shared by every process on the node.
+
+A shard is downloaded once per node even when eight processes ask at the same moment: the
+first takes a file lock, downloads to a temporary name, checks size and sha256 against the
+manifest and renames it into place (atomic); the others wait on the lock and then find it.
+Hits refresh the file's mtime; past ``limit_bytes`` the least recently used shards are
+evicted. Cache file names come only from a hash of the shard URL, never from anything
+inside a shard, so no shard can make the cache write outside its directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+import uuid
+
+from filelock import FileLock
+
+from .errors import ShardError
+from .manifest import ShardEntry
+from .storage import join, load_manifest, url_to_fs
+
+_SAFE = re.compile(r"[^A-Za-z0-9_-]")
+COPY_CHUNK = 8 << 20
+
+
+class ShardCache:
+    """Verified local copies of remote shards under ``cache_dir``, evicted LRU down to ``limit_bytes``."""
+
+    def __init__(self, cache_dir: str, *, limit_bytes: int | None = None, retries: int = 5, backoff: float = 0.2):
+        self.dir = os.path.realpath(os.path.expanduser(str(cache_dir)))
+        os.makedirs(self.dir, exist_ok=True)
+        self.limit_bytes, self.retries, self.backoff = limit_bytes, retries, backoff
+        self.hits = self.misses = 0
+
+    def local_path(self, url: str) -> str:
+        """Where the copy of shard ``url`` lives: a hash and a sanitized base name, inside the cache dir."""
+        base = _SAFE.sub("_", url.rstrip("/").rsplit("/", 1)[-1])[:64] or "shard"
+        path = os.path.join(self.dir, f"{hashlib.sha256(url.encode()).hexdigest()[:20]}-{base}")
+        assert os.path.dirname(path) == self.dir  # by construction: no separator can survive _SAFE
+        return path
+
+    def fetch(self, url: str, fs, path: str, entry: ShardEntry) -> str:
+        """Local path of a verified copy of the shard, downloading it first if needed."""
+        local = self.local_path(url)
+        if self._valid(local, entry):
+            self.hits += 1
+            _touch(local)
+            return local
+        with FileLock(local + ".lock"):
+            if self._valid(local, entry):  # another process fetched it while we waited
+                self.hits += 1
+                _touch(local)
+                return local
+            self.misses += 1
+            self._download(url, fs, path, entry, local)
+        self.evict(keep=local)
+        return local
+
+    def _valid(self, local: str, entry: ShardEntry) -> bool:
+        try:
+            return os.path.getsize(local) == entry.bytes
+        except OSError:
+            return False
+
+    def _download(self, url: str, fs, path: str, entry: ShardEntry, local: str) -> None:
+        tmp = f"{local}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            for attempt in range(self.retries + 1):
+                try:
+                    digest = _copy(fs, path, tmp)
+                    break
+                except (FileNotFoundError, PermissionError) as e:
+                    raise ShardError(f"cannot fetch shard into the cache: {e}", shard=url) from e
+                except Exception as e:  # transient: start over (a shard is fetched whole)
+                    if attempt == self.retries:
+                        raise ShardError(f"fetch failed after {self.retries} retries: {type(e).__name__}: {e}",
+                                         shard=url) from e
+                    time.sleep(self.backoff * 2 ** attempt)
+            size = os.path.getsize(tmp)
+            if size != entry.bytes or digest != entry.sha256:
+                raise ShardError(f"checksum mismatch: fetched {size} bytes with sha256 {digest[:16]}..., manifest says "
+                                 f"{entry.bytes} bytes with sha256 {entry.sha256[:16]}...", shard=url, offset=0)
+            os.replace(tmp, local)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def evict(self, keep: str | None = None) -> int:
+        """Delete least recently used shards until the cache holds at most limit_bytes; returns bytes freed."""
+        if self.limit_bytes is None:
+            return 0
+        with FileLock(os.path.join(self.dir, ".evict.lock")):
+            files = []
+            for name in os.listdir(self.dir):
+                p = os.path.join(self.dir, name)
+                if ".tmp-" in name or name.endswith(".lock") or not os.path.isfile(p):
+                    continue
+                st = os.stat(p)
+                files.append((st.st_mtime, st.st_size, p))
+            total = sum(f[1] for f in files)
+            freed = 0
+            for _, size, p in sorted(files):
+                if total <= self.limit_bytes:
+                    break
+                if p == keep:
+                    continue
+                try:
+                    os.remove(p)
+                except FileNotFoundError:
+                    continue
+                total -= size
+                freed += size
+            return freed
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _copy(fs, path: str, dest: str) -> str:
+    h = hashlib.sha256()
+    with fs.open(path, "rb") as src, open(dest, "wb") as out:
+        while True:
+            chunk = src.read(COPY_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            out.write(chunk)
+    return h.hexdigest()
+
+
+def prefetch(url: str, cache_dir: str, *, storage_options: dict | None = None, local_rank: int | None = None,
+             local_world_size: int | None = None, limit_bytes: int | None = None) -> int:
+    """Warm the node cache with every shard of a dataset; returns the shards this process fetched.
+
+    Each of the node's processes fetches its share (by LOCAL_RANK / LOCAL_WORLD_SIZE, or
+    SLURM_LOCALID / SLURM_NTASKS_PER_NODE), so the node downloads each shard once, in parallel.
+    Call ``torch.distributed.barrier()`` afterwards so that nobody reads before the cache is warm.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0))) if local_rank is None else local_rank
+    local_world_size = (int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
+                        if local_world_size is None else local_world_size)
+    manifest = load_manifest(url, storage_options)
+    fs, root = url_to_fs(url, storage_options)
+    cache = ShardCache(cache_dir, limit_bytes=limit_bytes)
+    fetched = 0
+    for k, entry in enumerate(manifest.shards):
+        if k % local_world_size == local_rank:
+            shard_url = f"{url.rstrip('/')}/{entry.name}"
+            before = cache.misses
+            cache.fetch(shard_url, fs, join(root, entry.name), entry)
+            fetched += cache.misses - before
+    return fetched
