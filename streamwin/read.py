@@ -110,7 +110,7 @@ class ShardSource:
         inv[order] = np.cumsum(new) - 1
         smin = np.minimum.reduceat(start[order], first)
         smax = np.maximum.reduceat(start[order], first)
-        length = m.length[uniq]
+        length = plan.ends(uniq, m.length)  # a split's view may end before the sequence does
         valid = np.minimum(length[inv] - start, span)
         if m.compression:
             buf, base, bad = self._read_compressed(uniq, span * sb)
