@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .cache import ShardCache
 from .errors import StateMismatchError
 from .manifest import Manifest
 from .nodes import Batcher, BlockReader, ThreadPrefetcher
@@ -203,11 +204,7 @@ class StreamIterator:
     def _start(self) -> None:
         ds = self.ds
         self._plan = plan = ds.plan(self.epoch)
-        cache = None
-        if ds.cache_dir is not None:
-            from .cache import ShardCache
-
-            cache = ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit)
+        cache = ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit) if ds.cache_dir is not None else None
         self._source = source = ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options,
                                             retries=ds.retries, on_error=ds.on_error, cache=cache)
         reader = BlockReader(source, plan, self.stream, readahead=ds.readahead)

@@ -90,17 +90,18 @@ def test_same_seed_same_batches_new_epoch_new_order(tiny):
     assert sorted(k for x in a for k in zip(x["key"], x["start"].tolist())) != [] and len(c) == len(a)
 
 
-def test_resume_at_every_step_in_process(tiny):
+@pytest.mark.parametrize("opts", [{}, dict(pad=True, equalize="pad")])
+def test_resume_at_every_step_in_process(tiny, opts):
     url, _ = tiny
-    full = run(make(url))
+    full = run(make(url, **opts))
     for k in range(len(full) + 1):
-        loader = make(url)
+        loader = make(url, **opts)
         it = iter(loader)
         for _ in range(k):
             next(it)
         state = loader.state_dict()
         json.dumps(state)  # a checkpoint is plain data
-        restored = make(url)
+        restored = make(url, **opts)
         restored.load_state_dict(pickle.loads(pickle.dumps(state)))
         assert same(full[k:], run(restored)), f"resume after {k} batches differs"
 
