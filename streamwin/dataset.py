@@ -23,7 +23,7 @@ from .plan import Plan, PlanConfig, WindowSpec, make_plan
 from .read import ShardSource
 from .split import SplitSpec, split_views
 from .storage import load_manifest
-from .world import resolve_world
+from .world import is_definitive, resolve_world
 
 log = logging.getLogger("streamwin")
 STATE_VERSION = 1
@@ -101,10 +101,13 @@ class WindowDataset(IterableDataset):
             self._manifest = load_manifest(self.url, self.storage_options)
         return self._manifest
 
-    def world(self) -> tuple[int, int]:
-        """(rank, world_size), resolved on first use (see streamwin.world)."""
-        if self._world is None:
-            self._world = resolve_world(self._rank, self._world_size)
+    def world(self, refresh: bool = False) -> tuple[int, int]:
+        """(rank, world_size) (see streamwin.world); kept once something definitive says who we are."""
+        if self._world is None or refresh:
+            world = resolve_world(self._rank, self._world_size)
+            if not is_definitive(self._rank, self._world_size):
+                return world  # single process so far; a later init_process_group may still change it
+            self._world = world
         return self._world
 
     def config(self, world_size: int | None = None) -> PlanConfig:

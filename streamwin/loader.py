@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -86,11 +87,18 @@ class WindowLoader(StatefulDataLoader):
         return len(self.dataset)
 
     def __iter__(self):
-        self.dataset.world()  # resolve rank/world before workers start
+        world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
         if not self._logged:
             self._logged = True
-            if self.dataset.world()[0] == 0:
-                log.info("streamwin: %s", self.dataset.summary())
+            summary = self.dataset.summary()
+            if world[0] == 0:
+                log.info("streamwin: %s", summary)
+            if summary["batches_per_rank"] == 0:
+                warnings.warn(
+                    f"streamwin: this loader yields 0 batches per rank: {summary['windows_per_epoch']} windows for "
+                    f"{summary['streams']} streams of batch_size {self.dataset.batch_size} (window "
+                    f"{self.dataset.spec.window} + horizon {self.dataset.spec.horizon} vs. your sequence lengths). "
+                    "Use a smaller window or batch, fewer workers, or equalize='pad'.", RuntimeWarning, stacklevel=2)
         if self._started is None:
             self._started = time.perf_counter()
         return _Counted(super().__iter__(), self)

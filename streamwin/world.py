@@ -11,13 +11,25 @@ import os
 
 def resolve_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """(rank, world_size) by the rule above; ValueError if they are inconsistent."""
+    return _resolve(rank, world_size)[0]
+
+
+def is_definitive(rank: int | None = None, world_size: int | None = None) -> bool:
+    """False when nothing says who we are yet (a later init_process_group still may)."""
+    return _resolve(rank, world_size)[1]
+
+
+def _resolve(rank: int | None, world_size: int | None) -> tuple[tuple[int, int], bool]:
+    definitive = True
     if rank is None or world_size is None:
-        found = _from_distributed() or _from_env("RANK", "WORLD_SIZE") or _from_env("SLURM_PROCID", "SLURM_NTASKS") or (0, 1)
+        found = _from_distributed() or _from_env("RANK", "WORLD_SIZE") or _from_env("SLURM_PROCID", "SLURM_NTASKS")
+        if found is None:
+            found, definitive = (0, 1), False
         rank = found[0] if rank is None else rank
         world_size = found[1] if world_size is None else world_size
     if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank!r}, world_size={world_size!r}")
-    return rank, world_size
+    return (rank, world_size), definitive
 
 
 def _from_distributed() -> tuple[int, int] | None:
