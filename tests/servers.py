@@ -12,6 +12,21 @@ Fixtures (module level; use ``pytest_plugins = ["servers"]`` or ``from servers i
 ``http_server``      function  -> factory ``(root_dir, faults: FaultPlan | None = None)
                                   -> HTTPFileServer``
 
+Objects
+-------
+S3Server: ``endpoint_url``; ``storage_options(**extra) -> dict`` (key/secret "testing",
+  client_kwargs endpoint_url + region us-east-1; plain and picklable, works with
+  ``fsspec.open("s3://...", **opts)``); ``filesystem(no_retries=False, **kw)`` (fresh
+  s3fs.S3FileSystem, skip_instance_cache=True); ``make_bucket(name=None) -> "s3://name"``;
+  ``fault_proxy(plan) -> S3FaultProxy``; ``faulty_endpoint(plan) -> str``;
+  ``inject_errors(n, status=503) -> S3FaultProxy`` (proxies made here live until the
+  session ends unless closed; prefer the ``s3_fault_proxy`` fixture).
+S3FaultProxy / HTTPFileServer (both): ``set_faults(plan, reset_stats=True)``,
+  ``clear_faults()``, ``stats -> FaultStats``, ``reset_stats()``, ``close()``, context
+  manager, ``injector.closing`` event. S3FaultProxy adds ``endpoint_url``,
+  ``storage_options()``, ``filesystem(no_retries=False, **kw)``; HTTPFileServer adds
+  ``root``, ``url`` (= base_url), ``url_for(relpath)``.
+
 Fault semantics (``FaultPlan``) apply to GET requests only (for the S3 proxy: GetObject
 requests only, i.e. GET /bucket/key; listings, HEAD, PUT pass through untouched), and only
 to paths containing ``path_contains`` when that is set. Order per GET: status error (no
@@ -176,7 +191,8 @@ class FaultStats:
     status_errors: int = 0
     drops: int = 0
     stalls: int = 0
-    bytes_served: int = 0  # body bytes written for GET responses, partial ones included
+    bytes_served: int = 0  # GET body bytes written, partial ones included (counted just
+    #                        before each write, so a client abort may add one 64 KiB chunk)
     completed_gets: int = 0  # matching GETs whose whole body the server got to write
     client_aborts: int = 0  # matching GETs the client hung up on mid-body (e.g. timeout)
 
@@ -235,10 +251,6 @@ class FaultInjector:
         with self._lock:
             self._bump("requests")
 
-    def matches(self, path: str) -> bool:
-        pc = self._plan.path_contains
-        return pc is None or pc in path
-
     def decide(self, path: str) -> _Decision | None:
         """Decide faults for one GET; None if the plan does not apply to this path."""
         with self._lock:
@@ -260,10 +272,7 @@ class FaultInjector:
                 d.stall_before_headers = plan.stall_before_headers
                 self._bump("stalls")
                 self._bump("faults_injected")
-            if plan.drop_after_bytes is not None and (
-                self._drops_left is None or self._drops_left > 0
-            ):
-                d.drop_after = plan.drop_after_bytes
+            d.drop_after = plan.drop_after_bytes  # armed or not: decided in body_limit
             return d
 
     def stall(self, seconds: float) -> None:
@@ -271,37 +280,53 @@ class FaultInjector:
             self.closing.wait(min(seconds, MAX_STALL_SECONDS))
 
     def body_limit(self, d: _Decision, body_len: int) -> int | None:
-        """How many of body_len bytes to send before dropping; None: send all."""
+        """How many of body_len bytes to send before dropping; None: send all.
+
+        Decided atomically once the body length is known, so that concurrent requests
+        never use more than ``drop_times`` drops between them.
+        """
         with self._lock:
             limit = None
             d.drop_cause = None
-            if d.drop_after is not None and body_len > d.drop_after:
+            if (
+                d.drop_after is not None
+                and body_len > d.drop_after
+                and (self._drops_left is None or self._drops_left > 0)
+            ):
                 limit, d.drop_cause = d.drop_after, "after"
             every = self._plan.drop_every_bytes
             if every is not None:
                 allowance = max(0, every - self._since_drop)
                 if body_len > allowance and (limit is None or allowance < limit):
                     limit, d.drop_cause = allowance, "every"
+            if d.drop_cause == "after" and self._drops_left is not None:
+                self._drops_left -= 1
             return limit
 
-    def record_sent(self, d: _Decision | None, sent: int, outcome: str) -> None:
-        """outcome: "complete" | "dropped" (injected) | "aborted" (client went away)."""
+    # Counters are updated *before* the bytes they describe go out, so that a client which
+    # has just seen a response (or an error) always finds the stats already up to date.
+    def before_write(self, d: _Decision | None, n: int, completes: bool) -> None:
         with self._lock:
-            self._bump("bytes_served", sent)
-            if d is None:
-                return
-            if outcome == "aborted":
-                self._since_drop += sent
+            self._bump("bytes_served", n)
+            if d is not None:
+                self._since_drop += n
+                if completes:
+                    self._bump("completed_gets")
+
+    def before_drop(self, d: _Decision, partial: int) -> None:
+        """About to write the last ``partial`` bytes of a response and cut it."""
+        with self._lock:
+            self._bump("bytes_served", partial)
+            self._since_drop = 0
+            self._bump("drops")
+            self._bump("faults_injected")
+
+    def client_aborted(self, d: _Decision | None, was_counted_complete: bool) -> None:
+        with self._lock:
+            if d is not None:
                 self._bump("client_aborts")
-            elif outcome == "dropped":
-                self._since_drop = 0
-                self._bump("drops")
-                self._bump("faults_injected")
-                if d.drop_cause == "after" and self._drops_left is not None:
-                    self._drops_left = max(0, self._drops_left - 1)
-            else:
-                self._since_drop += sent
-                self._bump("completed_gets")
+                if was_counted_complete:
+                    self._counts["completed_gets"] -= 1
 
 
 # --------------------------------------------------------------------------- server base
@@ -472,30 +497,34 @@ class _FaultHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             self.injector.stall(d.stall)
             if self.injector.closing.is_set():
-                self.injector.record_sent(d, 0, "aborted")
+                self.injector.client_aborted(d, False)
                 self._drop_connection(reset=False)
                 return
         limit = self.injector.body_limit(d, body_len) if d is not None else None
+        inj = self.injector
         sent = 0
-        outcome = "aborted"  # stays so if the client goes away mid-body
+        counted_complete = False
         try:
+            if body_len == 0:
+                inj.before_write(d, 0, completes=True)
+                counted_complete = True
             for chunk in chunks:
                 if limit is not None and len(chunk) > limit - sent:
                     room = limit - sent
+                    inj.before_drop(d, room)  # type: ignore[arg-type]
                     if room > 0:
                         self.wfile.write(chunk[:room])
                         sent += room
-                    outcome = "dropped"
-                    break
+                    self._drop_connection(inj.plan.drop_with_reset)
+                    return
+                last = sent + len(chunk) >= body_len
+                inj.before_write(d, len(chunk), completes=last)
+                counted_complete = counted_complete or last
                 self.wfile.write(chunk)
                 sent += len(chunk)
-            else:
-                outcome = "complete"
-        finally:
-            self.injector.record_sent(d, sent, outcome)
-        dropped = outcome == "dropped"
-        if dropped:
-            self._drop_connection(self.injector.plan.drop_with_reset)
+        except OSError:  # client went away (timeout, reset): not an injected fault
+            inj.client_aborted(d, counted_complete)
+            self.close_connection = True
 
     def _drop_connection(self, reset: bool) -> None:
         self.close_connection = True
@@ -761,6 +790,21 @@ def s3_storage_options(endpoint_url: str, **extra) -> dict:
     return opts
 
 
+_shared_aio_session = None
+
+
+def _aio_session():
+    """One aiobotocore session for the helpers' filesystems: creating an S3 client on a
+    fresh session re-reads botocore's service models (~0.3-1 s); on a shared one ~0.1 s.
+    Only used by filesystem(); storage_options() stays a plain, picklable dict."""
+    global _shared_aio_session
+    if _shared_aio_session is None:
+        from aiobotocore.session import AioSession
+
+        _shared_aio_session = AioSession()
+    return _shared_aio_session
+
+
 def _s3_filesystem(endpoint_url: str, no_retries: bool = False, **kw):
     import s3fs
 
@@ -769,6 +813,7 @@ def _s3_filesystem(endpoint_url: str, no_retries: bool = False, **kw):
         ck = dict(opts.get("config_kwargs") or {})
         ck["retries"] = {"total_max_attempts": 1, "mode": "standard"}
         opts["config_kwargs"] = ck
+    opts.setdefault("session", _aio_session())
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
     if no_retries:
         fs.retries = 1
@@ -890,12 +935,51 @@ def _aws_env() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def start_moto() -> S3Server:
-    """Start moto's ThreadedMotoServer on 127.0.0.1:<free port> and wait until it answers."""
+def _moto_server_class() -> type:
+    """ThreadedMotoServer, minus a duplicate ``Server`` response header.
+
+    moto's S3 responses carry their own ``server: amazon.com`` header and werkzeug adds
+    ``Server: Werkzeug/...``; aiohttp's pure-Python HTTP parser (used under ``python -X
+    dev``, with AIOHTTP_NO_EXTENSIONS=1, or where its C parser is not built) rejects a
+    response with two Server headers ("Duplicate 'Server' header found"). The subclass
+    serves the same moto app with a request handler that does not add werkzeug's header
+    (and a short shutdown poll interval). Falls back to plain ThreadedMotoServer if moto's
+    internals move.
+    """
     from moto.server import ThreadedMotoServer
 
+    try:
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+    except ImportError:  # pragma: no cover - depends on moto's layout
+        return ThreadedMotoServer
+
+    class _Handler(MotoRequestHandler):  # type: ignore[misc, valid-type]
+        def send_response(self, code, message=None):  # no automatic Server header
+            self.log_request(code)
+            self.send_response_only(code, message)
+            self.send_header("Date", self.date_time_string())
+
+    class _MotoServer(ThreadedMotoServer):  # type: ignore[misc, valid-type]
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(
+                self._ip_address, self._port, app, True, request_handler=_Handler
+            )
+            self._server_ready_event.set()
+            self._server.serve_forever(poll_interval=0.05)
+
+    return _MotoServer
+
+
+def start_moto() -> S3Server:
+    """Start moto's ThreadedMotoServer on 127.0.0.1:<free port> and wait until it answers."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    srv = ThreadedMotoServer(ip_address=LOOPBACK, port=0, verbose=False)
+    srv = _moto_server_class()(ip_address=LOOPBACK, port=0, verbose=False)
     srv.start()
     host, port = srv.get_host_and_port()
     s3 = S3Server(endpoint_url=f"http://{LOOPBACK}:{port}", _moto=srv)
