@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import time
 import uuid
 from typing import Any
 
@@ -56,15 +57,29 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
         pass
 
 
-def load_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
-    """Read ``<url>/index.json``; a missing index means the dataset is not (yet) complete."""
+def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, retries: int = 5,
+                  backoff: float = 0.2) -> Manifest:
+    """Read ``<url>/index.json``; a missing index means the dataset is not (yet) complete.
+
+    Transient storage errors (503, dropped connections, time-outs) are retried with
+    exponential backoff, like every shard read.
+    """
     fs, root = url_to_fs(url, storage_options)
     path = join(root, INDEX_NAME)
-    try:
-        text = fs.cat_file(path)
-    except FileNotFoundError as e:
-        raise ManifestError(
-            f"no {INDEX_NAME} at {url}: not a streamwin dataset, or its pack did not finish "
-            "(index.json is written last); rerun the pack, or `streamwin index` existing tar shards"
-        ) from e
-    return parse_manifest(text, where=f"{url.rstrip('/')}/{INDEX_NAME}")
+    where = f"{url.rstrip('/')}/{INDEX_NAME}"
+    for attempt in range(retries + 1):
+        try:
+            text = fs.cat_file(path)
+            break
+        except FileNotFoundError as e:
+            raise ManifestError(
+                f"no {INDEX_NAME} at {url}: not a streamwin dataset, or its pack did not finish "
+                "(index.json is written last); rerun the pack, or `streamwin index` existing tar shards"
+            ) from e
+        except PermissionError as e:
+            raise ManifestError(f"cannot read {where}: {e}") from e
+        except Exception as e:  # transient: retry
+            if attempt == retries:
+                raise ManifestError(f"cannot read {where} after {retries} retries: {type(e).__name__}: {e}") from e
+            time.sleep(backoff * 2**attempt)
+    return parse_manifest(text, where=where)
