@@ -6,6 +6,7 @@
 """
 from .cache import ShardCache, prefetch
 from .dataset import WindowDataset
+from .index import index_shards, verify
 from .errors import ManifestError, PackError, ShardError, StateMismatchError, StreamwinError
 from .loader import WindowLoader
 from .manifest import Manifest
@@ -16,6 +17,6 @@ from .storage import load_manifest
 __version__ = "0.1.0"
 __all__ = sorted([
     "Manifest", "ManifestError", "PackError", "Plan", "PlanConfig", "ShardCache", "ShardError", "StateMismatchError",
-    "StreamwinError", "WindowDataset", "WindowLoader", "WindowSpec", "load_manifest", "make_plan", "merge", "pack",
-    "prefetch",
+    "StreamwinError", "WindowDataset", "WindowLoader", "WindowSpec", "index_shards", "load_manifest", "make_plan",
+    "merge", "pack", "prefetch", "verify",
 ])

@@ -18,9 +18,16 @@ import time
 from typing import Any, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
+from .dataset import WindowDataset
 from .errors import ShardError, StreamwinError
+from .index import index_shards, verify
+from .loader import WindowLoader
+from .pack import merge, pack, parse_part
+from .plan import PlanConfig, WindowSpec, make_plan
 from .sources import FORMATS
+from .storage import load_manifest
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
@@ -83,8 +90,6 @@ def _mb(nbytes: float) -> str:
 # ---- subcommands -------------------------------------------------------------------------------
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from .pack import pack, parse_part
-
     part = parse_part(args.part)
     options = {k: _source_value(v) for k, v in args.option or []}
     start = time.perf_counter()
@@ -100,7 +105,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if m.dropped_empty:
         print(f"skipped {m.dropped_empty:,} empty (zero-length) sequences")
     if part:
-        print(f"when all {part[1]} parts are done: streamwin merge {args.dest}")
+        print(f"when all {part[1]} parts are done: streamwin merge {args.dest}"
+              + (f"; then streamwin verify {args.dest}" if args.verify else ""))
         return 0
     if args.verify:
         return _verify(args.dest, args)
@@ -113,8 +119,6 @@ def _layout(m) -> str:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from .pack import merge
-
     m = merge(args.dest, storage_options=_storage_options(args.storage_option))
     print(f"merged {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {_layout(m)}), "
           f"{_mb(sum(s.bytes for s in m.shards))}, into {args.dest.rstrip('/')}/index.json")
@@ -122,8 +126,6 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from .index import index_shards
-
     start = time.perf_counter()
     m = index_shards(args.url, pattern=args.pattern, storage_options=_storage_options(args.storage_option),
                      progress=not args.no_progress)
@@ -138,8 +140,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _verify(url: str, args: argparse.Namespace) -> int:
-    from .index import verify
-
     try:
         r = verify(url, storage_options=_storage_options(args.storage_option), progress=not args.no_progress)
     except ShardError as e:
@@ -154,9 +154,6 @@ def _verify(url: str, args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .plan import PlanConfig, WindowSpec, make_plan
-    from .storage import load_manifest
-
     m = load_manifest(args.url, _storage_options(args.storage_option))
     lengths = m.length
     print(f"dataset      {args.url}")
@@ -228,11 +225,6 @@ def _histogram_png(lengths: np.ndarray, path: str, title: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
-
-    from .dataset import WindowDataset
-    from .loader import WindowLoader
-
     start = time.perf_counter()
     ds = WindowDataset(args.url, window=args.window, stride=args.stride, horizon=args.horizon, pad=args.pad,
                        batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed,

@@ -25,16 +25,22 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 from tqdm.auto import tqdm
+
+try:
+    import zstandard
+except ImportError:  # only .npy.zst members need it
+    zstandard = None
 
 from . import npyfmt
 from .errors import ManifestError, ShardError
 from .manifest import INDEX_NAME, Manifest, ShardEntry, build_manifest
 from .storage import join, load_manifest, url_to_fs, write_atomic
 
+_ZSTD_ERRORS = (zstandard.ZstdError,) if zstandard is not None else ()
 CHUNK = 4 << 20  # bytes fetched (and hashed) per read of a shard
 THREADS = 4  # shards scanned at once: hashing and I/O release the GIL
 _WDS_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's split of a member name: key, extension
@@ -96,38 +102,55 @@ class _HashingReader:
 
 
 def _npy_member(tf: tarfile.TarFile, info: tarfile.TarInfo, key: str, compressed: bool, shard: str) -> NpyMember:
-    """Read the npy header of a member (the whole member when compressed) and check its size."""
-    f = tf.extractfile(info)
-    where = dict(shard=shard, member=info.name, offset=info.offset_data)
-    if compressed:
-        import zstandard
+    """Parse a member's npy header and check that the content holds exactly the array it declares.
 
-        try:
-            content = zstandard.ZstdDecompressor().decompressobj().decompress(f.read(info.size))
-        except zstandard.ZstdError as e:
-            raise ShardError(f"cannot decompress member: {e}", **where) from e
-        head = content[:12]
-    else:
-        head = f.read(min(info.size, 12))
-    if head[:6] != b"\x93NUMPY":
-        raise ShardError("member is not a .npy array (bad magic bytes)", **where)
-    hlen = (10 + int.from_bytes(head[8:10], "little")) if head[6] == 1 else (12 + int.from_bytes(head[8:12], "little"))
-    if not compressed:
-        head += f.read(max(0, min(hlen, info.size) - len(head)))
-    else:
-        head = content[:hlen]
+    A compressed member is decompressed as a stream and only counted past its header, so a
+    corrupt or hostile one cannot make the scanner hold more than one chunk.
+    """
+    where = dict(shard=shard, member=info.name, offset=info.offset_data)
+    src = tf.extractfile(info)
+    if compressed:
+        if zstandard is None:
+            raise ShardError("reading .npy.zst members needs the zstandard package: pip install 'streamwin[zstd]'", **where)
+        src = zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)
     try:
-        dtype, shape, hlen = npyfmt.parse_npy_header(head)
-    except ValueError as e:
-        raise ShardError(str(e), **where) from e
-    if not shape:
-        raise ShardError("member holds a 0-d array, not a sequence", **where)
-    data_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    have = (len(content) if compressed else info.size) - hlen
+        head = _read_upto(src, 12)
+        if len(head) < 10 or head[:6] != b"\x93NUMPY":
+            raise ShardError("member is not a .npy array (bad magic bytes or too short)", **where)
+        hlen = (10 + int.from_bytes(head[8:10], "little")) if head[6] == 1 else (12 + int.from_bytes(head[8:12], "little"))
+        head += _read_upto(src, min(hlen, 1 << 20) - len(head))
+        try:
+            dtype, shape, hlen = npyfmt.parse_npy_header(head)
+        except ValueError as e:
+            raise ShardError(str(e), **where) from e
+        if not shape:
+            raise ShardError("member holds a 0-d array, not a sequence", **where)
+        data_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if compressed:
+            have = len(head) - hlen
+            while have <= data_bytes and (chunk := src.read(CHUNK)):
+                have += len(chunk)
+        else:
+            have = info.size - hlen
+    except _ZSTD_ERRORS as e:
+        raise ShardError(f"cannot decompress member: {e}", **where) from e
     if have != data_bytes:
-        raise ShardError(f"member holds {have} bytes of array data, its header (dtype {dtype}, shape {shape}) needs "
-                         f"{data_bytes}", **where)
+        more = " or more" if compressed and have > data_bytes else ""
+        raise ShardError(f"member holds {have}{more} bytes of array data, its header (dtype {dtype}, shape {shape}) "
+                         f"declares {data_bytes}", **where)
     return NpyMember(info.name, key, info.offset_data, info.size, compressed, dtype, shape, hlen)
+
+
+def _read_upto(f, n: int) -> bytes:
+    """Up to ``n`` bytes, fewer only at the end of ``f``."""
+    parts, got = [], 0
+    while got < n:
+        chunk = f.read(n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 def _walk(tf: tarfile.TarFile, shard: str, members: list[NpyMember], current: list) -> None:
@@ -271,7 +294,8 @@ def index_shards(url: str, pattern: str = "*.tar", storage_options: dict | None 
     """Write ``<url>/index.json`` for the existing tar shards matching ``pattern`` under ``url``.
 
     Every ``<key>.npy`` (or ``<key>.npy.zst``) member is a sequence, in shard order then member
-    order; other members (``.json``, ``.cls``, ...) are left alone. All arrays must share one
+    order; other members (``.json``, ``.cls``, and also ``<key>.input.npy``: the extension
+    must be exactly ``npy``) are left alone. All arrays must share one
     dtype and step shape (ShardError naming the shard and member otherwise); keys must be
     unique printable ASCII (webdataset keys may contain '/'). Zero-length arrays are kept as
     sequences of length 0 (they yield no windows).

@@ -115,13 +115,14 @@ class Manifest:
             "dropped_empty": self.dropped_empty,
             "shards": [vars(s) for s in self.shards],
             "columns": cols,
-            "keys": base64.b64encode(zlib.compress(self.key_blob, 6)).decode("ascii"),
+            "keys": base64.b64encode(zlib.compress(self.key_blob, 1)).decode("ascii"),
         }
         return json.dumps(doc, separators=(",", ":"))
 
 
 def _encode(arr: np.ndarray) -> str:
-    return base64.b64encode(zlib.compress(np.ascontiguousarray(arr).tobytes(), 6)).decode("ascii")
+    # level 1: ~6x faster than 6 at 1M sequences for ~5% more bytes
+    return base64.b64encode(zlib.compress(np.ascontiguousarray(arr).tobytes(), 1)).decode("ascii")
 
 
 def _decode(text: str, dtype: str, n: int, where: str) -> np.ndarray:

@@ -15,18 +15,27 @@ Crash safety, step by step:
 4. Only then are leftovers of earlier runs removed (shards past the new count, temporaries).
 
 So an interrupted pack leaves no index.json at all, and rerunning it completes the dataset.
+
+With ``workers > 1``, forked processes read and encode whole source files (units), at most
+two per worker ahead of the writer; their output comes back through a spill file in
+/dev/shm, in unit order, so the shards are the same as with one process.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
+import functools
 import hashlib
 import json
 import multiprocessing as mp
 import os
 import re
+import shutil
 import sys
 import tarfile
+import tempfile
 from array import array
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -41,6 +50,7 @@ from .manifest import INDEX_NAME, Manifest, ShardEntry, build_manifest, parse_ma
 from .sources import Unit, list_units, read_unit
 from .storage import is_local, join, remove_if_exists, url_to_fs, write_atomic
 
+SPILL_MIN = 256 << 10  # a worker's output for a unit smaller than this comes back through the pipe
 _USTAR_MAX_SIZE = 8**11 - 1  # the 11 octal digits of a ustar size field
 _TEMPLATE = bytearray(npyfmt.tar_header("_", 0))
 _TEMPLATE[0:100] = bytes(100)
@@ -105,6 +115,7 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
     return EncodedSeq(key, head, body, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), hlen)
 
 
+@functools.cache
 def _zstd():
     try:
         import zstandard
@@ -146,9 +157,15 @@ def npy_header(arr: np.ndarray) -> bytes:
 _NPY_TEMPLATES: dict[tuple, tuple[bytes, bytes]] = {}
 
 
-def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int]:
-    """Worker-process task: read one source unit and encode its sequences."""
-    unit, cast, compression, empty = args
+def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int, str | None, list[int]]:
+    """Worker-process task: read one source unit and encode its sequences.
+
+    Unless the unit is small, the member contents travel back through one spill file in
+    ``spill_dir`` (RAM-backed /dev/shm where there is one), about twice as fast as through the
+    result pipe; the sequences then come back with empty ``head`` and ``body``, and their
+    content sizes in order (see `_unspill`).
+    """
+    unit, cast, compression, empty, spill_dir = args
     out, skipped = [], 0
     for key, arr, meta in read_unit(unit):
         enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty)
@@ -156,7 +173,68 @@ def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int]:
             skipped += 1
         else:
             out.append(enc)
-    return out, skipped
+    sizes = [s.size for s in out]
+    if sum(sizes) < SPILL_MIN:
+        return out, skipped, None, sizes
+    fd, path = tempfile.mkstemp(dir=spill_dir, suffix=".spill")
+    with os.fdopen(fd, "wb") as f:
+        for s in out:
+            f.write(s.head)
+            f.write(s.body)
+    return [dataclasses.replace(s, head=b"", body=b"") for s in out], skipped, path, sizes
+
+
+def _unspill(seqs: list[EncodedSeq], path: str | None, sizes: list[int]) -> list[EncodedSeq]:
+    """The sequences of `_encode_unit` with their contents back (views of the spill file, read whole)."""
+    if path is None:
+        return seqs
+    with open(path, "rb") as f:
+        view = memoryview(f.read())
+    os.unlink(path)
+    bounds = np.cumsum([0] + sizes).tolist()
+    return [dataclasses.replace(s, body=view[a:b]) for s, a, b in zip(seqs, bounds, bounds[1:])]
+
+
+class _Hasher:
+    """sha256 of a shard on a background thread (hashlib releases the GIL), in write order.
+
+    Chunks are queued in batches of about ``batch`` bytes, one batch hashing while the next
+    fills, so hashing overlaps reading and writing (~25% faster packing on two cores). A
+    queued chunk must not change until hashed: `wait` before handing control back to a
+    source that may reuse its arrays.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor, batch: int = 4 << 20):
+        self._pool, self._batch = pool, batch
+        self._hash = hashlib.sha256()
+        self._chunks: list = []
+        self._size = 0
+        self._running: Future | None = None
+
+    def update(self, chunk) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size >= self._batch:
+            self._submit()
+
+    def _submit(self) -> None:
+        if self._running is not None:
+            self._running.result()
+        chunks, self._chunks, self._size = self._chunks, [], 0
+        self._running = self._pool.submit(_hash_chunks, self._hash, chunks)
+
+    def wait(self) -> None:
+        self._submit()
+        self._running.result()
+
+    def hexdigest(self) -> str:
+        self.wait()
+        return self._hash.hexdigest()
+
+
+def _hash_chunks(h, chunks: list) -> None:
+    for chunk in chunks:
+        h.update(chunk)
 
 
 class ShardWriter:
@@ -173,13 +251,15 @@ class ShardWriter:
         self._first_key = ""
         self._seen: dict[str, int] = {}  # key -> shard number
         self._file = None
+        self._hash_pool = ThreadPoolExecutor(1, thread_name_prefix="streamwin-sha256")
 
     @property
     def open_shards(self) -> int:
         return len(self.shards) + (self._file is not None)
 
-    def add(self, seq: EncodedSeq) -> int:
-        """Append one sequence; returns the bytes written."""
+    def add(self, seq: EncodedSeq, *, borrowed: bool = False) -> int:
+        """Append one sequence; returns the bytes written. ``borrowed``: its array belongs to
+        a caller that may reuse it afterwards, so it is hashed before this returns."""
         self._check_consistent(seq)
         if self._file is None:
             self._open_next()
@@ -189,14 +269,18 @@ class ShardWriter:
         self._seen[seq.key] = len(self.shards)
         if self._pos >= self.shard_bytes:
             self._close_current()
+        elif borrowed:
+            self._hash.wait()
         return written
 
     def close(self) -> None:
         if self._file is not None:
             self._close_current()
+        self._hash_pool.shutdown()
 
     def abort(self) -> None:
         """Drop the shard being written: a temporary file is removed, an upload is discarded."""
+        self._hash_pool.shutdown(cancel_futures=True)
         f, self._file = self._file, None
         if f is None:
             return
@@ -205,6 +289,7 @@ class ShardWriter:
             os.unlink(self._tmp)
         elif hasattr(f, "discard"):
             f.discard()  # fsspec buffered file: abort the (multipart) upload, commit nothing
+            f.closed = True  # and never flush it when it is collected
 
     def _check_consistent(self, seq: EncodedSeq) -> None:
         if seq.key in self._seen:
@@ -227,7 +312,7 @@ class ShardWriter:
         path = join(self.root, self._name)
         self._tmp = f"{path}.tmp-{os.getpid()}" if is_local(self.fs) else None
         self._file = open(self._tmp, "wb", buffering=1 << 20) if self._tmp else self.fs.open(path, "wb")
-        self._hash = hashlib.sha256()
+        self._hash = _Hasher(self._hash_pool)
         self._pos = self._count = self._steps = 0
 
     def _write(self, data) -> None:
@@ -357,7 +442,7 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     fs.makedirs(root, exist_ok=True)
     index_name = INDEX_NAME if part_ is None else part_index_name(*part_)
     # from here on the destination is "not finished": a part rewrites shards a merged index may name
-    pass
+    remove_if_exists(fs, join(root, index_name))
     if part_ is not None:
         remove_if_exists(fs, join(root, INDEX_NAME))
 
@@ -367,10 +452,11 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     bar = tqdm(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
     try:
+        borrowed = any(u.format == "iterable" for u in units)  # a generator may reuse its arrays
         for batch, skipped in _encoded(units, cast, compression, empty, workers):
             dropped += skipped
             for seq in batch:
-                bar.update(writer.add(seq))
+                bar.update(writer.add(seq, borrowed=borrowed))
             if len(writer.keys) - shown >= 1000 or len(batch) > 1:
                 shown = len(writer.keys)
                 bar.set_postfix(sequences=shown, shards=writer.open_shards, refresh=False)
@@ -416,16 +502,21 @@ def _encoded(units: list[Unit], cast: str | None, compression: str | None, empty
                 yield ([enc], 0) if enc is not None else ([], 1)
         return
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    tasks = iter([(u, cast, compression, empty) for u in units])
-    with ctx.Pool(workers) as pool:
-        # a bounded window of tasks in flight: a slow destination never piles results up in memory
-        pending = collections.deque(pool.apply_async(_encode_unit, (t,)) for _, t in zip(range(2 * workers), tasks))
-        while pending:
-            result = pending.popleft().get()
-            for t in tasks:
-                pending.append(pool.apply_async(_encode_unit, (t,)))
-                break
-            yield result
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    spill_dir = tempfile.mkdtemp(prefix="streamwin-pack-", dir=shm)
+    tasks = iter([(u, cast, compression, empty, spill_dir) for u in units])
+    try:
+        with ctx.Pool(workers) as pool:
+            # a bounded window of tasks in flight: a slow destination never piles results up in memory
+            pending = collections.deque(pool.apply_async(_encode_unit, (t,)) for _, t in zip(range(2 * workers), tasks))
+            while pending:
+                seqs, skipped, path, sizes = pending.popleft().get()
+                for t in tasks:
+                    pending.append(pool.apply_async(_encode_unit, (t,)))
+                    break
+                yield _unspill(seqs, path, sizes), skipped
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
 
 
 def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:

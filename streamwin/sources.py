@@ -247,8 +247,11 @@ def _check_array(arr: Any, where: str) -> np.ndarray:
 
 
 def _read_npy(unit: Unit, opts: dict) -> Iterator[Item]:
-    with _open(unit) as f:
-        arr = np.load(f, allow_pickle=False)
+    if "://" not in unit.path and os.path.isfile(unit.path):  # local: numpy reads the file in one go
+        arr = np.load(unit.path, allow_pickle=False)
+    else:
+        with _open(unit) as f:
+            arr = np.load(f, allow_pickle=False)
     yield key_from_name(unit.name), _check_array(arr, unit.path), None
 
 

@@ -1,0 +1,462 @@
+"""pack: every sequence comes back bitwise (through the manifest and through plain webdataset),
+on a local path and on S3; output is deterministic; a crash never leaves an index describing
+missing shards; every bad input is a PackError naming the item.
+
+Expectations are computed here, independently of streamwin's read side: members are read with
+plain file reads at the manifest's offsets and np.load(allow_pickle=False), or by webdataset.
+"""
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+import webdataset as wds
+from webdataset.gopen import gopen_schemes
+import zstandard
+
+import streamwin as sw
+from streamwin import npyfmt
+from streamwin.errors import ManifestError, PackError
+from streamwin.index import verify
+
+
+packmod = importlib.import_module("streamwin.pack")  # streamwin.pack is also the function
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+def make_sequences(n: int, seed: int = 0, features: int = 3, dtype: str = "float32") -> list[tuple[str, np.ndarray, dict | None]]:
+    """Varied lengths (1..400, some long), some with metadata."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        length = int(rng.integers(1, 400)) if i % 7 else int(rng.integers(2000, 5000))
+        arr = rng.normal(size=(length, features)).astype(dtype)
+        out.append((f"seq{i:04d}", arr, {"i": i, "tag": f"t{i % 3}"} if i % 4 == 0 else None))
+    return out
+
+
+def read_member(fs, root: str, name: str, offset: int, size: int, compressed: bool) -> np.ndarray:
+    with fs.open(f"{root}/{name}", "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    assert len(data) == size
+    if compressed:
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def read_via_manifest(url: str, storage_options: dict | None = None) -> dict[str, np.ndarray]:
+    """Every sequence, read at the manifest's offsets with plain reads; checks lengths and hlen too."""
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    doc = json.loads(fs.cat_file(f"{root}/index.json"))
+    m = sw.load_manifest(url, storage_options)
+    assert doc["num_sequences"] == m.num_sequences and doc["num_shards"] == len(m.shards)
+    out = {}
+    for k, shard in enumerate(m.shards):
+        for i in range(int(m.shard_starts[k]), int(m.shard_starts[k + 1])):
+            arr = read_member(fs, root, shard.name, int(m.offset[i]), int(m.size[i]), m.compression == "zstd")
+            assert arr.shape == (int(m.length[i]),) + m.step_shape
+            assert arr.dtype == m.dtype
+            out[m.key(i)] = arr
+    return out
+
+
+def read_via_webdataset(urls: list[str]) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    arrays, metas = {}, {}
+    for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode():
+        key = sample["__key__"]
+        assert key not in arrays
+        arrays[key] = sample["npy"]
+        if "json" in sample:
+            metas[key] = sample["json"]
+    return arrays, metas
+
+
+def assert_same_arrays(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert list(got) == list(expected)  # same keys, same order
+    for key, want in expected.items():
+        arr = got[key]
+        assert arr.dtype == want.dtype and arr.shape == want.shape, key
+        assert arr.tobytes() == want.tobytes(), key  # bitwise
+
+
+def shard_urls(root: Path | str) -> list[str]:
+    return sorted(str(p) for p in Path(root).glob("*.tar"))
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
+
+
+@pytest.fixture
+def npy_dir(tmp_path) -> tuple[Path, dict[str, np.ndarray]]:
+    """40 .npy files in two folders (so there are many units to parallelize), plus one empty."""
+    root = tmp_path / "npy"
+    expected = {}
+    for key, arr, _ in make_sequences(40, seed=1, features=2, dtype="int16"):
+        sub = "a" if int(key[3:]) % 2 else "b"
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        np.save(root / sub / f"{key}.npy", arr)
+        expected[f"{sub}__{key}"] = arr
+    np.save(root / "b" / "zz_empty.npy", np.zeros((0, 2), np.int16))
+    return root, dict(sorted(expected.items()))  # files are packed in the order of their relative paths
+
+
+# ---- round trips -------------------------------------------------------------------------------
+
+def test_round_trip_iterable_local(tmp_path):
+    seqs = make_sequences(60)
+    seqs.insert(5, ("empty_one", np.zeros((0, 3), np.float32), None))
+    dest = tmp_path / "ds"
+    m = sw.pack(seqs, str(dest), shard_bytes=64 << 10, progress=False)
+    expected = {k: a for k, a, _ in seqs if len(a)}
+    assert m.num_sequences == 60 and m.dropped_empty == 1 and len(m.shards) > 5
+    assert m.dtype == np.float32 and m.step_shape == (3,) and m.num_steps == sum(len(a) for a in expected.values())
+    assert_same_arrays(read_via_manifest(str(dest)), expected)
+    arrays, metas = read_via_webdataset(shard_urls(dest))
+    assert_same_arrays(arrays, expected)
+    assert metas == {k: meta for k, _, meta in seqs if meta is not None}
+    # every shard but the last holds at least shard_bytes; shards are plain tars ending in zero blocks
+    sizes = [s.bytes for s in m.shards]
+    assert all(b >= 64 << 10 for b in sizes[:-1])
+    assert sizes == [os.path.getsize(dest / s.name) for s in m.shards]
+    assert sorted(os.listdir(dest)) == sorted([s.name for s in m.shards] + ["index.json"])
+
+
+@pytest.mark.parametrize("spill", [True, False], ids=["spill-file", "pipe"])
+def test_round_trip_npy_directory_two_workers(npy_dir, tmp_path, monkeypatch, spill):
+    root, expected = npy_dir
+    dest = tmp_path / "ds"
+    monkeypatch.setattr(packmod, "SPILL_MIN", 0 if spill else 1 << 40)  # how worker output comes back
+    m = sw.pack(str(root), str(dest), shard_bytes=16 << 10, workers=2, progress=False)
+    assert m.dropped_empty == 1 and m.dtype == np.int16 and m.step_shape == (2,)
+    assert_same_arrays(read_via_manifest(str(dest)), expected)
+    assert_same_arrays(read_via_webdataset(shard_urls(dest))[0], expected)
+
+
+def test_round_trip_s3(s3_server, s3_bucket, tmp_path, monkeypatch):
+    opts = s3_server.storage_options()
+    url = f"{s3_bucket}/corpus"
+    seqs = make_sequences(25, seed=3)
+    m = sw.pack(seqs, url, shard_bytes=32 << 10, storage_options=opts, progress=False)
+    expected = {k: a for k, a, _ in seqs}
+    assert_same_arrays(read_via_manifest(url, opts), expected)
+    fs = s3_server.filesystem()
+    # plain webdataset, its s3 scheme served by s3fs (webdataset's documented extension point)
+    monkeypatch.setitem(gopen_schemes, "s3", lambda u, mode="rb", bufsize=8192, **kw: fs.open(u, "rb"))
+    arrays, metas = read_via_webdataset([f"{url}/{s.name}" for s in m.shards])
+    assert_same_arrays(arrays, expected)
+    assert metas == {k: meta for k, _, meta in seqs if meta is not None}
+    # the object store holds exactly the shards and the index, and they verify
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(url.removeprefix("s3://"))) == sorted(
+        [s.name for s in m.shards] + ["index.json"])
+    assert verify(url, storage_options=opts, progress=False)["sequences"] == 25
+    # a crash while re-packing: the index goes first, the shard being uploaded is never committed
+    with pytest.raises(PackError, match="source died"):
+        sw.pack(crashing(seqs, 15), url, shard_bytes=1 << 20, storage_options=opts, progress=False)
+    fs.invalidate_cache()
+    assert not fs.exists(f"{url}/index.json")
+    assert {s.name: fs.info(f"{url}/{s.name}")["size"] for s in m.shards} == {s.name: s.bytes for s in m.shards}
+    # a directory of .npy files packed straight to S3 by two workers
+    src = tmp_path / "src"
+    src.mkdir()
+    for key, arr in list(expected.items())[:6]:
+        np.save(src / f"{key}.npy", arr)
+    sw.pack(str(src), f"{s3_bucket}/fromdir", workers=2, storage_options=opts, progress=False)
+    assert_same_arrays(read_via_manifest(f"{s3_bucket}/fromdir", opts), dict(list(expected.items())[:6]))
+
+
+def test_zstd_round_trip(tmp_path):
+    seqs = make_sequences(20, seed=4)
+    dest = tmp_path / "z"
+    m = sw.pack(seqs, str(dest), shard_bytes=32 << 10, compression="zstd", progress=False)
+    assert m.compression == "zstd"
+    assert_same_arrays(read_via_manifest(str(dest)), {k: a for k, a, _ in seqs})
+    import tarfile
+
+    with tarfile.open(dest / m.shards[0].name) as tf:
+        names = [t.name for t in tf.getmembers()]
+    assert names[0] == "seq0000.npy.zst" and "seq0000.json" in names
+    # random normals barely compress; zeros do, and the sizes in the manifest are the compressed ones
+    zeros = [(f"z{i}", np.zeros((1000, 4), np.float64)) for i in range(3)]
+    mz = sw.pack(zeros, str(tmp_path / "zz"), compression="zstd", progress=False)
+    assert (mz.size < 1000).all() and (mz.hlen == 128).all()
+    verify(str(dest), progress=False)
+    # a second pack: byte-identical
+    sw.pack(seqs, str(tmp_path / "z2"), shard_bytes=32 << 10, compression="zstd", progress=False)
+    assert files_of(dest) == files_of(tmp_path / "z2")
+
+
+# ---- determinism -------------------------------------------------------------------------------
+
+def test_pack_twice_is_byte_identical(tmp_path, npy_dir):
+    seqs = make_sequences(30, seed=5)
+    for name in ("a", "b"):
+        sw.pack(seqs, str(tmp_path / name), shard_bytes=40 << 10, progress=False)
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
+    root, _ = npy_dir
+    sw.pack(str(root), str(tmp_path / "w1"), shard_bytes=16 << 10, workers=1, progress=False)
+    packmod.SPILL_MIN, saved = 0, packmod.SPILL_MIN
+    try:
+        sw.pack(str(root), str(tmp_path / "w2"), shard_bytes=16 << 10, workers=2, progress=False)
+    finally:
+        packmod.SPILL_MIN = saved
+    one, two = files_of(tmp_path / "w1"), files_of(tmp_path / "w2")
+    assert len(one) > 3 and one == two
+
+
+def test_fast_headers_match_numpy_and_tarfile():
+    for name in ("a.npy", "k" * 90 + ".npy.zst", "x.json"):
+        for size in (0, 1, 511, 512, 123_456, 8**11 - 1):
+            assert packmod.tar_header(name, size) == npyfmt.tar_header(name, size), (name, size)
+    for dtype in ("<f4", "<i8", "u1", "?", "<c16", "<f2"):
+        for step in ((), (3,), (2, 5)):
+            for length in (1, 9, 10, 99, 100, 12_345, 10**7):
+                fake = np.empty((length,) + step, dtype) if length < 1000 else np.lib.stride_tricks.as_strided(
+                    np.empty(1, dtype), (length,) + step, (0,) * (1 + len(step)))
+                buf = io.BytesIO()
+                np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                           "fortran_order": False, "shape": fake.shape})
+                assert packmod.npy_header(fake) == buf.getvalue(), (dtype, fake.shape)
+    big = packmod.tar_header("huge.npy", 8**11)  # past ustar's size field: a pax header
+    assert len(big) > 512 and len(big) % 512 == 0
+
+
+def test_a_generator_may_reuse_its_buffer(tmp_path):
+    """Shards are hashed on a thread; an array the source reuses must still be hashed as written."""
+    buf = np.zeros((50_000, 4), np.float32)  # 800 kB: several hash batches per shard
+
+    def reusing():
+        for i in range(12):
+            buf[:] = i
+            yield f"k{i}", buf
+
+    m = sw.pack(reusing(), str(tmp_path / "r"), shard_bytes=3 << 20, progress=False)
+    assert verify(str(tmp_path / "r"), progress=False)["shards"] == len(m.shards) > 1
+    got = read_via_manifest(str(tmp_path / "r"))
+    assert all((got[f"k{i}"] == i).all() for i in range(12))
+
+
+def test_big_endian_packs_with_little_endian(tmp_path):
+    a = np.arange(10, dtype=">f4").reshape(5, 2)
+    b = np.arange(6, dtype="<f4").reshape(3, 2)
+    m = sw.pack([("a", a), ("b", b)], str(tmp_path / "e"), progress=False)
+    assert m.dtype.str == "<f4"
+    got = read_via_manifest(str(tmp_path / "e"))
+    np.testing.assert_array_equal(got["a"], a)
+    np.testing.assert_array_equal(got["b"], b)
+
+
+# ---- interrupted packs -------------------------------------------------------------------------
+
+class Crash(RuntimeError):
+    pass
+
+
+def crashing(seqs, after: int):
+    for i, item in enumerate(seqs):
+        if i == after:
+            raise Crash(f"source died after {after} items")
+        yield item
+
+
+def test_interrupted_pack_leaves_no_index_and_rerun_completes(tmp_path):
+    seqs = make_sequences(40, seed=6)
+    clean = tmp_path / "clean"
+    sw.pack(seqs, str(clean), shard_bytes=32 << 10, progress=False)
+    dest = tmp_path / "dest"
+    with pytest.raises(PackError, match="source died after"):
+        sw.pack(crashing(seqs, 25), str(dest), shard_bytes=32 << 10, progress=False)
+    names = os.listdir(dest)
+    assert "index.json" not in names and names  # some shards were finished, none is described
+    assert not [n for n in names if ".tmp" in n]  # the shard being written was dropped
+    with pytest.raises(ManifestError, match="index.json"):
+        sw.load_manifest(str(dest))
+    sw.pack(seqs, str(dest), shard_bytes=32 << 10, progress=False)
+    assert files_of(dest) == files_of(clean)
+
+
+def test_interrupted_repack_over_a_finished_dataset(tmp_path):
+    old = make_sequences(80, seed=7)  # a bigger dataset is there first: more shards than the new one
+    new = make_sequences(30, seed=8)
+    clean = tmp_path / "clean"
+    sw.pack(new, str(clean), shard_bytes=32 << 10, progress=False)
+    dest = tmp_path / "dest"
+    sw.pack(old, str(dest), shard_bytes=32 << 10, progress=False)
+    old_index = (dest / "index.json").read_bytes()
+    with pytest.raises(PackError, match="source died after"):
+        sw.pack(crashing(new, 20), str(dest), shard_bytes=32 << 10, progress=False)
+    # the old index is gone (it would describe shards that were partly overwritten), and no new one exists
+    assert not (dest / "index.json").exists()
+    # a stale temporary from a killed run (no exception handler ran) is cleaned up by the next run
+    (dest / "shard-000001.tar.tmp-99999").write_bytes(b"partial")
+    sw.pack(new, str(dest), shard_bytes=32 << 10, progress=False)
+    assert files_of(dest) == files_of(clean)  # stale shards of the bigger dataset are gone too
+    assert (dest / "index.json").read_bytes() != old_index
+
+
+def test_crash_in_a_worker_process(tmp_path, npy_dir, monkeypatch):
+    root, _ = npy_dir
+    (root / "a" / "seq0013.npy").write_bytes(b"\x93NUMPY garbage")
+    dest = tmp_path / "d"
+    monkeypatch.setattr(packmod, "SPILL_MIN", 0)
+    monkeypatch.setattr(packmod.tempfile, "tempdir", str(tmp_path))  # spill files go here when there is no /dev/shm
+    spills = lambda: sorted(p.name for d in (Path("/dev/shm"), tmp_path) if d.is_dir() for p in d.glob("streamwin-pack-*"))
+    before = spills()
+    with pytest.raises(PackError, match="seq0013.npy"):
+        sw.pack(str(root), str(dest), shard_bytes=4 << 10, workers=2, progress=False)
+    assert not (dest / "index.json").exists()
+    assert not [n for n in os.listdir(dest) if ".tmp" in n]
+    assert spills() == before  # the spill directory is gone
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def test_dtype_mismatch_and_cast(tmp_path):
+    seqs = [("a", np.ones((4, 2), np.float32)), ("b", np.ones((3, 2), np.float64))]
+    with pytest.raises(PackError, match=r"'b'.*<f8.*'a'.*<f4.*cast"):
+        sw.pack(seqs, str(tmp_path / "x"), progress=False)
+    assert not (tmp_path / "x" / "index.json").exists()
+    m = sw.pack(seqs, str(tmp_path / "y"), cast="float32", progress=False)
+    assert m.dtype == np.float32
+    got = read_via_manifest(str(tmp_path / "y"))
+    assert got["b"].dtype == np.float32 and got["b"].tobytes() == seqs[1][1].astype(np.float32).tobytes()
+    with pytest.raises(PackError, match="cast="):
+        sw.pack(seqs, str(tmp_path / "z"), cast="object", progress=False)
+
+
+def test_feature_shape_mismatch(tmp_path):
+    seqs = [("a", np.ones((4, 2), np.float32)), ("b", np.ones((4, 2), np.float32)), ("c", np.ones((4, 3), np.float32))]
+    with pytest.raises(PackError, match=r"'c'.*step shape \(3,\).*\(2,\)"):
+        sw.pack(seqs, str(tmp_path / "x"), progress=False)
+    with pytest.raises(PackError, match=r"'b'.*step shape \(\)"):
+        sw.pack([("a", np.ones((4, 2))), ("b", np.ones(4))], str(tmp_path / "x"), progress=False)
+
+
+def test_zero_length_sequences_skipped_and_counted_or_refused(tmp_path):
+    seqs = [("a", np.ones(3, np.int32)), ("e1", np.zeros(0, np.int32)), ("b", np.ones(2, np.int32)),
+            ("e2", np.zeros((0,), np.int32))]
+    m = sw.pack(seqs, str(tmp_path / "x"), progress=False)
+    assert m.num_sequences == 2 and m.dropped_empty == 2
+    assert json.loads((tmp_path / "x" / "index.json").read_text())["dropped_empty"] == 2
+    with pytest.raises(PackError, match="'e1'.*zero length"):
+        sw.pack(seqs, str(tmp_path / "y"), empty="error", progress=False)
+    with pytest.raises(PackError, match="no non-empty"):
+        sw.pack([("e", np.zeros(0))], str(tmp_path / "z"), progress=False)
+
+
+def test_object_and_pickled_arrays_refused(tmp_path):
+    with pytest.raises(PackError, match="'o'.*object"):
+        sw.pack([("a", np.ones(2)), ("o", np.array([{"x": 1}, None], dtype=object))], str(tmp_path / "x"),
+                progress=False)
+    with pytest.raises(PackError, match="'s'"):
+        sw.pack([("s", np.array(["ab", "cd"]))], str(tmp_path / "x"), progress=False)
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "good.npy", np.ones(3))
+    np.save(src / "pickled.npy", np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(PackError, match="pickled.npy"):
+        sw.pack(str(src), str(tmp_path / "y"), progress=False)
+
+
+def test_duplicate_keys(tmp_path):
+    seqs = [("a", np.ones(2)), ("b", np.ones(2)), ("a", np.ones(3))]
+    with pytest.raises(PackError, match="duplicate sequence key 'a'.*shard-000000.tar"):
+        sw.pack(seqs, str(tmp_path / "x"), progress=False)
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a_b.npy", np.ones(2))
+    np.save(src / "a.b.npy", np.ones(2))  # both become key "a_b"
+    with pytest.raises(PackError, match="duplicate sequence key 'a_b'"):
+        sw.pack(str(src), str(tmp_path / "y"), workers=2, progress=False)
+
+
+@pytest.mark.parametrize("key", ["a.b", "a/b", "", "has space", "k" * 91, "..", "x\\y", "é"])
+def test_invalid_keys(tmp_path, key):
+    with pytest.raises(PackError, match="key"):
+        sw.pack([("ok", np.ones(2)), (key, np.ones(2))], str(tmp_path / "x"), progress=False)
+
+
+def test_unreadable_file_in_a_directory(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.ones(3))
+    (src / "b.npy").write_bytes(b"this is not an npy file")
+    np.save(src / "c.npy", np.ones(3))
+    for workers in (1, 2):
+        with pytest.raises(PackError, match="b.npy") as info:
+            sw.pack(str(src), str(tmp_path / f"x{workers}"), workers=workers, progress=False)
+        assert info.value.__cause__ is not None or "cannot read" in str(info.value)
+
+
+def test_bad_options(tmp_path):
+    seqs = [("a", np.ones(2))]
+    for kw, pattern in [({"shard_bytes": 0}, "shard_bytes"), ({"compression": "gzip"}, "compression"),
+                        ({"empty": "pad"}, "empty"), ({"workers": 0}, "workers"), ({"part": "3/3"}, "part"),
+                        ({"part": "x"}, "i/n")]:
+        with pytest.raises(PackError, match=pattern):
+            sw.pack(seqs, str(tmp_path / "x"), progress=False, **kw)
+
+
+# ---- parts and merge ---------------------------------------------------------------------------
+
+def test_parts_then_merge_equals_single_pack(tmp_path, npy_dir):
+    root, expected = npy_dir
+    single = tmp_path / "single"
+    sw.pack(str(root), str(single), shard_bytes=16 << 10, progress=False)
+    dest = tmp_path / "parts"
+    for i in (2, 0, 1):  # any order, as SLURM array tasks finish
+        sw.pack(str(root), str(dest), shard_bytes=16 << 10, part=f"{i}/3", progress=False)
+    assert not (dest / "index.json").exists()
+    m = sw.merge(str(dest))
+    assert m.dropped_empty == 1
+    merged = read_via_manifest(str(dest))
+    assert_same_arrays(merged, expected)  # same sequences, same order as one pack
+    assert_same_arrays(merged, read_via_manifest(str(single)))
+    assert_same_arrays(read_via_webdataset(shard_urls(dest))[0], expected)
+    verify(str(dest), progress=False)
+    # parts of an in-memory iterable: every third item each
+    seqs = make_sequences(10, seed=9)
+    for i in range(3):
+        sw.pack(seqs, str(tmp_path / "it"), part=(i, 3), progress=False)
+    sw.merge(str(tmp_path / "it"))
+    assert sorted(read_via_manifest(str(tmp_path / "it"))) == sorted(k for k, _, _ in seqs)
+
+
+def test_merge_refuses_missing_part_and_repacking_a_part_unpublishes(tmp_path, npy_dir):
+    root, _ = npy_dir
+    dest = tmp_path / "parts"
+    for i in (0, 2):
+        sw.pack(str(root), str(dest), part=f"{i}/3", progress=False)
+    with pytest.raises(ManifestError, match=r"1 of 3 parts.*index.part00001-of-00003.json"):
+        sw.merge(str(dest))
+    assert not (dest / "index.json").exists()
+    sw.pack(str(root), str(dest), part="1/3", progress=False)
+    sw.merge(str(dest))
+    assert (dest / "index.json").exists()
+    # re-packing one part removes the merged index, which names that part's shards
+    with pytest.raises(PackError, match="source died after"):
+        sw.pack(crashing(make_sequences(3), 1), str(dest), part="1/3", progress=False)
+    assert not (dest / "index.json").exists()
+    # a part index whose shard went missing
+    sw.pack(str(root), str(dest), part="1/3", progress=False)
+    next(dest.glob("part00002-shard-*.tar")).unlink()
+    with pytest.raises(ManifestError, match="missing.*part00002-shard"):
+        sw.merge(str(dest))
+    with pytest.raises(ManifestError, match="no part indexes"):
+        sw.merge(str(tmp_path / "nothing"))
+
+
+def test_too_many_parts_for_the_files(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.ones(3))
+    with pytest.raises(PackError, match="part 0/2 is empty"):
+        sw.pack(str(src), str(tmp_path / "x"), part="0/2", progress=False)
