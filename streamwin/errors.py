@@ -5,6 +5,8 @@ so a user with a corrupt 256 MB shard out of ten thousand can find it.
 """
 from __future__ import annotations
 
+import re
+
 
 class StreamwinError(Exception):
     """Base class of all streamwin errors."""
@@ -18,6 +20,9 @@ class ManifestError(StreamwinError, ValueError):
     """A missing, unfinished or malformed index.json."""
 
 
+_WHERE = re.compile(r"\(shard (.+?)(?:, member (.+?))?(?:, byte offset (\d+))?\)\s*$", re.MULTILINE)
+
+
 class ShardError(StreamwinError):
     """A shard whose bytes disagree with its manifest, or that cannot be read.
 
@@ -25,13 +30,22 @@ class ShardError(StreamwinError):
     ``offset`` (byte offset in the shard, or None).
     """
 
-    def __init__(self, message: str, *, shard: str, member: str | None = None, offset: int | None = None):
+    def __init__(self, message: str, *, shard: str | None = None, member: str | None = None, offset: int | None = None):
+        if shard is None:  # re-raised by a DataLoader as ShardError(message=<worker traceback>): recover the place
+            found = _WHERE.findall(message)
+            if found:
+                shard, member, off = found[-1]
+                member, offset = member or None, int(off) if off else None
+            super().__init__(message)
+            self.reason, self.shard, self.member, self.offset = message, shard, member, offset
+            return
         where = f"shard {shard}"
         if member is not None:
             where += f", member {member}"
         if offset is not None:
             where += f", byte offset {offset}"
         super().__init__(f"{message} ({where})")
+        self.reason = message
         self.shard = shard
         self.member = member
         self.offset = offset
@@ -43,6 +57,7 @@ class ShardError(StreamwinError):
 def _rebuild_shard_error(text: str, shard: str, member: str | None, offset: int | None) -> ShardError:
     err = ShardError.__new__(ShardError)
     Exception.__init__(err, text)
+    err.reason = text.rsplit(" (shard ", 1)[0]
     err.shard, err.member, err.offset = shard, member, offset
     return err
 

@@ -48,8 +48,8 @@ def parse_npy_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...
     reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     try:
         shape, fortran, dtype = reader(fp, max_header_size=1 << 20)
-    except (ValueError, SyntaxError, TypeError) as e:
-        raise ValueError(f"bad .npy header: {e}") from e
+    except Exception as e:  # numpy's parser raises ValueError, SyntaxError, tokenize.TokenError, ...
+        raise ValueError(f"bad .npy header: {type(e).__name__}: {e}") from e
     if dtype.hasobject or dtype.kind not in "biufc":
         raise ValueError(f".npy member has dtype {dtype}: only numeric arrays are read (object arrays would need unpickling)")
     if fortran and len(shape) > 1:

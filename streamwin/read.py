@@ -126,6 +126,16 @@ class ShardSource:
                 self.stats.skipped_windows += int(lost.sum())
         return Block(buf, offs, seq, start, real, valid, m.keys(uniq), inv)
 
+    def _name_member(self, err: ShardError, seqs: np.ndarray) -> ShardError:
+        """The same error, naming the member whose bytes hold the failing offset."""
+        if err.member is not None or err.offset is None or not len(seqs):
+            return err
+        starts = self.manifest.offset[seqs] - npyfmt.BLOCK  # each member's tar header
+        i = int(seqs[max(int(np.searchsorted(starts, err.offset, side="right")) - 1, 0)])
+        named = ShardError(err.reason, shard=err.shard, member=self._member(i), offset=err.offset)
+        named.__cause__ = err.__cause__
+        return named
+
     def _skip_or_raise(self, err: ShardError) -> None:
         if self.on_error == "raise":
             raise err
@@ -170,7 +180,7 @@ class ShardSource:
                     if s_lo[u] == 0:  # the read covers this member's .npy header: check it
                         self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(uniq[u]), k)
             except ShardError as e:
-                self._skip_or_raise(e)
+                self._skip_or_raise(self._name_member(e, uniq[bounds[j] : bounds[j + 1]]))
                 bad[bounds[j] : bounds[j + 1]] = True
         return buf, base, bad
 
@@ -291,6 +301,7 @@ class ShardSource:
                 raise ShardError(f"shard ends early: wanted {len(out)} bytes at offset {offset}, got {done}",
                                  shard=self.shard_url(k), offset=offset + done)
             done += n
+            attempt = 0  # retries bound failures in a row; a read that keeps advancing goes on
         with self._lock:
             self.stats.bytes_read += len(out)
             self.stats.reads += 1
