@@ -1,0 +1,397 @@
+"""Bad shards: every corruption is a ShardError that names the shard, the member and the byte offset.
+
+Corruptions are made on copies of a freshly packed dataset: a truncated shard, flipped bytes
+in a member's .npy header (magic, shape text, dtype text), a manifest whose offset points
+at another member or into array data ("member missing"), a manifest whose dtype differs,
+and a zstd-compressed member that cannot be decompressed. Where the error must point is
+computed independently, with the standard library's tarfile on the untouched shard.
+
+With ``on_error="skip"`` the bad range is skipped with one RuntimeWarning and counted,
+its windows come out as zeros with weight 0, every other window is exact (checked against
+the original arrays) and every rank still yields ``len(loader)`` batches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tarfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import streamwin as sw
+from conftest import make_sequences
+from streamwin.manifest import INDEX_NAME, parse_manifest
+
+W, S, H, B = 16, 8, 4, 8
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def make_loader(url, workers=0, **kw):
+    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=200, seed=2) | kw
+    return sw.WindowLoader(sw.WindowDataset(str(url), **args), num_workers=workers)
+
+
+def epoch(loader):
+    return [{"key": list(b["key"]), "start": b["start"].tolist(), "x": b["x"].numpy().copy(),
+             "y": b["y"].numpy().copy(), "weight": b["weight"].numpy().copy() if "weight" in b else None}
+            for b in loader]
+
+
+def tar_members(path) -> dict[str, tuple[int, int]]:
+    """{member name: (data offset, size)} read with the standard library, not with streamwin."""
+    with tarfile.open(path) as tf:
+        return {m.name: (m.offset_data, m.size) for m in tf.getmembers()}
+
+
+@dataclasses.dataclass
+class Packed:
+    root: Path  # the pristine dataset (never modified)
+    seqs: dict
+    members: dict  # shard file name -> {member: (offset, size)}
+    ref: list  # fault-free epoch, checked window by window against seqs
+
+    def shard_of(self, member: str) -> str:
+        return next(s for s, mem in self.members.items() if member in mem)
+
+    def copy(self, dest: Path) -> Path:
+        shutil.copytree(self.root, dest)
+        return dest
+
+    def starts_of(self, key: str) -> set[int]:
+        return {s for b in self.ref for k, s in zip(b["key"], b["start"]) if k == key}
+
+    def victims(self, n: int = 1, suffix: str = ".npy") -> list[str]:
+        """Keys of long sequences whose window 0 the epoch yields, each from a different shard."""
+        out, used = [], set()
+        for key in sorted(self.seqs, key=lambda k: -len(self.seqs[k])):
+            shard = self.shard_of(key + suffix)
+            if shard not in used and 0 in self.starts_of(key):
+                out.append(key)
+                used.add(shard)
+            if len(out) == n:
+                return out
+        raise AssertionError("no victim")
+
+
+def check_window(seqs, key, start, x, y):
+    assert np.array_equal(x, seqs[key][start : start + W]), (key, start)
+    assert np.array_equal(y, seqs[key][start + W : start + W + H]), (key, start)
+
+
+def pack_dataset(root: Path, compression=None) -> Packed:
+    seqs = make_sequences(seed=5)
+    sw.pack(list(seqs.items()), str(root), shard_bytes=40_000, progress=False, compression=compression)
+    members = {p.name: tar_members(p) for p in sorted(root.glob("*.tar"))}
+    assert len(members) >= 2
+    loader = make_loader(root)
+    ref = epoch(loader)
+    assert len(ref) == len(loader) > 10
+    for b in ref:
+        for i, (k, s) in enumerate(zip(b["key"], b["start"])):
+            check_window(seqs, k, s, b["x"][i], b["y"][i])
+    return Packed(root, seqs, members, ref)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Packed:
+    return pack_dataset(tmp_path_factory.mktemp("bad") / "ds")
+
+
+@pytest.fixture(scope="module")
+def packed_zstd(tmp_path_factory) -> Packed:
+    return pack_dataset(tmp_path_factory.mktemp("badz") / "ds", compression="zstd")
+
+
+def flip(path: Path, at: int, new: bytes) -> None:
+    data = bytearray(path.read_bytes())
+    data[at : at + len(new)] = new
+    path.write_bytes(bytes(data))
+
+
+def header_edit(p: Packed, ds: Path, key: str, old: bytes, new: bytes) -> None:
+    """Replace ``old`` by ``new`` (same length) inside the .npy header of member ``key``.npy."""
+    assert len(old) == len(new)
+    shard = ds / p.shard_of(key + ".npy")
+    off, _ = p.members[shard.name][key + ".npy"]
+    data = bytearray(shard.read_bytes())
+    head = bytes(data[off : off + 128])
+    at = head.index(old)
+    data[off + at : off + at + len(old)] = new
+    shard.write_bytes(bytes(data))
+
+
+def edit_manifest(ds: Path, **changes) -> None:
+    """Rewrite index.json with columns/fields changed (``offset={i: value}``, ``dtype=...``)."""
+    m = parse_manifest((ds / INDEX_NAME).read_text())
+    fields = {}
+    for name, value in changes.items():
+        if isinstance(value, dict):
+            col = getattr(m, name).copy()
+            for i, v in value.items():
+                col[i] = v
+            fields[name] = col
+        else:
+            fields[name] = value
+    (ds / INDEX_NAME).write_text(dataclasses.replace(m, **fields).to_json())
+
+
+def seq_index(ds: Path, key: str) -> int:
+    m = sw.load_manifest(str(ds))
+    return next(i for i in range(m.num_sequences) if m.key(i) == key)
+
+
+def assert_names(err: sw.ShardError, ds: Path, p: Packed, member: str, offset: int | None = None) -> None:
+    """The error names the shard URL, the member and the byte offset, in attributes and message."""
+    shard = p.shard_of(member)
+    assert err.shard == f"{ds}/{shard}"
+    assert err.member == member
+    if offset is None:
+        offset = p.members[shard][member][0]
+    assert err.offset == offset
+    text = str(err)
+    assert err.shard in text and member in text and f"byte offset {offset}" in text
+
+
+# -- raise -------------------------------------------------------------------------------------
+
+CORRUPT_HEADER = {
+    "bad-magic": (b"\x93NUMPY", b"\x00NUMPY"),
+    "bad-version": (b"NUMPY\x01", b"NUMPY\x07"),
+    "dtype-text": (b"'<f4'", b"'<i4'"),
+    "dtype-object": (b"'<f4'", b"'|O' "),
+    "fortran-text": (b"False", b"True "),
+    "shape-text": (b", 3), ", b",),   "),  # (T, 3) -> (T,): one dimension short
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPT_HEADER))
+def test_bad_npy_header(packed, tmp_path, kind):
+    ds = packed.copy(tmp_path / "ds")
+    key, = packed.victims()
+    header_edit(packed, ds, key, *CORRUPT_HEADER[kind])
+    with pytest.raises(sw.ShardError) as info:
+        epoch(make_loader(ds))
+    assert_names(info.value, ds, packed, key + ".npy")
+
+
+def test_shape_length_differs(packed, tmp_path):
+    ds = packed.copy(tmp_path / "ds")
+    key, = packed.victims()
+    n = len(packed.seqs[key])
+    header_edit(packed, ds, key, f"({n},".encode(), f"({n - 1 if n % 10 else n + 1},".encode())
+    with pytest.raises(sw.ShardError, match="shape") as info:
+        epoch(make_loader(ds))
+    assert_names(info.value, ds, packed, key + ".npy")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_truncated_shard(packed, tmp_path, workers):
+    ds = packed.copy(tmp_path / "ds")
+    key, = packed.victims()
+    shard = packed.shard_of(key + ".npy")
+    off, size = packed.members[shard][key + ".npy"]
+    cut = off + size // 2
+    path = ds / shard
+    path.write_bytes(path.read_bytes()[:cut])
+    with pytest.raises(sw.ShardError) as info:
+        epoch(make_loader(ds, workers))
+    err = info.value
+    assert err.shard == f"{ds}/{shard}"
+    assert isinstance(err.offset, int) and err.offset >= cut  # nothing before the cut is missing
+    # the member named is the one holding the byte that could not be read
+    holder = [name for name, (o, n) in packed.members[shard].items() if o <= err.offset < o + n]
+    assert holder and err.member == holder[0], (err.member, err.offset, holder)
+    assert err.member in str(err) and f"byte offset {err.offset}" in str(err)
+
+
+@pytest.mark.parametrize("where", ["other-member", "inside-data"])
+def test_manifest_offset_points_elsewhere(packed, tmp_path, where):
+    """The manifest's member is not where it says: the bytes there are another member or array data."""
+    ds = packed.copy(tmp_path / "ds")
+    key, = packed.victims()
+    shard = packed.shard_of(key + ".npy")
+    off, size = packed.members[shard][key + ".npy"]
+    if where == "other-member":  # a member of another length, in the same shard
+        other = next(n for n, (o, s) in packed.members[shard].items()
+                     if n.endswith(".npy") and n != key + ".npy" and s != size)
+        new = packed.members[shard][other][0]
+    else:
+        new = off + 512  # array bytes of the member itself
+    edit_manifest(ds, offset={seq_index(ds, key): new})
+    with pytest.raises(sw.ShardError) as info:
+        epoch(make_loader(ds))
+    assert_names(info.value, ds, packed, key + ".npy", offset=new)
+
+
+def test_manifest_dtype_differs(packed, tmp_path):
+    ds = packed.copy(tmp_path / "ds")
+    edit_manifest(ds, dtype=np.dtype("<i4"))
+    with pytest.raises(sw.ShardError, match="dtype") as info:
+        epoch(make_loader(ds))
+    err = info.value
+    shard = err.shard.rsplit("/", 1)[-1]
+    assert err.shard == f"{ds}/{shard}" and err.member in packed.members[shard]
+    assert_names(err, ds, packed, err.member)
+
+
+def test_zstd_corrupt_member(packed_zstd, tmp_path):
+    p = packed_zstd
+    ds = p.copy(tmp_path / "ds")
+    key, = p.victims(suffix=".npy.zst")
+    member = key + ".npy.zst"
+    shard = p.shard_of(member)
+    off, _ = p.members[shard][member]
+    flip(ds / shard, off, b"\x00\x00\x00\x00")  # the zstd frame magic
+    with pytest.raises(sw.ShardError) as info:
+        epoch(make_loader(ds))
+    assert_names(info.value, ds, p, member)
+
+
+def test_zstd_member_cut_short(packed_zstd, tmp_path):
+    """The manifest's compressed size is a few bytes short: the frame cannot be decompressed."""
+    p = packed_zstd
+    ds = p.copy(tmp_path / "ds")
+    key, = p.victims(suffix=".npy.zst")
+    member = key + ".npy.zst"
+    i = seq_index(ds, key)
+    edit_manifest(ds, size={i: int(sw.load_manifest(str(ds)).size[i]) - 7})
+    with pytest.raises(sw.ShardError) as info:
+        epoch(make_loader(ds))
+    assert_names(info.value, ds, p, member)
+
+
+def test_zstd_header_disagrees(packed_zstd, tmp_path):
+    """A well-formed frame whose .npy header says another shape: refused after decompression."""
+    import zstandard
+
+    p = packed_zstd
+    ds = p.copy(tmp_path / "ds")
+    key, = p.victims(suffix=".npy.zst")
+    member = key + ".npy.zst"
+    shard = p.shard_of(member)
+    off, size = p.members[shard][member]
+    path = ds / shard
+    data = bytearray(path.read_bytes())
+    raw = zstandard.ZstdDecompressor().decompress(bytes(data[off : off + size]), max_output_size=1 << 24)
+    raw = raw.replace(b"'<f4'", b"'<u4'", 1)
+    frame = zstandard.ZstdCompressor(level=19).compress(raw)
+    assert len(frame) <= size
+    data[off : off + len(frame)] = frame
+    path.write_bytes(bytes(data))
+    edit_manifest(ds, size={seq_index(ds, key): len(frame)})
+    with pytest.raises(sw.ShardError, match="dtype") as info:
+        epoch(make_loader(ds))
+    assert_names(info.value, ds, p, member)
+
+
+# -- skip --------------------------------------------------------------------------------------
+
+def run_skipping(ds, **kw):
+    """(batches, stats, RuntimeWarnings) of one epoch with on_error="skip"."""
+    loader = make_loader(ds, on_error="skip", **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = epoch(loader)
+    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning) and "streamwin" in str(w.message)]
+    assert len(batches) == len(loader)
+    return batches, loader.stats(), runtime
+
+
+def check_skipped_epoch(batches, ref, seqs, stats):
+    """Same windows in the same order as the fault-free epoch; weight-0 ones are zeros, the rest exact."""
+    assert len(batches) == len(ref)
+    lost = []
+    for b, r in zip(batches, ref):
+        assert b["key"] == r["key"] and b["start"] == r["start"]
+        for i, (k, s, w) in enumerate(zip(b["key"], b["start"], b["weight"])):
+            if w == 1.0:
+                check_window(seqs, k, s, b["x"][i], b["y"][i])
+            else:
+                assert w == 0.0
+                assert not b["x"][i].any() and not b["y"][i].any()
+                lost.append((k, s))
+    assert len(lost) == stats["skipped_windows"] > 0
+    return lost
+
+
+def test_skip_bad_headers_in_two_shards_warns_once(packed, tmp_path):
+    ds = packed.copy(tmp_path / "ds")
+    keys = packed.victims(2)
+    for key in keys:
+        header_edit(packed, ds, key, b"\x93NUMPY", b"\x00NUMPY")
+    batches, stats, runtime = run_skipping(ds)
+    assert len(runtime) == 1, [str(w.message) for w in runtime]
+    assert keys[0] + ".npy" in str(runtime[0].message) or keys[1] + ".npy" in str(runtime[0].message)
+    assert stats["skipped_ranges"] == 2
+    lost = check_skipped_epoch(batches, packed.ref, packed.seqs, stats)
+    for key in keys:
+        assert (key, 0) in lost
+
+
+def test_skip_truncated_shard(packed, tmp_path):
+    ds = packed.copy(tmp_path / "ds")
+    key, = packed.victims()
+    shard = packed.shard_of(key + ".npy")
+    off, size = packed.members[shard][key + ".npy"]
+    path = ds / shard
+    path.write_bytes(path.read_bytes()[: off + size // 2])
+    batches, stats, runtime = run_skipping(ds)
+    assert len(runtime) == 1
+    assert stats["skipped_ranges"] >= 1
+    lost = check_skipped_epoch(batches, packed.ref, packed.seqs, stats)
+    # every window of the truncated tail is lost; windows of other shards are all intact
+    for k, s in lost:
+        assert packed.shard_of(k + ".npy") == shard
+    step = packed.seqs[key][0].nbytes
+    with open(packed.root / shard, "rb") as f:  # the member's header length, read with numpy
+        f.seek(off)
+        np.lib.format.read_magic(f)
+        np.lib.format.read_array_header_1_0(f)
+        hlen = f.tell() - off
+    readable_steps = (size // 2 - hlen) // step
+    tail = [(k, s) for b in packed.ref for k, s in zip(b["key"], b["start"])
+            if k == key and s + W + H > readable_steps]
+    assert tail
+    assert set(tail) <= set(lost)
+
+
+def test_skip_with_two_ranks_keeps_equal_steps(packed, tmp_path):
+    ds = packed.copy(tmp_path / "ds")
+    keys = packed.victims(2)
+    for key in keys:
+        header_edit(packed, ds, key, b"'<f4'", b"'<i4'")
+    lengths, skipped, read_from_0 = [], 0, set()
+    for rank in range(2):
+        ref = epoch(make_loader(packed.root, rank=rank, world_size=2))
+        read_from_0 |= {k for b in ref for k, s in zip(b["key"], b["start"]) if s == 0}
+        batches, stats, runtime = run_skipping(ds, rank=rank, world_size=2)
+        assert len(runtime) == (1 if stats["skipped_ranges"] else 0)
+        assert len(batches) == len(ref)
+        lengths.append(len(ref))
+        if stats["skipped_windows"]:
+            check_skipped_epoch(batches, ref, packed.seqs, stats)
+            skipped += stats["skipped_ranges"]
+        else:
+            assert all(b["key"] == r["key"] and np.array_equal(b["x"], r["x"]) for b, r in zip(batches, ref))
+    assert lengths[0] == lengths[1]  # lockstep
+    expected = len(set(keys) & read_from_0)  # a bad header is seen by the rank that reads its window 0
+    assert expected >= 1 and skipped == expected
+
+
+def test_skip_zstd_corrupt_member(packed_zstd, tmp_path):
+    p = packed_zstd
+    ds = p.copy(tmp_path / "ds")
+    key, = p.victims(suffix=".npy.zst")
+    member = key + ".npy.zst"
+    shard = p.shard_of(member)
+    flip(ds / shard, p.members[shard][member][0], b"\x00\x00\x00\x00")
+    batches, stats, runtime = run_skipping(ds)
+    assert len(runtime) == 1 and member in str(runtime[0].message)
+    assert stats["skipped_ranges"] >= 1
+    lost = check_skipped_epoch(batches, p.ref, p.seqs, stats)
+    assert {k for k, _ in lost} == {key}  # compressed members are read one by one: only it is lost
+    assert {s for k, s in lost} == p.starts_of(key)

@@ -1,0 +1,267 @@
+"""Fuzzing the tar/npy reading path: random corruptions never hang, never unpickle, and fail only as ShardError.
+
+A small dataset is packed once; each hypothesis example copies it, flips / overwrites /
+truncates bytes at random offsets of one shard (biased towards the .npy headers, where the
+checks are), and iterates a full epoch. Allowed outcomes: a ShardError, or a clean pass in
+which every window whose bytes were not touched equals the original array (array payload
+bytes are not checksummed on the range-read path, so touched windows may differ). A
+corruption that touches no .npy header and truncates nothing must pass. Pickle is
+booby-trapped during the loop.
+
+``streamwin.npyfmt.parse_npy_header`` is fuzzed directly with random and near-valid headers:
+it may only raise ValueError.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import streamwin as sw
+from conftest import make_sequences
+from streamwin import npyfmt
+
+W, S, H, B = 8, 4, 2, 4
+FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def make_loader(url, **kw):
+    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=64, seed=0) | kw
+    return sw.WindowLoader(sw.WindowDataset(str(url), **args))
+
+
+@dataclasses.dataclass
+class Pristine:
+    root: Path
+    seqs: dict = dataclasses.field(repr=False)
+    shards: list[str] = dataclasses.field(repr=False)
+    sizes: dict = dataclasses.field(repr=False)  # shard -> bytes
+    members: dict = dataclasses.field(repr=False)  # shard -> [(key, data offset, size, header length)]
+    compressed: bool = False
+
+    def headers(self, shard: str) -> list[tuple[int, int]]:
+        return [(off, off + hlen) for _, off, _, hlen in self.members[shard]]
+
+
+def _pack(root: Path, compression=None) -> Pristine:
+    seqs = make_sequences(12, seed=11, max_len=80)
+    sw.pack(list(seqs.items()), str(root), shard_bytes=6_000, progress=False, compression=compression)
+    shards = sorted(p.name for p in root.glob("*.tar"))
+    members, sizes = {}, {}
+    for s in shards:
+        sizes[s] = (root / s).stat().st_size
+        with tarfile.open(root / s) as tf:
+            rows = []
+            for m in tf.getmembers():
+                if m.name.endswith(".json"):
+                    continue
+                raw = tf.extractfile(m).read()
+                if compression:
+                    import zstandard
+
+                    raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 24)
+                hlen = 10 + int.from_bytes(raw[8:10], "little")
+                rows.append((m.name.split(".")[0], m.offset_data, m.size, hlen))
+            members[s] = rows
+    assert len(shards) >= 2
+    # the pristine dataset reads exactly
+    for b in make_loader(root):
+        for i, (k, s0) in enumerate(zip(b["key"], b["start"].tolist())):
+            assert np.array_equal(b["x"][i].numpy(), seqs[k][s0 : s0 + W])
+    return Pristine(root, seqs, shards, sizes, members, bool(compression))
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    return _pack(tmp_path_factory.mktemp("fuzz") / "ds")
+
+
+@pytest.fixture(scope="module")
+def pristine_zstd(tmp_path_factory):
+    return _pack(tmp_path_factory.mktemp("fuzzz") / "ds", compression="zstd")
+
+
+@st.composite
+def corruptions(draw, p: Pristine):
+    """(shard, [ops]) with ops ("flip", pos, mask) | ("write", pos, bytes) | ("truncate", pos)."""
+    shard = draw(st.sampled_from(p.shards))
+    size = p.sizes[shard]
+    header_bytes = [i for a, b in p.headers(shard) for i in range(a, b)]
+    pos = st.one_of(st.integers(0, size - 1), st.sampled_from(header_bytes))
+    op = st.one_of(
+        st.tuples(st.just("flip"), pos, st.integers(1, 255)),
+        st.tuples(st.just("write"), pos, st.binary(min_size=1, max_size=12)),
+        st.tuples(st.just("write"), pos, st.sampled_from([b"'|O'", b"'<f8'", b"True ", b"(99999999999, 3)", b"\x02\x00",
+                                                         b"\xff\xff", b"\x00" * 8, b"(((((((("])),
+        st.tuples(st.just("truncate"), st.integers(0, size - 1)),
+    )
+    return shard, draw(st.lists(op, min_size=1, max_size=3))
+
+
+def apply(path: Path, ops) -> tuple[list[tuple[int, int]], bool]:
+    """Apply ops; returns the byte intervals that differ from the original, and whether it was truncated."""
+    orig = path.read_bytes()
+    data = bytearray(orig)
+    for op in ops:
+        if op[0] == "flip":
+            if op[1] < len(data):
+                data[op[1]] ^= op[2]
+        elif op[0] == "write":
+            at, new = op[1], op[2]
+            if at < len(data):
+                data[at : at + len(new)] = new[: len(data) - at]
+        else:
+            del data[op[1] :]
+    path.write_bytes(bytes(data))
+    a = np.frombuffer(orig[: len(data)], np.uint8)
+    diff = np.flatnonzero(a != np.frombuffer(bytes(data), np.uint8))
+    touched = [(int(i), int(i) + 1) for i in diff]
+    truncated = len(data) < len(orig)
+    if truncated:
+        touched.append((len(data), 1 << 62))
+    return touched, truncated
+
+
+def overlaps(intervals, lo, hi) -> bool:
+    return any(a < hi and lo < b for a, b in intervals)
+
+
+def _booby_trap(mp: pytest.MonkeyPatch) -> None:
+    def no_unpickling(*a, **k):
+        raise AssertionError("shard bytes reached an unpickler")
+
+    mp.setattr(pickle, "loads", no_unpickling)
+    mp.setattr(pickle, "load", no_unpickling)
+    mp.setattr(pickle, "Unpickler", no_unpickling)
+    mp.setattr(np.lib.format, "read_array", no_unpickling)
+
+
+def run_corrupted(p: Pristine, shard: str, ops) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = Path(tmp) / "ds"
+        shutil.copytree(p.root, ds)
+        touched, truncated = apply(ds / shard, ops)
+        if p.compressed:  # a compressed member is read whole: any touched byte in it may break it
+            checked = [(off, off + size) for _, off, size, _ in p.members[shard]]
+        else:  # only .npy headers are checked; tar headers, padding and array data are not
+            checked = p.headers(shard)
+        may_fail = truncated or any(overlaps(touched, a, b) for a, b in checked)
+        loader = make_loader(ds)
+        with pytest.MonkeyPatch.context() as mp:
+            _booby_trap(mp)
+            try:
+                batches = [(list(b["key"]), b["start"].tolist(), b["x"].numpy()) for b in loader]
+            except sw.ShardError as e:
+                assert e.shard == f"{ds}/{shard}" and isinstance(e.offset, int), e
+                assert may_fail, ("spurious ShardError", ops, e)
+                return
+        assert len(batches) == len(loader)
+        # a corrupted magic of a member whose window 0 is read cannot pass
+        read_from_0 = {k for keys, starts, _ in batches for k, s in zip(keys, starts) if s == 0}
+        if not p.compressed:
+            for key, off, _, _ in p.members[shard]:
+                assert not (key in read_from_0 and overlaps(touched, off, off + 6)), ("bad magic went unnoticed", key, ops)
+        step = p.seqs[next(iter(p.seqs))][0].nbytes
+        where = {key: (off, hlen) for key, off, _, hlen in p.members[shard]}
+        for keys, starts, x in batches:
+            for i, (k, s) in enumerate(zip(keys, starts)):
+                if k in where and (p.compressed or overlaps(touched, where[k][0] + where[k][1] + s * step,
+                                                            where[k][0] + where[k][1] + (s + W + H) * step)):
+                    continue  # its bytes were touched: any values are allowed
+                assert np.array_equal(x[i], p.seqs[k][s : s + W]), (k, s)
+
+
+@pytest.mark.timeout(60)
+@FUZZ
+@given(data=st.data())
+def test_fuzz_shard_corruption(pristine, data):
+    shard, ops = data.draw(corruptions(pristine))
+    run_corrupted(pristine, shard, ops)
+
+
+@pytest.mark.timeout(60)
+@settings(FUZZ, max_examples=30)
+@given(data=st.data())
+def test_fuzz_zstd_shard_corruption(pristine_zstd, data):
+    shard, ops = data.draw(corruptions(pristine_zstd))
+    run_corrupted(pristine_zstd, shard, ops)
+
+
+def test_untouched_payload_corruption_passes(pristine, tmp_path):
+    """Not every corruption is an error: bytes of tar headers and padding are never read."""
+    ds = tmp_path / "ds"
+    shutil.copytree(pristine.root, ds)
+    shard = pristine.shards[0]
+    _, off, _, _ = pristine.members[shard][0]
+    touched, _ = apply(ds / shard, [("write", off - 512, b"garbage tar header!")])
+    assert touched
+    with pytest.MonkeyPatch.context() as mp:
+        _booby_trap(mp)
+        n = sum(1 for _ in make_loader(ds))
+    assert n == len(make_loader(pristine.root))
+
+
+# -- parse_npy_header -------------------------------------------------------------------------------
+
+def _valid_header(shape=(7, 3), descr="<f4") -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+TOKENS = ["{", "}", "(", ")", "[", "]", ",", ":", " ", "'descr'", "'shape'", "'fortran_order'", "True", "False",
+          "None", "'<f4'", "'|O'", "'<U5'", "'V8'", "[('a', '<f4')]", "-1", "0", "3", "99999999999999999999",
+          "1e400", "'", "\\", "\n", "lambda: 0", "__import__('os')", "(" * 300, "b'x'", "{'a': 1}", "'<M8[s]'",
+          "'<f99999999999'", "'>c16'", "'S0'"]
+
+
+@st.composite
+def near_valid_headers(draw) -> bytes:
+    body = "".join(draw(st.lists(st.sampled_from(TOKENS), max_size=30)))
+    if draw(st.booleans()):
+        body = "{'descr': %s, 'fortran_order': %s, 'shape': %s, }" % tuple(
+            "".join(draw(st.lists(st.sampled_from(TOKENS), min_size=1, max_size=4))) for _ in range(3))
+    raw = body.encode("latin1") + b"\n"
+    version = draw(st.sampled_from([b"\x01\x00", b"\x02\x00", b"\x03\x00", b"\x01\x07", b"\x00\x00"]))
+    if version[0] == 1:
+        n = draw(st.one_of(st.just(len(raw)), st.integers(0, 0xFFFF)))
+        head = b"\x93NUMPY" + version + n.to_bytes(2, "little")
+    else:
+        n = draw(st.one_of(st.just(len(raw)), st.integers(0, 0xFFFFFFFF)))
+        head = b"\x93NUMPY" + version + n.to_bytes(4, "little")
+    return head + raw
+
+
+@settings(max_examples=400, deadline=None, database=None, derandomize=True)
+@given(st.one_of(st.binary(max_size=200), near_valid_headers(),
+                 st.builds(lambda h, i, b: h[:i] + b + h[i + len(b):], st.just(_valid_header()),
+                           st.integers(0, 127), st.binary(min_size=1, max_size=8))))
+def test_fuzz_parse_npy_header(data):
+    with pytest.MonkeyPatch.context() as mp:
+        _booby_trap(mp)
+        try:
+            dtype, shape, hlen = npyfmt.parse_npy_header(data)
+        except ValueError:
+            return
+    # whatever parses is a plain numeric C-order array header that fits in the bytes given
+    assert dtype.kind in "biufc" and not dtype.hasobject
+    assert 10 <= hlen <= len(data)
+    assert all(isinstance(d, int) for d in shape)
+
+
+def test_parse_npy_header_accepts_what_numpy_writes():
+    for shape, descr in [((7, 3), "<f4"), ((0,), "<i8"), ((5, 2, 2), "|u1"), ((1,), "<c16")]:
+        dtype, got_shape, hlen = npyfmt.parse_npy_header(_valid_header(shape, descr))
+        assert (dtype, got_shape, hlen) == (np.dtype(descr), shape, len(_valid_header(shape, descr)))
+    with pytest.raises(ValueError, match="object"):
+        npyfmt.parse_npy_header(_valid_header((3,), "|O"))
