@@ -41,6 +41,10 @@ class ShardCache:
         assert os.path.dirname(path) == self.dir  # by construction: no separator can survive _SAFE
         return path
 
+    def has(self, url: str, entry: ShardEntry) -> bool:
+        """Whether a complete copy of the shard is in the cache now."""
+        return self._valid(self.local_path(url), entry)
+
     def fetch(self, url: str, fs, path: str, entry: ShardEntry) -> str:
         """Local path of a verified copy of the shard, downloading it first if needed."""
         local = self.local_path(url)

@@ -49,7 +49,8 @@ class WindowDataset(IterableDataset):
         slice_windows: windows per read slice (default shuffle_buffer // 8); smaller mixes more.
         readahead: blocks read ahead, on a background thread, of the one being batched (reads
             release the GIL, so this overlaps I/O with batching and training).
-        retries: attempts per read on transient storage errors (exponential backoff).
+        retries: failed attempts in a row allowed per read on transient storage errors.
+        retry_backoff: seconds before the first retry, doubling with each failure in a row.
         on_error: "raise" a ShardError on bad data, or "skip" the unreadable range: its windows
             become zeros with ``batch["weight"] == 0``, counted in ``loader.stats()``, and every
             rank still yields the same number of batches.
@@ -69,7 +70,8 @@ class WindowDataset(IterableDataset):
                  shuffle: bool = True, shuffle_buffer: int = 10_000, seed: int = 0, batch_size: int = 64,
                  equalize: str = "drop", rank: int | None = None, world_size: int | None = None,
                  storage_options: dict[str, Any] | None = None, slice_windows: int | None = None,
-                 readahead: int = 1, prefetch: int = 0, retries: int = 5, on_error: str = "raise",
+                 readahead: int = 1, prefetch: int = 0, retries: int = 5, retry_backoff: float = 0.2,
+                 on_error: str = "raise",
                  cache_dir: str | None = None, cache_limit: int | None = None, split: str | None = None,
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_seed: int = 0,
                  holdout: int = 0):
@@ -79,6 +81,7 @@ class WindowDataset(IterableDataset):
         self.batch_size, self.equalize = int(batch_size), equalize
         self.slice_windows = int(slice_windows) if slice_windows else max(1, self.shuffle_buffer // 8)
         self.readahead, self.prefetch, self.retries = int(readahead), int(prefetch), int(retries)
+        self.retry_backoff = float(retry_backoff)
         self.storage_options = storage_options
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -98,7 +101,8 @@ class WindowDataset(IterableDataset):
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            self._manifest = load_manifest(self.url, self.storage_options)
+            self._manifest = load_manifest(self.url, self.storage_options, retries=self.retries,
+                                           backoff=self.retry_backoff)
         return self._manifest
 
     def world(self, refresh: bool = False) -> tuple[int, int]:
@@ -207,9 +211,11 @@ class StreamIterator:
     def _start(self) -> None:
         ds = self.ds
         self._plan = plan = ds.plan(self.epoch)
-        cache = ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit) if ds.cache_dir is not None else None
+        cache = (ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit, retries=ds.retries, backoff=ds.retry_backoff)
+                 if ds.cache_dir is not None else None)
         self._source = source = ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options,
-                                            retries=ds.retries, on_error=ds.on_error, cache=cache)
+                                            retries=ds.retries, backoff=ds.retry_backoff, on_error=ds.on_error,
+                                            cache=cache)
         reader = BlockReader(source, plan, self.stream, readahead=ds.readahead)
         with_weight = ds.equalize == "pad" or ds.on_error == "skip"
         node = Batcher(reader, Gatherer(ds.manifest, ds.spec, with_weight=with_weight))

@@ -157,12 +157,22 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME) -> Manifest:
         raise ManifestError(f"{where} is malformed: {type(e).__name__}: {e}") from e
     if dtype.hasobject or dtype.kind not in "biufc":
         raise ManifestError(f"{where} declares dtype {dtype}, streamwin stores numeric arrays only")
+    for s in shards:
+        _check_shard_name(s.name, where)
     return Manifest(
         dtype=dtype, step_shape=step_shape, compression=doc.get("compression"), shards=shards,
         key_blob=blob, key_ends=key_ends, dropped_empty=int(doc.get("dropped_empty", 0)),
         digest=hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()[:16],
         **cols,
     )
+
+
+def _check_shard_name(name: str, where: str) -> None:
+    """Shard names are relative paths below the dataset root: no absolute paths, '..', '\\' or NUL."""
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\0" in name or ":" in parts[0]
+            or any(p in ("", ".", "..") for p in parts)):
+        raise ManifestError(f"{where} names shard {name!r}: shard names must be relative paths inside the dataset")
 
 
 def build_manifest(dtype: np.dtype, step_shape: tuple[int, ...], compression: str | None,

@@ -256,7 +256,7 @@ class ShardSource:
                 return None
             except ShardError as e:
                 return e
-        if self.local or self.cache is not None or len(runs) < 2:
+        if self.local or len(runs) < 2:
             return [one(r) for r in runs]
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
@@ -266,14 +266,15 @@ class ShardSource:
     def _read_into(self, k: int, offset: int, out: memoryview) -> None:
         path = join(self.root, self.manifest.shards[k].name)
         if self.cache is not None:  # node-local copy: fetched once per node, verified, then read locally
-            hits = self.cache.hits
+            hit = self.cache.has(self.shard_url(k), self.manifest.shards[k])
             local = self.cache.fetch(self.shard_url(k), self.fs, path, self.manifest.shards[k])
             try:
                 got = _read_local(local, offset, out)
             except FileNotFoundError:  # evicted by another process between fetch and read
                 local = self.cache.fetch(self.shard_url(k), self.fs, path, self.manifest.shards[k])
                 got = _read_local(local, offset, out)
-            self.stats.cache_hits += self.cache.hits - hits
+            with self._lock:
+                self.stats.cache_hits += hit
             if got < len(out):
                 raise ShardError(f"cached shard ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
                                  shard=self.shard_url(k), offset=offset + got)

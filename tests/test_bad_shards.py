@@ -395,3 +395,19 @@ def test_skip_zstd_corrupt_member(packed_zstd, tmp_path):
     lost = check_skipped_epoch(batches, p.ref, p.seqs, stats)
     assert {k for k, _ in lost} == {key}  # compressed members are read one by one: only it is lost
     assert {s for k, s in lost} == p.starts_of(key)
+
+
+@pytest.mark.parametrize("name", ["../outside.tar", "/etc/passwd", "a/../../b.tar", "s3://other-bucket/x.tar", "a\\b.tar"])
+def test_manifest_with_escaping_shard_name_is_refused(tmp_path, name):
+    """A manifest can only name shards below its own root: nothing is read from elsewhere."""
+    import json as _json
+
+    seqs = {f"k{i}": np.arange(50, dtype=np.float32) for i in range(3)}
+    url = str(tmp_path / "ds")
+    sw.pack(list(seqs.items()), url, progress=False)
+    index = tmp_path / "ds" / "index.json"
+    doc = _json.loads(index.read_text())
+    doc["shards"][0]["name"] = name
+    index.write_text(_json.dumps(doc))
+    with pytest.raises(sw.ManifestError, match="relative paths inside the dataset"):
+        sw.load_manifest(url)
