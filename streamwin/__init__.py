@@ -5,16 +5,26 @@
     loader = sw.WindowLoader(sw.WindowDataset("s3://bucket/corpus/", window=512, stride=256, batch_size=64))
 """
 from .cache import ShardCache, prefetch
-from .dataset import WindowDataset
-from .index import index_shards, verify
 from .errors import ManifestError, PackError, ShardError, StateMismatchError, StreamwinError
-from .loader import WindowLoader
+from .index import index_shards, verify
 from .manifest import Manifest
 from .pack import merge, pack
 from .plan import Plan, PlanConfig, WindowSpec, make_plan
 from .storage import load_manifest
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """WindowDataset and WindowLoader load torch (seconds): import them only when asked for,
+    so that `streamwin pack`, `merge`, `index`, `verify` and `inspect` start at once."""
+    if name == "WindowDataset":
+        from .dataset import WindowDataset
+        return WindowDataset
+    if name == "WindowLoader":
+        from .loader import WindowLoader
+        return WindowLoader
+    raise AttributeError(f"module 'streamwin' has no attribute {name!r}")
 __all__ = sorted([
     "Manifest", "ManifestError", "PackError", "Plan", "PlanConfig", "ShardCache", "ShardError", "StateMismatchError",
     "StreamwinError", "WindowDataset", "WindowLoader", "WindowSpec", "index_shards", "load_manifest", "make_plan",

@@ -157,11 +157,13 @@ class WindowDataset(IterableDataset):
     def summary(self) -> dict[str, Any]:
         """The numbers users care about for this epoch, for logging."""
         m, p = self.manifest, self.plan()
-        return {"shards": len(m.shards), "sequences": m.num_sequences, "steps": m.num_steps,
+        lengths = m.length if self.views() is None else self.views()[1]  # what this split uses
+        used = lengths > 0
+        return {"shards": len(m.shards), "sequences": int(used.sum()), "steps": int(lengths.sum()),
                 "windows_per_epoch": p.total_windows, "dropped_windows": p.dropped_windows,
                 "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,
                 "world_size": self.world()[1], "streams": p.config.num_streams,
-                "short_sequences": int((m.length < self.spec.span).sum()) if not self.spec.pad else 0,
+                "short_sequences": int((used & (lengths < self.spec.span)).sum()) if not self.spec.pad else 0,
                 "split": self.split.split if self.split else None}
 
     def __getstate__(self) -> dict:

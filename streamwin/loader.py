@@ -72,12 +72,17 @@ class WindowLoader(StatefulDataLoader):
         kwargs.pop("batch_size", None)
         kwargs.setdefault("collate_fn", passthrough)
         dataset.num_workers = num_workers
-        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                         prefetch_factor=prefetch_factor if num_workers > 0 else None,
-                         persistent_workers=persistent_workers and num_workers > 0, **kwargs)
+        with warnings.catch_warnings():  # torchdata 0.11 calls a torch API that torch 2.13 deprecates
+            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+            self._init_loader(dataset, num_workers, pin_memory, prefetch_factor, persistent_workers, kwargs)
         self._logged = False
         self._started: float | None = None
         self._yielded = 0
+
+    def _init_loader(self, dataset, num_workers, pin_memory, prefetch_factor, persistent_workers, kwargs) -> None:
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
+                         prefetch_factor=prefetch_factor if num_workers > 0 else None,
+                         persistent_workers=persistent_workers and num_workers > 0, **kwargs)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch (the same on every rank) before iterating; a new epoch, a new order."""
@@ -92,7 +97,7 @@ class WindowLoader(StatefulDataLoader):
             self._logged = True
             summary = self.dataset.summary()
             if world[0] == 0:
-                log.info("streamwin: %s", summary)
+                log.info("%s", summary)
             if summary["batches_per_rank"] == 0:
                 warnings.warn(
                     f"streamwin: this loader yields 0 batches per rank: {summary['windows_per_epoch']} windows for "
@@ -127,4 +132,9 @@ class WindowLoader(StatefulDataLoader):
         if meta is not None:
             check_state({"version": 1, "inputs": meta["inputs"]}, self.dataset.plan_inputs())
             self.dataset.set_epoch(meta["epoch"])
+        # A state taken after the last batch says "finished", and torchdata would then start the next
+        # iteration from scratch, replaying that epoch. Our stream states already say where each
+        # stream is (at its end): the same epoch yields nothing more, another epoch starts afresh.
+        if state.get("_iterator_finished"):
+            state["_iterator_finished"] = False
         super().load_state_dict(state)

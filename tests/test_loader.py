@@ -204,3 +204,19 @@ def test_one_dimensional_sequences_and_integer_dtype(tmp_path):
 def test_dataset_without_index_names_the_problem(tmp_path):
     with pytest.raises(sw.ManifestError, match="index.json"):
         len(sw.WindowLoader(sw.WindowDataset(str(tmp_path), window=4, batch_size=2)))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_taken_after_an_epoch_ends_does_not_replay_it(tiny, workers):
+    url, _ = tiny
+    loader = make(url, workers)
+    first = run(loader)
+    state = loader.state_dict()
+    loader.set_epoch(1)
+    second = run(loader)
+    restored = make(url, workers)
+    restored.load_state_dict(state)
+    restored.set_epoch(0)
+    assert run(restored) == []  # epoch 0 was finished: nothing of it is yielded again
+    restored.set_epoch(1)
+    assert same(run(restored), second) and len(first) == len(second)

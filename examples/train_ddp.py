@@ -1,0 +1,317 @@
+"""Train a small forecaster with DistributedDataParallel on windows streamed by streamwin.
+
+    torchrun --nproc_per_node=4 examples/train_ddp.py --data s3://bucket/ecg/ --ckpt ckpt/ecg.pt \
+        --window 256 --horizon 32 --epochs 10
+
+A plain PyTorch loop, the one you would write anyway, plus the three things streamwin asks:
+
+1. ``loader.set_epoch(epoch)`` before each epoch (the same epoch on every rank);
+2. ``loader.state_dict()`` of *every* rank in the checkpoint (each rank streams its own part
+   of the plan, so rank 1 cannot resume from rank 0's position); here they are gathered with
+   ``all_gather_object`` into one file that rank 0 writes atomically (tmp file + os.replace);
+3. ``loader.load_state_dict(ckpt["loader"][rank])`` on resume, then the usual
+   ``for epoch in range(start_epoch, epochs)``: ``set_epoch`` with the checkpoint's epoch keeps
+   the restored mid-epoch position, so the run continues with exactly the batches an
+   uninterrupted run would have seen, and every rank still runs the same number of steps.
+
+Preemption: SIGTERM or SIGUSR1 (what SLURM sends before a time limit or a preemption, see
+examples/slurm/train.sbatch), the file named by ``--stop-file`` appearing, or ``--stop-after N``
+(N steps of this run, to simulate it) make every rank save the checkpoint at the same step and
+exit 0. The ranks agree on stopping with a one-number all_reduce each step, so a signal that
+reaches the nodes at different times cannot leave one rank waiting for the others. Run the
+same command again and it resumes; once all epochs are done, running it again does nothing.
+
+The model is an MLP over each window normalized by its own mean and standard deviation (so
+it works on data of any scale) that predicts the next ``--horizon`` steps: small, but it
+trains for real. Works without torchrun too (one process). gloo on CPU, nccl on GPUs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import streamwin as sw
+
+log = logging.getLogger("train_ddp")
+
+
+# ---- model ---------------------------------------------------------------------------------------
+
+class Forecaster(nn.Module):
+    """[B, W, F] window -> [B, H, F] forecast of the next H steps, in the window's normalized units."""
+
+    def __init__(self, window: int, horizon: int, features: int, hidden: int = 128):
+        super().__init__()
+        self.horizon, self.features = horizon, features
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(window * features, hidden), nn.GELU(),
+            nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, horizon * features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).view(-1, self.horizon, self.features)
+
+
+def as_steps(t: torch.Tensor) -> torch.Tensor:
+    """[B, T] or [B, T, *F] of any dtype -> float32 [B, T, F]."""
+    return t.float().reshape(t.shape[0], t.shape[1], -1)
+
+
+def forecast_loss(model: nn.Module, batch: dict, device: torch.device) -> torch.Tensor:
+    """MSE of the forecast, both sides normalized by the window's mean and std (scale-free)."""
+    x = as_steps(batch["x"].to(device, non_blocking=True))
+    y = as_steps(batch["y"].to(device, non_blocking=True))
+    mu, sd = x.mean(1, keepdim=True), x.std(1, keepdim=True) + 1e-5
+    err = (model((x - mu) / sd) - (y - mu) / sd).pow(2).mean(dim=(1, 2))
+    if "weight" in batch:  # equalize="pad" repeats, or on_error="skip" holes: weight 0
+        w = batch["weight"].to(device).float()
+        return (err * w).sum() / w.sum().clamp_min(1.0)
+    return err.mean()
+
+
+def features_of(ds: sw.WindowDataset) -> int:
+    return int(math.prod(ds.manifest.step_shape))  # 1 for [T] sequences
+
+
+# ---- distributed set-up --------------------------------------------------------------------------
+
+def init_distributed(backend: str | None) -> tuple[int, int, int, torch.device]:
+    """(rank, world, local_rank, device); also works as a single process without torchrun."""
+    if "RANK" not in os.environ:  # plain `python train_ddp.py`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
+    backend = backend or ("nccl" if cuda else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        # share the node's cores between its processes instead of oversubscribing them
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    return dist.get_rank(), dist.get_world_size(), local_rank, device
+
+
+class StopRequest:
+    """Set by SIGTERM/SIGUSR1 (or a stop file); the ranks agree on it at a step boundary."""
+
+    def __init__(self, stop_file: str | None, rank: int):
+        self.signal: int | None = None
+        self.stop_file = stop_file if rank == 0 else None  # one process polls the (shared) file system
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        self.signal = signum  # act at the next step boundary, never in the middle of a collective
+
+    def agreed(self, device: torch.device) -> bool:
+        """True on every rank if any rank was asked to stop (one tiny all_reduce)."""
+        local = self.signal is not None or (self.stop_file is not None and os.path.exists(self.stop_file))
+        flag = torch.tensor([1.0 if local else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() > 0
+
+
+# ---- checkpoint ----------------------------------------------------------------------------------
+
+def save_checkpoint(path: str, *, model: nn.Module, opt: torch.optim.Optimizer, loader: sw.WindowLoader,
+                    epoch: int, step: int, args: argparse.Namespace) -> None:
+    """Collective: every rank contributes its loader state; rank 0 writes one file atomically."""
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, loader.state_dict())  # a few KB per rank: cursors, not data
+    if dist.get_rank() == 0:
+        ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "loader": states, "epoch": epoch,
+                "step": step, "world_size": dist.get_world_size(), "args": vars(args)}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # a crash leaves the previous checkpoint, never half of a new one
+    dist.barrier()
+
+
+def load_checkpoint(path: str, world: int) -> dict:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if ckpt["world_size"] != world:
+        # the plan (which rank reads what) depends on the world size, so the position cannot
+        # carry over; streamwin would refuse it too (StateMismatchError naming world_size)
+        raise SystemExit(f"{path} was written by {ckpt['world_size']} ranks, this run has {world}: "
+                         "resume with the same number of processes, or start a new run")
+    return ckpt
+
+
+class Recorder:
+    """--record DIR: rank r appends one JSON line per step to DIR/rank<r>.jsonl (what it trained on)."""
+
+    def __init__(self, root: str | None, rank: int, resumed_step: int):
+        self.f = None
+        if root is None:
+            return
+        os.makedirs(root, exist_ok=True)
+        path = os.path.join(root, f"rank{rank}.jsonl")
+        lines = open(path).read().splitlines() if os.path.exists(path) else []
+        # steps after the checkpoint were lost with the crash and are trained again: forget them
+        kept = [ln for ln in lines if json.loads(ln)["step"] <= resumed_step]
+        with open(path, "w") as f:
+            f.writelines(ln + "\n" for ln in kept)
+        self.f = open(path, "a")
+
+    def write(self, step: int, epoch: int, batch: dict, loss: float) -> None:
+        if self.f is not None:
+            self.f.write(json.dumps({"step": step, "epoch": epoch, "key": list(batch["key"]),
+                                     "start": batch["start"].tolist(), "loss": loss}) + "\n")
+            self.f.flush()
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="dataset URL (local path, s3://, gs://, ...) written by streamwin pack")
+    p.add_argument("--ckpt", required=True, help="checkpoint file: resumed from if it exists, written every --ckpt-every steps")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None, help="stop after this many steps in total (default: no limit)")
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="simulate a preemption: save and exit after N steps of this run")
+    p.add_argument("--stop-file", default=None, help="save and exit when this file appears (see slurm/train.sbatch)")
+    p.add_argument("--ckpt-every", type=int, default=50, help="checkpoint every K steps (default 50)")
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--stride", type=int, default=None, help="default: --window // 2")
+    p.add_argument("--horizon", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=64, help="windows per batch per rank")
+    p.add_argument("--shuffle-buffer", type=int, default=4096)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank (0: in-process, often fastest)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--cache-dir", default=None,
+                   help="node-local shard cache: warmed with streamwin.prefetch before training (each local rank "
+                        "fetches its share), then a barrier")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl with GPUs, else gloo")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--record", default=None, help="write each rank's (step, key, start, loss) to DIR/rank<r>.jsonl")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank, world, local_rank, device = init_distributed(args.backend)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    stop = StopRequest(args.stop_file, rank)
+
+    if args.cache_dir:  # optional: copy the shards to node-local disk once per node, then read them there
+        t = time.perf_counter()
+        fetched = sw.prefetch(args.data, args.cache_dir)
+        dist.barrier()  # nobody reads before the whole node cache is warm
+        log.info("prefetched %d shards into %s in %.1fs", fetched, args.cache_dir, time.perf_counter() - t)
+
+    ds = sw.WindowDataset(args.data, window=args.window, stride=args.stride or max(1, args.window // 2),
+                          horizon=args.horizon, batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer,
+                          seed=args.seed, cache_dir=args.cache_dir)
+    loader = sw.WindowLoader(ds, num_workers=args.workers, pin_memory=device.type == "cuda")
+
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
+    net = Forecaster(args.window, args.horizon, features_of(ds), args.hidden).to(device)
+    model = nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    step, start_epoch = 0, 0
+    if os.path.exists(args.ckpt):
+        ckpt = load_checkpoint(args.ckpt, world)
+        net.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        loader.load_state_dict(ckpt["loader"][rank])  # this rank's own position in the plan
+        step, start_epoch = ckpt["step"], ckpt["epoch"]
+        if rank == 0:
+            log.info("resumed from %s: step %d, epoch %d (every rank's data position restored)", args.ckpt, step, start_epoch)
+    recorder = Recorder(args.record, rank, step)
+    if rank == 0:
+        log.info("%d ranks x %d batches per epoch of %d windows [%d steps -> %d]; device %s",
+                 world, len(loader), args.batch_size, args.window, args.horizon, device)
+
+    def checkpoint(epoch: int) -> None:
+        save_checkpoint(args.ckpt, model=net, opt=opt, loader=loader, epoch=epoch, step=step, args=args)
+        if rank == 0:
+            log.info("checkpoint: step %d, epoch %d -> %s", step, epoch, args.ckpt)
+
+    run_steps, windows, t0 = 0, 0, time.perf_counter()
+    losses: list[float] = []
+    preempted, done = False, args.steps is not None and step >= args.steps
+    for epoch in range(start_epoch, args.epochs):
+        if done:  # resumed with nothing left under --steps
+            break
+        loader.set_epoch(epoch)  # the checkpoint's epoch: keeps the restored position; a new one: new order
+        for batch in loader:
+            loss = forecast_loss(model, batch, device)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # DDP all_reduces gradients: equal batch counts on every rank keep this from hanging
+            opt.step()
+            step += 1
+            run_steps += 1
+            windows += len(batch["key"])
+            losses.append(loss.item())
+            recorder.write(step, epoch, batch, losses[-1])
+
+            if step % args.log_every == 0:
+                mean = torch.tensor([sum(losses) / len(losses)], device=device)
+                dist.all_reduce(mean)
+                losses.clear()
+                if rank == 0:
+                    rate = windows * world / (time.perf_counter() - t0)
+                    log.info("epoch %d step %5d  loss %.4f  %s windows/s", epoch, step, mean.item() / world,
+                             f"{rate:,.0f}")
+            preempted = stop.agreed(device) or run_steps == args.stop_after
+            done = args.steps is not None and step >= args.steps
+            if preempted or done or step % args.ckpt_every == 0:
+                checkpoint(epoch)
+            if preempted or done:
+                break
+        if preempted or done:
+            break
+    else:  # every epoch finished: the final checkpoint says so (epoch = args.epochs: nothing left to run)
+        if run_steps:
+            # "epoch" in a checkpoint is the epoch to resume in. A loader state taken after an epoch's
+            # last batch was consumed starts that epoch afresh when loaded, so a checkpoint made
+            # between epochs must name the next one.
+            checkpoint(args.epochs)
+
+    if preempted and rank == 0:
+        why = f"signal {signal.Signals(stop.signal).name}" if stop.signal else (
+            "stop file" if run_steps != args.stop_after else f"--stop-after {args.stop_after}")
+        log.info("stopping at step %d (%s); run the same command again to resume", step, why)
+    stats = [None] * world
+    dist.all_gather_object(stats, loader.stats())
+    if rank == 0:
+        elapsed = time.perf_counter() - t0
+        log.info("%d steps in this run, %.1fs, %s windows/s over %d ranks", run_steps, elapsed,
+                 f"{windows * world / max(elapsed, 1e-9):,.0f}", world)
+        for r, s in enumerate(stats):
+            log.info("rank %d loader.stats(): %s", r, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in s.items()})
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
