@@ -87,11 +87,12 @@ class Batcher(BaseNode[dict]):
         if self._batch >= self.plan.batches_per_stream:
             raise StopIteration
         need = self.plan.config.batch_size
-        parts = []
+        parts, done = [], []
         while need:
             if self._block is None:  # first block after reset: _pos is the offset in it
                 self._block = next(self.reader)
             elif self._pos >= len(self._block):
+                done.append(self._block)
                 self._block = next(self.reader)
                 self._pos = 0
             take = min(need, len(self._block) - self._pos)
@@ -99,7 +100,10 @@ class Batcher(BaseNode[dict]):
             self._pos += take
             need -= take
         self._batch += 1
-        return self.gatherer.gather(parts)
+        batch = self.gatherer.gather(parts)  # copies: no batch field is a view of a block buffer
+        for block in done:
+            self.reader.source.release(block)
+        return batch
 
     def get_state(self) -> dict[str, Any]:
         return {self.BATCH_KEY: self._batch}
