@@ -37,6 +37,18 @@ def tiny(tmp_path_factory):
     return url, seqs
 
 
+def forbid_unpickling(monkeypatch) -> None:
+    """Make any attempt to unpickle (or np.lib.format.read_array) fail the test."""
+    import pickle
+
+    def trap(*args, **kwargs):
+        raise AssertionError("shard bytes reached an unpickler")
+
+    for name in ("loads", "load", "Unpickler"):
+        monkeypatch.setattr(pickle, name, trap)
+    monkeypatch.setattr(np.lib.format, "read_array", trap)
+
+
 def reference_windows(seqs: dict[str, np.ndarray], window: int, stride: int, horizon: int = 0,
                       pad: bool = False) -> set[tuple[str, int]]:
     """Every (key, start) an epoch must cover, computed naively and independently of streamwin."""

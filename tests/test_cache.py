@@ -12,7 +12,6 @@ import hashlib
 import io
 import multiprocessing as mp
 import os
-import pickle
 import shutil
 import tarfile
 import time
@@ -23,7 +22,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-from conftest import make_sequences
+from conftest import forbid_unpickling, make_sequences
 from servers import FaultPlan
 from streamwin.cache import ShardCache
 from streamwin.manifest import INDEX_NAME, ShardEntry, build_manifest, parse_manifest
@@ -372,13 +371,7 @@ def test_object_dtype_member_is_refused_without_unpickling(tmp_path, monkeypatch
         keys, {"length": lengths, "offset": offsets, "size": [len(d) for _, d in members], "hlen": hlens})
     (ds / INDEX_NAME).write_text(manifest.to_json())
 
-    def no_unpickling(*a, **k):
-        raise AssertionError("something tried to unpickle shard data")
-
-    monkeypatch.setattr(pickle, "loads", no_unpickling)
-    monkeypatch.setattr(pickle, "load", no_unpickling)
-    monkeypatch.setattr(pickle, "Unpickler", no_unpickling)
-    monkeypatch.setattr(np.lib.format, "read_array", no_unpickling)
+    forbid_unpickling(monkeypatch)
     kw = {"cache_dir": str(tmp_path / "cache")} if cached else {}
     loader = make_loader(ds, shuffle=False, **kw)
     with pytest.raises(sw.ShardError) as info:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import pickle
 import shutil
 import tarfile
 import tempfile
@@ -27,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamwin as sw
-from conftest import make_sequences
+from conftest import forbid_unpickling, make_sequences
 from streamwin import npyfmt
 
 W, S, H, B = 8, 4, 2, 4
@@ -137,13 +136,7 @@ def overlaps(intervals, lo, hi) -> bool:
 
 
 def _booby_trap(mp: pytest.MonkeyPatch) -> None:
-    def no_unpickling(*a, **k):
-        raise AssertionError("shard bytes reached an unpickler")
-
-    mp.setattr(pickle, "loads", no_unpickling)
-    mp.setattr(pickle, "load", no_unpickling)
-    mp.setattr(pickle, "Unpickler", no_unpickling)
-    mp.setattr(np.lib.format, "read_array", no_unpickling)
+    forbid_unpickling(mp)
 
 
 def run_corrupted(p: Pristine, shard: str, ops) -> None:
