@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -76,14 +77,21 @@ def tar_padding(size: int) -> bytes:
 TAR_END = b"\0" * (2 * BLOCK)
 
 
-def expected_npy_header(descr: str, shape: tuple[int, ...], hlen: int) -> bytes | None:
-    """The exact header numpy writes for (descr, C order, shape) in ``hlen`` bytes, or None.
 
-    Comparing a member's header with this is ~100x cheaper than parsing it; only a header
-    written some other way (another numpy, another writer) takes the full parse.
+def npy_header_for(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """``npy_header`` of an array of this dtype and shape, from a cached template: ~1 us instead
+    of numpy's per-call formatting. Headers of arrays that differ only in their length, with
+    as many digits, differ only in those digits. The writer uses it for every member and the
+    reader compares each member's header with it before falling back to a full parse.
     """
-    body = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (descr, tuple(int(s) for s in shape))
-    fill = hlen - 10 - len(body) - 1
-    if fill < 0 or hlen - 10 > 0xFFFF:
-        return None
-    return _MAGIC + b"\x01\x00" + (hlen - 10).to_bytes(2, "little") + body.encode("latin1") + b" " * fill + b"\n"
+    digits = str(int(shape[0]))
+    key = (dtype.str, tuple(shape[1:]), len(digits))
+    parts = _NPY_TEMPLATES.get(key)
+    if parts is None:
+        probe = npy_header(SimpleNamespace(dtype=dtype, shape=(10 ** (len(digits) - 1),) + tuple(shape[1:])))
+        at = probe.index(b"'shape': (") + len(b"'shape': (")
+        parts = _NPY_TEMPLATES[key] = (probe[:at], probe[at + len(digits) :])
+    return parts[0] + digits.encode() + parts[1]
+
+
+_NPY_TEMPLATES: dict[tuple, tuple[bytes, bytes]] = {}

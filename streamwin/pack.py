@@ -37,7 +37,6 @@ import tempfile
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Iterator
 
 import numpy as np
@@ -101,7 +100,7 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
             raise PackError(f"sequence {key!r} has zero length; pass empty='skip' to skip and count such sequences")
         return None
     arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else None)
-    head = npy_header(arr)
+    head = npyfmt.npy_header_for(arr.dtype, arr.shape)
     body = arr.reshape(-1).view(np.uint8)
     hlen = len(head)
     if compression == "zstd":
@@ -139,22 +138,6 @@ def tar_header(name: str, size: int) -> bytes:
     buf[124:136] = size_field
     buf[148:155] = b"%06o\0" % (_TEMPLATE_SUM + sum(raw) + sum(size_field))
     return bytes(buf)
-
-
-def npy_header(arr: np.ndarray) -> bytes:
-    """``npyfmt.npy_header(arr)``, byte for byte, without numpy's per-call formatting: headers of
-    arrays that differ only in their length, with as many digits, differ only in those digits."""
-    digits = str(arr.shape[0])
-    key = (arr.dtype.str, arr.shape[1:], len(digits))
-    parts = _NPY_TEMPLATES.get(key)
-    if parts is None:
-        probe = npyfmt.npy_header(SimpleNamespace(dtype=arr.dtype, shape=(10 ** (len(digits) - 1),) + arr.shape[1:]))
-        at = probe.index(b"'shape': (") + len(b"'shape': (")
-        parts = _NPY_TEMPLATES[key] = (probe[:at], probe[at + len(digits) :])
-    return parts[0] + digits.encode() + parts[1]
-
-
-_NPY_TEMPLATES: dict[tuple, tuple[bytes, bytes]] = {}
 
 
 def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int, str | None, list[int]]:

@@ -87,7 +87,6 @@ class ShardSource:
         self._free: list[np.ndarray] = []  # released block buffers
         self.stats = ReadStats()
         self._header_cache: dict[bytes, tuple] = {}
-        self._descr = np.lib.format.dtype_to_descr(manifest.dtype)
         self._lock = threading.Lock()
 
     def shard_url(self, k: int) -> str:
@@ -209,7 +208,7 @@ class ShardSource:
         m = self.manifest
         shape = (int(m.length[i]),) + m.step_shape
         hlen = int(m.hlen[i])
-        if header == npyfmt.expected_npy_header(self._descr, shape, hlen):
+        if header == npyfmt.npy_header_for(m.dtype, shape):  # the common case, without a parse
             return hlen
         expected = (m.dtype, shape, hlen)
         got = self._header_cache.get(header)
