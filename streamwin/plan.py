@@ -110,8 +110,8 @@ class Plan:
     slice_pos: np.ndarray  # [P + 1] position in V where each slice begins
     stream_lo: np.ndarray  # [S + 1] range of V owned by each stream
     windows_per_stream: int  # L, a multiple of batch_size
+    seq_end: np.ndarray  # [n_seq] step where each sequence's usable data ends (its length, or its view's end)
     view_lo: np.ndarray | None = None  # [n_seq] first step of each sequence's view (splits), or None
-    view_end: np.ndarray | None = None  # [n_seq] end step of each view (None: the sequence's length)
 
     @property
     def total_windows(self) -> int:
@@ -165,9 +165,9 @@ class Plan:
             start = start + self.view_lo[seq]
         return seq, start
 
-    def ends(self, seq: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def ends(self, seq: np.ndarray) -> np.ndarray:
         """Step where each sequence's usable data ends (its length, or its view's end under a split)."""
-        return lengths[seq] if self.view_end is None else self.view_end[seq]
+        return self.seq_end[seq]
 
 
 def make_plan(lengths: np.ndarray, shard_starts: np.ndarray, config: PlanConfig, epoch: int,
@@ -177,10 +177,10 @@ def make_plan(lengths: np.ndarray, shard_starts: np.ndarray, config: PlanConfig,
     ``views`` = (first step, number of steps) per sequence restricts windows to part of each
     sequence (a split: 0 steps excludes a sequence; a temporal holdout keeps a prefix or suffix).
     """
-    view_lo = view_end = None
+    view_lo, seq_end = None, np.asarray(lengths, dtype=np.int64)
     if views is not None:
         view_lo, view_len = (np.asarray(v, dtype=np.int64) for v in views)
-        view_end = view_lo + view_len
+        seq_end = view_lo + view_len
         lengths = view_len
     counts = config.spec.counts(lengths)
     window_starts = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -199,7 +199,7 @@ def make_plan(lengths: np.ndarray, shard_starts: np.ndarray, config: PlanConfig,
         per_stream = b * (int(sizes.min()) // b)
     else:
         per_stream = b * -(-int(sizes.max()) // b) if total else 0
-    return Plan(config, epoch, window_starts, slice_lo, slice_pos, stream_lo, per_stream, view_lo, view_end)
+    return Plan(config, epoch, window_starts, slice_lo, slice_pos, stream_lo, per_stream, seq_end, view_lo)
 
 
 def _cut_slices(shard_window_bounds: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:

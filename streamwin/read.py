@@ -40,7 +40,6 @@ class Block:
 
     buf: np.ndarray
     offs: np.ndarray
-    seq: np.ndarray
     start: np.ndarray
     real: np.ndarray
     valid: np.ndarray
@@ -110,7 +109,7 @@ class ShardSource:
         inv[order] = np.cumsum(new) - 1
         smin = np.minimum.reduceat(start[order], first)
         smax = np.maximum.reduceat(start[order], first)
-        length = plan.ends(uniq, m.length)  # a split's view may end before the sequence does
+        length = plan.ends(uniq)  # a split's view may end before the sequence does
         valid = np.minimum(length[inv] - start, span)
         if m.compression:
             buf, base, bad = self._read_compressed(uniq, span * sb)
@@ -124,7 +123,7 @@ class ShardSource:
             valid = np.where(lost, 0, valid)
             with self._lock:
                 self.stats.skipped_windows += int(lost.sum())
-        return Block(buf, offs, seq, start, real, valid, m.keys(uniq), inv)
+        return Block(buf, offs, start, real, valid, m.keys(uniq), inv)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         """A block buffer of ``nbytes``, reusing a released one when it is large enough.
@@ -232,6 +231,8 @@ class ShardSource:
 
     # -- compressed members: read whole, decompress, lay out the array data ---------------------
     def _read_compressed(self, uniq: np.ndarray, span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        import zstandard
+
         m = self.manifest
         sb = m.step_bytes
         shard = np.searchsorted(m.shard_starts, uniq, side="right") - 1
@@ -241,19 +242,19 @@ class ShardSource:
         tail = max(int(nbytes.max()) if len(uniq) else 0, span_bytes)
         buf = np.zeros(int(base[-1]) + tail, dtype=np.uint8)
         bad = np.zeros(len(uniq), dtype=bool)
+        dctx = zstandard.ZstdDecompressor()
         for j, i in enumerate(uniq.tolist()):
             try:
-                self._decompress_into(buf, int(base[j]), int(nbytes[j]), i, int(shard[j]))
+                self._decompress_into(dctx, buf, int(base[j]), int(nbytes[j]), i, int(shard[j]))
             except ShardError as e:
                 self._skip_or_raise(e)
                 bad[j] = True
         return buf, base[:-1], bad
 
-    def _decompress_into(self, buf: np.ndarray, at: int, nbytes: int, i: int, k: int) -> None:
+    def _decompress_into(self, dctx, buf: np.ndarray, at: int, nbytes: int, i: int, k: int) -> None:
         import zstandard
 
         m = self.manifest
-        dctx = zstandard.ZstdDecompressor()
         off, size = int(m.offset[i]), int(m.size[i])
         raw = bytearray(size)
         self._read_into(k, off, memoryview(raw))
@@ -298,10 +299,14 @@ class ShardSource:
             if got < len(out):
                 raise ShardError(f"cached shard ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
                                  shard=self.shard_url(k), offset=offset + got)
-            with self._lock:
-                self.stats.bytes_read += len(out)
-                self.stats.reads += 1
-            return
+        else:
+            self._read_direct(k, path, offset, out)
+        with self._lock:
+            self.stats.bytes_read += len(out)
+            self.stats.reads += 1
+
+    def _read_direct(self, k: int, path: str, offset: int, out: memoryview) -> None:
+        """Fill ``out`` from the shard itself (local file or object), retrying transient errors."""
         done = 0
         attempt = 0
         while done < len(out):
@@ -323,9 +328,6 @@ class ShardSource:
                                  shard=self.shard_url(k), offset=offset + done)
             done += n
             attempt = 0  # retries bound failures in a row; a read that keeps advancing goes on
-        with self._lock:
-            self.stats.bytes_read += len(out)
-            self.stats.reads += 1
 
     def _read_chunk(self, path: str, offset: int, out: memoryview) -> int:
         if self.local:
