@@ -23,7 +23,7 @@ from .plan import Plan, PlanConfig, WindowSpec, make_plan
 from .read import ShardSource
 from .split import SplitSpec, split_views
 from .storage import load_manifest
-from .world import is_definitive, resolve_world
+from .world import resolve
 
 log = logging.getLogger("streamwin")
 STATE_VERSION = 1
@@ -108,8 +108,8 @@ class WindowDataset(IterableDataset):
     def world(self, refresh: bool = False) -> tuple[int, int]:
         """(rank, world_size) (see streamwin.world); kept once something definitive says who we are."""
         if self._world is None or refresh:
-            world = resolve_world(self._rank, self._world_size)
-            if not is_definitive(self._rank, self._world_size):
+            world, definitive = resolve(self._rank, self._world_size)
+            if not definitive:
                 return world  # single process so far; a later init_process_group may still change it
             self._world = world
         return self._world

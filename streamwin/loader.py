@@ -16,6 +16,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from .dataset import WindowDataset, check_state
 
 log = logging.getLogger("streamwin")
+_META = "streamwin"
 
 
 def _stream_states(obj: Any):
@@ -47,7 +48,6 @@ class _Counted:
 
     def __getattr__(self, name: str):
         return getattr(self._it, name)
-_META = "streamwin"
 
 
 def passthrough(batch: dict) -> dict:
@@ -111,7 +111,8 @@ class WindowLoader(StatefulDataLoader):
     def stats(self) -> dict[str, Any]:
         """What this rank's loader did: batches, windows/s, bytes read, retries, cache hits, skips."""
         totals: dict[str, int] = {}
-        for stream_state in _stream_states(self.state_dict()):
+        states = self.state_dict() if self._iterator is not None else {}  # never start workers just for stats
+        for stream_state in _stream_states(states):
             for k, v in stream_state.get("stats", {}).items():
                 totals[k] = totals.get(k, 0) + v
         elapsed = time.perf_counter() - self._started if self._started else 0.0

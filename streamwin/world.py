@@ -11,15 +11,16 @@ import os
 
 def resolve_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """(rank, world_size) by the rule above; ValueError if they are inconsistent."""
-    return _resolve(rank, world_size)[0]
+    return resolve(rank, world_size)[0]
 
 
 def is_definitive(rank: int | None = None, world_size: int | None = None) -> bool:
     """False when nothing says who we are yet (a later init_process_group still may)."""
-    return _resolve(rank, world_size)[1]
+    return resolve(rank, world_size)[1]
 
 
-def _resolve(rank: int | None, world_size: int | None) -> tuple[tuple[int, int], bool]:
+def resolve(rank: int | None, world_size: int | None) -> tuple[tuple[int, int], bool]:
+    """((rank, world_size), definitive): the answer, and whether anything actually said so."""
     definitive = True
     if rank is None or world_size is None:
         found = _from_distributed() or _from_env("RANK", "WORLD_SIZE") or _from_env("SLURM_PROCID", "SLURM_NTASKS")
