@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import time
 import uuid
 
 from filelock import FileLock
 
 from .errors import ShardError
 from .manifest import ShardEntry
-from .storage import join, load_manifest, url_to_fs
+from .storage import join, load_manifest, url_to_fs, with_retries
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
 COPY_CHUNK = 8 << 20
@@ -71,17 +70,12 @@ class ShardCache:
     def _download(self, url: str, fs, path: str, entry: ShardEntry, local: str) -> None:
         tmp = f"{local}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            for attempt in range(self.retries + 1):
-                try:
-                    digest = _copy(fs, path, tmp)
-                    break
-                except (FileNotFoundError, PermissionError) as e:
-                    raise ShardError(f"cannot fetch shard into the cache: {e}", shard=url) from e
-                except Exception as e:  # transient: start over (a shard is fetched whole)
-                    if attempt == self.retries:
-                        raise ShardError(f"fetch failed after {self.retries} retries: {type(e).__name__}: {e}",
-                                         shard=url) from e
-                    time.sleep(self.backoff * 2 ** attempt)
+            try:  # a transient failure starts the fetch over: a shard is fetched whole
+                digest = with_retries(lambda: _copy(fs, path, tmp), retries=self.retries, backoff=self.backoff)
+            except (FileNotFoundError, PermissionError) as e:
+                raise ShardError(f"cannot fetch shard into the cache: {e}", shard=url) from e
+            except Exception as e:
+                raise ShardError(f"fetch failed after {self.retries} retries: {type(e).__name__}: {e}", shard=url) from e
             size = os.path.getsize(tmp)
             if size != entry.bytes or digest != entry.sha256:
                 raise ShardError(f"checksum mismatch: fetched {size} bytes with sha256 {digest[:16]}..., manifest says "

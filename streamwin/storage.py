@@ -9,13 +9,15 @@ import os
 import posixpath
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import ManifestError
 from .manifest import INDEX_NAME, Manifest, parse_manifest
+
+T = TypeVar("T")
 
 
 def url_to_fs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -57,6 +59,24 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
         pass
 
 
+def with_retries(call: Callable[[], T], *, retries: int, backoff: float) -> T:
+    """``call()``, retried on transient errors with exponential backoff (``backoff``, 2x, 4x, ...).
+
+    A missing or forbidden object (FileNotFoundError, PermissionError) is raised at once; any
+    other error is raised as is once ``retries`` retries have failed too.
+    """
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except (FileNotFoundError, PermissionError):
+            raise
+        except Exception:
+            if attempt == retries:
+                raise
+            time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
+
+
 def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, retries: int = 5,
                   backoff: float = 0.2) -> Manifest:
     """Read ``<url>/index.json``; a missing index means the dataset is not (yet) complete.
@@ -67,19 +87,15 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     fs, root = url_to_fs(url, storage_options)
     path = join(root, INDEX_NAME)
     where = f"{url.rstrip('/')}/{INDEX_NAME}"
-    for attempt in range(retries + 1):
-        try:
-            text = fs.cat_file(path)
-            break
-        except FileNotFoundError as e:
-            raise ManifestError(
-                f"no {INDEX_NAME} at {url}: not a streamwin dataset, or its pack did not finish "
-                "(index.json is written last); rerun the pack, or `streamwin index` existing tar shards"
-            ) from e
-        except PermissionError as e:
-            raise ManifestError(f"cannot read {where}: {e}") from e
-        except Exception as e:  # transient: retry
-            if attempt == retries:
-                raise ManifestError(f"cannot read {where} after {retries} retries: {type(e).__name__}: {e}") from e
-            time.sleep(backoff * 2**attempt)
+    try:
+        text = with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
+    except FileNotFoundError as e:
+        raise ManifestError(
+            f"no {INDEX_NAME} at {url}: not a streamwin dataset, or its pack did not finish "
+            "(index.json is written last); rerun the pack, or `streamwin index` existing tar shards"
+        ) from e
+    except PermissionError as e:
+        raise ManifestError(f"cannot read {where}: {e}") from e
+    except Exception as e:
+        raise ManifestError(f"cannot read {where} after {retries} retries: {type(e).__name__}: {e}") from e
     return parse_manifest(text, where=where)
