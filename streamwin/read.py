@@ -1,5 +1,8 @@
 """Read the sequences a block of windows needs into one contiguous byte buffer.
 
+Local (and node-cached) shards are mapped into the buffer instead of read (see mapped.py):
+the batch gather is then the only copy of a window's bytes.
+
 For each sequence a block touches, only the steps its windows cover are read; the byte
 ranges of neighbouring sequences in a shard are merged, so a slice of many short
 sequences is one read and a window range of one giant sequence is one read too. Every
@@ -9,6 +12,7 @@ fails is a ShardError naming the shard, the member and the byte offset.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -17,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import npyfmt
+from . import mapped, npyfmt
 from .errors import ShardError
 from .manifest import Manifest
 from .plan import Plan
@@ -26,6 +30,7 @@ from .storage import is_local, join, url_to_fs
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
 CHUNK = 4 << 20  # a remote range is fetched in chunks; a retry resumes at the chunk that broke
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
+MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
 
 
 @dataclass
@@ -82,8 +87,11 @@ class ShardSource:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.on_error = on_error
         self.cache = cache  # a streamwin.cache.ShardCache, or None
+        # local and cached shards are mapped, not read: the gather then copies straight from the page cache
+        self.map_files = (self.local or cache is not None) and mapped.available()
         self._pool = None
         self._free: list[np.ndarray] = []  # released block buffers
+        self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
         self.stats = ReadStats()
         self._header_cache: dict[bytes, tuple] = {}
         self._lock = threading.Lock()
@@ -93,6 +101,8 @@ class ShardSource:
 
     def read_block(self, plan: Plan, stream: int, block: int) -> Block:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""
+        with self._lock:
+            self._unmap.clear()
         g, real = plan.block(stream, block)
         seq, start = plan.locate(g)
         m = self.manifest
@@ -141,7 +151,9 @@ class ShardSource:
         """Give a block's buffer back for reuse; the caller must hold no view of it any more."""
         base = block.buf.base if block.buf.base is not None else block.buf
         with self._lock:
-            if len(self._free) < 4 and base.dtype == np.uint8 and base.ndim == 1:
+            if isinstance(base, mapped.MappedBuffer):  # unmapped by the reading thread, off the batch path
+                self._unmap.append(base)
+            elif len(self._free) < 4 and base.dtype == np.uint8 and base.ndim == 1:
                 self._free.append(base)
         block.buf = None
 
@@ -165,7 +177,7 @@ class ShardSource:
             warnings.warn(f"streamwin: skipping unreadable data (on_error='skip'), further skips are counted "
                           f"in loader.stats(): {err}", RuntimeWarning, stacklevel=2)
 
-    # -- uncompressed: byte ranges straight into the block buffer ------------------------------
+    # -- uncompressed: byte ranges mapped, or read, into the block buffer ---------------------
     def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray, tail: int) -> tuple[np.ndarray, np.ndarray]:
         m = self.manifest
         sb = m.step_bytes
@@ -179,29 +191,93 @@ class ShardSource:
         run = np.cumsum(new) - 1
         run_lo = r_lo[first]
         run_hi = np.maximum.reduceat(r_hi, first)
-        sizes = run_hi - run_lo
-        pos = np.zeros(len(first) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=pos[1:])
-        buf = self._buffer(int(pos[-1]) + tail)  # every byte but the tail is overwritten by the reads
-        buf[len(buf) - tail :] = 0
-        base = pos[run] + (data0 - run_lo[run])
-        at = (pos[run] + (m.offset[uniq] - run_lo[run])).tolist()
+        run_shard = shard[first]
+        mapping = None
+        if self.map_files and len(first) <= MAX_MAPPED_RUNS:
+            try:
+                mapping = self._map_runs(run_shard, run_lo, run_hi, tail)
+            except OSError:  # out of address space or mappings: read instead
+                mapping = None
+        buf, run_at, errors = mapping or self._read_runs(run_shard, run_lo, run_hi, tail)
+        base = run_at[run] + (data0 - run_lo[run])
+        at = (run_at[run] + (m.offset[uniq] - run_lo[run])).tolist()
         hlens = m.hlen[uniq].tolist()
         bounds = np.append(first, len(uniq)).tolist()
         bad = np.zeros(len(uniq), dtype=bool)
-        runs = [(int(shard[first[j]]), int(run_lo[j]), memoryview(buf)[pos[j] : pos[j + 1]]) for j in range(len(first))]
-        for j, err in enumerate(self._read_many(runs)):
-            k = runs[j][0]
+        for j, err in enumerate(errors):
             try:
                 if err is not None:
                     raise err
                 for u in range(bounds[j], bounds[j + 1]):
                     if s_lo[u] == 0:  # the read covers this member's .npy header: check it
-                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(uniq[u]), k)
+                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(uniq[u]), int(run_shard[j]))
             except ShardError as e:
                 self._skip_or_raise(self._name_member(e, uniq[bounds[j] : bounds[j + 1]]))
                 bad[bounds[j] : bounds[j + 1]] = True
         return buf, base, bad
+
+    def _read_runs(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: int):
+        """Read each run [lo, hi) of its shard into one buffer, back to back: (buffer, run starts, errors)."""
+        pos = np.zeros(len(lo) + 1, dtype=np.int64)
+        np.cumsum(hi - lo, out=pos[1:])
+        buf = self._buffer(int(pos[-1]) + tail)  # every byte but the tail is overwritten by the reads
+        buf[len(buf) - tail :] = 0
+        runs = [(int(shard[j]), int(lo[j]), memoryview(buf)[pos[j] : pos[j + 1]]) for j in range(len(lo))]
+        return buf, pos[:-1], self._read_many(runs)
+
+    def _map_runs(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: int):
+        """Map each run [lo, hi) of its (local or cached) shard file into one address range.
+
+        No bytes are copied: the gather reads the page cache directly. Each run starts at a
+        page boundary of the range, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors);
+        raises OSError when the system refuses a mapping.
+        """
+        a_lo = lo - lo % mapped.PAGE
+        size = -(-(hi - a_lo) // mapped.PAGE) * mapped.PAGE
+        pos = np.zeros(len(lo) + 1, dtype=np.int64)
+        np.cumsum(size, out=pos[1:])
+        target = mapped.MappedBuffer(int(pos[-1]) + tail)
+        errors: list[ShardError | None] = []
+        for j, k in enumerate(shard.tolist()):
+            try:
+                self._map_run(target, int(pos[j]), k, int(a_lo[j]), int(hi[j]))
+                errors.append(None)
+            except ShardError as e:
+                errors.append(e)
+        return target.array(), pos[:-1] + (lo - a_lo), errors
+
+    def _map_run(self, target: mapped.MappedBuffer, at: int, k: int, lo: int, hi: int) -> None:
+        for attempt in (0, 1):
+            path, hit = self._local_file(k)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+                break
+            except FileNotFoundError as e:  # evicted from the cache by another process: fetch again
+                if self.cache is None or attempt:
+                    raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=lo) from e
+            except OSError as e:
+                raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=lo) from e
+        try:
+            size = os.fstat(fd).st_size
+            if size < hi:  # mapping past the end would fault (SIGBUS) on access
+                raise ShardError(f"shard ends early: wanted bytes {lo}..{hi}, the file has {size}",
+                                 shard=self.shard_url(k), offset=size)
+            target.map_file(at, fd, lo, hi - lo)  # an OSError here makes the caller read instead
+        finally:
+            os.close(fd)
+        with self._lock:
+            self.stats.bytes_read += hi - lo
+            self.stats.reads += 1
+            self.stats.cache_hits += hit
+
+    def _local_file(self, k: int) -> tuple[str, bool]:
+        """(local path of shard k, whether it was a cache hit): the shard itself, or its node-local copy."""
+        path = join(self.root, self.manifest.shards[k].name)
+        if self.cache is None:
+            return path, False
+        entry = self.manifest.shards[k]
+        hit = self.cache.has(self.shard_url(k), entry)
+        return self.cache.fetch(self.shard_url(k), self.fs, path, entry), hit
 
     def _check_header(self, header: bytes, i: int, k: int) -> int:
         m = self.manifest
@@ -285,14 +361,12 @@ class ShardSource:
         return list(self._pool.map(one, runs))
 
     def _read_into(self, k: int, offset: int, out: memoryview) -> None:
-        path = join(self.root, self.manifest.shards[k].name)
         if self.cache is not None:  # node-local copy: fetched once per node, verified, then read locally
-            hit = self.cache.has(self.shard_url(k), self.manifest.shards[k])
-            local = self.cache.fetch(self.shard_url(k), self.fs, path, self.manifest.shards[k])
+            local, hit = self._local_file(k)
             try:
                 got = _read_local(local, offset, out)
             except FileNotFoundError:  # evicted by another process between fetch and read
-                local = self.cache.fetch(self.shard_url(k), self.fs, path, self.manifest.shards[k])
+                local, _ = self._local_file(k)
                 got = _read_local(local, offset, out)
             with self._lock:
                 self.stats.cache_hits += hit
@@ -300,7 +374,7 @@ class ShardSource:
                 raise ShardError(f"cached shard ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
                                  shard=self.shard_url(k), offset=offset + got)
         else:
-            self._read_direct(k, path, offset, out)
+            self._read_direct(k, join(self.root, self.manifest.shards[k].name), offset, out)
         with self._lock:
             self.stats.bytes_read += len(out)
             self.stats.reads += 1

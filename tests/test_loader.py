@@ -220,3 +220,50 @@ def test_state_taken_after_an_epoch_ends_does_not_replay_it(tiny, workers):
     assert run(restored) == []  # epoch 0 was finished: nothing of it is yielded again
     restored.set_epoch(1)
     assert same(run(restored), second) and len(first) == len(second)
+
+
+def test_mapped_and_copied_reads_give_identical_epochs(tiny, monkeypatch):
+    """Local shards are mapped (no read copy); the read-into-memory path must give the same bits."""
+    url, seqs = tiny
+    from streamwin import mapped
+
+    assert mapped.available()
+    mapped_run = run(make(url, pad=True))
+    monkeypatch.setattr(mapped, "available", lambda: False)
+    copied_run = run(make(url, pad=True))
+    assert same(mapped_run, copied_run) and len(mapped_run) > 0
+    for b in mapped_run:
+        check_batch(b, seqs, W, H, True)
+
+
+def test_batches_outlive_the_mapped_blocks_they_came_from(tiny):
+    """A batch is a copy: blocks are unmapped as the epoch goes, and every batch kept stays valid."""
+    import gc
+
+    from streamwin import mapped
+
+    url, seqs = tiny
+    loader = make(url, shuffle_buffer=16)  # small blocks: many are mapped and unmapped in one epoch
+    kept = list(loader)  # the tensors themselves, no clone
+    del loader
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is mapped.MappedBuffer], "a batch still holds a mapping"
+    assert len(kept) > 4
+    for b in kept:
+        check_batch(b, seqs, W, H, False)
+
+
+def test_a_refused_mapping_falls_back_to_reading(tiny, monkeypatch):
+    """When the system refuses a mapping (out of mappings or address space), the block is read instead."""
+    import errno
+
+    from streamwin import mapped
+
+    url, seqs = tiny
+    expected = run(make(url))
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "no more mappings")
+
+    monkeypatch.setattr(mapped.MappedBuffer, "map_file", refuse)
+    assert same(run(make(url)), expected)

@@ -1,0 +1,97 @@
+"""Byte ranges of local files mapped side by side into one read-only address range.
+
+A block's windows are cut straight from the page cache: each byte range is mapped (mmap,
+MAP_FIXED) at its place in one reserved range, so the block needs no read copy and the
+batch gather is the only copy a window's bytes ever make. The tail of the reservation stays
+anonymous zero pages, which padded windows may read.
+
+The mapping is unmapped when the last numpy view of it is gone (``MappedBuffer.__del__``),
+so no view can outlive it. Linux and macOS; elsewhere ``available()`` is False and callers
+read into ordinary memory.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+_PROT_READ = 0x1
+_MAP_PRIVATE = 0x02
+_MAP_FIXED = 0x10
+_MAP_ANONYMOUS = 0x20 if sys.platform.startswith("linux") else 0x1000
+# fill the page tables up front, on the reading thread (it releases the GIL), not on first touch
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_MAP_NORESERVE = 0x4000 if sys.platform.startswith("linux") else 0x40
+_FAILED = ctypes.c_void_p(-1).value
+
+_libc = None
+
+
+def available() -> bool:
+    """True where mmap with MAP_FIXED can be called (Linux, macOS)."""
+    global _libc
+    if _libc is None:
+        if not (sys.platform.startswith("linux") or sys.platform == "darwin"):
+            _libc = False
+        else:
+            try:
+                lib = ctypes.CDLL(None, use_errno=True)
+                lib.mmap.restype = ctypes.c_void_p
+                lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_int64]
+                lib.munmap.restype = ctypes.c_int
+                lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+                _libc = lib
+            except (OSError, AttributeError):
+                _libc = False
+    return _libc is not False
+
+
+def page_floor(offset: int) -> int:
+    return offset - offset % PAGE
+
+
+def page_ceil(nbytes: int) -> int:
+    return -(-nbytes // PAGE) * PAGE
+
+
+class MappedBuffer:
+    """``nbytes`` of reserved address space, read-only, zero until file ranges are mapped in."""
+
+    def __init__(self, nbytes: int):
+        if not available():
+            raise OSError("mmap with MAP_FIXED is not available on this platform")
+        self.nbytes = page_ceil(max(nbytes, 1))
+        addr = _libc.mmap(None, self.nbytes, _PROT_READ, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        if addr in (None, _FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot reserve {self.nbytes} bytes of address space: {os.strerror(err)}")
+        self.addr = addr
+        self.__array_interface__ = {"data": (addr, True), "shape": (self.nbytes,), "typestr": "|u1", "version": 3}
+
+    def map_file(self, at: int, fd: int, file_offset: int, nbytes: int) -> None:
+        """Map ``nbytes`` of open file ``fd`` from ``file_offset`` (both page-aligned) at byte ``at``.
+
+        The caller guarantees the file holds at least one byte of every page mapped (else a
+        read of that page would raise SIGBUS).
+        """
+        if at % PAGE or file_offset % PAGE or at + nbytes > self.nbytes:
+            raise ValueError("unaligned or out-of-range mapping")
+        size = page_ceil(nbytes)
+        got = _libc.mmap(self.addr + at, size, _PROT_READ, _MAP_PRIVATE | _MAP_FIXED | _MAP_POPULATE, fd, file_offset)
+        if got != self.addr + at:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {size} bytes at file offset {file_offset} failed: {os.strerror(err)}")
+
+    def array(self) -> np.ndarray:
+        """A read-only uint8 view; the mapping lives as long as any view of it."""
+        return np.asarray(self)
+
+    def __del__(self) -> None:
+        if getattr(self, "addr", None) and _libc:
+            _libc.munmap(self.addr, self.nbytes)
+            self.addr = None
