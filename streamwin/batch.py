@@ -1,24 +1,51 @@
 """Gather windows from a block's byte buffer into batch arrays, one vectorized copy each.
 
 A window is ``window * step_bytes`` contiguous bytes starting at ``Block.offs[i]``. Viewing
-the block buffer as an array of such byte strings with a stride of one byte lets numpy's
-fancy indexing copy all windows of a batch in one call, with no Python per window.
+the block buffer as rows of that many bytes with a row stride of one byte lets a single
+``torch.index_select`` copy all windows of a batch, with no Python per window. torch runs
+the copy without the GIL and on its intra-op threads, so it overlaps the block reader and
+uses every core torch is given (DataLoader workers get one each).
+
+Batch arrays are reused once nothing outside holds them any more (``BatchArrays``), so the
+copy writes into memory that is already mapped and warm in cache instead of fresh pages.
 """
 from __future__ import annotations
 
+import sys
+import warnings
+
 import numpy as np
+import torch
 
 from .manifest import Manifest
 from .plan import WindowSpec
 from .read import Block
 
 
-def _byte_windows(buf: np.ndarray, nbytes: int) -> np.ndarray:
-    """A read-only view of ``buf`` whose item i is the ``nbytes`` bytes starting at byte i."""
-    count = max(len(buf) - nbytes + 1, 0)
-    view = np.ndarray(shape=(count,), dtype=np.dtype((np.void, nbytes)), buffer=buf, offset=0, strides=(1,))
-    view.flags.writeable = False
-    return view
+class BatchArrays:
+    """A few batch-sized byte arrays, each handed out again only when no one else refers to it.
+
+    Every view of an array (numpy views, tensors made with ``torch.from_numpy``, a batch a
+    training loop kept) holds a reference to it, so a reference count of one (this pool's)
+    means its contents are nobody's any more. A consumer that keeps every batch just makes
+    the pool allocate fresh arrays; nothing it holds is ever overwritten.
+    """
+
+    def __init__(self, keep: int = 6):
+        self.keep = keep
+        self._arrays: list[np.ndarray] = []
+
+    def get(self, nbytes: int) -> np.ndarray:
+        arrays = self._arrays
+        for i in range(len(arrays)):
+            # 2 = the list's reference + getrefcount's argument: nothing else holds it
+            if len(arrays[i]) == nbytes and sys.getrefcount(arrays[i]) == 2:
+                return arrays[i]
+        fresh = np.empty(nbytes, dtype=np.uint8)
+        if len(arrays) >= self.keep:
+            arrays.pop(0)
+        arrays.append(fresh)
+        return fresh
 
 
 def _cat(parts: list[tuple[Block, int, int]], name: str) -> np.ndarray:
@@ -27,6 +54,17 @@ def _cat(parts: list[tuple[Block, int, int]], name: str) -> np.ndarray:
         block, lo, hi = parts[0]
         return getattr(block, name)[lo:hi]
     return np.concatenate([getattr(b, name)[lo:hi] for b, lo, hi in parts])
+
+
+def _byte_rows(block: Block) -> torch.Tensor:
+    """The block buffer as a uint8 tensor (made once per block; a mapped buffer is read-only)."""
+    rows = block.buf_tensor
+    if rows is None:
+        with warnings.catch_warnings():  # read-only mapping: nothing ever writes through this tensor
+            warnings.simplefilter("ignore", UserWarning)
+            rows = torch.from_numpy(block.buf)
+        block.buf_tensor = rows
+    return rows
 
 
 class Gatherer:
@@ -39,6 +77,7 @@ class Gatherer:
         self.step_shape = manifest.step_shape
         self.sb = manifest.step_bytes
         self.with_weight = with_weight
+        self.arrays = BatchArrays()
 
     def gather(self, parts: list[tuple[Block, int, int]]) -> dict:
         """Batch of the windows ``block.offs[lo:hi]`` of each part, in order."""
@@ -64,6 +103,14 @@ class Gatherer:
 
     def _take(self, parts: list[tuple[Block, int, int]], shift: int, steps: int) -> np.ndarray:
         nbytes = steps * self.sb
-        chunks = [_byte_windows(b.buf, nbytes)[b.offs[lo:hi] + shift] for b, lo, hi in parts]
-        raw = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-        return raw.view(np.uint8).view(self.dtype).reshape((len(raw), steps) + self.step_shape)
+        n = sum(hi - lo for _, lo, hi in parts)
+        raw = self.arrays.get(n * nbytes)
+        dest = torch.from_numpy(raw).view(n, nbytes)
+        at = 0
+        for b, lo, hi in parts:
+            buf = _byte_rows(b)
+            rows = buf.as_strided((max(len(buf) - nbytes + 1, 0), nbytes), (1, 1))
+            torch.index_select(rows, 0, torch.from_numpy(b.offs[lo:hi] + shift), out=dest[at : at + hi - lo])
+            at += hi - lo
+        del dest
+        return raw.view(self.dtype).reshape((n, steps) + self.step_shape)

@@ -50,6 +50,7 @@ class Block:
     valid: np.ndarray
     keys: list[str]  # keys of the block's distinct sequences
     key_index: np.ndarray  # window i belongs to keys[key_index[i]]
+    buf_tensor: Any = None  # the gatherer's tensor view of buf, made once; dropped with buf
 
     def batch_keys(self, lo: int, hi: int) -> list[str]:
         keys = self.keys
@@ -133,6 +134,12 @@ class ShardSource:
             valid = np.where(lost, 0, valid)
             with self._lock:
                 self.stats.skipped_windows += int(lost.sum())
+        if os.environ.get("SW_SORT"):
+            # within each batch, windows in buffer order: the gather then reads memory front to back
+            cfg = plan.config
+            batch_of = (block * cfg.block_windows + np.arange(len(offs))) // cfg.batch_size
+            order = np.argsort(batch_of * (len(buf) + 1) + offs)
+            offs, start, real, valid, inv = offs[order], start[order], real[order], valid[order], inv[order]
         return Block(buf, offs, start, real, valid, m.keys(uniq), inv)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
@@ -155,7 +162,7 @@ class ShardSource:
                 self._unmap.append(base)
             elif len(self._free) < 4 and base.dtype == np.uint8 and base.ndim == 1:
                 self._free.append(base)
-        block.buf = None
+        block.buf = block.buf_tensor = None
 
     def _name_member(self, err: ShardError, seqs: np.ndarray) -> ShardError:
         """The same error, naming the member whose bytes hold the failing offset."""

@@ -10,7 +10,7 @@ PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it
 ORDER = ["errors", "keys", "manifest", "npyfmt", "storage", "mapped", "plan", "split", "sources", "pack", "index",
          "cache", "read", "batch", "nodes", "world", "dataset", "loader", "cli", "__init__"]
-TORCH_ALLOWED = {"nodes", "world", "dataset", "loader", "cli", "__init__"}
+TORCH_ALLOWED = {"batch", "nodes", "world", "dataset", "loader", "cli", "__init__"}
 
 
 def imports(module: str) -> set[str]:

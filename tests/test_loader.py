@@ -236,21 +236,44 @@ def test_mapped_and_copied_reads_give_identical_epochs(tiny, monkeypatch):
         check_batch(b, seqs, W, H, True)
 
 
-def test_batches_outlive_the_mapped_blocks_they_came_from(tiny):
-    """A batch is a copy: blocks are unmapped as the epoch goes, and every batch kept stays valid."""
+@pytest.mark.parametrize("workers,prefetch", [(0, 0), (0, 2), (2, 0)])
+def test_batches_kept_stay_intact(tiny, workers, prefetch):
+    """A batch is never a view of a block, and its arrays are reused only once no one holds them.
+
+    Every batch of the epoch is kept as yielded (no clone) while blocks are unmapped and batch
+    arrays recycled behind it; each must still equal the naive slices of its sequences.
+    """
     import gc
 
     from streamwin import mapped
 
     url, seqs = tiny
-    loader = make(url, shuffle_buffer=16)  # small blocks: many are mapped and unmapped in one epoch
-    kept = list(loader)  # the tensors themselves, no clone
+    loader = make(url, workers, shuffle_buffer=16, prefetch=prefetch)  # small blocks: many mapped and unmapped
+    kept = list(loader)  # the tensors themselves
     del loader
     gc.collect()
     assert not [o for o in gc.get_objects() if type(o) is mapped.MappedBuffer], "a batch still holds a mapping"
     assert len(kept) > 4
     for b in kept:
         check_batch(b, seqs, W, H, False)
+
+
+def test_batch_arrays_are_reused_only_when_released():
+    from streamwin.batch import BatchArrays
+
+    pool = BatchArrays(keep=2)
+    a = pool.get(64)
+    held = torch.from_numpy(a.view(np.float32).reshape(4, 4))  # what a consumer holds
+    del a
+    b = pool.get(64)
+    assert not np.shares_memory(b, held.numpy())
+    del b
+    c = pool.get(64)  # b was released: reused
+    assert not np.shares_memory(c, held.numpy())
+    del held, c
+    d = pool.get(64)
+    e = pool.get(64)
+    assert not np.shares_memory(d, e)  # both free, but one is handed out twice never
 
 
 def test_a_refused_mapping_falls_back_to_reading(tiny, monkeypatch):
