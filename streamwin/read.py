@@ -134,12 +134,6 @@ class ShardSource:
             valid = np.where(lost, 0, valid)
             with self._lock:
                 self.stats.skipped_windows += int(lost.sum())
-        if os.environ.get("SW_SORT"):
-            # within each batch, windows in buffer order: the gather then reads memory front to back
-            cfg = plan.config
-            batch_of = (block * cfg.block_windows + np.arange(len(offs))) // cfg.batch_size
-            order = np.argsort(batch_of * (len(buf) + 1) + offs)
-            offs, start, real, valid, inv = offs[order], start[order], real[order], valid[order], inv[order]
         return Block(buf, offs, start, real, valid, m.keys(uniq), inv)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
