@@ -185,8 +185,9 @@ class RangeReader:
         return len(data)
 
     def _url(self, path: str, fresh: bool = False) -> str | None:
-        if self.kind == "http":
-            return str(self.fs.encode_url(path))
+        if self.kind == "http":  # quoted as fsspec's own client would send it
+            encode = getattr(self.fs, "encode_url", None)
+            return str(encode(path)) if encode is not None else path
         with self._lock:
             url, at = self._signed.get(path, (None, 0.0))
         if url is None or fresh or time.monotonic() - at > PRESIGN_SECONDS / 2:
