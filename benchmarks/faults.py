@@ -5,8 +5,9 @@ Cases (one epoch each, num_workers=0, the perf-notes window/batch/shuffle setup)
   local            the corpus read from local files: the ceiling for the rest
   http             the same epoch through the loopback HTTP server (tests/servers.py), no faults
   http drop/N MB   the server cuts the connection each time N MB of body bytes went out
-                   (FaultPlan.drop_every_bytes); streamwin retries from the 4 MB chunk that
-                   broke, with its default backoff (0.2 s, doubling)
+                   (FaultPlan.drop_every_bytes); streamwin resumes at the byte where the
+                   stream broke, after its default backoff (0.2 s, doubling); "re-sent MB"
+                   counts the body bytes the server sent beyond index.json and the bytes read
   cache cold       http with ``cache_dir`` set, cache empty: whole shards are fetched, verified
                    (sha256) and read locally
   cache warm       the same, cache already full: no shard GET reaches the server
@@ -89,6 +90,7 @@ def measure(corpus: Path, drop_every_mb: list[float], repeats: int, resume_repea
     local_url = str(corpus)
     srv = HTTPFileServer(corpus.parent)
     url = srv.url_for(corpus.name)
+    index_bytes = (corpus / "index.json").stat().st_size
     cache_root = Path(tempfile.mkdtemp(prefix="streamwin-faults-cache-"))
     cases = [("local", None), ("http", None)] + [(f"http drop/{n:g} MB", n) for n in drop_every_mb] + \
             [("cache cold", None), ("cache warm", None)]
@@ -105,7 +107,8 @@ def measure(corpus: Path, drop_every_mb: list[float], repeats: int, resume_repea
                 kw = {"cache_dir": str(cache_dir)} if name.startswith("cache") else {}
                 r = run_epoch(make_loader(local_url if name == "local" else url, **kw))
                 fs = srv.stats
-                r.update(shard_gets=fs.get_requests, drops=fs.drops, served_mb=fs.bytes_served / 1e6)
+                r.update(shard_gets=fs.get_requests, drops=fs.drops, served_mb=fs.bytes_served / 1e6,
+                         resent_mb=(fs.bytes_served - index_bytes - r["bytes_read"]) / 1e6 if name.startswith("http") else None)
                 results.setdefault(name, []).append(r)
         # resume latency, over http and local
         resume: dict[str, list[float]] = {}
@@ -145,6 +148,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "epoch_s": statistics.median(r["seconds"] for r in runs),
             "first_batch_s": statistics.median(r["first_batch_s"] for r in runs),
             "retries": max(r["retries"] for r in runs),
+            "resent_mb": None if runs[0]["resent_mb"] is None else max(r["resent_mb"] for r in runs),
             "drops": max(r["drops"] for r in runs),
             "shard_gets": max(r["shard_gets"] for r in runs) if name != "local" else 0,
             "cache_hits": max(r["cache_hits"] for r in runs),
@@ -156,12 +160,14 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
 
 def table(s: dict[str, Any]) -> str:
     http = s["epochs"]["http"]["windows_per_s"]
-    lines = ["| case | windows/s | MB/s | vs http | epoch s | first batch s | shard GETs | drops | retries | cache hits | same batches |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
+    lines = ["| case | windows/s | MB/s | vs http | epoch s | first batch s | shard GETs | drops | retries | re-sent MB "
+             "| cache hits | same batches |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
     for name, r in s["epochs"].items():
+        resent = "-" if r["resent_mb"] is None else f"{r['resent_mb']:.1f}"
         lines.append(f"| {name} | {r['windows_per_s']:,.0f} | {r['mb_per_s']:,.0f} | {r['windows_per_s'] / http:.2f}x | "
                      f"{r['epoch_s']:.2f} | {r['first_batch_s']:.3f} | {r['shard_gets']} | {r['drops']} | "
-                     f"{r['retries']} | {r['cache_hits']} | {'yes' if r['same_batches'] else 'NO'} |")
+                     f"{r['retries']} | {resent} | {r['cache_hits']} | {'yes' if r['same_batches'] else 'NO'} |")
     lines += ["", "| first batch after | seconds |", "|---|---:|"]
     for k, v in s["resume"].items():
         if not k.startswith("state bytes"):
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, help="corpus size as a multiple of the quick corpus (default 4; --quick: 1)")
     parser.add_argument("--corpus", help="an existing corpus directory (default: bench_data/<by spec>)")
     parser.add_argument("--drop-every-mb", type=float, nargs="+", default=[16.0, 64.0],
-                        help="fault cases: cut the connection every N MB served (N above the 4 MB read chunk)")
+                        help="fault cases: cut the connection every N MB served")
     parser.add_argument("--repeats", type=int, help="epochs per case, median reported (default 3; --quick: 1)")
     parser.add_argument("--resume-repeats", type=int, help="resume measurements (default 5; --quick: 3)")
     parser.add_argument("--json", help="also write the results here")
@@ -187,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     scale = args.scale if args.scale is not None else (1.0 if args.quick else 4.0)
     repeats = args.repeats or (1 if args.quick else 3)
     resume_repeats = args.resume_repeats or (3 if args.quick else 5)
-    if any(n <= 4 for n in args.drop_every_mb):
-        parser.error("--drop-every-mb must exceed 4 (the read chunk): a chunk longer than the fault interval never completes")
+    if any(n <= 0 for n in args.drop_every_mb):
+        parser.error("--drop-every-mb must be positive")
     spec = data.CorpusSpec.quick() if scale == 1 else data.CorpusSpec.quick().scaled(scale)
     corpus = Path(args.corpus) if args.corpus else data.write_corpus(data.default_dir(spec), spec)
     started = time.perf_counter()

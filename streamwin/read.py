@@ -25,10 +25,9 @@ from . import mapped, npyfmt
 from .errors import ShardError
 from .manifest import Manifest
 from .plan import Plan
-from .storage import is_local, join, url_to_fs
+from .storage import BrokenRead, RangeReader, is_local, join, url_to_fs
 
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
-CHUNK = 4 << 20  # a remote range is fetched in chunks; a retry resumes at the chunk that broke
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
 
@@ -83,6 +82,7 @@ class ShardSource:
         self.manifest = manifest
         self.fs, self.root = url_to_fs(url, storage_options)
         self.local = is_local(self.fs)
+        self.ranges = None if self.local else RangeReader(self.fs)  # streamed GETs, pooled connections
         self.retries, self.backoff = retries, backoff
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -381,16 +381,25 @@ class ShardSource:
             self.stats.reads += 1
 
     def _read_direct(self, k: int, path: str, offset: int, out: memoryview) -> None:
-        """Fill ``out`` from the shard itself (local file or object), retrying transient errors."""
+        """Fill ``out`` from the shard itself (local file or object), retrying transient errors.
+
+        Each attempt asks for everything from the first byte not yet in ``out``: a remote read
+        is one streamed GET, and when it breaks, the bytes it delivered stay (BrokenRead says
+        how many). ``retries`` bounds failures in a row: an attempt that delivered bytes before
+        it broke starts the count anew, so a long range on a flaky link goes on as long as it
+        advances.
+        """
         done = 0
         attempt = 0
         while done < len(out):
             try:
-                n = self._read_chunk(path, offset + done, out[done : done + (len(out) - done if self.local else CHUNK)])
+                n = self._read_some(path, offset + done, out[done:])
             except (FileNotFoundError, PermissionError) as e:
                 raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset + done) from e
             except Exception as e:  # transient storage errors: retry from the byte where it broke
-                attempt += 1
+                got = e.delivered if isinstance(e, BrokenRead) else 0
+                done += got
+                attempt = 1 if got else attempt + 1
                 if attempt > self.retries:
                     raise ShardError(f"read failed after {self.retries} retries: {type(e).__name__}: {e}",
                                      shard=self.shard_url(k), offset=offset + done) from e
@@ -404,12 +413,11 @@ class ShardSource:
             done += n
             attempt = 0  # retries bound failures in a row; a read that keeps advancing goes on
 
-    def _read_chunk(self, path: str, offset: int, out: memoryview) -> int:
+    def _read_some(self, path: str, offset: int, out: memoryview) -> int:
+        """Bytes read into the front of ``out`` from ``offset``; 0 when the shard ends there."""
         if self.local:
             return _read_local(path, offset, out)
-        data = self.fs.cat_file(path, start=offset, end=offset + len(out))
-        out[: len(data)] = data
-        return len(data)
+        return self.ranges.read_into(path, offset, out)
 
 
 def _read_local(path: str, offset: int, out: memoryview) -> int:

@@ -1,4 +1,4 @@
-"""Storage access over fsspec: URLs, atomic writes, and reading the manifest.
+"""Storage access over fsspec: URLs, atomic writes, streamed byte ranges, the manifest.
 
 Everything that touches a filesystem goes through here, so local paths, file://, s3://,
 gs://, http(s):// and memory:// behave the same.
@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
+import sys
+import threading
 import time
 import uuid
 from typing import Any, Callable, TypeVar
 
 import fsspec
+import urllib3
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import ManifestError
@@ -99,3 +103,188 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     except Exception as e:
         raise ManifestError(f"cannot read {where} after {retries} retries: {type(e).__name__}: {e}") from e
     return parse_manifest(text, where=where)
+
+
+# -- byte ranges of remote objects ------------------------------------------------------------
+
+CHUNK = 4 << 20  # cat_file fallback: a range is fetched in chunks; a retry re-fetches the chunk that broke
+PIECE = 1 << 20  # streamed GETs: at most this much per socket read
+HTTP_TIMEOUTS = (30.0, 300.0)  # connect, read: aiohttp's defaults, which fsspec's http used until now
+S3_TIMEOUTS = (60.0, 60.0)  # botocore's connect_timeout and read_timeout defaults
+PRESIGN_SECONDS = 3600  # a presigned s3 URL is used for half its lifetime, then signed anew
+_HTTP_OPTIONS = {"headers", "timeout", "auth"}  # HTTPFileSystem options a streamed GET reproduces
+
+
+class BrokenRead(Exception):
+    """A ranged GET that failed after ``delivered`` bytes of the caller's buffer were filled.
+
+    Why: the ``__cause__`` (a dropped connection, a read time-out, a body that ended before
+    its length), or, with no cause, the message (an error answer such as 503 or 429, with
+    ``delivered`` 0). The bytes before ``delivered`` are good; a retry asks for the rest.
+    """
+
+    def __init__(self, message: str, delivered: int):
+        super().__init__(message)
+        self.delivered = delivered
+
+
+class RangeReader:
+    """Reads byte ranges of one remote filesystem's objects into caller buffers.
+
+    ``read_into(path, offset, out)`` fills a prefix of ``out`` with the object's bytes from
+    ``offset`` and returns how many: at least 1, or 0 when the object has no byte at
+    ``offset``. The caller calls again for the rest. How depends on the filesystem:
+
+    - http(s):// (fsspec HTTPFileSystem) and s3:// (s3fs): ONE ranged GET for all of
+      ``out``, copied into it as the bytes arrive (urllib3, one socket read at a time, so
+      a thread pool of reads overlaps; socket reads release the GIL). A transfer that
+      breaks raises BrokenRead naming how many bytes it delivered, so a retry resumes at
+      that very byte and a connection dropped mid-range costs only the next request's
+      headers. http uses the URL with the ``headers``, ``auth`` and ``timeout`` of the
+      filesystem's options; s3 a presigned GET URL from s3fs, which carries whatever
+      credentials, endpoint and region s3fs was given (cached per object, signed anew
+      once on a 403). Connections are pooled per reader.
+    - anything else, or options a plain GET cannot reproduce (another aiohttp client,
+      requester-pays or SSE-C s3, a proxy, an s3fs that cannot presign): ``fs.cat_file``
+      of at most CHUNK bytes; a failure loses the chunk in flight.
+
+    Errors: FileNotFoundError (404) and PermissionError (401/403) are final; anything else
+    is transient, for the caller to retry.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem):
+        self.fs = fs
+        self._signed: dict[str, tuple[str, float]] = {}  # s3 path -> (presigned URL, when signed)
+        self._lock = threading.Lock()
+        self.kind = _streamable(fs)
+        if self.kind is None:
+            return
+        opts = fs.client_kwargs if self.kind == "s3" else {**fs.client_kwargs, **fs.kwargs}
+        self.headers = {"Accept-Encoding": "identity"}  # the bytes as stored, never re-encoded
+        if self.kind == "http":
+            self.headers.update(dict(fs.client_kwargs.get("headers") or {}))
+            self.headers.update(dict(fs.kwargs.get("headers") or {}))
+            if opts.get("auth") is not None:  # an aiohttp.BasicAuth
+                self.headers["Authorization"] = opts["auth"].encode()
+        connect, read = _timeouts(fs, self.kind, opts)
+        verify = opts.get("verify", True)
+        self._pool = urllib3.PoolManager(
+            maxsize=16, cert_reqs="CERT_REQUIRED" if verify is not False else "CERT_NONE",
+            ca_certs=verify if isinstance(verify, str) else None,
+            timeout=urllib3.Timeout(connect=connect, read=read),
+            # no retries of urllib3's own: every retry is streamwin's, counted and resumed at the byte
+            retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5))
+
+    def read_into(self, path: str, offset: int, out: memoryview) -> int:
+        if self.kind is not None:
+            url = self._url(path)
+            if url is not None:
+                return self._get_into(path, url, offset, out)
+        data = self.fs.cat_file(path, start=offset, end=offset + min(len(out), CHUNK))
+        out[: len(data)] = data
+        return len(data)
+
+    def _url(self, path: str, fresh: bool = False) -> str | None:
+        if self.kind == "http":  # quoted as fsspec's own client would send it
+            encode = getattr(self.fs, "encode_url", None)
+            return str(encode(path)) if encode is not None else path
+        with self._lock:
+            url, at = self._signed.get(path, (None, 0.0))
+        if url is None or fresh or time.monotonic() - at > PRESIGN_SECONDS / 2:
+            try:
+                url = self.fs.url(path, expires=PRESIGN_SECONDS)
+            except Exception:  # no credentials to sign with, an old s3fs: cat_file from now on
+                self.kind = None
+                return None
+            with self._lock:
+                self._signed[path] = (url, time.monotonic())
+        return url
+
+    def _get_into(self, path: str, url: str, offset: int, out: memoryview, resigned: bool = False) -> int:
+        """One ranged GET into ``out``; the bytes delivered (short only at the object's end)."""
+        what = f"GET {path} bytes {offset}-{offset + len(out) - 1}"  # never the presigned URL: it is a credential
+        headers = {**self.headers, "Range": f"bytes={offset}-{offset + len(out) - 1}"}
+        try:
+            resp = self._pool.request("GET", url, headers=headers, preload_content=False, decode_content=False)
+        except urllib3.exceptions.MaxRetryError as e:  # a connect error or a stall before the headers
+            raise BrokenRead(f"{what}: {type(e.reason).__name__}: {e.reason}", 0) from e.reason
+        except Exception as e:
+            raise BrokenRead(f"{what}: {type(e).__name__}: {e}", 0) from e
+        try:
+            want = self._check(resp, path, offset, len(out), what, may_resign=self.kind == "s3" and not resigned)
+            if want < 0:  # 403 to a presigned URL: it may have expired early (rotated credentials); sign anew once
+                url = self._url(path, fresh=True)
+                if url is None:
+                    raise PermissionError(f"{path}: HTTP {resp.status}, and the URL cannot be signed anew")
+                return self._get_into(path, url, offset, out, resigned=True)
+            done = 0
+            try:
+                while done < want:
+                    data = resp.read1(min(want - done, PIECE))
+                    if not data:
+                        break
+                    out[done : done + len(data)] = data
+                    done += len(data)
+            except Exception as e:
+                raise BrokenRead(f"{what}: the stream broke after {done} of {want} bytes: {type(e).__name__}: {e}",
+                                 done) from e
+            if done < want:
+                raise BrokenRead(f"{what}: the body ended after {done} of {want} bytes", done)
+            return done
+        finally:
+            if not resp.closed:  # body not read to its end (an object of which we wanted a prefix, a long
+                resp.close()     # error page): this connection cannot serve another request
+            resp.release_conn()
+
+    def _check(self, resp, path: str, offset: int, size: int, what: str, may_resign: bool) -> int:
+        """How many body bytes belong to the range (-1: sign anew and retry); raises for error answers."""
+        status = resp.status
+        if status == 206:
+            m = re.match(r"bytes (\d+)-(\d+)/", resp.headers.get("Content-Range", ""))
+            if m is None or int(m.group(1)) != offset:
+                raise BrokenRead(f"{what}: answered with Content-Range {resp.headers.get('Content-Range')!r}", 0)
+            return min(size, int(m.group(2)) - offset + 1)
+        if status == 200 and offset == 0:  # the server ignored the Range header: the object's head is ours
+            return size if resp.length_remaining is None else min(size, resp.length_remaining)
+        body = resp.read(2048) if status != 200 else b""
+        code = re.search(rb"<Code>([^<]{1,64})</Code>", body)  # s3's error code (SlowDown, NoSuchKey, ...)
+        text = f"HTTP {status} {resp.reason or ''}".rstrip() + (f" ({code.group(1).decode()})" if code else "")
+        if status == 416:
+            return 0
+        if status == 404:
+            raise FileNotFoundError(f"{path}: {text}")
+        if status in (401, 403):
+            if may_resign:
+                return -1
+            raise PermissionError(f"{path}: {text}")
+        if status == 200:
+            text = "HTTP 200: the server ignored the Range header"
+        raise BrokenRead(f"{what}: {text}", 0)
+
+
+def _streamable(fs: fsspec.AbstractFileSystem) -> str | None:
+    """"http" or "s3" when a plain ranged GET reads ``fs``'s objects as fsspec would, else None."""
+    http = sys.modules.get("fsspec.implementations.http")
+    if http is not None and isinstance(fs, http.HTTPFileSystem):
+        same = fs.get_client is http.get_client and not (set(fs.client_kwargs) | set(fs.kwargs)) - _HTTP_OPTIONS
+        return "http" if same else None
+    s3fs = sys.modules.get("s3fs")
+    if s3fs is not None and isinstance(fs, s3fs.S3FileSystem):
+        plain = not (fs.req_kw or fs.s3_additional_kwargs or (fs.config_kwargs or {}).get("proxies"))
+        proxied = any(os.environ.get(v) for v in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"))
+        return "s3" if plain and not proxied else None
+    return None
+
+
+def _timeouts(fs: fsspec.AbstractFileSystem, kind: str, opts: dict) -> tuple[float | None, float | None]:
+    """(connect, read) seconds; read bounds each socket read, so it catches a stall, not a long body."""
+    if kind == "s3":
+        ck = fs.config_kwargs or {}
+        return ck.get("connect_timeout", S3_TIMEOUTS[0]), ck.get("read_timeout", S3_TIMEOUTS[1])
+    t = opts.get("timeout")
+    if t is None:
+        return HTTP_TIMEOUTS
+    if isinstance(t, (int, float)):
+        return float(t), float(t)
+    connect = getattr(t, "sock_connect", None) or getattr(t, "connect", None) or getattr(t, "total", None)
+    return connect, getattr(t, "sock_read", None) or getattr(t, "total", None)

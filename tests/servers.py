@@ -78,6 +78,13 @@ s3fs (aiobotocore underneath) retries a lot by itself:
     aiobotocore ``AioReadTimeoutError`` = botocore ``ReadTimeoutError``); retried by s3fs
     (FSTimeoutError is retryable), surfaced when exhausted / with no_retries.
 
+streamwin's own shard reads over http(s) and s3 do not go through fsspec's aiohttp client:
+``streamwin.storage.RangeReader`` streams each range with one urllib3 GET (s3: a presigned
+URL) and raises ``BrokenRead(delivered=N)`` from ProtocolError (IncompleteRead after a FIN,
+ConnectionResetError after an RST) or ReadTimeoutError (a stall, before or after the
+headers). The types above still apply to index.json, the cache's whole-shard fetch and
+filesystems read through fsspec.
+
 ``FaultStats`` counters are server-side: ``completed_gets`` means the server wrote the whole
 body; ``client_aborts`` counts bodies the client hung up on (e.g. after its timeout).
 """
