@@ -141,6 +141,15 @@ class Plan:
 
     def block(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray]:
         """(global window indices, real flags) of one block of a stream, in yield order."""
+        g, real, order = self.block_parts(stream, block)
+        return (g[order], real[order]) if order is not None else (g, real)
+
+    def block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(global window indices, real flags, yield order) of a block: ``g[order]`` is ``block()``'s.
+
+        ``g`` is in stream order, runs of consecutive windows, which the reader finds and
+        groups by sequence faster than a shuffled order; ``order`` is None without shuffle.
+        """
         cfg = self.config
         lo = block * cfg.block_windows
         hi = min(lo + cfg.block_windows, self.windows_per_stream)
@@ -152,10 +161,10 @@ class Plan:
         v = (self.stream_lo[stream] + positions) % max(self.total_windows, 1)
         j = np.searchsorted(self.slice_pos, v, side="right") - 1
         g = self.slice_lo[j] + (v - self.slice_pos[j])
+        order = None
         if cfg.shuffle:
             order = np.random.default_rng([cfg.seed, self.epoch, stream, block, 1]).permutation(len(g))
-            g, real = g[order], real[order]
-        return g, real
+        return g, real, order
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sequence index, window start step) of global window indices."""

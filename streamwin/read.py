@@ -104,7 +104,7 @@ class ShardSource:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""
         with self._lock:
             self._unmap.clear()
-        g, real = plan.block(stream, block)
+        g, real, shuffled = plan.block_parts(stream, block)  # stream order: runs of consecutive windows
         seq, start = plan.locate(g)
         m = self.manifest
         span = plan.config.spec.span
@@ -134,6 +134,8 @@ class ShardSource:
             valid = np.where(lost, 0, valid)
             with self._lock:
                 self.stats.skipped_windows += int(lost.sum())
+        if shuffled is not None:  # into yield order
+            offs, start, real, valid, inv = (a[shuffled] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, m.keys(uniq), inv)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
