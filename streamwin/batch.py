@@ -56,14 +56,21 @@ def _cat(parts: list[tuple[Block, int, int]], name: str) -> np.ndarray:
     return np.concatenate([getattr(b, name)[lo:hi] for b, lo, hi in parts])
 
 
-def _byte_rows(block: Block) -> torch.Tensor:
-    """The block buffer as a uint8 tensor (made once per block; a mapped buffer is read-only)."""
-    rows = block.buf_tensor
+def _byte_rows(block: Block, nbytes: int) -> torch.Tensor:
+    """Row i = the ``nbytes`` bytes of the block buffer from byte i (made once per block and size).
+
+    Made once because every torch call lets go of the GIL, and getting it back behind the
+    block reader's thread can cost more than the call: per batch only the copy lets go.
+    """
+    views = block.buf_tensor
+    if views is None:
+        views = block.buf_tensor = {}
+    rows = views.get(nbytes)
     if rows is None:
         with warnings.catch_warnings():  # read-only mapping: nothing ever writes through this tensor
             warnings.simplefilter("ignore", UserWarning)
-            rows = torch.from_numpy(block.buf)
-        block.buf_tensor = rows
+            buf = torch.from_numpy(block.buf)
+        rows = views[nbytes] = buf.as_strided((max(len(buf) - nbytes + 1, 0), nbytes), (1, 1))
     return rows
 
 
@@ -105,12 +112,11 @@ class Gatherer:
         nbytes = steps * self.sb
         n = sum(hi - lo for _, lo, hi in parts)
         raw = self.arrays.get(n * nbytes)
-        dest = torch.from_numpy(raw).view(n, nbytes)
+        dest = torch.from_numpy(raw.reshape(n, nbytes))
         at = 0
         for b, lo, hi in parts:
-            buf = _byte_rows(b)
-            rows = buf.as_strided((max(len(buf) - nbytes + 1, 0), nbytes), (1, 1))
-            torch.index_select(rows, 0, torch.from_numpy(b.offs[lo:hi] + shift), out=dest[at : at + hi - lo])
+            index = torch.from_numpy(b.offs[lo:hi] + shift)
+            torch.index_select(_byte_rows(b, nbytes), 0, index, out=dest if len(parts) == 1 else dest[at : at + hi - lo])
             at += hi - lo
         del dest
         return raw.view(self.dtype).reshape((n, steps) + self.step_shape)

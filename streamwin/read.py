@@ -49,11 +49,12 @@ class Block:
     valid: np.ndarray
     keys: list[str]  # keys of the block's distinct sequences
     key_index: np.ndarray  # window i belongs to keys[key_index[i]]
-    buf_tensor: Any = None  # the gatherer's tensor view of buf, made once; dropped with buf
+    buf_tensor: Any = None  # the gatherer's tensor views of buf, made once; dropped with buf
 
     def batch_keys(self, lo: int, hi: int) -> list[str]:
-        keys = self.keys
-        return [keys[i] for i in self.key_index[lo:hi].tolist()]
+        if not isinstance(self.keys, np.ndarray):  # an object array: one fancy index per batch, no Python loop
+            self.keys = np.array(self.keys, dtype=object)
+        return self.keys[self.key_index[lo:hi]].tolist()
 
     def __len__(self) -> int:
         return len(self.offs)
