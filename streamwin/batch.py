@@ -93,8 +93,8 @@ class Gatherer:
         out = {"x": x}
         if spec.horizon:
             out["y"] = self._take(parts, spec.window * sb, spec.horizon)
-        valid = _cat(parts, "valid")
         if spec.pad:
+            valid = _cat(parts, "valid")
             out["mask"] = np.arange(spec.window) < valid[:, None]
             if spec.horizon:
                 out["y_mask"] = np.arange(spec.horizon) < (valid - spec.window)[:, None]
@@ -103,7 +103,8 @@ class Gatherer:
                 if spec.horizon:
                     out["y"][~out["y_mask"]] = 0
         out["start"] = _cat(parts, "start").copy()
-        out["key"] = [k for b, lo, hi in parts for k in b.batch_keys(lo, hi)]
+        out["key"] = [k for b, lo, hi in parts for k in b.batch_keys(lo, hi)] if len(parts) > 1 else \
+            parts[0][0].batch_keys(parts[0][1], parts[0][2])
         if self.with_weight:
             out["weight"] = _cat(parts, "real").astype(np.float32)
         return out
@@ -115,7 +116,7 @@ class Gatherer:
         dest = torch.from_numpy(raw.reshape(n, nbytes))
         at = 0
         for b, lo, hi in parts:
-            index = torch.from_numpy(b.offs[lo:hi] + shift)
+            index = torch.from_numpy(b.offs[lo:hi] + shift if shift else b.offs[lo:hi])
             torch.index_select(_byte_rows(b, nbytes), 0, index, out=dest if len(parts) == 1 else dest[at : at + hi - lo])
             at += hi - lo
         del dest
