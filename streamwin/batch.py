@@ -117,7 +117,7 @@ class Gatherer:
         at = 0
         for b, lo, hi in parts:
             index = torch.from_numpy(b.offs[lo:hi] + shift if shift else b.offs[lo:hi])
+            # one-block batches (nearly all) skip the slice: each torch call lets go of the GIL
             torch.index_select(_byte_rows(b, nbytes), 0, index, out=dest if len(parts) == 1 else dest[at : at + hi - lo])
             at += hi - lo
-        del dest
         return raw.view(self.dtype).reshape((n, steps) + self.step_shape)

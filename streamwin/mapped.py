@@ -51,11 +51,13 @@ def available() -> bool:
     return _libc is not False
 
 
-def page_floor(offset: int) -> int:
+def page_floor(offset: int | np.ndarray) -> int | np.ndarray:
+    """The page boundary at or before ``offset`` (elementwise for arrays)."""
     return offset - offset % PAGE
 
 
-def page_ceil(nbytes: int) -> int:
+def page_ceil(nbytes: int | np.ndarray) -> int | np.ndarray:
+    """``nbytes`` rounded up to whole pages (elementwise for arrays)."""
     return -(-nbytes // PAGE) * PAGE
 
 

@@ -47,14 +47,12 @@ class Block:
     start: np.ndarray
     real: np.ndarray
     valid: np.ndarray
-    keys: list[str]  # keys of the block's distinct sequences
+    keys: np.ndarray  # keys of the block's distinct sequences (an object array)
     key_index: np.ndarray  # window i belongs to keys[key_index[i]]
     buf_tensor: Any = None  # the gatherer's tensor views of buf, made once; dropped with buf
 
     def batch_keys(self, lo: int, hi: int) -> list[str]:
-        if not isinstance(self.keys, np.ndarray):  # an object array: one fancy index per batch, no Python loop
-            self.keys = np.array(self.keys, dtype=object)
-        return self.keys[self.key_index[lo:hi]].tolist()
+        return self.keys[self.key_index[lo:hi]].tolist()  # one fancy index per batch, no Python loop
 
     def __len__(self) -> int:
         return len(self.offs)
@@ -137,7 +135,7 @@ class ShardSource:
                 self.stats.skipped_windows += int(lost.sum())
         if shuffled is not None:  # into yield order
             offs, start, real, valid, inv = (a[shuffled] for a in (offs, start, real, valid, inv))
-        return Block(buf, offs, start, real, valid, m.keys(uniq), inv)
+        return Block(buf, offs, start, real, valid, np.array(m.keys(uniq), dtype=object), inv)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         """A block buffer of ``nbytes``, reusing a released one when it is large enough.
@@ -201,7 +199,7 @@ class ShardSource:
             try:
                 mapping = self._map_runs(run_shard, run_lo, run_hi, tail)
             except OSError:  # out of address space or mappings: read instead
-                mapping = None
+                pass
         buf, run_at, errors = mapping or self._read_runs(run_shard, run_lo, run_hi, tail)
         base = run_at[run] + (data0 - run_lo[run])
         at = (run_at[run] + (m.offset[uniq] - run_lo[run])).tolist()
@@ -236,52 +234,55 @@ class ShardSource:
         page boundary of the range, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors);
         raises OSError when the system refuses a mapping.
         """
-        a_lo = lo - lo % mapped.PAGE
-        size = -(-(hi - a_lo) // mapped.PAGE) * mapped.PAGE
+        lead = lo - mapped.page_floor(lo)
         pos = np.zeros(len(lo) + 1, dtype=np.int64)
-        np.cumsum(size, out=pos[1:])
+        np.cumsum(mapped.page_ceil(hi - lo + lead), out=pos[1:])
         target = mapped.MappedBuffer(int(pos[-1]) + tail)
         errors: list[ShardError | None] = []
         for j, k in enumerate(shard.tolist()):
             try:
-                self._map_run(target, int(pos[j]), k, int(a_lo[j]), int(hi[j]))
+                self._map_run(target, int(pos[j]), k, int(lo[j]), int(hi[j]))
                 errors.append(None)
             except ShardError as e:
                 errors.append(e)
-        return target.array(), pos[:-1] + (lo - a_lo), errors
+        return target.array(), pos[:-1] + lead, errors
 
     def _map_run(self, target: mapped.MappedBuffer, at: int, k: int, lo: int, hi: int) -> None:
-        for attempt in (0, 1):
-            path, hit = self._local_file(k)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-                break
-            except FileNotFoundError as e:  # evicted from the cache by another process: fetch again
-                if self.cache is None or attempt:
-                    raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=lo) from e
-            except OSError as e:
-                raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=lo) from e
-        try:
-            size = os.fstat(fd).st_size
+        """Map bytes [lo, hi) of shard k, from the page boundary at or before lo, at byte ``at``."""
+        f, hit = self._open_local(k, lo)
+        with f:
+            size = os.fstat(f.fileno()).st_size
             if size < hi:  # mapping past the end would fault (SIGBUS) on access
                 raise ShardError(f"shard ends early: wanted bytes {lo}..{hi}, the file has {size}",
                                  shard=self.shard_url(k), offset=size)
-            target.map_file(at, fd, lo, hi - lo)  # an OSError here makes the caller read instead
-        finally:
-            os.close(fd)
+            start = mapped.page_floor(lo)
+            target.map_file(at, f.fileno(), start, hi - start)  # an OSError here makes the caller read instead
         with self._lock:
             self.stats.bytes_read += hi - lo
             self.stats.reads += 1
             self.stats.cache_hits += hit
 
-    def _local_file(self, k: int) -> tuple[str, bool]:
-        """(local path of shard k, whether it was a cache hit): the shard itself, or its node-local copy."""
+    def _open_local(self, k: int, offset: int):
+        """(open file, cache hit) of shard k: the shard itself, or its node-local copy.
+
+        A cached copy evicted by another process between fetch and open is fetched again, once.
+        """
         path = join(self.root, self.manifest.shards[k].name)
-        if self.cache is None:
-            return path, False
         entry = self.manifest.shards[k]
-        hit = self.cache.has(self.shard_url(k), entry)
-        return self.cache.fetch(self.shard_url(k), self.fs, path, entry), hit
+        for attempt in (0, 1):
+            hit = False
+            local = path
+            if self.cache is not None:
+                hit = self.cache.has(self.shard_url(k), entry)
+                local = self.cache.fetch(self.shard_url(k), self.fs, path, entry)
+            try:
+                return open(local, "rb", buffering=0), hit
+            except FileNotFoundError as e:
+                if self.cache is None or attempt:
+                    raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset) from e
+            except OSError as e:
+                raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset) from e
+        raise AssertionError("unreachable")
 
     def _check_header(self, header: bytes, i: int, k: int) -> int:
         m = self.manifest
@@ -366,12 +367,9 @@ class ShardSource:
 
     def _read_into(self, k: int, offset: int, out: memoryview) -> None:
         if self.cache is not None:  # node-local copy: fetched once per node, verified, then read locally
-            local, hit = self._local_file(k)
-            try:
-                got = _read_local(local, offset, out)
-            except FileNotFoundError:  # evicted by another process between fetch and read
-                local, _ = self._local_file(k)
-                got = _read_local(local, offset, out)
+            f, hit = self._open_local(k, offset)
+            with f:
+                got = _read_file(f, offset, out)
             with self._lock:
                 self.stats.cache_hits += hit
             if got < len(out):
@@ -426,11 +424,16 @@ class ShardSource:
 def _read_local(path: str, offset: int, out: memoryview) -> int:
     """Read into ``out`` from a local file at ``offset``; returns the bytes read (short at EOF)."""
     with open(path, "rb", buffering=0) as f:
-        f.seek(offset)
-        got = 0
-        while got < len(out):
-            n = f.readinto(out[got:])
-            if not n:
-                break
-            got += n
-        return got
+        return _read_file(f, offset, out)
+
+
+def _read_file(f, offset: int, out: memoryview) -> int:
+    """Read into ``out`` from open file ``f`` at ``offset``; returns the bytes read (short at EOF)."""
+    f.seek(offset)
+    got = 0
+    while got < len(out):
+        n = f.readinto(out[got:])
+        if not n:
+            break
+        got += n
+    return got
