@@ -1,18 +1,22 @@
-"""Gather windows from a block's byte buffer into batch arrays, one vectorized copy each.
+"""Gather windows from a block's byte buffer into a batch's fixed buffers, one vectorized copy each.
 
 A window is ``window * step_bytes`` contiguous bytes starting at ``Block.offs[i]``. Viewing
 the block buffer as rows of that many bytes with a row stride of one byte lets a single
 ``torch.index_select`` copy all windows of a batch, with no Python per window. torch runs
-the copy without the GIL and on its intra-op threads, so it overlaps the block reader and
-uses every core torch is given (DataLoader workers get one each).
+the copy without the GIL, so it overlaps the block reader and the training step.
 
-Batch arrays are reused once nothing outside holds them any more (``BatchArrays``), so the
-copy writes into memory that is already mapped and warm in cache instead of fresh pages.
+Every batch of a loader has the same fields and shapes (``BatchLayout``): the plan makes
+all batches full. So a batch is one byte buffer with the fields at fixed offsets, and the
+gather writes straight into it: a reused in-process array (``BufferPool``) or a
+shared-memory slot that a worker process fills and the trainer only views.
+Keys travel as sequence indices and become strings only when read (``BatchKeys``).
 """
 from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,39 +25,131 @@ from .manifest import Manifest
 from .plan import WindowSpec
 from .read import Block
 
+ALIGN = 64  # each field starts on a cache line
 
-class BatchArrays:
-    """A few batch-sized byte arrays, each handed out again only when no one else refers to it.
 
-    Every view of an array (numpy views, tensors made with ``torch.from_numpy``, a batch a
-    training loop kept) holds a reference to it, so a reference count of one (this pool's)
-    means its contents are nobody's any more. A consumer that keeps every batch just makes
-    the pool allocate fresh arrays; nothing it holds is ever overwritten.
+@dataclass(frozen=True)
+class Field:
+    """One array of a batch: name, dtype, shape and byte offset inside the batch buffer."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class BatchLayout:
+    """Where each field of a batch lies in its byte buffer; the same for every batch of a loader."""
+
+    def __init__(self, manifest: Manifest, spec: WindowSpec, batch_size: int, *, with_weight: bool):
+        step, dt, b = tuple(manifest.step_shape), np.dtype(manifest.dtype), batch_size
+        wanted = [("x", dt, (b, spec.window) + step)]
+        if spec.horizon:
+            wanted.append(("y", dt, (b, spec.horizon) + step))
+        if spec.pad:
+            wanted.append(("mask", np.dtype(bool), (b, spec.window)))
+            if spec.horizon:
+                wanted.append(("y_mask", np.dtype(bool), (b, spec.horizon)))
+        wanted.append(("start", np.dtype(np.int64), (b,)))
+        wanted.append(("seq", np.dtype(np.int64), (b,)))
+        if with_weight:
+            wanted.append(("weight", np.dtype(np.float32), (b,)))
+        self.fields: list[Field] = []
+        at = 0
+        for name, dtype, shape in wanted:
+            f = Field(name, dtype, shape, at)
+            self.fields.append(f)
+            at += -(-f.nbytes // ALIGN) * ALIGN
+        self.nbytes = at
+        self.batch_size = b
+
+    def has(self, name: str) -> bool:
+        return any(f.name == name for f in self.fields)
+
+    def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
+        """The fields as numpy arrays over ``buf`` (``nbytes`` bytes, uint8); each view keeps ``buf`` alive."""
+        return {f.name: buf[f.offset : f.offset + f.nbytes].view(f.dtype).reshape(f.shape) for f in self.fields}
+
+
+class BatchKeys(Sequence):
+    """The sequence keys of a batch's windows: a read-only list of str, decoded on first use.
+
+    Equal to the list of the same strings; pickles as that list. The trainer never pays for
+    strings a training step does not read.
     """
 
-    def __init__(self, keep: int = 6):
-        self.keep = keep
-        self._arrays: list[np.ndarray] = []
+    __slots__ = ("_manifest", "_seq", "_names")
 
-    def get(self, nbytes: int) -> np.ndarray:
-        arrays = self._arrays
-        for i in range(len(arrays)):
-            # 2 = the list's reference + getrefcount's argument: nothing else holds it
-            if len(arrays[i]) == nbytes and sys.getrefcount(arrays[i]) == 2:
-                return arrays[i]
-        fresh = np.empty(nbytes, dtype=np.uint8)
-        if len(arrays) >= self.keep:
-            arrays.pop(0)
-        arrays.append(fresh)
+    def __init__(self, names=None, *, manifest: Manifest | None = None, seq: np.ndarray | None = None):
+        self._names = None if names is None else [str(n) for n in names]
+        self._manifest, self._seq = manifest, seq
+
+    def _list(self) -> list[str]:
+        if self._names is None:
+            self._names = self._manifest.keys(self._seq)
+            self._manifest = self._seq = None
+        return self._names
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __len__(self) -> int:
+        return len(self._seq) if self._names is None else len(self._names)
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, BatchKeys):
+            other = other._list()
+        return isinstance(other, (list, tuple)) and self._list() == list(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self._list())
+
+    def __reduce__(self):
+        return (list, (self._list(),))
+
+
+class BufferPool:
+    """Batch buffers reused once no one else refers to them (in-process batches).
+
+    Every view of a buffer (numpy views, tensors from ``torch.from_numpy``, a batch a training
+    loop kept) holds a reference to it, so a reference count of two (this pool's list and
+    getrefcount's argument) means its contents are nobody's any more. A consumer that keeps
+    every batch just makes the pool allocate fresh buffers; nothing it holds is overwritten.
+    """
+
+    def __init__(self, nbytes: int, keep: int = 6, allocate=None):
+        self.nbytes, self.keep = nbytes, keep
+        self._allocate = allocate or (lambda n: np.empty(n, dtype=np.uint8))
+        self._buffers: list[np.ndarray] = []
+
+    def get(self) -> np.ndarray:
+        buffers = self._buffers
+        for i in range(len(buffers)):
+            if sys.getrefcount(buffers[i]) == 2:
+                return buffers[i]
+        fresh = self._allocate(self.nbytes)
+        if len(buffers) >= self.keep:
+            buffers.pop(0)
+        buffers.append(fresh)
         return fresh
 
 
-def _cat(parts: list[tuple[Block, int, int]], name: str) -> np.ndarray:
-    """A per-window field of the batch (a view when the batch lies in one block)."""
-    if len(parts) == 1:
-        block, lo, hi = parts[0]
-        return getattr(block, name)[lo:hi]
-    return np.concatenate([getattr(b, name)[lo:hi] for b, lo, hi in parts])
+def _cat(parts: list[tuple[Block, int, int]], name: str, out: np.ndarray) -> np.ndarray:
+    """A per-window field of the batch, written into ``out``."""
+    at = 0
+    for block, lo, hi in parts:
+        out[at : at + hi - lo] = getattr(block, name)[lo:hi]
+        at += hi - lo
+    return out
 
 
 def _byte_rows(block: Block, nbytes: int) -> torch.Tensor:
@@ -75,49 +171,45 @@ def _byte_rows(block: Block, nbytes: int) -> torch.Tensor:
 
 
 class Gatherer:
-    """Turns (block, window range) parts into one batch dict of numpy arrays."""
+    """Writes the windows of (block, window range) parts into one batch's field arrays."""
 
-    def __init__(self, manifest: Manifest, spec: WindowSpec, *, with_weight: bool):
-        self.manifest = manifest
-        self.spec = spec
-        self.dtype = manifest.dtype
-        self.step_shape = manifest.step_shape
+    def __init__(self, manifest: Manifest, spec: WindowSpec, layout: BatchLayout):
+        self.spec, self.layout = spec, layout
         self.sb = manifest.step_bytes
-        self.with_weight = with_weight
-        self.arrays = BatchArrays()
 
-    def gather(self, parts: list[tuple[Block, int, int]]) -> dict:
-        """Batch of the windows ``block.offs[lo:hi]`` of each part, in order."""
+    def gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Fill ``out`` (``layout.views`` of a batch buffer) with the windows ``block.offs[lo:hi]`` of each part."""
         spec, sb = self.spec, self.sb
-        x = self._take(parts, 0, spec.window)
-        out = {"x": x}
+        self._take(parts, 0, spec.window, out["x"])
         if spec.horizon:
-            out["y"] = self._take(parts, spec.window * sb, spec.horizon)
+            self._take(parts, spec.window * sb, spec.horizon, out["y"])
         if spec.pad:
-            valid = _cat(parts, "valid")
-            out["mask"] = np.arange(spec.window) < valid[:, None]
+            valid = np.concatenate([b.valid[lo:hi] for b, lo, hi in parts]) if len(parts) > 1 else \
+                parts[0][0].valid[parts[0][1] : parts[0][2]]
+            np.less(np.arange(spec.window), valid[:, None], out=out["mask"])
             if spec.horizon:
-                out["y_mask"] = np.arange(spec.horizon) < (valid - spec.window)[:, None]
+                np.less(np.arange(spec.horizon), (valid - spec.window)[:, None], out=out["y_mask"])
             if (valid < spec.span).any():  # zero the steps past a short sequence's end
-                x[~out["mask"]] = 0
+                out["x"][~out["mask"]] = 0
                 if spec.horizon:
                     out["y"][~out["y_mask"]] = 0
-        out["start"] = _cat(parts, "start").copy()
-        out["key"] = [k for b, lo, hi in parts for k in b.batch_keys(lo, hi)] if len(parts) > 1 else \
-            parts[0][0].batch_keys(parts[0][1], parts[0][2])
-        if self.with_weight:
-            out["weight"] = _cat(parts, "real").astype(np.float32)
+        _cat(parts, "start", out["start"])
+        at = 0
+        seq = out["seq"]
+        for b, lo, hi in parts:
+            np.take(b.seq_ids, b.key_index[lo:hi], out=seq[at : at + hi - lo])
+            at += hi - lo
+        if "weight" in out:
+            _cat(parts, "real", out["weight"])
         return out
 
-    def _take(self, parts: list[tuple[Block, int, int]], shift: int, steps: int) -> np.ndarray:
+    def _take(self, parts: list[tuple[Block, int, int]], shift: int, steps: int, dest_array: np.ndarray) -> None:
         nbytes = steps * self.sb
-        n = sum(hi - lo for _, lo, hi in parts)
-        raw = self.arrays.get(n * nbytes)
-        dest = torch.from_numpy(raw.reshape(n, nbytes))
+        n = len(dest_array)
+        dest = torch.from_numpy(dest_array.reshape(n, -1).view(np.uint8))
         at = 0
         for b, lo, hi in parts:
             index = torch.from_numpy(b.offs[lo:hi] + shift if shift else b.offs[lo:hi])
             # one-block batches (nearly all) skip the slice: each torch call lets go of the GIL
             torch.index_select(_byte_rows(b, nbytes), 0, index, out=dest if len(parts) == 1 else dest[at : at + hi - lo])
             at += hi - lo
-        return raw.view(self.dtype).reshape((n, steps) + self.step_shape)

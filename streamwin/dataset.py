@@ -1,24 +1,23 @@
-"""WindowDataset: a dataset URL plus a window spec, iterated as a stream of ready batches.
+"""WindowDataset: a dataset URL plus a window spec; the plan and the streams of its batches.
 
-Each DataLoader worker (or the trainer itself with num_workers=0) runs one *stream* of the
-plan: BlockReader -> Batcher -> ThreadPrefetcher. Its iterator is the Stateful object that
-StatefulDataLoader checkpoints: {epoch, batch} plus the plan inputs that must match on load.
+A *stream* is one reader of the plan: BlockReader -> Batcher (-> ThreadPrefetcher), run in
+the trainer's process or in a worker process of a WindowLoader. The dataset knows nothing
+of processes: the loader says how many streams a rank runs (``num_workers``), so two
+loaders with different worker counts can share one dataset.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
+from .batch import BatchLayout, Gatherer
 from .cache import ShardCache
 from .errors import StateMismatchError
 from .manifest import Manifest
 from .nodes import Batcher, BlockReader, ThreadPrefetcher
-from .batch import Gatherer
 from .plan import Plan, PlanConfig, WindowSpec, make_plan
 from .read import ShardSource
 from .split import SplitSpec, split_views
@@ -26,10 +25,10 @@ from .storage import load_manifest
 from .world import resolve
 
 log = logging.getLogger("streamwin")
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
-class WindowDataset(IterableDataset):
+class WindowDataset:
     """Sliding windows over the sequences of a packed dataset, as batches.
 
     Args:
@@ -88,8 +87,6 @@ class WindowDataset(IterableDataset):
         self.on_error, self.cache_dir, self.cache_limit = on_error, cache_dir, cache_limit
         self._rank, self._world_size = rank, world_size
         self._world: tuple[int, int] | None = None
-        self.num_workers = 0  # set by WindowLoader
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # seen by persistent workers
         self._manifest: Manifest | None = None
         self.split = None if split is None else SplitSpec(split, tuple(split_fractions), int(split_seed), int(holdout))
         if split is None and holdout:
@@ -114,20 +111,13 @@ class WindowDataset(IterableDataset):
             self._world = world
         return self._world
 
-    def config(self, world_size: int | None = None) -> PlanConfig:
+    def config(self, num_workers: int = 0, world_size: int | None = None) -> PlanConfig:
+        """The plan's inputs besides the data, for a rank running ``num_workers`` streams (0: one, in-process)."""
         return PlanConfig(
             spec=self.spec, batch_size=self.batch_size,
             world_size=self.world()[1] if world_size is None else world_size,
-            num_workers=self.num_workers, seed=self.seed, shuffle=self.shuffle,
+            num_workers=num_workers, seed=self.seed, shuffle=self.shuffle,
             block_windows=self.shuffle_buffer, slice_windows=self.slice_windows, equalize=self.equalize)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Change the order for a new epoch; call it with the same epoch on every rank."""
-        self._epoch.fill_(int(epoch))
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch.item())
 
     def views(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Per-sequence (first step, steps) of this dataset's split, or None for all data."""
@@ -136,27 +126,27 @@ class WindowDataset(IterableDataset):
             self._views = split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window)
         return self._views
 
-    def plan(self, epoch: int | None = None) -> Plan:
+    def plan(self, epoch: int = 0, num_workers: int = 0) -> Plan:
+        """The plan of ``epoch`` for every stream of every rank (pure: no I/O beyond the manifest)."""
         m = self.manifest
-        return make_plan(m.length, m.shard_starts, self.config(), self.epoch if epoch is None else epoch,
-                         views=self.views())
+        return make_plan(m.length, m.shard_starts, self.config(num_workers), epoch, views=self.views())
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current epoch: the same on every rank."""
+        """Batches one rank yields per epoch without worker processes: the same on every rank."""
         return self.plan().batches_per_rank
 
-    def plan_inputs(self) -> dict[str, Any]:
+    def plan_inputs(self, num_workers: int = 0) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed exactly."""
-        cfg = self.config()
+        cfg = self.config(num_workers)
         d = {k: v for k, v in asdict(cfg).items() if k != "spec"}
         d.update(asdict(cfg.spec))
         d["dataset"] = self.manifest.digest
         d["split"] = None if self.split is None else list(asdict(self.split).values())
         return d
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, epoch: int = 0, num_workers: int = 0) -> dict[str, Any]:
         """The numbers users care about for this epoch, for logging."""
-        m, p = self.manifest, self.plan()
+        m, p = self.manifest, self.plan(epoch, num_workers)
         lengths = m.length if self.views() is None else self.views()[1]  # what this split uses
         used = lengths > 0
         return {"shards": len(m.shards), "sequences": int(used.sum()), "steps": int(lengths.sum()),
@@ -166,100 +156,71 @@ class WindowDataset(IterableDataset):
                 "short_sequences": int((used & (lengths < self.spec.span)).sum()) if not self.spec.pad else 0,
                 "split": self.split.split if self.split else None}
 
+    def layout(self) -> BatchLayout:
+        """The fields, shapes and byte offsets of every batch this dataset yields."""
+        return BatchLayout(self.manifest, self.spec, self.batch_size,
+                           with_weight=self.equalize == "pad" or self.on_error == "skip")
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_manifest"] = None  # workers reload it; never ship a 100 MB index through a pipe
+        state["_manifest"] = None  # spawned workers reload it; never ship a 100 MB index through a pipe
         state["_views"] = None
         return state
 
-    # -- iteration -------------------------------------------------------------------------------
-    def __iter__(self) -> "StreamIterator":
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 0)
-        if num_workers != self.num_workers:
-            raise RuntimeError(
-                f"WindowDataset planned for num_workers={self.num_workers} but runs with {num_workers} "
-                "DataLoader workers: wrap it in streamwin.WindowLoader, which keeps the two in sync")
-        return StreamIterator(self, worker)
+    def __iter__(self):
+        raise TypeError("a WindowDataset is iterated through streamwin.WindowLoader(dataset), which runs its "
+                        "streams, batches them and keeps the position for resume")
+
+    def __getitem__(self, index):
+        raise TypeError("a WindowDataset yields whole batches, not items: use streamwin.WindowLoader(dataset) "
+                        "instead of torch.utils.data.DataLoader(dataset), which would add a batch dimension")
 
 
-class StreamIterator:
-    """One stream's batches for one epoch; its state_dict is what StatefulDataLoader saves."""
+def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
+                next_buffer: Callable[[], dict[str, np.ndarray]] | None, *, prefetch: bool = True,
+                transform: Callable | None = None, gatherer=None) -> tuple[Batcher | ThreadPrefetcher, ShardSource]:
+    """The node yielding stream ``stream``'s batches of ``plan`` from batch ``first_batch`` on, and its source.
 
-    def __init__(self, dataset: WindowDataset, worker: int):
-        self.ds = dataset
-        self.epoch = dataset.epoch
-        rank, _ = dataset.world()
-        self.stream = rank * max(1, dataset.num_workers) + worker
-        self._batch = 0
-        self._node: ThreadPrefetcher | Batcher | None = None
-        self._plan: Plan | None = None
-        self._source: ShardSource | None = None
-
-    def __iter__(self) -> "StreamIterator":
-        return self
-
-    def __next__(self) -> dict:
-        if self._node is None:
-            self._start()
-        try:
-            item = next(self._node)
-        except StopIteration:
-            self.close()
-            raise
-        self._batch += 1
-        return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in item.items()}
-
-    def _start(self) -> None:
-        ds = self.ds
-        self._plan = plan = ds.plan(self.epoch)
-        cache = (ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit, retries=ds.retries, backoff=ds.retry_backoff)
-                 if ds.cache_dir is not None else None)
-        self._source = source = ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options,
-                                            retries=ds.retries, backoff=ds.retry_backoff, on_error=ds.on_error,
-                                            cache=cache)
-        reader = BlockReader(source, plan, self.stream, readahead=ds.readahead)
-        with_weight = ds.equalize == "pad" or ds.on_error == "skip"
-        node = Batcher(reader, Gatherer(ds.manifest, ds.spec, with_weight=with_weight))
-        if ds.prefetch > 0:
-            node = ThreadPrefetcher(node, depth=ds.prefetch)
-        node.reset({Batcher.BATCH_KEY: self._batch})
-        self._node = node
-
-    def close(self) -> None:
-        if isinstance(self._node, ThreadPrefetcher):
-            self._node.close()
-        elif self._node is not None:
-            self._node.reader.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def state_dict(self) -> dict[str, Any]:
-        stats = vars(self._source.stats) if self._source is not None else {}
-        return {"version": STATE_VERSION, "inputs": self.ds.plan_inputs(), "epoch": self.epoch,
-                "stream": self.stream, "batch": self._batch, "stats": dict(stats)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(state, self.ds.plan_inputs())
-        if state["stream"] != self.stream:
-            raise StateMismatchError(f"state of stream {state['stream']} loaded into stream {self.stream}")
-        if state["epoch"] == self.epoch:  # same epoch: resume where it stopped; else a new epoch begins
-            self._batch = int(state["batch"])
-            if self._node is not None:
-                self.close()
-                self._node = None
+    ``transform`` runs on each block on the read-ahead thread (device mode uploads it there);
+    ``gatherer`` replaces the CPU gather (device mode gathers on the device).
+    """
+    cache = (ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit, retries=ds.retries, backoff=ds.retry_backoff)
+             if ds.cache_dir is not None else None)
+    source = ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options, retries=ds.retries,
+                         backoff=ds.retry_backoff, on_error=ds.on_error, cache=cache)
+    reader = BlockReader(source, plan, stream, readahead=ds.readahead, transform=transform)
+    gatherer = gatherer or Gatherer(ds.manifest, ds.spec, ds.layout())
+    node: Batcher | ThreadPrefetcher = Batcher(reader, gatherer, next_buffer or (lambda: None))
+    if prefetch and ds.prefetch > 0:
+        node = ThreadPrefetcher(node, depth=ds.prefetch)
+    node.reset({Batcher.BATCH_KEY: first_batch})
+    return node, source
 
 
-def check_state(state: dict[str, Any], inputs: dict[str, Any]) -> None:
-    """Refuse a state taken under other plan inputs, naming each difference."""
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise StateMismatchError(f"not a streamwin loader state of version {STATE_VERSION}: {str(state)[:200]}")
+def close_stream(node: Batcher | ThreadPrefetcher | None) -> None:
+    """Stop a stream's threads (read-ahead, prefetch)."""
+    if isinstance(node, ThreadPrefetcher):
+        node.close()
+    elif node is not None:
+        node.reader.close()
+
+
+def check_state(state: dict[str, Any], inputs: dict[str, Any], *, finished: bool = False) -> None:
+    """Refuse a state taken under other plan inputs, naming each difference.
+
+    A state taken after an epoch's last batch (``finished``) carries no position, so only the
+    inputs that define the data and its order must agree (not world, workers or batch size).
+    """
+    if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
+        raise StateMismatchError(f"not a streamwin loader state (version {STATE_VERSION}): {str(state)[:200]}")
     saved = state["inputs"]
-    diffs = [f"{k}: in checkpoint {saved.get(k)!r} / now {inputs.get(k)!r}"
-             for k in sorted(set(saved) | set(inputs)) if saved.get(k) != inputs.get(k)]
+    names = sorted(set(saved) | set(inputs))
+    if finished:
+        names = [k for k in names if k not in POSITION_ONLY]
+    diffs = [f"{k}: in checkpoint {saved.get(k)!r} / now {inputs.get(k)!r}" for k in names if saved.get(k) != inputs.get(k)]
     if diffs:
         raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs))
+
+
+# plan inputs that only matter for a position inside an epoch
+POSITION_ONLY = frozenset({"batch_size", "world_size", "num_workers", "equalize", "block_windows", "slice_windows"})

@@ -64,3 +64,7 @@ def _rebuild_shard_error(text: str, shard: str, member: str | None, offset: int 
 
 class StateMismatchError(StreamwinError, ValueError):
     """A loader state that was taken under other plan inputs than the loader it is loaded into."""
+
+
+class WorkerError(StreamwinError, RuntimeError):
+    """A loader worker process that died, hung at start or broke its pipe; names the worker and its pid."""

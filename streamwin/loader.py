@@ -1,26 +1,247 @@
-"""WindowLoader: a torchdata StatefulDataLoader over a WindowDataset.
+"""WindowLoader: runs a rank's streams and hands their batches to the training loop.
 
-Batches are made inside the workers, so the loader passes them through (batch_size=None).
-It keeps the dataset's worker count and epoch in sync with the plan, resolves the rank
-when iteration starts, and checks a checkpoint's plan inputs when it is loaded.
+Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``set_epoch``,
+``state_dict``/``load_state_dict``), the same batches bit for bit:
+
+- ``num_workers=0``: the rank's one stream runs in the trainer's process (blocks mapped or
+  read on a background thread, each batch one GIL-free copy on the trainer's thread).
+- ``num_workers=N``: N worker processes each run a stream and gather batches into batch
+  slots in shared memory, allocated once; per batch the trainer receives a slot number
+  (workers.py, slots.py). Batches are taken round robin, worker ``j % N`` for batch ``j``.
+- ``device="cuda"``: each block's rows are uploaded once and windows are cut on the device
+  (device.py); batches arrive as device tensors.
+
+Batch lifetime: a batch's tensors are never overwritten while you hold any of them (or a
+view): memory is reused only once nothing refers to it, and, for page-locked slots, once
+the CUDA work queued before that point has finished. Keep as many batches as you like; if
+you keep so many that workers would run out of slots, the loader copies later batches out
+of shared memory (and warns once).
+
+The position is a cursor: (epoch, batches handed out), plus the plan inputs it must match.
 """
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import sys
 import time
 import warnings
 from typing import Any
 
-from torchdata.stateful_dataloader import StatefulDataLoader
+import numpy as np
+import torch
 
-from .dataset import WindowDataset, check_state
+from .batch import BatchKeys, BufferPool
+from .dataset import STATE_VERSION, WindowDataset, check_state, close_stream, open_stream
+from .device import DeviceGatherer, Uploader
+from .workers import STAT_FIELDS, WorkerPool
 
 log = logging.getLogger("streamwin")
-_META = "streamwin"
+
+
+def to_batch(views: dict[str, np.ndarray], manifest) -> dict[str, Any]:
+    """Tensors over a batch buffer's field views, and keys decoded on first use."""
+    out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
+    out["key"] = BatchKeys(manifest=manifest, seq=views["seq"].copy())
+    return out
+
+
+class WindowLoader:
+    """Yields the batches of ``dataset`` for this rank; ``len()`` is equal on every rank.
+
+    Args:
+        dataset: a streamwin.WindowDataset (window spec, batch size, shuffle, splits).
+        num_workers: worker processes, each running one stream of the plan (0: in-process).
+            Part of the plan: the same on every rank, and a checkpoint resumes with the same.
+        device: None (CPU tensors) or a torch device: blocks are uploaded once and windows cut
+            there; every field but ``key`` arrives on the device.
+        pin_memory: page-lock the batch memory (CUDA only) so ``.to(device, non_blocking=True)``
+            is asynchronous.
+        prefetch_factor: batches each worker may have ready ahead of the trainer.
+        persistent_workers: keep the worker processes between epochs.
+        multiprocessing_context: start method for workers ("fork", "spawn", "forkserver").
+    """
+
+    def __init__(self, dataset: WindowDataset, *, num_workers: int = 0, device: str | torch.device | None = None,
+                 pin_memory: bool = False, prefetch_factor: int | None = None, persistent_workers: bool = False,
+                 multiprocessing_context: str | None = None, **kwargs: Any):
+        if not isinstance(dataset, WindowDataset):
+            raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
+        if kwargs.get("batch_size") is not None:
+            raise ValueError("set batch_size on the WindowDataset: batches are formed inside the streams")
+        kwargs.pop("batch_size", None)
+        if kwargs:
+            raise TypeError(f"WindowLoader got unexpected arguments: {', '.join(sorted(kwargs))}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        pf = 2 if prefetch_factor is None else prefetch_factor
+        if isinstance(pf, bool) or not isinstance(pf, (int, np.integer)) or pf < 1:
+            raise ValueError(f"prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")
+        self.dataset = dataset
+        self.num_workers, self.prefetch_factor = int(num_workers), int(pf)
+        self.device = torch.device(device) if device is not None else None
+        self.pin_memory = bool(pin_memory)
+        self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
+        self.multiprocessing_context = multiprocessing_context
+        self.batch_size = dataset.batch_size
+        self._epoch, self._taken = 0, 0
+        self._epoch_set = False  # set_epoch called since the last pass began
+        self._resume = False  # a loaded position waits for the next pass
+        self._finished = False  # the last pass ran to its end
+        self._pass: _Pass | None = None
+        self._pool: WorkerPool | None = None
+        self._len: int | None = None
+        self._logged = False
+        self._totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
+        self._yielded, self._wait, self._started = 0, 0.0, None
+        self._warned_keep = False
+
+    # -- the epoch and the position --------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch (the same on every rank) before a pass; a new epoch, a new order.
+
+        Without it, each pass that follows a complete one advances the epoch by one (the same
+        on every rank). After ``load_state_dict``, the state's own epoch keeps its position.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if not (self._resume and epoch == self._epoch):
+            self._epoch, self._taken, self._resume, self._finished = int(epoch), 0, False, False
+        self._epoch_set = True
+
+    def __len__(self) -> int:
+        """Batches each rank yields per epoch (the same on every rank and every epoch)."""
+        if self._len is None:
+            self._len = self.dataset.plan(0, self.num_workers).batches_per_rank
+        return self._len
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position: epoch and batches handed out, with the plan inputs (a few hundred bytes)."""
+        return {"version": STATE_VERSION, "epoch": self._epoch, "batches": self._taken,
+                "inputs": self.dataset.plan_inputs(self.num_workers)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a position; the next pass (after ``set_epoch`` with the same epoch, or none) continues it."""
+        epoch, taken, inputs = _read_state(state_dict)
+        finished = taken >= len(self)
+        check_state({"version": STATE_VERSION, "inputs": inputs}, self.dataset.plan_inputs(self.num_workers),
+                     finished=finished)
+        self.close_pass()
+        self._epoch, self._taken = epoch, min(taken, len(self)) if finished else taken
+        if finished and taken != len(self):  # another batch size: an epoch's end is the end
+            self._taken = len(self)
+        self._resume, self._epoch_set, self._finished = True, False, False
+
+    # -- iteration ---------------------------------------------------------------------------------
+    def __iter__(self) -> "_Pass":
+        self.close_pass()
+        if self._resume:  # continue the loaded position (at an epoch's end: an empty pass, then the next epoch)
+            self._resume = False
+        elif self._finished and not self._epoch_set:
+            self._epoch, self._taken = self._epoch + 1, 0
+        else:
+            self._taken = 0
+        self._epoch_set = self._finished = False
+        world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
+        self._log_once(world)
+        if self._started is None:
+            self._started = time.perf_counter()
+        plan = self.dataset.plan(self._epoch, self.num_workers)
+        if self.device is not None and self.num_workers == 0:
+            self._pass = _DevicePass(self, plan, world)
+        elif self.num_workers > 0:
+            self._pass = _WorkerPass(self, plan, world)
+        else:
+            self._pass = _LocalPass(self, plan, world)
+        return self._pass
+
+    def close_pass(self) -> None:
+        """Stop the current pass (its threads; its workers unless they persist)."""
+        if self._pass is not None:
+            self._pass.close()
+            self._pass = None
+        if self._pool is not None and not self.persistent_workers:
+            self._close_pool()
+
+    def close(self) -> None:
+        """Stop everything this loader started: threads, worker processes, shared memory."""
+        self.close_pass()
+        self._close_pool()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
+            self._totals += pool.stats()
+
+    def _worker_pool(self, world: tuple[int, int]) -> WorkerPool:
+        if self._pool is None or self._pool.closed:
+            ctx = multiprocessing.get_context(self.multiprocessing_context)
+            self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
+                                    pin=self.pin_memory, context=ctx)
+        return self._pool
+
+    def _log_once(self, world: tuple[int, int]) -> None:
+        if self._logged:
+            return
+        self._logged = True
+        summary = self.dataset.summary(self._epoch, self.num_workers)
+        if world[0] == 0:
+            log.info("%s", summary)
+        if summary["batches_per_rank"] == 0:
+            ds = self.dataset
+            warnings.warn(
+                f"streamwin: this loader yields 0 batches per rank: {summary['windows_per_epoch']} windows for "
+                f"{summary['streams']} streams of batch_size {ds.batch_size} (window {ds.spec.window} + horizon "
+                f"{ds.spec.horizon} vs. your sequence lengths). Use a smaller window or batch, fewer workers, or "
+                "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=3)
+
+    def summary(self) -> dict[str, Any]:
+        """The dataset's numbers for this loader's plan: windows, dropped, batches per rank, streams."""
+        return self.dataset.summary(self._epoch, self.num_workers)
+
+    def stats(self) -> dict[str, Any]:
+        """Run totals since this loader was made: batches, windows, windows/s, data-wait, reads, retries, skips."""
+        totals = self._totals.copy()
+        if self._pool is not None:
+            totals += self._pool.stats()
+        if self._pass is not None:
+            totals += self._pass.local_stats()
+        elapsed = time.perf_counter() - self._started if self._started else 0.0
+        windows = self._yielded * self.dataset.batch_size
+        out = {"batches": self._yielded, "windows": windows, "windows_per_s": windows / elapsed if elapsed else 0.0,
+               "wait_s": self._wait, "epoch": self._epoch, "batches_in_epoch": self._taken}
+        out.update(zip(STAT_FIELDS, totals.tolist()))
+        if self._pass is not None:
+            out.update(self._pass.extra_stats())
+        return out
+
+
+def _read_state(state: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
+    """(epoch, batches taken, plan inputs) of a state of this version or of the StatefulDataLoader era."""
+    if isinstance(state, dict) and state.get("version") == STATE_VERSION and "batches" in state:
+        return int(state["epoch"]), int(state["batches"]), state["inputs"]
+    meta = state.get("streamwin")
+    if isinstance(meta, dict) and meta.get("version") == 1:  # saved by streamwin 0.1 (a StatefulDataLoader)
+        streams = list(_stream_states(state))
+        taken = sum(int(s["batch"]) for s in streams if s.get("epoch") == meta["epoch"])
+        return int(meta["epoch"]), taken, meta["inputs"]
+    check_state(state, {})  # raises, saying what it got
+    raise AssertionError("unreachable")
 
 
 def _stream_states(obj: Any):
-    """Every stream state inside a StatefulDataLoader state (in-process or per worker)."""
+    """Every per-stream state inside a StatefulDataLoader state of streamwin 0.1."""
     if isinstance(obj, dict):
         if "stream" in obj and "inputs" in obj and "batch" in obj:
             yield obj
@@ -29,113 +250,159 @@ def _stream_states(obj: Any):
             yield from _stream_states(v)
 
 
-class _Counted:
-    """Wraps the DataLoader iterator to count batches for stats() (one attribute bump per batch)."""
+class _Pass:
+    """One pass over an epoch: an iterator of batches that keeps the loader's cursor."""
 
-    def __init__(self, it, loader: "WindowLoader"):
-        self._it, self._loader = it, loader
+    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
+        self.loader, self.plan, self.world = loader, plan, world
+        self.total = plan.batches_per_rank
+        self.manifest = loader.dataset.manifest
 
-    def __iter__(self):
+    def __iter__(self) -> "_Pass":
         return self
 
-    def __next__(self):
-        batch = next(self._it)
-        self._loader._yielded += 1
+    def __len__(self) -> int:
+        return self.total
+
+    def __next__(self) -> dict[str, Any]:
+        loader = self.loader
+        if loader._pass is not self or loader._taken >= self.total:
+            if loader._pass is self:
+                loader._finished = True
+                loader.close_pass()
+            raise StopIteration
+        t = time.perf_counter()
+        batch = self._next()
+        loader._wait += time.perf_counter() - t
+        loader._taken += 1
+        loader._yielded += 1
         return batch
 
-    def __len__(self) -> int:
-        return len(self._it)
+    def _next(self) -> dict[str, Any]:
+        raise NotImplementedError
 
-    def __getattr__(self, name: str):
-        return getattr(self._it, name)
+    def local_stats(self) -> np.ndarray:
+        return np.zeros(len(STAT_FIELDS), dtype=np.int64)
+
+    def extra_stats(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
 
-def passthrough(batch: dict) -> dict:
-    """The loader's collate_fn: batches arrive ready-made (default_convert would walk every key)."""
-    return batch
+class _LocalPass(_Pass):
+    """The rank's one stream, run in this process."""
+
+    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
+        super().__init__(loader, plan, world)
+        ds = loader.dataset
+        layout = ds.layout()
+        self.buffers = BufferPool(layout.nbytes, allocate=_allocator(loader.pin_memory))
+        self.node, self.source = open_stream(ds, plan, world[0], loader._taken, lambda: layout.views(self.buffers.get()))
+
+    def _next(self) -> dict[str, Any]:
+        return to_batch(next(self.node), self.manifest)
+
+    def local_stats(self) -> np.ndarray:
+        s = self.source.stats
+        return np.array([getattr(s, f) for f in STAT_FIELDS], dtype=np.int64)
+
+    def close(self) -> None:
+        close_stream(self.node)
+        self.loader._totals += self.local_stats()
+        self.source.stats.__init__()  # counted once
 
 
-class WindowLoader(StatefulDataLoader):
-    """A StatefulDataLoader yielding the batches of ``dataset``; ``len()`` is equal on every rank.
+def _allocator(pin: bool):
+    """Batch buffers in page-locked memory when asked for and CUDA is there, else plain."""
+    if pin and torch.cuda.is_available():
+        return lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True).numpy()
+    return None
 
-    ``num_workers=0`` (the default) runs the pipeline in the trainer's process with a
-    background prefetch thread: on few cores that is the fastest mode, since handing
-    batches between processes costs more than making them.
-    """
 
-    def __init__(self, dataset: WindowDataset, *, num_workers: int = 0, pin_memory: bool = False,
-                 prefetch_factor: int | None = None, persistent_workers: bool = False, **kwargs: Any):
-        if not isinstance(dataset, WindowDataset):
-            raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
-        if kwargs.get("batch_size") is not None:
-            raise ValueError("set batch_size on the WindowDataset: batches are formed inside the workers")
-        kwargs.pop("batch_size", None)
-        kwargs.setdefault("collate_fn", passthrough)
-        dataset.num_workers = num_workers
-        with warnings.catch_warnings():  # torchdata 0.11 calls a torch API that torch 2.13 deprecates
-            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
-            self._init_loader(dataset, num_workers, pin_memory, prefetch_factor, persistent_workers, kwargs)
-        self._logged = False
-        self._started: float | None = None
-        self._yielded = 0
+class _WorkerPass(_Pass):
+    """Batches from worker processes' shared slots, round robin: batch j from worker j % N."""
 
-    def _init_loader(self, dataset, num_workers, pin_memory, prefetch_factor, persistent_workers, kwargs) -> None:
-        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                         prefetch_factor=prefetch_factor if num_workers > 0 else None,
-                         persistent_workers=persistent_workers and num_workers > 0, **kwargs)
+    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
+        super().__init__(loader, plan, world)
+        n = loader.num_workers
+        self.pool = pool = loader._worker_pool(world)
+        self.layout = loader.dataset.layout()
+        self.copies = BufferPool(self.layout.nbytes)
+        self.refs = 2  # references to a slot's array when nobody holds it: pool.bases and getrefcount's argument
+        self.events = pool.pinned and torch.cuda.is_available()
+        j = loader._taken
+        pool.start(loader._epoch, [j // n + (w < j % n) for w in range(n)])
 
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch (the same on every rank) before iterating; a new epoch, a new order."""
-        self.dataset.set_epoch(epoch)
+    def _next(self) -> dict[str, Any]:
+        pool, n = self.pool, self.loader.num_workers
+        w = self.loader._taken % n
+        self._recycle()
+        slot = pool.take(w, self._recycle)
+        held_by_user = sum(1 for h in pool.held if h[0] == w)
+        if held_by_user >= pool.slot_layout.slots - 2:  # the worker would run out of slots: copy this one out
+            self._warn_keep()
+            buf = self.copies.get()
+            np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
+            pool.release(w, slot)
+            return to_batch(self.layout.views(buf), self.manifest)
+        pool.held.append([w, slot, None])
+        return to_batch(self.layout.views(pool.bases[w][slot]), self.manifest)
 
-    def __len__(self) -> int:
-        return len(self.dataset)
+    def _recycle(self) -> None:
+        """Give back every slot no one holds any more (and whose queued CUDA copies are done)."""
+        pool = self.pool
+        if not pool.held:
+            return
+        bases, keep = pool.bases, []
+        for h in pool.held:
+            w, slot, event = h
+            if event is None:
+                if sys.getrefcount(bases[w][slot]) > self.refs:  # every view of a slot refers to its array
+                    keep.append(h)
+                    continue
+                if self.events:  # a non_blocking copy from this slot may still be queued: wait for it
+                    h[2] = event = torch.cuda.Event()
+                    event.record()
+            if event is not None and not event.query():
+                keep.append(h)
+                continue
+            pool.release(w, slot)
+        pool.held = keep
 
-    def __iter__(self):
-        world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
-        if not self._logged:
-            self._logged = True
-            summary = self.dataset.summary()
-            if world[0] == 0:
-                log.info("%s", summary)
-            if summary["batches_per_rank"] == 0:
-                warnings.warn(
-                    f"streamwin: this loader yields 0 batches per rank: {summary['windows_per_epoch']} windows for "
-                    f"{summary['streams']} streams of batch_size {self.dataset.batch_size} (window "
-                    f"{self.dataset.spec.window} + horizon {self.dataset.spec.horizon} vs. your sequence lengths). "
-                    "Use a smaller window or batch, fewer workers, or equalize='pad'.", RuntimeWarning, stacklevel=2)
-        if self._started is None:
-            self._started = time.perf_counter()
-        return _Counted(super().__iter__(), self)
+    def _warn_keep(self) -> None:
+        if not self.loader._warned_keep:
+            self.loader._warned_keep = True
+            warnings.warn("streamwin: batches are being kept while iterating; to keep worker slots free, later "
+                          "batches are copied out of shared memory (one extra copy each). Clone what you keep, or "
+                          "drop batches you no longer need, to avoid the copy.", RuntimeWarning, stacklevel=4)
 
-    def stats(self) -> dict[str, Any]:
-        """What this rank's loader did: batches, windows/s, bytes read, retries, cache hits, skips."""
-        totals: dict[str, int] = {}
-        states = self.state_dict() if self._iterator is not None else {}  # never start workers just for stats
-        for stream_state in _stream_states(states):
-            for k, v in stream_state.get("stats", {}).items():
-                totals[k] = totals.get(k, 0) + v
-        elapsed = time.perf_counter() - self._started if self._started else 0.0
-        windows = self._yielded * self.dataset.batch_size
-        return {"batches": self._yielded, "windows": windows,
-                "windows_per_s": windows / elapsed if elapsed else 0.0, **totals}
+    def close(self) -> None:
+        self._recycle()  # slots still held stay in pool.held, released by a later pass once dropped
 
-    def state_dict(self) -> dict[str, Any]:
-        self.dataset.world()
-        state = super().state_dict()
-        state[_META] = {"version": 1, "epoch": self.dataset.epoch, "inputs": self.dataset.plan_inputs()}
-        return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a position; a following ``set_epoch`` with the same epoch keeps it."""
-        state = dict(state_dict)
-        meta = state.pop(_META, None)
-        if meta is not None:
-            check_state({"version": 1, "inputs": meta["inputs"]}, self.dataset.plan_inputs())
-            self.dataset.set_epoch(meta["epoch"])
-        # A state taken after the last batch says "finished", and torchdata would then start the next
-        # iteration from scratch, replaying that epoch. Our stream states already say where each
-        # stream is (at its end): the same epoch yields nothing more, another epoch starts afresh.
-        if state.get("_iterator_finished"):
-            state["_iterator_finished"] = False
-        super().load_state_dict(state)
+
+class _DevicePass(_LocalPass):
+    """The rank's one stream in this process, its blocks uploaded once and windows cut on the device."""
+
+    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
+        _Pass.__init__(self, loader, plan, world)
+        ds = loader.dataset
+        gatherer = DeviceGatherer(ds.manifest, ds.spec, loader.device, with_weight=ds.layout().has("weight"))
+        self.uploader = None
+        self.node, self.source = open_stream(ds, plan, world[0], loader._taken, None, prefetch=False,
+                                             transform=self._upload, gatherer=gatherer)
+
+    def _upload(self, block):
+        if self.uploader is None:  # made on the read-ahead thread, where the uploads run
+            self.uploader = Uploader(self.loader.device, self.source)
+        return self.uploader(block)
+
+    def _next(self) -> dict[str, Any]:
+        return next(self.node)
+
+    def extra_stats(self) -> dict[str, Any]:
+        u = self.uploader
+        return {} if u is None else {"device_blocks": u.blocks, "device_uploaded_bytes": u.uploaded_bytes,
+                                     "device_peak_bytes": u.peak_bytes}

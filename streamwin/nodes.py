@@ -7,8 +7,9 @@ order, which bytes) is recomputed from the plan, so a checkpoint is a few intege
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 from torchdata.nodes import BaseNode
 
 from .batch import Gatherer
@@ -21,9 +22,11 @@ class BlockReader(BaseNode[Block]):
 
     BLOCK_KEY = "block"
 
-    def __init__(self, source: ShardSource, plan: Plan, stream: int, *, readahead: int = 1):
+    def __init__(self, source: ShardSource, plan: Plan, stream: int, *, readahead: int = 1,
+                 transform: Callable[[Block], Any] | None = None):
         super().__init__()
         self.source, self.plan, self.stream, self.readahead = source, plan, stream, readahead
+        self.transform = transform  # runs on the read-ahead thread (device mode: upload the block)
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
         self._next = 0
@@ -42,10 +45,19 @@ class BlockReader(BaseNode[Block]):
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read")
         for j in range(k, min(k + 1 + self.readahead, n)):
             if j not in self._pending:
-                self._pending[j] = self._pool.submit(self.source.read_block, self.plan, self.stream, j)
+                self._pending[j] = self._pool.submit(self._read, j)
         block = self._pending.pop(k).result()
         self._next = k + 1
         return block
+
+    def _read(self, k: int):
+        block = self.source.read_block(self.plan, self.stream, k)
+        return self.transform(block) if self.transform is not None else block
+
+    def release(self, block) -> None:
+        """Give a block's memory back once no batch needs it."""
+        if isinstance(block, Block):
+            self.source.release(block)
 
     def get_state(self) -> dict[str, Any]:
         return {self.BLOCK_KEY: self._next}
@@ -63,13 +75,17 @@ class BlockReader(BaseNode[Block]):
 
 
 class Batcher(BaseNode[dict]):
-    """Cuts a stream's blocks into exactly ``plan.batches_per_stream`` batches."""
+    """Cuts a stream's blocks into exactly ``plan.batches_per_stream`` batches.
+
+    Each batch is gathered into the buffer ``next_buffer()`` hands out (its field views): a
+    reused in-process array or a worker's shared-memory slot.
+    """
 
     BATCH_KEY = "batch"
 
-    def __init__(self, reader: BlockReader, gatherer: Gatherer):
+    def __init__(self, reader: BlockReader, gatherer: Gatherer, next_buffer: Callable[[], dict[str, np.ndarray]]):
         super().__init__()
-        self.reader, self.gatherer = reader, gatherer
+        self.reader, self.gatherer, self.next_buffer = reader, gatherer, next_buffer
         self.plan = reader.plan
         self._batch = 0
         self._block: Block | None = None
@@ -100,9 +116,9 @@ class Batcher(BaseNode[dict]):
             self._pos += take
             need -= take
         self._batch += 1
-        batch = self.gatherer.gather(parts)  # copies: no batch field is a view of a block buffer
+        batch = self.gatherer.gather(parts, self.next_buffer())  # copies: no field is a view of a block buffer
         for block in done:
-            self.reader.source.release(block)
+            self.reader.release(block)
         return batch
 
     def get_state(self) -> dict[str, Any]:

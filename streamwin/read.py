@@ -47,12 +47,9 @@ class Block:
     start: np.ndarray
     real: np.ndarray
     valid: np.ndarray
-    keys: np.ndarray  # keys of the block's distinct sequences (an object array)
-    key_index: np.ndarray  # window i belongs to keys[key_index[i]]
+    seq_ids: np.ndarray  # manifest indices of the block's distinct sequences
+    key_index: np.ndarray  # window i belongs to sequence seq_ids[key_index[i]]
     buf_tensor: Any = None  # the gatherer's tensor views of buf, made once; dropped with buf
-
-    def batch_keys(self, lo: int, hi: int) -> list[str]:
-        return self.keys[self.key_index[lo:hi]].tolist()  # one fancy index per batch, no Python loop
 
     def __len__(self) -> int:
         return len(self.offs)
@@ -135,7 +132,7 @@ class ShardSource:
                 self.stats.skipped_windows += int(lost.sum())
         if shuffled is not None:  # into yield order
             offs, start, real, valid, inv = (a[shuffled] for a in (offs, start, real, valid, inv))
-        return Block(buf, offs, start, real, valid, np.array(m.keys(uniq), dtype=object), inv)
+        return Block(buf, offs, start, real, valid, uniq, inv)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         """A block buffer of ``nbytes``, reusing a released one when it is large enough.

@@ -49,7 +49,7 @@ def main() -> None:
             t = torch.ones(1)
             dist.all_reduce(t)  # lockstep: hangs if any rank has fewer batches
             assert t.item() == world
-            records.append({"epoch": epoch, "key": batch["key"], "start": batch["start"].tolist(),
+            records.append({"epoch": epoch, "key": list(batch["key"]), "start": batch["start"].tolist(),
                             "weight": batch["weight"].tolist() if "weight" in batch else None,
                             "x": hashlib.sha256(batch["x"].numpy().tobytes()).hexdigest()})
             steps += 1

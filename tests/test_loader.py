@@ -59,7 +59,7 @@ def test_windows_are_exact_and_each_at_most_once(tiny, workers, pad):
     expected = reference_windows(seqs, W, S, H, pad)
     assert len(set(seen)) == len(seen)
     assert set(seen) <= expected
-    dropped = loader.dataset.summary()["dropped_windows"]
+    dropped = loader.summary()["dropped_windows"]
     assert len(expected) - len(seen) == dropped < max(1, workers) * B
 
 
@@ -259,20 +259,20 @@ def test_batches_kept_stay_intact(tiny, workers, prefetch):
 
 
 def test_batch_arrays_are_reused_only_when_released():
-    from streamwin.batch import BatchArrays
+    from streamwin.batch import BufferPool
 
-    pool = BatchArrays(keep=2)
-    a = pool.get(64)
+    pool = BufferPool(64, keep=2)
+    a = pool.get()
     held = torch.from_numpy(a.view(np.float32).reshape(4, 4))  # what a consumer holds
     del a
-    b = pool.get(64)
+    b = pool.get()
     assert not np.shares_memory(b, held.numpy())
     del b
-    c = pool.get(64)  # b was released: reused
+    c = pool.get()  # b was released: reused
     assert not np.shares_memory(c, held.numpy())
     del held, c
-    d = pool.get(64)
-    e = pool.get(64)
+    d = pool.get()
+    e = pool.get()
     assert not np.shares_memory(d, e)  # both free, but one is handed out twice never
 
 

@@ -1,0 +1,183 @@
+"""Device mode: each block's bytes travel to the device once, and windows are cut there.
+
+The read-ahead thread reads (or maps) a block as usual, copies its bytes and its window
+table (offsets, starts, flags) into one page-locked staging buffer, and starts a single
+upload on a side CUDA stream. Per batch the trainer's thread then only queues one gather
+per field (``index_select`` over a byte-row view of the block, exactly as the CPU gather
+does), so a step pays a few kernel launches, never a copy, and overlapping windows
+(stride < window) cross PCIe once instead of window/stride times.
+
+Batches are bit for bit those of the CPU path. With ``device="cpu"`` the same code runs
+on the CPU (that is how CI tests it). Device memory holds at most the blocks in flight:
+the one being batched, ``readahead`` ahead, and one whose last batch may still be in use;
+``stats()`` reports the peak.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .batch import BatchKeys
+from .read import Block
+
+
+@dataclass
+class DeviceBlock:
+    """A block on the device: its bytes and window table, plus what the keys need on the CPU."""
+
+    buf: torch.Tensor  # uint8, the block's bytes
+    offs: torch.Tensor  # int64, byte offset of each window in buf
+    start: torch.Tensor  # int64
+    valid: torch.Tensor  # int64, steps of window + horizon inside the sequence
+    weight: torch.Tensor  # float32, 1 for real windows, 0 for repeats and skipped ones
+    valid_cpu: np.ndarray
+    seq_ids: np.ndarray
+    key_index: np.ndarray
+    ready: Any = None  # CUDA event: the upload is done
+    waited: bool = False  # the trainer's stream waits for ``ready`` (once)
+    rows: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.valid_cpu)
+
+
+class Uploader:
+    """Runs on the read-ahead thread: a CPU Block in, a DeviceBlock out (the CPU buffer released)."""
+
+    def __init__(self, device: torch.device, source, staging: int = 2):
+        self.device, self.source = device, source
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self._staging: list[list] = [[None, None] for _ in range(staging)]  # [pinned tensor, event of its last copy]
+        self._next = 0
+        self._lock = threading.Lock()
+        self.live_bytes = self.peak_bytes = self.uploaded_bytes = self.blocks = 0
+
+    def __call__(self, block: Block) -> DeviceBlock:
+        n, w = len(block.buf), len(block)
+        table = [block.offs, block.start, block.valid.astype(np.int64, copy=False), block.real.astype(np.float32)]
+        at = n + (-n % 8)  # the window table follows the bytes, 8-byte aligned
+        total = at + 28 * w
+        dev, host = self._upload_buffers(total)
+        np.copyto(host[:n], block.buf)  # page cache -> (page-locked) memory, without the GIL
+        pos = at
+        for arr in table:
+            host[pos : pos + arr.nbytes] = arr.view(np.uint8)
+            pos += arr.nbytes
+        ready = None
+        if self.cuda:
+            with torch.cuda.stream(self.stream):
+                dev.copy_(self._host_tensor[:total], non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(self.stream)
+            self._slot[1] = ready
+        self.source.release(block)
+        t = dev[at:total]
+        out = DeviceBlock(buf=dev[:n], offs=t[: 8 * w].view(torch.int64), start=t[8 * w : 16 * w].view(torch.int64),
+                          valid=t[16 * w : 24 * w].view(torch.int64), weight=t[24 * w :].view(torch.float32),
+                          valid_cpu=block.valid, seq_ids=block.seq_ids, key_index=block.key_index, ready=ready)
+        self._count(dev, total)
+        return out
+
+    def _upload_buffers(self, total: int) -> tuple[torch.Tensor, np.ndarray]:
+        """(the block's device buffer, host memory to fill): on the CPU they are one and the same."""
+        if not self.cuda:
+            dev = torch.empty(total, dtype=torch.uint8)
+            return dev, dev.numpy()
+        self._host_tensor, self._slot = self._stage(total)
+        with torch.cuda.stream(self.stream):
+            dev = torch.empty(total, dtype=torch.uint8, device=self.device)
+        return dev, self._host_tensor.numpy()
+
+    def _stage(self, nbytes: int) -> tuple[torch.Tensor, list]:
+        """A page-locked buffer of at least ``nbytes`` whose previous upload has finished."""
+        slot = self._staging[self._next]
+        self._next = (self._next + 1) % len(self._staging)
+        if slot[1] is not None:
+            slot[1].synchronize()  # this thread waits, never the trainer's
+        if slot[0] is None or slot[0].numel() < nbytes:
+            slot[0] = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=True)
+        return slot[0], slot
+
+    def _count(self, dev: torch.Tensor, nbytes: int) -> None:
+        with self._lock:
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self.uploaded_bytes += nbytes
+            self.blocks += 1
+        weakref.finalize(dev, self._freed, nbytes)
+
+    def _freed(self, nbytes: int) -> None:
+        with self._lock:
+            self.live_bytes -= nbytes
+
+
+class DeviceGatherer:
+    """Cuts a batch's windows out of DeviceBlocks on the device; returns the batch dict."""
+
+    def __init__(self, manifest, spec, device: torch.device, with_weight: bool):
+        self.manifest, self.spec, self.device, self.with_weight = manifest, spec, device, with_weight
+        self.sb = manifest.step_bytes
+        self.dtype = torch.from_numpy(np.zeros(0, dtype=manifest.dtype)).dtype
+        self.step_shape = tuple(manifest.step_shape)
+        self._ranges = {n: torch.arange(n, device=device) for n in {spec.window, spec.horizon} if n}
+
+    def gather(self, parts: list[tuple[DeviceBlock, int, int]], out=None) -> dict[str, Any]:
+        spec = self.spec
+        for b, _, _ in parts:
+            if not b.waited:  # the trainer's stream waits for the upload (on the device, not here)
+                if b.ready is not None:
+                    stream = torch.cuda.current_stream(self.device)
+                    stream.wait_event(b.ready)
+                    b.buf.record_stream(stream)
+                b.waited = True
+        batch: dict[str, Any] = {"x": self._take(parts, 0, spec.window)}
+        if spec.horizon:
+            batch["y"] = self._take(parts, spec.window * self.sb, spec.horizon)
+        if spec.pad:
+            valid = self._cat(parts, "valid")
+            batch["mask"] = self._ranges[spec.window] < valid[:, None]
+            if spec.horizon:
+                batch["y_mask"] = self._ranges[spec.horizon] < (valid - spec.window)[:, None]
+            if any((b.valid_cpu[lo:hi] < spec.span).any() for b, lo, hi in parts):  # zero past a short sequence
+                batch["x"].masked_fill_(~_expand(batch["mask"], batch["x"]), 0)
+                if spec.horizon:
+                    batch["y"].masked_fill_(~_expand(batch["y_mask"], batch["y"]), 0)
+        batch["start"] = self._cat(parts, "start")
+        seq = np.concatenate([np.take(b.seq_ids, b.key_index[lo:hi]) for b, lo, hi in parts])
+        batch["key"] = BatchKeys(manifest=self.manifest, seq=seq)
+        if self.with_weight:
+            batch["weight"] = self._cat(parts, "weight")
+        return batch
+
+    def _cat(self, parts, name: str) -> torch.Tensor:
+        if len(parts) == 1:
+            b, lo, hi = parts[0]
+            return getattr(b, name)[lo:hi]
+        return torch.cat([getattr(b, name)[lo:hi] for b, lo, hi in parts])
+
+    def _take(self, parts, shift: int, steps: int) -> torch.Tensor:
+        nbytes = steps * self.sb
+        pieces = [torch.index_select(_rows(b, shift, nbytes), 0, b.offs[lo:hi]) for b, lo, hi in parts]
+        raw = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        return raw.view(self.dtype).view((len(raw), steps) + self.step_shape)
+
+
+def _rows(b: DeviceBlock, shift: int, nbytes: int) -> torch.Tensor:
+    """Row i = the ``nbytes`` bytes of the block from byte ``shift + i`` (a view, made once per block)."""
+    key = (shift, nbytes)
+    rows = b.rows.get(key)
+    if rows is None:
+        buf = b.buf[shift:]
+        rows = b.rows[key] = buf.as_strided((max(len(buf) - nbytes + 1, 0), nbytes), (1, 1))
+    return rows
+
+
+def _expand(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A [B, steps] mask broadcast over x's feature dimensions."""
+    return mask.view(mask.shape + (1,) * (x.dim() - 2)).expand_as(x)

@@ -1,0 +1,143 @@
+"""Batch slots in shared memory: allocated once per worker pool, filled by workers, viewed by the trainer.
+
+One file in /dev/shm holds, per worker, a few fixed-size batch slots (``BatchLayout.nbytes``
+each) and a small block of counters. The trainer creates it, every worker maps it, and the
+trainer unlinks the name as soon as all workers have it open: from then on nothing is left
+in /dev/shm whatever happens (Ctrl-C, SIGTERM, a crash); the memory goes when the last
+process unmaps it. Per batch nothing is allocated: a worker gathers into a free slot and
+sends the slot's number.
+
+With ``pin=True`` (and CUDA) the trainer page-locks the mapping (cudaHostRegister), so a
+``.to(device, non_blocking=True)`` copies straight from the slot, asynchronously.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import tempfile
+import uuid
+
+import numpy as np
+
+PREFIX = "streamwin-"
+PAGE = mmap.PAGESIZE
+COUNTERS = 16  # int64 counters per worker (read statistics)
+
+
+def shm_dir() -> str:
+    """Where shared-memory files live: /dev/shm on Linux, else the temp directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class SharedFile:
+    """``nbytes`` of a shared-memory file mapped read-write; unmapped when the last numpy view is gone."""
+
+    def __init__(self, nbytes: int, path: str | None = None):
+        self.nbytes = -(-max(nbytes, 1) // PAGE) * PAGE
+        self.created = path is None
+        self.path = path or os.path.join(shm_dir(), f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self._registered = False
+        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if self.created else 0), 0o600)
+        try:
+            if self.created:
+                os.ftruncate(fd, self.nbytes)
+            self._mm = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            if self.created:
+                os.unlink(self.path)
+            raise
+        finally:
+            os.close(fd)
+        probe = ctypes.c_char.from_buffer(self._mm)  # the mapping's address; released right away
+        self.addr = ctypes.addressof(probe)
+        del probe
+        self.__array_interface__ = {"data": (self.addr, False), "shape": (self.nbytes,), "typestr": "|u1",
+                                    "version": 3}
+
+    def array(self) -> np.ndarray:
+        """A uint8 view of the whole mapping; the mapping lives as long as any view of it."""
+        return np.asarray(self)
+
+    def unlink(self) -> None:
+        """Remove the name (every process that mapped it keeps its memory)."""
+        if self.created:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.created = False
+
+    def pin(self) -> bool:
+        """Page-lock the mapping for asynchronous copies to CUDA devices; False if CUDA is absent."""
+        import torch
+
+        if self._registered or not torch.cuda.is_available():
+            return self._registered
+        err = torch.cuda.cudart().cudaHostRegister(self.addr, self.nbytes, 0)
+        self._registered = int(err) == 0
+        return self._registered
+
+    def __del__(self) -> None:
+        if getattr(self, "_registered", False):
+            try:
+                import torch
+
+                torch.cuda.cudart().cudaHostUnregister(self.addr)
+            except Exception:
+                pass
+        mm = getattr(self, "_mm", None)
+        if mm is not None:
+            try:
+                mm.close()
+            except (BufferError, ValueError):
+                pass
+        self.unlink()
+
+
+class Region:
+    """A byte range of a SharedFile as a numpy array of its own.
+
+    numpy points a view at the nearest array whose base is not an array, so every view of
+    ``Region.array()`` (and every tensor made from one) refers to that array: its reference
+    count says whether anyone still holds the slot. A slice of one big array would not.
+    """
+
+    def __init__(self, shared: SharedFile, offset: int, nbytes: int):
+        self.shared = shared  # keeps the mapping alive while any view of the region lives
+        self.__array_interface__ = {"data": (shared.addr + offset, False), "shape": (nbytes,), "typestr": "|u1",
+                                    "version": 3}
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self)
+
+
+class SlotLayout:
+    """Byte offsets of each worker's counters and slots inside one shared file."""
+
+    def __init__(self, workers: int, slots: int, slot_bytes: int):
+        self.workers, self.slots = workers, slots
+        self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
+        self.counters_at = 0
+        self.slots_at = -(-(workers * COUNTERS * 8) // PAGE) * PAGE
+        self.nbytes = self.slots_at + workers * slots * self.slot_bytes
+
+    def slot(self, arr: np.ndarray, worker: int, slot: int) -> np.ndarray:
+        """The bytes of ``slot`` of ``worker`` (a view of ``arr``, the whole file)."""
+        at = self.slots_at + (worker * self.slots + slot) * self.slot_bytes
+        return arr[at : at + self.slot_bytes]
+
+    def region(self, shared: SharedFile, worker: int, slot: int) -> Region:
+        """``slot`` of ``worker`` as a Region of its own (trainer side: per-slot reference counts)."""
+        return Region(shared, self.slots_at + (worker * self.slots + slot) * self.slot_bytes, self.slot_bytes)
+
+    def counters(self, arr: np.ndarray, worker: int) -> np.ndarray:
+        """The int64 counters of ``worker``."""
+        at = self.counters_at + worker * COUNTERS * 8
+        return arr[at : at + COUNTERS * 8].view(np.int64)
+
+
+def leftovers(pid: int | None = None) -> list[str]:
+    """Shared-memory files of ours still named in the shm directory (of process ``pid``, or any)."""
+    prefix = PREFIX + (f"{pid}-" if pid is not None else "")
+    return sorted(n for n in os.listdir(shm_dir()) if n.startswith(prefix))

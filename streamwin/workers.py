@@ -1,0 +1,275 @@
+"""Worker processes that gather batches into shared-memory slots; the trainer receives slot numbers.
+
+Each worker runs one stream of the plan per pass. The trainer and a worker talk over one
+pipe, in fixed 25-byte messages (no pickling per batch):
+
+    trainer -> worker   RUN(run, epoch, first batch) | RELEASE(slot) | STOP
+    worker -> trainer   READY | BATCH(run, slot)      | an error, pickled (rare)
+
+A worker writes a batch only into a slot the trainer has released, so a batch the trainer
+still hands out is never overwritten. ``run`` numbers passes: after a pass is abandoned
+midway (persistent workers), the trainer discards and releases what the old pass still
+sends. A worker ignores SIGINT (the trainer stops it) and exits when the trainer dies.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import time
+import traceback
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+
+from .dataset import close_stream, open_stream
+from .errors import WorkerError
+from .slots import SharedFile, SlotLayout
+
+_MSG = struct.Struct("<Bqqq")
+READY, BATCH, RUN, RELEASE, STOP, ERROR = 1, 2, 3, 4, 5, 0
+STAT_FIELDS = ("bytes_read", "reads", "retries", "skipped_ranges", "skipped_windows", "cache_hits")
+POLL_S = 0.05  # how often a waiting trainer checks that its workers live
+
+
+class _Interrupted(Exception):
+    """A command arrived while a pass was running."""
+
+    def __init__(self, msg: tuple[int, int, int, int]):
+        self.msg = msg
+
+
+class _ParentGone(Exception):
+    """The trainer process died."""
+
+
+def _send(conn, tag: int, a: int = 0, b: int = 0, c: int = 0) -> None:
+    conn.send_bytes(_MSG.pack(tag, a, b, c))
+
+
+def _recv(conn, parent_pid: int) -> tuple[int, int, int, int]:
+    """The next message to a worker; raises _ParentGone if the trainer died meanwhile."""
+    while not conn.poll(1.0):
+        if os.getppid() != parent_pid:
+            raise _ParentGone
+    try:
+        return _MSG.unpack(conn.recv_bytes())
+    except (EOFError, OSError) as e:
+        raise _ParentGone from e
+
+
+def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], path: str, slot_layout: SlotLayout,
+                conn, parent_pid: int) -> None:
+    """A worker process: map the slots, then run the passes the trainer asks for."""
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    ds._world = world  # the trainer's rank: torch.distributed is not initialized here
+    layout = ds.layout()
+    arr = SharedFile(slot_layout.nbytes, path=path).array()
+    slots = [layout.views(slot_layout.slot(arr, worker, i)) for i in range(slot_layout.slots)]
+    counters = slot_layout.counters(arr, worker)
+    _send(conn, READY, worker)
+    free = deque(range(slot_layout.slots))
+    totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
+    plans: dict[int, Any] = {}
+    cmd = None
+    try:
+        while True:
+            msg = cmd or _recv(conn, parent_pid)
+            cmd = None
+            if msg[0] == STOP:
+                return
+            if msg[0] == RELEASE:
+                free.append(msg[1])
+                continue
+            _, run, epoch, first = msg
+            if epoch not in plans:
+                plans.clear()
+                plans[epoch] = ds.plan(epoch, num_workers)
+            stream = world[0] * max(1, num_workers) + worker
+            cmd = _run_pass(ds, plans[epoch], stream, run, first, slots, free, counters, totals, conn, parent_pid)
+    except _ParentGone:
+        return
+
+
+def _run_pass(ds, plan, stream: int, run: int, first: int, slots, free: deque, counters: np.ndarray,
+              totals: np.ndarray, conn, parent_pid: int) -> tuple[int, int, int, int] | None:
+    """Gather one pass of a stream into free slots; returns a command that interrupted it, or None."""
+    taken: list[int] = []
+
+    def next_buffer() -> dict[str, np.ndarray]:
+        while not free:
+            msg = _recv(conn, parent_pid)
+            if msg[0] != RELEASE:
+                raise _Interrupted(msg)
+            free.append(msg[1])
+        taken.append(free.popleft())
+        return slots[taken[-1]]
+
+    node = source = None
+    try:
+        node, source = open_stream(ds, plan, stream, first, next_buffer, prefetch=False)
+        for _ in node:
+            counters[: len(STAT_FIELDS)] = totals + _stats(source)
+            _send(conn, BATCH, run, taken.pop())
+            while conn.poll(0):
+                msg = _MSG.unpack(conn.recv_bytes())
+                if msg[0] != RELEASE:
+                    raise _Interrupted(msg)
+                free.append(msg[1])
+        return None
+    except _Interrupted as e:
+        return e.msg
+    except (_ParentGone, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # hand the error to the trainer, which raises it
+        _send_error(conn, run, e)
+        return None
+    finally:
+        free.extend(taken)  # a slot popped for a batch that never went out is free again
+        close_stream(node)
+        if source is not None:
+            totals += _stats(source)
+            counters[: len(STAT_FIELDS)] = totals
+
+
+def _stats(source) -> np.ndarray:
+    s = source.stats
+    return np.array([getattr(s, f) for f in STAT_FIELDS], dtype=np.int64)
+
+
+def _send_error(conn, run: int, e: BaseException) -> None:
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    try:
+        payload = pickle.dumps((run, e, text))
+        pickle.loads(payload)
+    except Exception:  # an error that does not survive pickling travels as its text
+        payload = pickle.dumps((run, RuntimeError(f"{type(e).__name__}: {e}"), text))
+    conn.send_bytes(bytes([ERROR]) + payload)
+
+
+class WorkerPool:
+    """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side)."""
+
+    def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
+                 start_timeout: float = 120.0):
+        self.num_workers = num_workers
+        self.slot_layout = SlotLayout(num_workers, slots, ds.layout().nbytes)
+        self.shm = SharedFile(self.slot_layout.nbytes)
+        self.procs: list = []
+        self.conns: list = []
+        self.run = 0
+        self.closed = False
+        self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
+        try:
+            self.pinned = pin and self.shm.pin()
+            arr = self.shm.array()
+            # per slot: a Region (whose reference count tells whether the slot is still held) and its bytes
+            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(slots)] for w in range(num_workers)]
+            self.bases = [[r.array() for r in rs] for rs in self.regions]
+            self.counters = [self.slot_layout.counters(arr, w) for w in range(num_workers)]
+            for w in range(num_workers):
+                mine, theirs = context.Pipe(duplex=True)
+                p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
+                                    args=(ds, num_workers, w, world, self.shm.path, self.slot_layout, theirs,
+                                          os.getpid()))
+                p.start()
+                theirs.close()
+                self.procs.append(p)
+                self.conns.append(mine)
+            deadline = time.monotonic() + start_timeout
+            for w in range(num_workers):
+                while not self.conns[w].poll(POLL_S):
+                    self._check_alive(w)
+                    if time.monotonic() > deadline:
+                        raise WorkerError(f"streamwin worker {w} did not start within {start_timeout:.0f} s")
+                self._message(w)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self.shm.unlink()  # every worker has it mapped (or failed): nothing stays in /dev/shm
+
+    def start(self, epoch: int, first_batches: list[int]) -> None:
+        """Begin a pass: worker w yields its stream's batches from ``first_batches[w]`` on."""
+        self.run += 1
+        for w, conn in enumerate(self.conns):
+            _send(conn, RUN, self.run, epoch, first_batches[w])
+
+    def take(self, w: int, on_wait: Callable[[], None]) -> int:
+        """The slot holding worker ``w``'s next batch of the current pass; ``on_wait`` runs while waiting."""
+        conn = self.conns[w]
+        while True:
+            if not conn.poll(0):
+                on_wait()
+                while not conn.poll(POLL_S):
+                    self._check_alive(w)
+                    on_wait()
+            kind, run, slot = self._message(w)
+            if kind == BATCH:
+                if run == self.run:
+                    return slot
+                self.release(w, slot)  # from a pass abandoned midway
+
+    def _message(self, w: int) -> tuple[int, int, int]:
+        try:
+            data = self.conns[w].recv_bytes()
+        except (EOFError, OSError):
+            self._check_alive(w, wait=1.0)
+            raise WorkerError(f"streamwin worker {w} (pid {self.procs[w].pid}) closed its pipe")
+        if data[0] == ERROR:
+            run, err, text = pickle.loads(data[1:])
+            if run == self.run:
+                raise err from WorkerError(f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{text}")
+            return ERROR, run, -1
+        tag, a, b, _ = _MSG.unpack(data)
+        return tag, a, b
+
+    def release(self, w: int, slot: int) -> None:
+        """Give slot ``slot`` back to worker ``w``."""
+        try:
+            _send(self.conns[w], RELEASE, slot)
+        except (BrokenPipeError, OSError):
+            pass  # a dead worker is reported by take()
+
+    def stats(self) -> np.ndarray:
+        """The workers' read counters, summed (run totals)."""
+        return np.sum([c[: len(STAT_FIELDS)] for c in self.counters], axis=0)
+
+    def _check_alive(self, w: int, wait: float = 0.0) -> None:
+        p = self.procs[w]
+        p.join(wait) if wait else None
+        code = p.exitcode
+        if code is not None:
+            how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exited with code {code}"
+            hint = " (out of memory?)" if code == -signal.SIGKILL else ""
+            raise WorkerError(f"streamwin worker {w} (pid {p.pid}) {how}{hint}")
+
+    def close(self) -> None:
+        """Stop the workers (politely, then by force) and give up the shared memory."""
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self.conns:
+            try:
+                _send(conn, STOP)
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.terminate()
+                p.join(2.0)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+        for conn in self.conns:
+            conn.close()
+        self.shm.unlink()
+        self.bases = self.regions = []
+        self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go
