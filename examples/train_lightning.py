@@ -9,39 +9,29 @@ gives each rank its part of the data, with the same number of batches on every r
 loader position; the same command resumes from ``<ckpt-dir>/last.ckpt`` exactly where the
 checkpoint was taken (``--stop-after N`` simulates a preemption after N steps of this run).
 
-Why the small LightningWindowLoader subclass and the DataModule state below, rather than
-Lightning's built-in support for stateful dataloaders alone (Lightning >= 2.3 saves
-``train_dataloader().state_dict()`` in the checkpoint and restores it)? Checked with Lightning 2.6:
+Lightning's own support for stateful dataloaders is all it takes (checked with Lightning 2.6):
 
-1. Only rank 0 writes the checkpoint, so the built-in keeps rank 0's loader state and loads it
-   into every rank. Rank 1 would resume at rank 0's position in rank 0's part of the plan;
-   streamwin refuses that (StateMismatchError: state of stream 0 loaded into stream 1). Here
-   the DataModule's ``state_dict`` (Lightning calls it on every rank when it makes a
-   checkpoint) gathers all ranks' positions, and on resume each rank restores its own, after
-   whatever Lightning restored itself.
-2. Lightning calls ``set_epoch`` on samplers, never on the loader: without help every epoch
-   would repeat epoch 0's order. The loader takes the trainer's epoch at each ``iter()`` (on
-   resume that is the checkpoint's epoch, which keeps the restored position).
-3. A checkpoint taken at the last batch of an epoch is resumed by Lightning as the start of
-   the next epoch, with the iterator it created for the finished one: an empty epoch would
-   be skipped. The loader notices the restored position is at the end and starts the next.
+1. Lightning saves ``train_dataloader().state_dict()`` in the checkpoint (rank 0's) and loads it
+   into the loader of every rank on resume. A streamwin state says where *all* ranks are (they
+   run in lockstep: epoch and batches taken), so rank 0's state is every rank's.
+2. Lightning calls ``set_epoch`` on samplers, never on the loader; a WindowLoader moves on to
+   the next epoch by itself after a complete pass (the same on every rank), and a checkpoint
+   taken at the last batch of an epoch resumes with the next one.
+3. Lightning may call ``iter()`` more than once before it iterates; a pass begins at its first
+   batch, so that costs nothing.
 
-The position itself is exact: a WindowLoader has a length, so Lightning does not fetch a
-batch ahead, and the state taken at a checkpoint after step k resumes at batch k + 1.
+The position is exact: the state taken at a checkpoint after step k resumes at batch k + 1.
 """
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import os
 import sys
 import time
-from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
 try:
     import lightning.pytorch as pl
@@ -56,40 +46,8 @@ from train_ddp import Forecaster, features_of, forecast_loss  # noqa: E402  (one
 log = logging.getLogger("train_lightning")
 
 
-class LightningWindowLoader(sw.WindowLoader):
-    """A WindowLoader that follows the trainer's epoch and restores its own rank's position."""
-
-    def __init__(self, dataset: sw.WindowDataset, *, epoch: Callable[[], int], **kwargs: Any):
-        super().__init__(dataset, **kwargs)
-        self._epoch_of = epoch
-        self._restore: dict | None = None
-
-    def restore(self, state: dict) -> None:
-        """Resume from ``state`` at the next iter(), after whatever Lightning itself restored."""
-        self._restore = state
-
-    def __iter__(self):
-        restored, self._restore = self._restore, None
-        if restored is not None:
-            self.load_state_dict(restored)
-        epoch = self._epoch_of()
-        self.set_epoch(epoch)  # the restored epoch keeps the position, a later one starts afresh
-        it = super().__iter__()
-        if restored is None:
-            return it
-        # A checkpoint taken at the last batch of an epoch: Lightning resumes it as the start of
-        # the next epoch, but keeps iterating the iterator it made before it worked that out.
-        # So when the restored position has nothing left, that iterator is the next epoch's.
-        try:
-            first = next(it)
-        except StopIteration:
-            self.set_epoch(epoch + 1)
-            return super().__iter__()
-        return itertools.chain([first], it)
-
-
 class WindowDataModule(pl.LightningDataModule):
-    """Training windows from a streamwin dataset; the checkpoint holds every rank's position."""
+    """Training windows from a streamwin dataset (Lightning checkpoints the loader's position itself)."""
 
     def __init__(self, url: str, *, window: int, stride: int, horizon: int, batch_size: int, seed: int = 0,
                  shuffle_buffer: int = 4096, num_workers: int = 0):
@@ -97,41 +55,20 @@ class WindowDataModule(pl.LightningDataModule):
         self.url, self.num_workers = url, num_workers
         self.kwargs = dict(window=window, stride=stride, horizon=horizon, batch_size=batch_size, seed=seed,
                            shuffle_buffer=shuffle_buffer)
-        self.loader: LightningWindowLoader | None = None
+        self.loader: sw.WindowLoader | None = None
 
     def setup(self, stage: str) -> None:
         if self.loader is None:  # rank and world size come from torch.distributed, set up by Lightning by now
             ds = sw.WindowDataset(self.url, **self.kwargs)
-            self.loader = LightningWindowLoader(ds, epoch=lambda: self.trainer.current_epoch,
-                                                num_workers=self.num_workers,
-                                                pin_memory=self.trainer.strategy.root_device.type == "cuda")
+            self.loader = sw.WindowLoader(ds, num_workers=self.num_workers,
+                                          pin_memory=self.trainer.strategy.root_device.type == "cuda")
 
     @property
     def features(self) -> int:
         return features_of(sw.WindowDataset(self.url, **self.kwargs))
 
-    def train_dataloader(self) -> LightningWindowLoader:
+    def train_dataloader(self) -> sw.WindowLoader:
         return self.loader
-
-    def state_dict(self) -> dict:
-        # Lightning calls this on every rank when it makes a checkpoint and writes rank 0's result
-        if self.loader is None:
-            return {}
-        state = self.loader.state_dict()
-        states = [state]
-        if dist.is_available() and dist.is_initialized():
-            states = [None] * dist.get_world_size()
-            dist.all_gather_object(states, state)  # a few KB per rank
-        return {"loaders": states}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "loaders" not in state:
-            return
-        states, world = state["loaders"], self.trainer.world_size
-        if len(states) != world:
-            raise RuntimeError(f"checkpoint has the data positions of {len(states)} ranks, this run has {world}: "
-                               "resume with the same number of devices")
-        self.loader.restore(states[self.trainer.global_rank])
 
 
 class LitForecaster(pl.LightningModule):

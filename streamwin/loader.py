@@ -87,7 +87,6 @@ class WindowLoader:
         self._epoch, self._taken = 0, 0
         self._epoch_set = False  # set_epoch called since the last pass began
         self._resume = False  # a loaded position waits for the next pass
-        self._finished = False  # the last pass ran to its end
         self._pass: _Pass | None = None
         self._pool: WorkerPool | None = None
         self._len: int | None = None
@@ -104,13 +103,15 @@ class WindowLoader:
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch (the same on every rank) before a pass; a new epoch, a new order.
 
-        Without it, each pass that follows a complete one advances the epoch by one (the same
-        on every rank). After ``load_state_dict``, the state's own epoch keeps its position.
+        Without it, a pass that follows a complete epoch is the next epoch (the same on every
+        rank, and after a resume too), and one that follows a pass abandoned midway starts
+        that epoch again. After ``load_state_dict``, ``set_epoch`` with the state's own epoch
+        keeps the restored position (at an epoch's end: an empty pass).
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         if not (self._resume and epoch == self._epoch):
-            self._epoch, self._taken, self._resume, self._finished = int(epoch), 0, False, False
+            self._epoch, self._taken, self._resume = int(epoch), 0, False
         self._epoch_set = True
 
     def __len__(self) -> int:
@@ -134,18 +135,20 @@ class WindowLoader:
         self._epoch, self._taken = epoch, min(taken, len(self)) if finished else taken
         if finished and taken != len(self):  # another batch size: an epoch's end is the end
             self._taken = len(self)
-        self._resume, self._epoch_set, self._finished = True, False, False
+        self._resume, self._epoch_set = True, False
 
     # -- iteration ---------------------------------------------------------------------------------
-    def __iter__(self) -> "_Pass":
+    def __iter__(self) -> "_Iterator":
+        return _Iterator(self)
+
+    def _begin(self) -> "_Pass":
+        """Start a pass: the one iterator that moves this loader's cursor (an earlier one stops)."""
         self.close_pass()
-        if self._resume:  # continue the loaded position (at an epoch's end: an empty pass, then the next epoch)
-            self._resume = False
-        elif self._finished and not self._epoch_set:
+        if self._taken >= len(self) > 0 and not self._epoch_set:  # the epoch is done: on to the next one
             self._epoch, self._taken = self._epoch + 1, 0
-        else:
+        elif not self._resume:  # a new pass of this epoch (after set_epoch, or after one abandoned midway)
             self._taken = 0
-        self._epoch_set = self._finished = False
+        self._resume = self._epoch_set = False
         world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
         self._log_once(world)
         if self._started is None:
@@ -187,8 +190,9 @@ class WindowLoader:
     def _worker_pool(self, world: tuple[int, int]) -> WorkerPool:
         if self._pool is None or self._pool.closed:
             ctx = multiprocessing.get_context(self.multiprocessing_context)
+            to_cuda = self.device is not None and self.device.type == "cuda"
             self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
-                                    pin=self.pin_memory, context=ctx)
+                                    pin=self.pin_memory or to_cuda, context=ctx)
         return self._pool
 
     def _log_once(self, world: tuple[int, int]) -> None:
@@ -250,6 +254,28 @@ def _stream_states(obj: Any):
             yield from _stream_states(v)
 
 
+class _Iterator:
+    """What ``iter(loader)`` returns: the pass begins at the first ``next()``.
+
+    Frameworks (Lightning) may call ``iter()`` more than once before iterating one of the
+    results; the epoch, the position and the streams are settled when batches are asked for.
+    """
+
+    def __init__(self, loader: WindowLoader):
+        self.loader, self._pass = loader, None
+
+    def __iter__(self) -> "_Iterator":
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._pass is None:
+            self._pass = self.loader._begin()
+        return next(self._pass)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
 class _Pass:
     """One pass over an epoch: an iterator of batches that keeps the loader's cursor."""
 
@@ -268,7 +294,6 @@ class _Pass:
         loader = self.loader
         if loader._pass is not self or loader._taken >= self.total:
             if loader._pass is self:
-                loader._finished = True
                 loader.close_pass()
             raise StopIteration
         t = time.perf_counter()
@@ -298,7 +323,8 @@ class _LocalPass(_Pass):
         super().__init__(loader, plan, world)
         ds = loader.dataset
         layout = ds.layout()
-        self.buffers = BufferPool(layout.nbytes, allocate=_allocator(loader.pin_memory))
+        pinned = _allocator(loader.pin_memory)
+        self.buffers = BufferPool(layout.nbytes, allocate=pinned, fenced=pinned is not None)
         self.node, self.source = open_stream(ds, plan, world[0], loader._taken, lambda: layout.views(self.buffers.get()))
 
     def _next(self) -> dict[str, Any]:
@@ -329,9 +355,11 @@ class _WorkerPass(_Pass):
         n = loader.num_workers
         self.pool = pool = loader._worker_pool(world)
         self.layout = loader.dataset.layout()
-        self.copies = BufferPool(self.layout.nbytes)
+        self.copies = BufferPool(self.layout.nbytes)  # pageable: a copy from it never outlives the call
         self.refs = 2  # references to a slot's array when nobody holds it: pool.bases and getrefcount's argument
         self.events = pool.pinned and torch.cuda.is_available()
+        dev = loader.device
+        self.to_device = dev if dev is not None and dev.type != "cpu" else None
         j = loader._taken
         pool.start(loader._epoch, [j // n + (w < j % n) for w in range(n)])
 
@@ -346,9 +374,13 @@ class _WorkerPass(_Pass):
             buf = self.copies.get()
             np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
             pool.release(w, slot)
-            return to_batch(self.layout.views(buf), self.manifest)
-        pool.held.append([w, slot, None])
-        return to_batch(self.layout.views(pool.bases[w][slot]), self.manifest)
+        else:
+            buf = pool.bases[w][slot]
+            pool.held.append([w, slot, None])
+        batch = to_batch(self.layout.views(buf), self.manifest)
+        if self.to_device is not None:  # straight from page-locked memory, queued on the current stream
+            batch = {k: v if k == "key" else v.to(self.to_device, non_blocking=True) for k, v in batch.items()}
+        return batch
 
     def _recycle(self) -> None:
         """Give back every slot no one holds any more (and whose queued CUDA copies are done)."""

@@ -1,0 +1,257 @@
+"""Every way of running a loader keeps the invariants; worker processes and shared memory are cleaned up.
+
+Modes: in-process (workers 0), worker processes over shared-memory slots (1, 2), and device
+mode (windows cut on a device from blocks uploaded once; device="cpu" here, the same code as
+CUDA). References are computed naively from the sequences, never by streamwin.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+import streamwin as sw
+from conftest import reference_windows
+from streamwin.errors import WorkerError
+from streamwin.slots import leftovers
+
+W, S, H, B = 16, 8, 4, 8
+MODES = [(0, None), (1, None), (2, None), (0, "cpu"), (2, "cpu")]
+
+
+def make(url, workers=0, device=None, **kw):
+    loader_kw = {k: kw.pop(k) for k in ("persistent_workers", "prefetch_factor") if k in kw}
+    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=64, seed=3) | kw
+    return sw.WindowLoader(sw.WindowDataset(url, **args), num_workers=workers, device=device, **loader_kw)
+
+
+def run(loader):
+    return [{k: (v.clone() if torch.is_tensor(v) else list(v)) for k, v in b.items()} for b in loader]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(list(x[k]) == list(y[k]) if k == "key" else torch.equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b))
+
+
+def naive(seqs, key, start, span):
+    arr = seqs[key]
+    ref = np.zeros((span,) + arr.shape[1:], arr.dtype)
+    part = arr[start : start + span]
+    ref[: len(part)] = part
+    return ref
+
+
+def our_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
+
+
+@pytest.mark.parametrize("workers,device", MODES)
+@pytest.mark.parametrize("pad", [False, True])
+def test_every_mode_yields_exact_windows_at_most_once(tiny, workers, device, pad):
+    url, seqs = tiny
+    loader = make(url, workers, device, pad=pad)
+    batches = run(loader)
+    assert len(batches) == len(loader) > 0
+    seen = []
+    for b in batches:
+        assert b["x"].shape == (B, W, 3) and b["y"].shape == (B, H, 3) and b["x"].dtype == torch.float32
+        for i, (key, start) in enumerate(zip(b["key"], b["start"].tolist())):
+            ref = naive(seqs, key, start, W + H)
+            assert np.array_equal(b["x"][i].numpy(), ref[:W]) and np.array_equal(b["y"][i].numpy(), ref[W:])
+            if pad:
+                assert b["mask"][i].tolist() == [j < len(seqs[key]) - start for j in range(W)]
+        seen += list(zip(b["key"], b["start"].tolist()))
+    expected = reference_windows(seqs, W, S, H, pad)
+    assert len(set(seen)) == len(seen) and set(seen) <= expected
+    assert len(expected) - len(seen) == loader.summary()["dropped_windows"] < max(1, workers) * B
+    assert not our_children() and not leftovers(os.getpid())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("opts", [{}, dict(pad=True, equalize="pad")])
+def test_device_mode_is_bitwise_the_cpu_path(tiny, workers, opts):
+    url, _ = tiny
+    cpu, dev = run(make(url, workers, **opts)), run(make(url, workers, "cpu", **opts))
+    assert same(cpu, dev) and len(cpu) > 0
+
+
+@pytest.mark.parametrize("workers,device", MODES)
+def test_same_run_twice_and_a_new_order_per_epoch(tiny, workers, device):
+    url, _ = tiny
+    a, b = run(make(url, workers, device)), run(make(url, workers, device))
+    assert same(a, b)
+    loader = make(url, workers, device)
+    loader.set_epoch(1)
+    assert not same(a, run(loader))
+
+
+@pytest.mark.parametrize("workers,device", MODES)
+def test_resume_is_exact_in_every_mode(tiny, workers, device):
+    url, _ = tiny
+    full = run(make(url, workers, device))
+    for k in (0, 1, 3, len(full) // 2, len(full) - 1):
+        loader = make(url, workers, device)
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        restored = make(url, workers, device)
+        restored.load_state_dict(state)
+        assert same(full[k:], run(restored)), (workers, device, k)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ranks_in_lockstep_cover_each_window_at_most_once(tiny, workers):
+    url, seqs = tiny
+    world, lens, seen = 3, [], []
+    for rank in range(world):
+        ds = sw.WindowDataset(url, window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=64, seed=3,
+                              rank=rank, world_size=world)
+        loader = sw.WindowLoader(ds, num_workers=workers)
+        batches = run(loader)
+        lens.append((len(batches), len(loader)))
+        seen += [(k, s) for b in batches for k, s in zip(b["key"], b["start"].tolist())]
+    assert len({n for pair in lens for n in pair}) == 1 and lens[0][0] > 0  # equal steps
+    assert len(set(seen)) == len(seen) and set(seen) <= reference_windows(seqs, W, S, H)
+
+
+def test_a_dead_worker_is_named_within_seconds(tiny):
+    url, _ = tiny
+    loader = make(url, 2, shuffle_buffer=16)
+    it = iter(loader)
+    next(it)
+    victim = loader._pool.procs[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim.pid}\) was killed by signal 9"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 10
+    loader.close()
+    assert not our_children() and not leftovers(os.getpid())
+
+
+def test_an_error_in_a_worker_is_raised_in_the_trainer(tiny, tmp_path):
+    import shutil
+
+    url, _ = tiny
+    bad = tmp_path / "bad"
+    shutil.copytree(url, bad)
+    shard = sorted(p for p in os.listdir(bad) if p.endswith(".tar"))[0]
+    data = (bad / shard).read_bytes()
+    (bad / shard).write_bytes(data.replace(b"\x93NUMPY", b"\x93NOMPY"))  # every .npy header of a shard damaged
+    loader = make(str(bad), 2, shuffle=False)
+    with pytest.raises(sw.ShardError, match=shard):
+        run(loader)
+    loader.close()
+    assert not our_children() and not leftovers(os.getpid())
+
+
+def test_persistent_workers_survive_a_pass_abandoned_midway(tiny):
+    url, _ = tiny
+    full = run(make(url, 2))
+    loader = make(url, 2, persistent_workers=True)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    pids = [p.pid for p in loader._pool.procs]
+    assert same(run(loader), full)  # a new pass after an abandoned one starts the epoch again
+    assert [p.pid for p in loader._pool.procs] == pids
+    loader.set_epoch(1)
+    assert same(run(loader), _epoch_of(url, 2, 1))
+    loader.close()
+    assert not our_children()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_forgotten_set_epoch_advances_the_epoch(tiny, workers):
+    url, _ = tiny
+    loader = make(url, workers)
+    first, second = run(loader), run(loader)
+    assert same(first, _epoch_of(url, workers, 0)) and same(second, _epoch_of(url, workers, 1))
+    state = loader.state_dict()  # taken at the end of epoch 1: a resumed loader goes on with epoch 2
+    restored = make(url, workers)
+    restored.load_state_dict(state)
+    assert same(run(restored), _epoch_of(url, workers, 2)) and same(run(loader), _epoch_of(url, workers, 2))
+
+
+def _epoch_of(url, workers, epoch):
+    loader = make(url, workers)
+    loader.set_epoch(epoch)
+    return run(loader)
+
+
+def test_kept_batches_are_never_overwritten_and_a_loop_needs_no_copy(tiny, recwarn):
+    url, seqs = tiny
+    for b in make(url, 2):  # the usual loop holds one batch at a time: slots recycle, no copy
+        pass
+    assert not [w for w in recwarn if "copied out" in str(w.message)]
+    kept = list(make(url, 2, shuffle_buffer=16))  # everything kept: later batches are copied out, all intact
+    assert [w for w in recwarn if "copied out" in str(w.message)]
+    for b in kept:
+        for i, (key, start) in enumerate(zip(b["key"], b["start"].tolist())):
+            assert np.array_equal(b["x"][i].numpy(), naive(seqs, key, start, W))
+
+
+def test_two_loaders_on_one_dataset_keep_their_own_worker_count(tiny):
+    url, _ = tiny
+    ds = sw.WindowDataset(url, window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=64, seed=3)
+    first = sw.WindowLoader(ds, num_workers=0)
+    alone = run(first)
+    second = sw.WindowLoader(ds, num_workers=2)
+    assert same(run(first), _epoch_of(url, 0, 1)) and len(first) == len(alone)
+    assert first.state_dict()["inputs"]["num_workers"] == 0 and second.state_dict()["inputs"]["num_workers"] == 2
+
+
+def test_a_plain_dataloader_is_refused_clearly(tiny):
+    url, _ = tiny
+    ds = sw.WindowDataset(url, window=W, batch_size=B)
+    with pytest.raises(TypeError, match="WindowLoader"):
+        next(iter(torch.utils.data.DataLoader(ds)))
+
+
+SCRIPT = """
+import os, sys, time
+import streamwin as sw
+ds = sw.WindowDataset({url!r}, window=16, stride=1, batch_size=4, shuffle_buffer=16)
+loader = sw.WindowLoader(ds, num_workers=2, persistent_workers=True)
+for epoch in range(1000):
+    for i, batch in enumerate(loader):
+        if epoch == 0 and i == 0:
+            print("PIDS", os.getpid(), *[p.pid for p in loader._pool.procs], flush=True)
+        time.sleep(0.001)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_interrupted_trainer_leaves_no_process_and_no_shared_memory(tiny, tmp_path, sig):
+    url, _ = tiny
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(url=url)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    line = proc.stdout.readline()
+    assert line.startswith("PIDS"), proc.stderr.read()
+    pids = [int(p) for p in line.split()[1:]]
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    proc.wait(timeout=20)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                              for p in pids[1:]):
+        time.sleep(0.1)
+    alive = [p for p in pids[1:] if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, f"workers outlived the trainer after {sig.name}"
+    assert not leftovers(pids[0]), f"shared memory left behind after {sig.name}"
