@@ -613,7 +613,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--data", type=Path, help="packed corpus (default: bench_data/full, or quick; written if missing)")
+    parser.add_argument("--data", type=Path,
+                        help="packed corpus (default: bench_data/full, or quick; written if missing)")
     parser.add_argument("--quick", action="store_true", help="quick corpus, 60 steps, 1 repeat (< 1 minute)")
     parser.add_argument("--models", nargs="+", choices=[*MODELS, SIMULATED],
                         help="with CUDA (default mlp small medium); without CUDA the simulated trainer runs")
@@ -623,7 +624,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="timed steps per run (default 300; --quick 60)")
     parser.add_argument("--warmup", type=int, help="untimed steps (or batches) first (default 30; --quick 10)")
     parser.add_argument("--repeats", type=int, help="interleaved runs per case (default 3; --quick 1)")
-    parser.add_argument("--loader-windows", type=int, help="windows timed per loader-alone run (default 400,000; --quick 30,000)")
+    parser.add_argument("--loader-windows", type=int,
+                        help="windows timed per loader-alone run (default 400,000; --quick 30,000)")
     parser.add_argument("--out", type=Path, help="folder for the JSON and PNG (default bench_data/gpu_feed/)")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     parser.add_argument("--window", type=int, default=256)
@@ -720,7 +722,8 @@ def report(records: list[dict[str, Any]], models: list[str], cases: CaseLists, h
     print("\n".join(verdict_lines(verdicts)))
     heavy = [c for c in cases.run + cases.loader if parse_case(c)[1] > 2 * cpus]
     if heavy:
-        print(f"NOTE: {', '.join(dict.fromkeys(heavy))}: more workers than 2 x {cpus} cores, this machine is oversubscribed")
+        print(f"NOTE: {', '.join(dict.fromkeys(heavy))}: more workers than 2 x {cpus} cores: "
+              "this machine is oversubscribed")
     busy = throughput.busy_warning(records)
     if busy:
         print(busy)
