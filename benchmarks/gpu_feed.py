@@ -246,7 +246,7 @@ class Forecaster(nn.Module):
         super().__init__()
         self.inp = nn.Linear(features, d)
         layer = nn.TransformerEncoderLayer(d, nhead=8, dim_feedforward=4 * d, batch_first=True, norm_first=True)
-        self.enc = nn.TransformerEncoder(layer, layers)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)  # unused with norm_first
         self.out = nn.Linear(d, features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
