@@ -1,0 +1,126 @@
+"""benchmarks/gpu_feed.py: a --quick run on a tiny corpus prints every table (no GPU needed),
+and its summary arithmetic (medians, data-wait, target verdicts) matches a reference computed here."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks import data, gpu_feed  # noqa: E402
+
+SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_feed.py")
+CASES = ["floor", "streamwin:0", "streamwin:1", "streamwin-device:0", "webdataset:1"]
+LOADER_CASES = ["streamwin:0", "streamwin:1", "webdataset:1"]
+SMOKE_TIMEOUT = 120  # seconds; it takes ~20-30 s on 2 idle cores
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    """60 sequences of the benchmark recipe in 1 MB shards (about 8 MB)."""
+    spec = data.CorpusSpec(n_seqs=60, shard_bytes=1 << 20)
+    return str(data.write_corpus(tmp_path_factory.mktemp("gpu_feed") / "corpus", spec, log=lambda _: None))
+
+
+def test_quick_run_prints_every_case(corpus, tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, SCRIPT, "--quick", "--data", corpus, "--out", str(out), "--device", "cpu",
+           "--cases", *CASES, "--loader-only", *LOADER_CASES, "--steps", "30", "--warmup", "5",
+           "--loader-windows", "5000"]
+    started = time.perf_counter()
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_TIMEOUT, cwd=ROOT)
+    elapsed = time.perf_counter() - started
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    for case in CASES:
+        row = [ln for ln in lines if ln.startswith(f"| simulated | {case} |")]
+        assert len(row) == 1, f"no table row for {case}:\n{run.stdout}"
+        if case != "streamwin-device:0":  # n/a until WindowLoader takes device=
+            assert "n/a" not in row[0] and "error" not in row[0], row[0]
+    for case in LOADER_CASES:
+        assert sum(ln.startswith(f"| {case} |") for ln in lines) == 1, f"no loader row for {case}:\n{run.stdout}"
+    assert any("data-wait of streamwin's best mode" in ln for ln in lines), run.stdout
+    assert any("w=1 / w=0" in ln for ln in lines), run.stdout
+
+    saved = json.loads((out / "gpu_feed-quick.json").read_text())
+    rows = {r["case"]: r for r in saved["summary"] if r["model"] == "simulated"}
+    floor = rows["floor"]["step_ms"]
+    assert floor >= 5.0, f"the simulated step holds 4 ms and sleeps 1 ms, yet took {floor} ms"
+    for case in ("streamwin:0", "webdataset:1"):
+        assert rows[case]["data_wait"] == pytest.approx(1 - floor / rows[case]["step_ms"])
+    assert (out / "gpu_feed-quick.png").read_bytes()[:4] == b"\x89PNG"
+    print(f"smoke run took {elapsed:.1f}s")
+
+
+def test_default_cases_follow_the_cores():
+    few = gpu_feed.default_cases(cpus=2)
+    assert few.run == ["floor", "streamwin:0", "streamwin:1", "streamwin:2", "streamwin:4", "streamwin-device:0",
+                       "webdataset:2"]
+    assert few.skipped == ["streamwin:8", "webdataset:8"]
+    assert few.loader == ["streamwin:0", "streamwin:1", "streamwin:2", "webdataset:2"]
+    many = gpu_feed.default_cases(cpus=16)
+    assert many.run == ["floor", "streamwin:0", "streamwin:1", "streamwin:2", "streamwin:4", "streamwin:8",
+                        "streamwin-device:0", "webdataset:8"]
+    assert many.skipped == []
+    assert many.loader == ["streamwin:0", "streamwin:1", "streamwin:2", "streamwin:8", "webdataset:2"]
+
+
+@pytest.mark.parametrize("typed", ["streamwin:x", "tfdata:2", "floor:2", "webdataset:-1"])
+def test_a_bad_case_names_what_was_typed(typed, capsys):
+    with pytest.raises(SystemExit):
+        gpu_feed.parse_args(["--cases", typed])
+    assert typed in capsys.readouterr().err
+
+
+def test_summary_is_medians_and_data_wait_against_the_floor():
+    steps = {"floor": [5.0, 5.4, 5.2], "streamwin:0": [5.5, 7.0, 5.3], "webdataset:2": [9.0, 8.0, 12.0]}
+    records = [{"model": "simulated", "case": case, "step_ms": ms, "windows_per_s": 256e3 / ms,
+                "next_wait_ms": ms / 10}
+               for case, values in steps.items() for ms in values]
+    records.append({"model": "simulated", "case": "streamwin-device:0", "na": "TypeError: device"})
+    rows = {r["case"]: r for r in gpu_feed.summarize(records)}
+    floor = statistics.median(steps["floor"])
+    for case in ("streamwin:0", "webdataset:2"):
+        step = statistics.median(steps[case])
+        assert rows[case]["step_ms"] == step
+        assert rows[case]["data_wait"] == pytest.approx(1 - floor / step)
+        assert rows[case]["next_wait_ms"] == pytest.approx(step / 10)
+    assert rows["streamwin-device:0"]["na"] == "TypeError: device"
+    verdict = gpu_feed.simulated_verdict(list(rows.values()))
+    best = 1 - floor / statistics.median(steps["streamwin:0"])
+    assert verdict["best_case"] == "streamwin:0"
+    assert verdict["best_wait"] == pytest.approx(best)
+    assert verdict["met"] is (best <= 0.05)
+
+
+@pytest.mark.parametrize("model", ["mlp", "small", "medium"])
+def test_the_models_train_on_cpu_through_the_gpu_step(model):
+    """The CUDA step (autocast bf16, fused AdamW, non_blocking copy) on CPU: loss falls on one batch."""
+    import torch
+
+    p = gpu_feed.Params(batch_size=4, window=32, device="cpu")
+    step = gpu_feed.model_step(model, p)
+    x = torch.randn(p.batch_size, p.window, p.features, generator=torch.Generator().manual_seed(1))
+    losses = [step(x).item() for _ in range(5)]
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert losses[-1] < losses[0], losses
+
+
+def test_the_simulated_step_holds_then_sleeps():
+    """4 ms with the interpreter held, then 1 ms asleep: at least 5 ms of wall time, >= 4 ms of CPU."""
+    import torch
+
+    x = torch.ones(2, 16, 8)
+    wall, cpu = time.perf_counter(), time.process_time()
+    touched = gpu_feed.simulated_step(x)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert touched == 1.0 + 8 * 8  # x[0, 0, 0] plus the sum of x[0, :8] (8 steps x 8 features)
+    assert wall >= 0.005 and cpu >= 0.0035, (wall, cpu)
