@@ -255,3 +255,33 @@ def test_interrupted_trainer_leaves_no_process_and_no_shared_memory(tiny, tmp_pa
     alive = [p for p in pids[1:] if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert not alive, f"workers outlived the trainer after {sig.name}"
     assert not leftovers(pids[0]), f"shared memory left behind after {sig.name}"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stats_are_run_totals(tiny, workers):
+    url, _ = tiny
+    loader = make(url, workers)
+    n = len(loader)
+    run(loader)
+    first = loader.stats()
+    run(loader)
+    second = loader.stats()
+    assert (first["batches"], second["batches"]) == (n, 2 * n) and second["windows"] == 2 * n * B
+    assert second["bytes_read"] > first["bytes_read"] > 0 and second["reads"] > first["reads"] > 0
+    assert (second["epoch"], second["batches_in_epoch"]) == (1, n) and second["wait_s"] > 0
+
+
+def test_a_state_at_an_epochs_end_loads_with_another_batch_size(tiny):
+    url, _ = tiny
+    loader = make(url)
+    run(loader)
+    end = loader.state_dict()
+    other = make(url, batch_size=2 * B)
+    other.load_state_dict(end)  # carries no position: accepted
+    expected = make(url, batch_size=2 * B)
+    expected.set_epoch(1)
+    assert same(run(other), run(expected))
+    it = iter(loader)
+    next(it)
+    with pytest.raises(sw.StateMismatchError, match="batch_size: in checkpoint 8 / now 16"):
+        make(url, batch_size=2 * B).load_state_dict(loader.state_dict())  # mid-epoch it does carry one
