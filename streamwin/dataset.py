@@ -217,9 +217,15 @@ def check_state(state: dict[str, Any], inputs: dict[str, Any], *, finished: bool
     names = sorted(set(saved) | set(inputs))
     if finished:
         names = [k for k in names if k not in POSITION_ONLY]
-    diffs = [f"{k}: in checkpoint {saved.get(k)!r} / now {inputs.get(k)!r}" for k in names if saved.get(k) != inputs.get(k)]
+    diffs = [f"{k}: in checkpoint {saved.get(k)!r} / now {inputs.get(k)!r}" for k in names
+             if _planned(k, saved.get(k)) != _planned(k, inputs.get(k))]
     if diffs:
         raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs))
+
+
+def _planned(name: str, value: Any) -> Any:
+    """A plan input as the plan uses it: 0 and 1 workers both run one stream per rank (the same plan)."""
+    return max(1, value) if name == "num_workers" and isinstance(value, int) else value
 
 
 # plan inputs that only matter for a position inside an epoch

@@ -8,6 +8,9 @@ Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``se
 - ``num_workers=N``: N worker processes each run a stream and gather batches into batch
   slots in shared memory, allocated once; per batch the trainer receives a slot number
   (workers.py, slots.py). Batches are taken round robin, worker ``j % N`` for batch ``j``.
+  The default is one worker where the machine has a core to spare for it (and ``fork``):
+  0 and 1 workers run the same plan (one stream per rank), so the choice never differs
+  in what a rank yields, only in whose thread gathers it.
 - ``device="cuda"``: each block's rows are uploaded once and windows are cut on the device
   (device.py); batches arrive as device tensors.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
 import time
 import warnings
@@ -39,6 +43,21 @@ from .workers import STAT_FIELDS, WorkerPool
 log = logging.getLogger("streamwin")
 
 
+def _default_start_method() -> str | None:
+    """fork where the platform has it (no re-import of the user's script), else Python's default."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin" else None
+
+
+def default_workers(context: str | None = None) -> int:
+    """1 worker process when a core is free for it and workers can fork, else 0 (in-process)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    method = context or _default_start_method()
+    return 1 if cores >= 2 and method == "fork" else 0
+
+
 def to_batch(views: dict[str, np.ndarray], manifest) -> dict[str, Any]:
     """Tensors over a batch buffer's field views, and keys decoded on first use."""
     out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
@@ -52,9 +71,13 @@ class WindowLoader:
     Args:
         dataset: a streamwin.WindowDataset (window spec, batch size, shuffle, splits).
         num_workers: worker processes, each running one stream of the plan (0: in-process).
-            Part of the plan: the same on every rank, and a checkpoint resumes with the same.
-        device: None (CPU tensors) or a torch device: blocks are uploaded once and windows cut
-            there; every field but ``key`` arrives on the device.
+            Part of the plan beyond 1: the same on every rank, and a checkpoint resumes with the
+            same. Default: 1 where a core is free for it and ``fork`` is available, else 0; with
+            ``device``, 0 (windows cut on the device, from blocks read in this process).
+        device: None (CPU tensors) or a torch device; every field but ``key`` arrives there. With
+            ``num_workers=0`` each block is uploaded once and windows are cut on the device; with
+            workers, batches are copied from page-locked slots asynchronously (side effect-free:
+            queued on the current stream).
         pin_memory: page-lock the batch memory (CUDA only) so ``.to(device, non_blocking=True)``
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer.
@@ -62,7 +85,7 @@ class WindowLoader:
         multiprocessing_context: start method for workers ("fork", "spawn", "forkserver").
     """
 
-    def __init__(self, dataset: WindowDataset, *, num_workers: int = 0, device: str | torch.device | None = None,
+    def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
                  pin_memory: bool = False, prefetch_factor: int | None = None, persistent_workers: bool = False,
                  multiprocessing_context: str | None = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
@@ -72,6 +95,8 @@ class WindowLoader:
         kwargs.pop("batch_size", None)
         if kwargs:
             raise TypeError(f"WindowLoader got unexpected arguments: {', '.join(sorted(kwargs))}")
+        if num_workers is None:  # device mode cuts windows in this process; else a worker if a core is free
+            num_workers = 0 if device is not None else default_workers(multiprocessing_context)
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
         pf = 2 if prefetch_factor is None else prefetch_factor
@@ -82,7 +107,7 @@ class WindowLoader:
         self.device = torch.device(device) if device is not None else None
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
-        self.multiprocessing_context = multiprocessing_context
+        self.multiprocessing_context = multiprocessing_context or _default_start_method()
         self.batch_size = dataset.batch_size
         self._epoch, self._taken = 0, 0
         self._epoch_set = False  # set_epoch called since the last pass began
