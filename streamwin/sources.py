@@ -40,6 +40,8 @@ Formats, and the options each accepts (an unknown option is an error):
                ``x.h`` stay apart. Empty files give zero-length arrays.
 - ``iterable`` no options; keys are checked as given, arrays go through ``np.asarray``.
 
+Options that name columns, fields or suffixes take one name (a string) or a list of names.
+
 Ids and array names become keys with their dots replaced, never cut as extensions. Keys are
 not checked for duplicates here: that needs the whole stream, which only the packer sees.
 Everything unreadable or malformed raises PackError naming the file (and line, row, array or
@@ -78,6 +80,7 @@ _SUFFIXES = {
     "jsonl": (".jsonl", ".jsonl.gz", ".ndjson"), "text": (".txt",),
 }
 _NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+_NAME_LISTS = ("suffixes", "value_columns", "list_column", "meta_fields")  # options that take one name or a list
 
 
 @dataclass(frozen=True)
@@ -192,8 +195,9 @@ def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], 
     if unknown:
         raise PackError(f"unknown option(s) {unknown} for format {fmt!r}; accepted: {list(accepted) or 'none'}")
     opts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items() if v is not None}
-    if isinstance(opts.get("suffixes"), str):
-        opts["suffixes"] = (opts["suffixes"],)
+    for name in _NAME_LISTS:  # one name given as a string is one name, not a list of letters
+        if isinstance(opts.get(name), str):
+            opts[name] = (opts[name],)
     if "dtype" in opts:
         try:
             opts["dtype"] = np.dtype(opts["dtype"]).name
@@ -431,8 +435,7 @@ def _read_parquet(unit: Unit, opts: dict) -> Iterator[Item]:
     list_cols = opts.get("list_column") or [
         c for c in candidates if c in table.column_names and _is_list(pa, table.schema.field(c).type)]
     if list_cols:
-        yield from _row_sequences(table, [list_cols] if isinstance(list_cols, str) else list(list_cols),
-                                  opts, unit)
+        yield from _row_sequences(table, list(list_cols), opts, unit)
     else:
         columns = {c: table.column(c).to_numpy() for c in table.column_names}
         yield from _long_sequences(columns, opts, unit.path)

@@ -186,6 +186,18 @@ def test_csv_long_layout(tmp_path, monkeypatch, backend):
 
 
 @pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
+def test_value_columns_as_one_string_is_one_column(tmp_path, monkeypatch, backend):
+    if backend == "stdlib":
+        monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
+    (tmp_path / "one.csv").write_text(CSV)
+    got = read_all(tmp_path / "one.csv", id_column="id", order_column="step", value_columns="v2")
+    assert_items(got, [("b", np.array([3, 2]), None), ("a", np.array([7]), None)])
+    pq.write_table(pa.table({"sid": ["s", "s"], "xy": [1.0, 2.0], "x": [5.0, 6.0]}), tmp_path / "p.parquet")
+    got = read_all(tmp_path / "p.parquet", id_column="sid", value_columns="xy")
+    assert_items(got, [("s", np.array([1.0, 2.0]), None)])
+
+
+@pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
 def test_csv_errors_name_the_file(tmp_path, monkeypatch, backend):
     if backend == "stdlib":
         monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
