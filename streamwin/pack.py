@@ -284,7 +284,7 @@ class ShardWriter:
             raise PackError(
                 f"sequence {seq.key!r} has dtype {seq.dtype} and step shape {seq.step_shape}, but "
                 f"{self._first_key!r} and the ones before it have dtype {self.dtype} and step shape {self.step_shape}; "
-                "pass cast= (--cast) to convert the dtype, or pack them as separate datasets"
+                "pass cast= to convert the dtype, or pack them as separate datasets"
             )
 
     def _shard_name(self, k: int) -> str:
@@ -368,6 +368,12 @@ def parse_part(part: str | tuple[int, int] | None) -> tuple[int, int] | None:
 
 def part_index_name(i: int, n: int) -> str:
     return f"index.part{i:05d}-of-{n:05d}.json"
+
+
+def part_indexes(dest: str, *, storage_options: dict | None = None) -> list[str]:
+    """Names of the part indexes (``index.partIIIII-of-NNNNN.json``) at ``dest``, sorted."""
+    fs, root = url_to_fs(dest, storage_options)
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
 
 
 def _check_options(shard_bytes: int, compression: str | None, empty: str, cast: str | None, workers: int) -> None:
@@ -509,7 +515,7 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
     step shape or compression, a key is in two parts, or a shard a part names is missing.
     """
     fs, root = url_to_fs(dest, storage_options)
-    names = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
+    names = part_indexes(dest, storage_options=storage_options)
     if not names:
         raise ManifestError(f"no part indexes (index.partIIIII-of-NNNNN.json) at {dest}: run pack with --part i/n first")
     counts = sorted({int(re.search(r"-of-(\d+)", name).group(1)) for name in names})

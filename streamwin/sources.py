@@ -75,6 +75,7 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "npy": (), "npz": (), "parquet": (*_LONG, "list_column"), "csv": _LONG,
     "jsonl": ("field", "key_field", "dtype", "meta_fields"), "text": ("suffixes",), "iterable": (),
 }
+SOURCE_OPTIONS = tuple(sorted({name for names in _OPTIONS.values() for name in names}))  # every format's options
 _SUFFIXES = {
     "npy": (".npy",), "npz": (".npz",), "parquet": (".parquet", ".pq"), "csv": (".csv", ".csv.gz"),
     "jsonl": (".jsonl", ".jsonl.gz", ".ndjson"), "text": (".txt",),
