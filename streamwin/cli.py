@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 
 from .errors import ManifestError, PackError, ShardError, StreamwinError
 from .index import index_shards, verify
-from .pack import merge, pack, parse_part, part_indexes
+from .pack import NonFiniteWarning, merge, pack, parse_part, part_indexes
 from .plan import PlanConfig, WindowSpec, make_plan
 from .sources import FORMATS, SOURCE_OPTIONS
 from .storage import load_manifest
@@ -144,10 +145,12 @@ def cmd_pack(args: argparse.Namespace) -> int:
     part = args.part
     options = {k: _source_value(v) for k, v in args.option or []}
     start = time.perf_counter()
-    m = pack(args.src, args.dest, shard_bytes=args.shard_size, format=args.format, workers=args.workers,
-             compression=None if args.compression == "none" else args.compression, cast=args.cast,
-             empty=args.empty, part=part, storage_options=_storage_options(args.storage_option),
-             progress=not args.no_progress, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteWarning)  # said below, in this command line's words
+        m = pack(args.src, args.dest, shard_bytes=args.shard_size, format=args.format, workers=args.workers,
+                 compression=None if args.compression == "none" else args.compression, cast=args.cast,
+                 empty=args.empty, nan=args.nan, part=part, storage_options=_storage_options(args.storage_option),
+                 progress=not args.no_progress, **options)
     seconds = time.perf_counter() - start
     nbytes = sum(s.bytes for s in m.shards)
     what = f"part {part[0]}/{part[1]}: " if part else ""
@@ -155,6 +158,12 @@ def cmd_pack(args: argparse.Namespace) -> int:
           f"{len(m.shards):,} shards, {_mb(nbytes)}, at {args.dest} in {seconds:.1f} s ({nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
     if m.dropped_empty:
         print(f"skipped {m.dropped_empty:,} empty (zero-length) sequences")
+    if m.value_columns is not None:
+        print(f"value columns: {_columns(m)}; to choose: --option value_columns=NAME or "
+              """--option 'value_columns=["A","B"]'""")
+    if m.nonfinite.nan or m.nonfinite.inf:
+        print(f"NaN/inf: {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values, in {_nonfinite_shards(m)} "
+              "(pass --nan raise to refuse them)")
     if part:
         print(f"when all {part[1]} parts are done: streamwin merge {args.dest}"
               + (f"; then streamwin verify {args.dest}" if args.verify else ""))
@@ -167,6 +176,21 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def _layout(m) -> str:
     shape = ", ".join(["T", *map(str, m.step_shape)])
     return f"{m.dtype.name} [{shape}]" + (", zstd" if m.compression else "")
+
+
+def _name(column: str) -> str:
+    """A column name as typed: quoted when it is empty or holds spaces or commas."""
+    return column if column and column.isprintable() and not set(column) & set(" ,'\"") else repr(column)
+
+
+def _columns(m) -> str:
+    """``a, b  (left out: c (id column), ...)``: the value columns and the ones left out."""
+    left_out = ", ".join(f"{_name(c)} ({why})" for c, why in (m.left_out_columns or {}).items())
+    return ", ".join(map(_name, m.value_columns)) + (f"  (left out: {left_out})" if left_out else "")
+
+
+def _nonfinite_shards(m) -> str:
+    return f"{sum(1 for n in m.nonfinite.per_shard if n):,} of {len(m.shards):,} shards"
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -212,6 +236,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"sequences    {m.num_sequences:,}  (dropped empty at pack time: {m.dropped_empty:,})")
     print(f"steps        {m.num_steps:,}")
     print(f"dtype        {_layout(m)}  ({m.step_bytes} bytes per step)")
+    if m.value_columns is not None:
+        print(f"columns      {_columns(m)}")
+    if m.nonfinite is None:
+        print("NaN/inf      not counted (packed by an older streamwin)")
+    elif m.nonfinite.nan or m.nonfinite.inf:
+        print(f"NaN/inf      {m.nonfinite.nan:,} NaN, {m.nonfinite.inf:,} inf  (in {_nonfinite_shards(m)})")
+    else:
+        print("NaN/inf      none")
     if len(lengths):
         print(f"length       min {lengths.min():,}  median {int(np.median(lengths)):,}  mean {lengths.mean():,.1f}  "
               f"max {lengths.max():,}")
@@ -352,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cast", type=_dtype, metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
     p.add_argument("--empty", choices=["skip", "error"], default="skip",
                    help="zero-length sequences: skip and count them (default) or fail")
+    p.add_argument("--nan", choices=["count", "raise"], default="count",
+                   help="NaN and inf values: count them in index.json (default) or fail, naming the first")
     p.add_argument("--part", type=_part, metavar="I/N", help="pack part I of N of the source files (then: streamwin merge DEST)")
     p.add_argument("--option", action="append", type=_key_value, metavar="KEY=VALUE",
                    help="source option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")

@@ -166,6 +166,11 @@ class WindowDataset(IterableDataset):
                                            backoff=self.retry_backoff)
         return self._manifest
 
+    @property
+    def columns(self) -> tuple[str, ...] | None:
+        """Names of the features (``x[..., f]``): the table columns pack took the values from, else None."""
+        return self.manifest.value_columns
+
     def world(self, refresh: bool = False) -> tuple[int, int]:
         """(rank, world_size) (see streamwin.world); kept once something definitive says who we are."""
         if self._world is None or refresh:

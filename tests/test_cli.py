@@ -306,3 +306,49 @@ def test_inspect_names_unmerged_parts_and_what_to_run(npy_src, tmp_path, capsys)
     assert run(capsys, "merge", str(dest))[0] == 0
     code, out, err = run(capsys, "inspect", str(dest))
     assert code == 0 and re.search(r"sequences\s+24\b", out)
+
+
+# ---- what pack took from a table, and NaN/inf: said at pack time, shown by inspect ----------------
+
+def test_pack_and_inspect_name_the_value_columns_and_the_left_out_ones(tmp_path, capsys):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "d.csv").write_text(",sensor,t,temp,humidity,site\n0,a,0,1.5,30,x\n1,a,1,2.0,31,x\n")
+    code, out, err = run(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--option", "id_column=sensor",
+                         "--option", "order_column=t", "--no-progress")
+    assert code == 0, err
+    assert "value columns: temp, humidity" in out
+    assert "left out: '' (pandas index), sensor (id column), t (order column), site (not numeric)" in out
+    assert "--option value_columns=" in out  # how to choose others
+    code, out, err = run(capsys, "inspect", str(tmp_path / "ds"))
+    assert code == 0 and re.search(r"columns\s+temp, humidity  \(left out: '' \(pandas index\)", out), out
+
+
+def test_pack_prints_nan_counts_and_refuses_them_with_nan_raise(tmp_path, capsys):
+    (tmp_path / "src").mkdir()
+    np.save(tmp_path / "src" / "a.npy", np.array([[1.0, np.nan], [np.inf, 2.0], [np.nan, 3.0]], np.float32))
+    np.save(tmp_path / "src" / "b.npy", np.ones((4, 2), np.float32))
+    code, out, err = run(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--no-progress")
+    assert code == 0, err
+    assert "NaN/inf: 2 NaN and 1 inf values, in 1 of 1 shards (pass --nan raise to refuse them)" in out
+    assert "Warning" not in err and "nan=" not in err, err  # said once, in the command line's words
+    code, out, err = run(capsys, "inspect", str(tmp_path / "ds"))
+    assert code == 0 and re.search(r"NaN/inf\s+2 NaN, 1 inf  \(in 1 of 1 shards\)", out), out
+    assert "columns" not in out  # .npy files have no column names
+    code, out, err = run(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "ds2"), "--nan", "raise", "--no-progress")
+    assert code == 2 and "sequence 'a'" in err and "first at step 0" in err and "--nan count" in err, err
+    assert not (tmp_path / "ds2" / "index.json").exists()
+
+
+def test_inspect_of_a_manifest_from_an_older_streamwin(packed, tmp_path, capsys):
+    old = tmp_path / "old"
+    old.mkdir()
+    for p in packed.iterdir():
+        (old / p.name).write_bytes(p.read_bytes())
+    doc = json.loads((old / "index.json").read_text())
+    del doc["nonfinite"]
+    (old / "index.json").write_text(json.dumps(doc))
+    code, out, err = run(capsys, "inspect", str(old))
+    assert code == 0 and re.search(r"NaN/inf\s+not counted \(packed by an older streamwin\)", out), out
+    code, out, err = run(capsys, "inspect", str(packed))
+    assert code == 0 and re.search(r"NaN/inf\s+none\n", out), out
+
