@@ -406,9 +406,20 @@ def _read_csv(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
         except ImportError:
             columns = _csv_columns_stdlib(f, unit.path)
         else:
-            table = pacsv.read_csv(f)
+            table = pacsv.read_csv(_arrow_owned(f.read()))
             columns = {c: table.column(c).to_numpy() for c in table.column_names}
     yield from _long_sequences(columns, opts, unit.path, report)
+
+
+def _arrow_owned(data: bytes) -> Any:
+    """A reader over a copy of ``data`` in memory pyarrow allocated. Its threaded CSV reader
+    releases its input on one of its own threads after read_csv returns; if that input is a
+    Python object (a file, bytes) and the interpreter is exiting by then, the process aborts."""
+    import pyarrow as pa
+
+    buf = pa.allocate_buffer(len(data))
+    memoryview(buf).cast("B")[:] = data
+    return pa.BufferReader(buf)
 
 
 def _csv_columns_stdlib(f: Any, where: str) -> dict[str, np.ndarray]:

@@ -197,6 +197,26 @@ def test_value_columns_as_one_string_is_one_column(tmp_path, monkeypatch, backen
     assert_items(got, [("s", np.array([1.0, 2.0]), None)])
 
 
+def test_pyarrow_reads_csv_bytes_not_a_python_file(tmp_path, monkeypatch):
+    """A Python file handed to pyarrow's threaded CSV reader is released on one of pyarrow's threads
+    after read_csv returns; at interpreter exit that aborts the process (tests/test_cli.py,
+    test_a_csv_pack_that_fails_exits_cleanly). pyarrow must get bytes it owns."""
+    pacsv = pytest.importorskip("pyarrow.csv")
+    given = []
+    real = pacsv.read_csv
+
+    def read_csv(src, *args, **kwargs):
+        # a reader over memory pyarrow allocated (mutable), not over a Python bytes object (immutable)
+        given.append((type(src), src.read_buffer(1).parent.is_mutable if isinstance(src, pa.BufferReader) else None))
+        src.seek(0)
+        return real(src, *args, **kwargs)
+
+    monkeypatch.setattr(pacsv, "read_csv", read_csv)
+    (tmp_path / "one.csv").write_text(CSV)
+    assert_items(read_all(tmp_path, id_column="id", order_column="step"), CSV_EXPECTED)
+    assert given == [(pa.BufferReader, True)]
+
+
 @pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
 def test_csv_errors_name_the_file(tmp_path, monkeypatch, backend):
     if backend == "stdlib":
