@@ -412,9 +412,10 @@ def _read_csv(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
 
 
 def _arrow_owned(data: bytes) -> Any:
-    """A reader over a copy of ``data`` in memory pyarrow allocated. Its threaded CSV reader
-    releases its input on one of its own threads after read_csv returns; if that input is a
-    Python object (a file, bytes) and the interpreter is exiting by then, the process aborts."""
+    """A reader over a copy of ``data`` in memory pyarrow allocated. pyarrow's threaded readers
+    (csv, parquet) release their input on one of their own threads after the read returns; if
+    that input is a Python object (a file, bytes) and the interpreter is exiting by then, the
+    process aborts ("terminate called without an active exception")."""
     import pyarrow as pa
 
     buf = pa.allocate_buffer(len(data))
@@ -487,7 +488,7 @@ def _read_parquet(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     except ImportError as e:
         raise PackError(f"{unit.path}: reading parquet needs pyarrow: pip install 'streamwin[parquet]'") from e
     with _open(unit) as f:
-        table = pq.read_table(f)
+        table = pq.read_table(_arrow_owned(f.read()))
     skip = {opts.get("id_column"), opts.get("order_column")}
     candidates = opts.get("value_columns") or [c for c in table.column_names if c not in skip]
     list_cols = opts.get("list_column") or [

@@ -197,22 +197,28 @@ def test_value_columns_as_one_string_is_one_column(tmp_path, monkeypatch, backen
     assert_items(got, [("s", np.array([1.0, 2.0]), None)])
 
 
-def test_pyarrow_reads_csv_bytes_not_a_python_file(tmp_path, monkeypatch):
-    """A Python file handed to pyarrow's threaded CSV reader is released on one of pyarrow's threads
-    after read_csv returns; at interpreter exit that aborts the process (tests/test_cli.py,
-    test_a_csv_pack_that_fails_exits_cleanly). pyarrow must get bytes it owns."""
-    pacsv = pytest.importorskip("pyarrow.csv")
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_pyarrow_reads_memory_it_owns_not_a_python_file(tmp_path, monkeypatch, fmt):
+    """A Python file (or bytes) handed to pyarrow's threaded readers is released on one of pyarrow's
+    threads after the read returns; at interpreter exit that aborts the process (tests/test_cli.py,
+    test_a_table_pack_that_fails_exits_cleanly). pyarrow must get memory it allocated itself."""
+    module = pytest.importorskip("pyarrow.csv" if fmt == "csv" else "pyarrow.parquet")
+    name = "read_csv" if fmt == "csv" else "read_table"
     given = []
-    real = pacsv.read_csv
+    real = getattr(module, name)
 
-    def read_csv(src, *args, **kwargs):
+    def spy(src, *args, **kwargs):
         # a reader over memory pyarrow allocated (mutable), not over a Python bytes object (immutable)
         given.append((type(src), src.read_buffer(1).parent.is_mutable if isinstance(src, pa.BufferReader) else None))
         src.seek(0)
         return real(src, *args, **kwargs)
 
-    monkeypatch.setattr(pacsv, "read_csv", read_csv)
-    (tmp_path / "one.csv").write_text(CSV)
+    monkeypatch.setattr(module, name, spy)
+    if fmt == "csv":
+        (tmp_path / "one.csv").write_text(CSV)
+    else:
+        pq.write_table(pa.table({"id": ["b", "a", "b"], "step": [1, 0, 0], "v1": [1.5, 0.5, 1.0], "v2": [2, 7, 3]}),
+                       tmp_path / "one.parquet")
     assert_items(read_all(tmp_path, id_column="id", order_column="step"), CSV_EXPECTED)
     assert given == [(pa.BufferReader, True)]
 
