@@ -132,10 +132,19 @@ _FINITE_CHUNK = 1 << 24  # values checked per vectorized call: bounds the tempor
 
 
 def count_nonfinite(arr: np.ndarray) -> tuple[int, int]:
-    """(NaN values, +-inf values) of an array; integers have none. One vectorized pass (two when any)."""
+    """(NaN values, +-inf values) of an array; integers have none.
+
+    One vectorized pass, a sum, with no temporary array: NaN and inf make any sum non-finite,
+    and a sum of finite values is non-finite only when it overflows. Only then are the values
+    counted one by one.
+    """
     if arr.dtype.kind not in "fc":
         return 0, 0
     flat = arr.reshape(-1)
+    with np.errstate(all="ignore"):  # inf - inf and overflow are expected here, not worth a warning
+        total = flat.sum(dtype=np.float32 if flat.dtype == np.float16 else None)
+    if np.isfinite(total):
+        return 0, 0
     bad = sum(len(c) - int(np.count_nonzero(np.isfinite(c)))
               for c in (flat[i : i + _FINITE_CHUNK] for i in range(0, len(flat), _FINITE_CHUNK)))
     if not bad:

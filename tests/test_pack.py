@@ -629,3 +629,19 @@ def test_index_counts_nan_and_inf_as_pack_does(tmp_path, compression):
     again = sw.index_shards(str(root), progress=False)
     assert again.nonfinite == m.nonfinite
     assert (again.nonfinite.nan, again.nonfinite.inf) == tuple(map(sum, zip(*counts.values())))
+
+
+@pytest.mark.parametrize("arr", [
+    np.full(10, 3e38, np.float32),  # the sum overflows: finite values must not be counted
+    np.full(100_000, 60_000, np.float16),
+    np.array([np.inf, -np.inf, 1.0]),
+    np.array([1 + 1j, complex(np.nan, 0), complex(0, np.inf)]),
+    np.array([[-np.inf, 1.0], [2.0, np.nan]]),
+    np.array([np.finfo(np.float64).max] * 3),
+    np.arange(5),
+], ids=["f32-overflow", "f16-overflow", "inf-minus-inf", "complex", "2d", "f64-max", "int"])
+def test_count_nonfinite_matches_a_value_by_value_count(arr):
+    values = arr.ravel().tolist()
+    nan = sum(1 for v in values if v != v)
+    inf = sum(1 for v in values if v == v and abs(v) == float("inf"))
+    assert packmod.count_nonfinite(arr) == (nan, inf)
