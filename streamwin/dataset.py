@@ -57,7 +57,8 @@ def _check_arguments(args: dict[str, Any]) -> None:
             raise ValueError(f"{name} must be {allowed}, got {given[name]!r}")
     backoff = given["retry_backoff"]
     if not _is_real(backoff) or not 0 <= backoff < float("inf"):
-        raise ValueError(f"retry_backoff must be a number of seconds >= 0, got {backoff!r}")
+        error = ValueError if _is_real(backoff) else TypeError
+        raise error(f"retry_backoff must be a number of seconds >= 0, got {backoff!r}")
     if "storage_options" in given and not isinstance(given["storage_options"], Mapping):
         raise TypeError(f"storage_options must be a dict of fsspec options (or None), got {given['storage_options']!r}")
     if "cache_dir" in given and not isinstance(given["cache_dir"], (str, os.PathLike)):
