@@ -1,10 +1,10 @@
-# Two commands do all set-up: `make demo` and `make test`. Each bootstraps .venv first.
+# `make setup` creates .venv; `make demo` and `make test` run it first when .venv is missing.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: setup demo test bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+setup: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

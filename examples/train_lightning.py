@@ -30,6 +30,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 
 import torch
 
@@ -150,9 +151,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def quiet_lightning() -> None:
+    """Keep the output to this script's lines: Lightning's start-up banners and tips, and two
+    warnings that do not apply here, go (every DDP process runs this)."""
+    for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # GPU/TPU available, Tip, Initializing distributed, ...
+    # Lightning 2.6 itself uses torch's deprecated LeafSpec: nothing a user of it can change
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # about DataLoader workers that each iterate the whole dataset: each WindowLoader worker reads its own stream
+    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    quiet_lightning()
     if args.record:
         os.makedirs(args.record, exist_ok=True)
     dm = WindowDataModule(args.data, window=args.window, stride=args.stride or max(1, args.window // 2),

@@ -4,29 +4,30 @@
     streamwin inspect s3://bucket/ecg/ --window 512 --stride 256 --batch-size 64 --world-size 8
     streamwin bench s3://bucket/ecg/ --window 512 --batches 200
 
-Each subcommand is a thin layer over the library function of the same name. Exit codes: 0
-success, 2 usage errors and errors about the data or the storage (the message says what
-and where, on stderr), 130 interrupted.
+Each subcommand is a thin layer over the library function of the same name; only ``bench``
+imports torch (seconds), so the others start at once. Exit codes: 0 success, 2 usage errors
+and errors about the data or the storage (the message says what and where, on stderr, in
+this command line's option names), 130 interrupted, 141 output pipe closed (``| head``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .dataset import WindowDataset
-from .errors import ShardError, StreamwinError
+from .errors import ManifestError, PackError, ShardError, StreamwinError
 from .index import index_shards, verify
-from .loader import WindowLoader
-from .pack import merge, pack, parse_part
+from .pack import NonFiniteWarning, merge, pack, parse_part, part_indexes
 from .plan import PlanConfig, WindowSpec, make_plan
-from .sources import FORMATS
+from .sources import FORMATS, SOURCE_OPTIONS
 from .storage import load_manifest
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
@@ -46,6 +47,57 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
     return value
+
+
+def _int_at_least(low: int):
+    """An argparse type: a whole number >= ``low`` (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    return parse
+
+
+def _part(text: str) -> tuple[int, int]:
+    """An argparse type: ``I/N`` with 0 <= I < N."""
+    try:
+        return parse_part(text)
+    except PackError as e:
+        raise argparse.ArgumentTypeError(f"{e} (--part I/N packs part I of N, counted from 0)") from None
+
+
+def _dtype(text: str) -> str:
+    """An argparse type: a numeric numpy dtype name such as float32."""
+    try:
+        dtype = np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"not a numpy dtype: {text!r} (e.g. float32, int64)") from None
+    if dtype.hasobject or dtype.kind not in "biufc":
+        raise argparse.ArgumentTypeError(f"{text!r} is not numeric: only numeric dtypes can be packed")
+    return text
+
+
+# library keyword -> this command line's option, for messages that tell the user what to pass
+_OPTION_OF = {"shard_bytes": "--shard-size", "format": "--format", "workers": "--workers",
+              "compression": "--compression", "cast": "--cast", "empty": "--empty", "part": "--part", "nan": "--nan",
+              "storage_options": "--storage-option"}
+_KEYWORD = re.compile(r"(?<![\w-])(%s)=('[^']*'|\"[^\"]*\"|[^\s,;)]*)"
+                      % "|".join(sorted({*_OPTION_OF, *SOURCE_OPTIONS}, key=len, reverse=True)))
+
+
+def cli_words(message: str) -> str:
+    """A library message in this command line's words: ``empty='skip'`` -> ``--empty skip``,
+    ``cast=`` -> ``--cast``, a source option ``id_column=`` -> ``--option id_column=``."""
+    def option(m: re.Match) -> str:
+        name, value = m.group(1), m.group(2).strip("'\"")
+        if name in _OPTION_OF:
+            return f"{_OPTION_OF[name]} {value}".rstrip()
+        return f"--option {name}={value}"
+    return _KEYWORD.sub(option, message)
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -90,13 +142,15 @@ def _mb(nbytes: float) -> str:
 # ---- subcommands -------------------------------------------------------------------------------
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    part = parse_part(args.part)
+    part = args.part
     options = {k: _source_value(v) for k, v in args.option or []}
     start = time.perf_counter()
-    m = pack(args.src, args.dest, shard_bytes=args.shard_size, format=args.format, workers=args.workers,
-             compression=None if args.compression == "none" else args.compression, cast=args.cast,
-             empty=args.empty, part=part, storage_options=_storage_options(args.storage_option),
-             progress=not args.no_progress, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteWarning)  # said below, in this command line's words
+        m = pack(args.src, args.dest, shard_bytes=args.shard_size, format=args.format, workers=args.workers,
+                 compression=None if args.compression == "none" else args.compression, cast=args.cast,
+                 empty=args.empty, nan=args.nan, part=part, storage_options=_storage_options(args.storage_option),
+                 progress=not args.no_progress, **options)
     seconds = time.perf_counter() - start
     nbytes = sum(s.bytes for s in m.shards)
     what = f"part {part[0]}/{part[1]}: " if part else ""
@@ -104,6 +158,12 @@ def cmd_pack(args: argparse.Namespace) -> int:
           f"{len(m.shards):,} shards, {_mb(nbytes)}, at {args.dest} in {seconds:.1f} s ({nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
     if m.dropped_empty:
         print(f"skipped {m.dropped_empty:,} empty (zero-length) sequences")
+    if m.value_columns is not None:
+        print(f"value columns: {_columns(m)}; to choose: --option value_columns=NAME or "
+              """--option 'value_columns=["A","B"]'""")
+    if m.nonfinite.nan or m.nonfinite.inf:
+        print(f"NaN/inf: {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values, in {_nonfinite_shards(m)} "
+              "(pass --nan raise to refuse them)")
     if part:
         print(f"when all {part[1]} parts are done: streamwin merge {args.dest}"
               + (f"; then streamwin verify {args.dest}" if args.verify else ""))
@@ -116,6 +176,21 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def _layout(m) -> str:
     shape = ", ".join(["T", *map(str, m.step_shape)])
     return f"{m.dtype.name} [{shape}]" + (", zstd" if m.compression else "")
+
+
+def _name(column: str) -> str:
+    """A column name as typed: quoted when it is empty or holds spaces or commas."""
+    return column if column and column.isprintable() and not set(column) & set(" ,'\"") else repr(column)
+
+
+def _columns(m) -> str:
+    """``a, b  (left out: c (id column), ...)``: the value columns and the ones left out."""
+    left_out = ", ".join(f"{_name(c)} ({why})" for c, why in (m.left_out_columns or {}).items())
+    return ", ".join(map(_name, m.value_columns)) + (f"  (left out: {left_out})" if left_out else "")
+
+
+def _nonfinite_shards(m) -> str:
+    return f"{sum(1 for n in m.nonfinite.per_shard if n):,} of {len(m.shards):,} shards"
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -161,6 +236,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"sequences    {m.num_sequences:,}  (dropped empty at pack time: {m.dropped_empty:,})")
     print(f"steps        {m.num_steps:,}")
     print(f"dtype        {_layout(m)}  ({m.step_bytes} bytes per step)")
+    if m.value_columns is not None:
+        print(f"columns      {_columns(m)}")
+    if m.nonfinite is None:
+        print("NaN/inf      not counted (packed by an older streamwin)")
+    elif m.nonfinite.nan or m.nonfinite.inf:
+        print(f"NaN/inf      {m.nonfinite.nan:,} NaN, {m.nonfinite.inf:,} inf  (in {_nonfinite_shards(m)})")
+    else:
+        print("NaN/inf      none")
     if len(lengths):
         print(f"length       min {lengths.min():,}  median {int(np.median(lengths)):,}  mean {lengths.mean():,.1f}  "
               f"max {lengths.max():,}")
@@ -225,6 +308,9 @@ def _histogram_png(lengths: np.ndarray, path: str, title: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from .dataset import WindowDataset  # torch, seconds to import: only the verb that loads batches pays for it
+    from .loader import WindowLoader
+
     start = time.perf_counter()
     ds = WindowDataset(args.url, window=args.window, stride=args.stride, horizon=args.horizon, pad=args.pad,
                        batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed,
@@ -279,26 +365,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     def window(p: argparse.ArgumentParser, required: bool) -> None:
         g = p.add_argument_group("window spec")
-        g.add_argument("--window", type=int, required=required, help="steps per window")
-        g.add_argument("--stride", type=int, help="steps between window starts (default: --window)")
-        g.add_argument("--horizon", type=int, default=0, help="target steps after each window (default 0)")
+        g.add_argument("--window", type=_int_at_least(1), required=required, help="steps per window")
+        g.add_argument("--stride", type=_int_at_least(1), help="steps between window starts (default: --window)")
+        g.add_argument("--horizon", type=_int_at_least(0), default=0, help="target steps after each window (default 0)")
         g.add_argument("--pad", action="store_true", help="one padded window for sequences shorter than window + horizon")
-        g.add_argument("--batch-size", type=int, default=64, help="windows per batch (default 64)")
-        g.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank (default 0)")
-        g.add_argument("--seed", type=int, default=0)
+        g.add_argument("--batch-size", type=_int_at_least(1), default=64, help="windows per batch (default 64)")
+        g.add_argument("--num-workers", type=_int_at_least(0), default=0, help="DataLoader workers per rank (default 0)")
+        g.add_argument("--seed", type=_int_at_least(0), default=0)
 
     p = command("pack", cmd_pack, "pack a source (directory, file or URL) into tar shards and index.json")
     p.add_argument("src", help="directory or file of .npy/.npz/parquet/csv/jsonl/text, or a URL")
     p.add_argument("dest", help="dataset root: local path or fsspec URL (s3://, gs://, memory://, ...)")
     p.add_argument("--shard-size", type=parse_size, default=256 << 20, metavar="SIZE",
                    help="close a shard once it holds this many bytes (default 256MiB)")
-    p.add_argument("--workers", type=int, default=1, help="processes reading and encoding source files (default 1)")
+    p.add_argument("--workers", type=_int_at_least(1), default=1, help="processes reading and encoding source files (default 1)")
     p.add_argument("--format", choices=[f for f in FORMATS if f != "iterable"], help="source format (default: detected)")
     p.add_argument("--compression", choices=["none", "zstd"], default="none", help="per-member compression")
-    p.add_argument("--cast", metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
+    p.add_argument("--cast", type=_dtype, metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
     p.add_argument("--empty", choices=["skip", "error"], default="skip",
                    help="zero-length sequences: skip and count them (default) or fail")
-    p.add_argument("--part", metavar="I/N", help="pack part I of N of the source files (then: streamwin merge DEST)")
+    p.add_argument("--nan", choices=["count", "raise"], default="count",
+                   help="NaN and inf values: count them in index.json (default) or fail, naming the first")
+    p.add_argument("--part", type=_part, metavar="I/N", help="pack part I of N of the source files (then: streamwin merge DEST)")
     p.add_argument("--option", action="append", type=_key_value, metavar="KEY=VALUE",
                    help="source option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
     p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
@@ -323,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("inspect", cmd_inspect, "summarize a dataset, and what a window spec makes of it")
     p.add_argument("url")
     window(p, required=False)
-    p.add_argument("--world-size", type=int, default=1, help="ranks to plan for (default 1)")
+    p.add_argument("--world-size", type=_int_at_least(1), default=1, help="ranks to plan for (default 1)")
     p.add_argument("--equalize", choices=["drop", "pad"], default="drop", help="how ranks get equal batch counts")
     p.add_argument("--png", metavar="FILE", help="also save the length histogram as a PNG (needs matplotlib)")
     storage(p)
@@ -331,8 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", cmd_bench, "measure this dataset's loading throughput for a window spec")
     p.add_argument("url")
     window(p, required=True)
-    p.add_argument("--shuffle-buffer", type=int, default=10_000, help="windows per shuffle block (default 10000)")
-    p.add_argument("--batches", type=int, default=200, help="stop after this many batches (0: a whole epoch; default 200)")
+    p.add_argument("--shuffle-buffer", type=_int_at_least(1), default=10_000, help="windows per shuffle block (default 10000)")
+    p.add_argument("--batches", type=_int_at_least(0), default=200, help="stop after this many batches (0: a whole epoch; default 200)")
     p.add_argument("--no-progress", action="store_true")
     storage(p)
     return parser
@@ -346,15 +434,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help (0) or a usage error (2), already printed by argparse
         return int(e.code or 0)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so that a reader gone away (`| head`) is caught below
+        return code
     except KeyboardInterrupt:
         print(f"streamwin {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader has gone (`| head -1`): stop quietly, as Unix tools do
+        _discard_stdout()
+        return 141
     except (StreamwinError, OSError, ValueError, ImportError) as e:
         # data, storage and argument-value errors: one clear line, no traceback
         kind = "" if isinstance(e, StreamwinError) else f"{type(e).__name__}: "
-        print(f"streamwin {args.command}: error: {kind}{e}", file=sys.stderr)
+        message = _unmerged_parts(args, e) or cli_words(str(e))
+        print(f"streamwin {args.command}: error: {kind}{message}", file=sys.stderr)
         return 2
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush finds no broken pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (stdout replaced, as under pytest)
+        pass
+
+
+def _unmerged_parts(args: argparse.Namespace, error: Exception) -> str | None:
+    """For a missing index.json where `pack --part` wrote part indexes: what is there and what to run."""
+    url = getattr(args, "url", None)
+    if url is None or not isinstance(error, ManifestError) or not isinstance(error.__cause__, FileNotFoundError):
+        return None
+    try:
+        names = part_indexes(url, storage_options=_storage_options(args.storage_option))
+    except Exception:  # the original error says more than a failure to list the directory would
+        return None
+    if not names:
+        return None
+    n = max(int(re.search(r"-of-(\d+)", name).group(1)) for name in names)
+    todo = (f"run `streamwin merge {url}` to write it" if len(names) == n else
+            f"when the other parts are packed, run `streamwin merge {url}`")
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return (f"{url} has no index.json but holds the output of `streamwin pack --part I/N`: {len(names)} of {n} "
+            f"parts are done ({shown}); a dataset is complete only once merged: {todo}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ loaders with different worker counts can share one dataset.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Callable
 
@@ -26,6 +28,65 @@ from .world import resolve
 
 log = logging.getLogger("streamwin")
 STATE_VERSION = 2
+
+
+# -- argument checks: each public argument, once, named as the user typed it -----------------------
+_INTS = {"window": 1, "stride": 1, "horizon": 0, "shuffle_buffer": 1, "seed": 0, "batch_size": 1, "rank": 0,
+         "world_size": 1, "slice_windows": 1, "readahead": 0, "prefetch": 0, "retries": 0, "cache_limit": 0,
+         "split_seed": 0, "holdout": 0}  # name -> smallest valid value
+_MAY_BE_NONE = {"stride", "rank", "world_size", "slice_windows", "cache_limit", "storage_options", "cache_dir",
+                "split"}
+_CHOICES = {"equalize": ("drop", "pad"), "on_error": ("raise", "skip"), "split": ("train", "val", "test")}
+
+
+def _check_arguments(args: dict[str, Any]) -> None:
+    """Refuse a bad WindowDataset argument with one error that names it and says what is valid."""
+    given = {k: v for k, v in args.items() if not (v is None and k in _MAY_BE_NONE)}
+    if not isinstance(given["url"], (str, os.PathLike)):
+        raise TypeError(f"url must be a path or an fsspec URL string, got {given['url']!r}")
+    for name, low in _INTS.items():
+        if name in given:
+            _check_int(name, given[name], low)
+    for name in ("pad", "shuffle"):
+        if not isinstance(given[name], (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {given[name]!r}")
+    for name, choices in _CHOICES.items():
+        if name in given and (not isinstance(given[name], str) or given[name] not in choices):
+            allowed = " or ".join(map(repr, choices)) + (" (or None)" if name in _MAY_BE_NONE else "")
+            raise ValueError(f"{name} must be {allowed}, got {given[name]!r}")
+    backoff = given["retry_backoff"]
+    if not _is_real(backoff) or not 0 <= backoff < float("inf"):
+        error = ValueError if _is_real(backoff) else TypeError
+        raise error(f"retry_backoff must be a number of seconds >= 0, got {backoff!r}")
+    if "storage_options" in given and not isinstance(given["storage_options"], Mapping):
+        raise TypeError(f"storage_options must be a dict of fsspec options (or None), got {given['storage_options']!r}")
+    if "cache_dir" in given and not isinstance(given["cache_dir"], (str, os.PathLike)):
+        raise TypeError(f"cache_dir must be a directory path (or None), got {given['cache_dir']!r}")
+    _check_split(given)
+    if "rank" in given and "world_size" in given and given["rank"] >= given["world_size"]:
+        raise ValueError(f"rank must be < world_size ({given['world_size']}), got {given['rank']!r}")
+
+
+def _check_split(given: dict[str, Any]) -> None:
+    fractions = given["split_fractions"]
+    if (isinstance(fractions, str) or not isinstance(fractions, Sequence) or len(fractions) != 3
+            or not all(_is_real(f) and 0 <= f <= 1 for f in fractions) or abs(sum(fractions) - 1) > 1e-9):
+        raise ValueError(f"split_fractions must be three numbers >= 0 summing to 1 (train, val, test), got {fractions!r}")
+    if given["holdout"] and "split" not in given:
+        raise ValueError(f"holdout={given['holdout']!r} needs split='train', 'val' or 'test'")
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    """An integer (numpy ones too, bool not) of at least ``low``, else an error naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer >= {low}, got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _is_real(value: Any) -> bool:
+    """An int or float (numpy ones too) but not a bool; NaN passes here and fails every bound check."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 class WindowDataset:
@@ -74,6 +135,7 @@ class WindowDataset:
                  cache_dir: str | None = None, cache_limit: int | None = None, split: str | None = None,
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_seed: int = 0,
                  holdout: int = 0):
+        _check_arguments(dict(locals()))  # first: every argument exactly as the user passed it
         self.url = str(url)
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad)
         self.shuffle, self.shuffle_buffer, self.seed = bool(shuffle), int(shuffle_buffer), int(seed)
@@ -101,6 +163,11 @@ class WindowDataset:
             self._manifest = load_manifest(self.url, self.storage_options, retries=self.retries,
                                            backoff=self.retry_backoff)
         return self._manifest
+
+    @property
+    def columns(self) -> tuple[str, ...] | None:
+        """Names of the features (``x[..., f]``): the table columns pack took the values from, else None."""
+        return self.manifest.value_columns
 
     def world(self, refresh: bool = False) -> tuple[int, int]:
         """(rank, world_size) (see streamwin.world); kept once something definitive says who we are."""

@@ -13,7 +13,8 @@ member whole) without ever unpickling anything.
   (shard, member, byte offset) with all of them in its ``failures`` attribute.
 - ``index_shards(url)`` writes index.json for existing shards (e.g. from
   ``webdataset.ShardWriter``), taking the key of a member as webdataset does: its path up to
-  the first dot of its base name.
+  the first dot of its base name, and counting the NaN and inf values of float arrays as
+  pack does.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ except ImportError:  # only .npy.zst members need it
 
 from . import npyfmt
 from .errors import ManifestError, ShardError
-from .manifest import INDEX_NAME, Manifest, ShardEntry, build_manifest
+from .manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest
+from .pack import count_nonfinite
 from .storage import join, load_manifest, url_to_fs, write_atomic
 
 _ZSTD_ERRORS = (zstandard.ZstdError,) if zstandard is not None else ()
@@ -58,6 +60,8 @@ class NpyMember:
     dtype: np.dtype
     shape: tuple[int, ...]
     hlen: int  # npy header length (of the decompressed content)
+    nan: int = 0  # NaN values in the array
+    inf: int = 0  # +-inf values in the array
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,29 @@ class _HashingReader:
             self._at = len(self._chunk)
 
 
+class _NonFiniteCounter:
+    """Counts the NaN and inf values of array data that arrives in chunks of any size."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype if dtype.kind in "fc" else None  # None: integers, nothing to count
+        self.nan = self.inf = 0
+        self._rest = b""
+
+    def feed(self, data: bytes) -> None:
+        if self.dtype is None or not data:
+            return
+        data = self._rest + data
+        whole = len(data) - len(data) % self.dtype.itemsize
+        nan, inf = count_nonfinite(np.frombuffer(memoryview(data)[:whole], dtype=self.dtype))
+        self.nan, self.inf, self._rest = self.nan + nan, self.inf + inf, data[whole:]
+
+
 def _npy_member(tf: tarfile.TarFile, info: tarfile.TarInfo, key: str, compressed: bool, shard: str) -> NpyMember:
     """Parse a member's npy header and check that the content holds exactly the array it declares.
 
     A compressed member is decompressed as a stream and only counted past its header, so a
-    corrupt or hostile one cannot make the scanner hold more than one chunk.
+    corrupt or hostile one cannot make the scanner hold more than one chunk. The NaN and inf
+    values of float data are counted on the way.
     """
     where = dict(shard=shard, member=info.name, offset=info.offset_data)
     src = tf.extractfile(info)
@@ -126,19 +148,25 @@ def _npy_member(tf: tarfile.TarFile, info: tarfile.TarInfo, key: str, compressed
         if not shape:
             raise ShardError("member holds a 0-d array, not a sequence", **where)
         data_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        counter = _NonFiniteCounter(dtype)
+        counter.feed(head[hlen:])
         if compressed:
             have = len(head) - hlen
             while have <= data_bytes and (chunk := src.read(CHUNK)):
                 have += len(chunk)
+                counter.feed(chunk)
         else:
             have = info.size - hlen
+            while counter.dtype is not None and (chunk := src.read(CHUNK)):  # integers: tarfile skips the data
+                counter.feed(chunk)
     except _ZSTD_ERRORS as e:
         raise ShardError(f"cannot decompress member: {e}", **where) from e
     if have != data_bytes:
         more = " or more" if compressed and have > data_bytes else ""
         raise ShardError(f"member holds {have}{more} bytes of array data, its header (dtype {dtype}, shape {shape}) "
                          f"declares {data_bytes}", **where)
-    return NpyMember(info.name, key, info.offset_data, info.size, compressed, dtype, shape, hlen)
+    return NpyMember(info.name, key, info.offset_data, info.size, compressed, dtype, shape, hlen,
+                     counter.nan, counter.inf)
 
 
 def _read_upto(f, n: int) -> bytes:
@@ -324,6 +352,8 @@ class _Indexer:
         self.columns: dict[str, list[int]] = {"length": [], "offset": [], "size": [], "hlen": []}
         self.first: tuple[str, NpyMember] | None = None
         self.seen: dict[str, str] = {}
+        self.nan = self.inf = 0
+        self.shard_nonfinite: list[int] = []
 
     def add(self, k: int, scan: ShardScan | ShardError) -> None:
         if isinstance(scan, ShardError):
@@ -337,6 +367,9 @@ class _Indexer:
                 self.columns[col].append(value)
         steps = sum(mem.shape[0] for mem in scan.members)
         self.shards.append(ShardEntry(scan.name, scan.nbytes, scan.sha256, len(scan.members), steps))
+        nan, inf = sum(mem.nan for mem in scan.members), sum(mem.inf for mem in scan.members)
+        self.nan, self.inf = self.nan + nan, self.inf + inf
+        self.shard_nonfinite.append(nan + inf)
 
     def _check(self, mem: NpyMember, shard_url: str) -> None:
         where = dict(shard=shard_url, member=mem.name, offset=mem.offset)
@@ -359,4 +392,5 @@ class _Indexer:
             raise ManifestError(f"no .npy or .npy.zst members in the shards at {self.url}: nothing to index")
         first = self.first[1]
         return build_manifest(first.dtype, first.shape[1:], "zstd" if first.compressed else None,
-                              self.shards, self.keys, self.columns)
+                              self.shards, self.keys, self.columns,
+                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)))

@@ -8,6 +8,11 @@ Per-sequence data (key, length, byte offset, member size, npy header length) is 
 as columns: each one a little-endian numpy array, zlib-compressed and base64-encoded
 inside the JSON. That keeps one file, one atomic write, and about 13 bytes per sequence,
 so the manifest of 10 million sequences loads in about a second.
+
+Fields added since version 1 was fixed are optional top-level keys, which older streamwin
+ignores and which read as None from older manifests: ``value_columns`` (the table columns
+the values came from, one per feature) with ``left_out_columns`` (the others, and why), and
+``nonfinite`` (NaN and ±inf values counted at pack time, in all and per shard).
 """
 from __future__ import annotations
 
@@ -38,6 +43,15 @@ class ShardEntry:
     num_steps: int
 
 
+@dataclass(frozen=True)
+class NonFinite:
+    """NaN and ±inf values in a dataset's arrays, counted by pack (and index); per shard NaN + inf."""
+
+    nan: int
+    inf: int
+    per_shard: tuple[int, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class Manifest:
     """The whole index, with per-sequence columns as numpy arrays in shard order.
@@ -60,6 +74,9 @@ class Manifest:
     key_ends: np.ndarray
     dropped_empty: int = 0
     digest: str = ""
+    value_columns: tuple[str, ...] | None = None
+    left_out_columns: dict[str, str] | None = None
+    nonfinite: NonFinite | None = None
     shard_starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,6 +86,12 @@ class Manifest:
         for name in ("length", "offset", "size", "hlen", "key_ends"):
             if len(getattr(self, name)) != n:
                 raise ManifestError(f"manifest column {name!r} has {len(getattr(self, name))} rows, shards list {n} sequences")
+        features = int(np.prod(self.step_shape, dtype=np.int64))
+        if self.value_columns is not None and (len(self.step_shape) > 1 or len(self.value_columns) != features):
+            raise ManifestError(f"manifest names {len(self.value_columns)} value columns for step shape {self.step_shape}")
+        if self.nonfinite is not None and len(self.nonfinite.per_shard) != len(self.shards):
+            raise ManifestError(f"manifest counts NaN/inf for {len(self.nonfinite.per_shard)} shards, "
+                                f"it lists {len(self.shards)}")
 
     @property
     def num_sequences(self) -> int:
@@ -117,6 +140,12 @@ class Manifest:
             "columns": cols,
             "keys": base64.b64encode(zlib.compress(self.key_blob, 1)).decode("ascii"),
         }
+        if self.value_columns is not None:
+            doc["value_columns"] = list(self.value_columns)
+            doc["left_out_columns"] = dict(self.left_out_columns or {})
+        if self.nonfinite is not None:
+            doc["nonfinite"] = {"nan": self.nonfinite.nan, "inf": self.nonfinite.inf,
+                                "per_shard": list(self.nonfinite.per_shard)}
         return json.dumps(doc, separators=(",", ":"))
 
 
@@ -153,6 +182,7 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME) -> Manifest:
         blob = zlib.decompress(base64.b64decode(doc["keys"]))
         dtype = np.dtype(doc["dtype"])
         step_shape = tuple(int(x) for x in doc["step_shape"])
+        optional = _optional_fields(doc)
     except (KeyError, TypeError, zlib.error, ValueError) as e:
         raise ManifestError(f"{where} is malformed: {type(e).__name__}: {e}") from e
     if dtype.hasobject or dtype.kind not in "biufc":
@@ -163,8 +193,25 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME) -> Manifest:
         dtype=dtype, step_shape=step_shape, compression=doc.get("compression"), shards=shards,
         key_blob=blob, key_ends=key_ends, dropped_empty=int(doc.get("dropped_empty", 0)),
         digest=hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()[:16],
-        **cols,
+        **cols, **optional,
     )
+
+
+def _optional_fields(doc: dict) -> dict:
+    """The fields a manifest of an older streamwin lacks (None then), checked for type."""
+    out: dict = {"value_columns": None, "left_out_columns": None, "nonfinite": None}
+    if doc.get("value_columns") is not None:
+        names, left_out = doc["value_columns"], doc.get("left_out_columns") or {}
+        if not all(isinstance(x, str) for x in [*names, *left_out, *left_out.values()]):
+            raise TypeError("value_columns and left_out_columns must hold strings")
+        out["value_columns"], out["left_out_columns"] = tuple(names), dict(left_out)
+    if doc.get("nonfinite") is not None:
+        nf = doc["nonfinite"]
+        counts = [nf["nan"], nf["inf"], *nf["per_shard"]]
+        if not all(isinstance(c, int) and c >= 0 for c in counts):
+            raise ValueError(f"nonfinite counts must be integers >= 0, got {nf}")
+        out["nonfinite"] = NonFinite(nf["nan"], nf["inf"], tuple(nf["per_shard"]))
+    return out
 
 
 def _check_shard_name(name: str, where: str) -> None:
@@ -177,13 +224,15 @@ def _check_shard_name(name: str, where: str) -> None:
 
 def build_manifest(dtype: np.dtype, step_shape: tuple[int, ...], compression: str | None,
                    shards: list[ShardEntry], keys: list[str], columns: dict[str, list[int]],
-                   dropped_empty: int = 0) -> Manifest:
+                   dropped_empty: int = 0, *, value_columns: tuple[str, ...] | None = None,
+                   left_out_columns: dict[str, str] | None = None, nonfinite: NonFinite | None = None) -> Manifest:
     """Assemble a Manifest from per-sequence lists (used by pack, index and merge)."""
     encoded = [k.encode("ascii") for k in keys]
     lengths = np.fromiter((len(k) for k in encoded), dtype=np.int64, count=len(encoded))
     return Manifest(
         dtype=np.dtype(dtype), step_shape=tuple(step_shape), compression=compression, shards=tuple(shards),
         key_blob=b"".join(encoded), key_ends=np.cumsum(lengths),
-        dropped_empty=dropped_empty,
+        dropped_empty=dropped_empty, value_columns=None if value_columns is None else tuple(value_columns),
+        left_out_columns=left_out_columns, nonfinite=nonfinite,
         **{name: np.asarray(columns[name], dtype=dt.replace("<", "=")) for name, dt in COLUMNS.items()},
     )

@@ -34,6 +34,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import warnings
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,8 +46,8 @@ from tqdm.auto import tqdm
 from . import npyfmt
 from .errors import ManifestError, PackError
 from .keys import check_key
-from .manifest import INDEX_NAME, Manifest, ShardEntry, build_manifest, parse_manifest
-from .sources import Unit, list_units, read_unit
+from .manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, parse_manifest
+from .sources import Columns, Unit, list_units, read_unit
 from .storage import is_local, join, remove_if_exists, url_to_fs, write_atomic
 
 SPILL_MIN = 256 << 10  # a worker's output for a unit smaller than this comes back through the pipe
@@ -56,6 +57,10 @@ _TEMPLATE[0:100] = bytes(100)
 _TEMPLATE[124:136] = bytes(12)
 _TEMPLATE[148:156] = b" " * 8
 _TEMPLATE_SUM = sum(_TEMPLATE)
+
+
+class NonFiniteWarning(UserWarning):
+    """pack wrote NaN or inf values (counted in ``manifest.nonfinite``)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ class EncodedSeq:
     dtype: str
     step_shape: tuple[int, ...]
     hlen: int
+    nan: int = 0  # NaN values in the array
+    inf: int = 0  # +-inf values in the array
 
     @property
     def size(self) -> int:
@@ -81,11 +88,12 @@ class EncodedSeq:
 
 
 def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str | None = None,
-                    compression: str | None = None, empty: str = "skip") -> EncodedSeq | None:
+                    compression: str | None = None, empty: str = "skip", nan: str = "count") -> EncodedSeq | None:
     """Validate and encode one sequence; None for a zero-length one when ``empty="skip"``.
 
     Multi-byte dtypes are stored little-endian (values unchanged), so a big-endian source
-    array packs together with little-endian ones.
+    array packs together with little-endian ones. NaN and inf values are counted, or refused
+    with ``nan="raise"``.
     """
     check_key(key)
     arr = np.asarray(array)
@@ -94,6 +102,7 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
     if arr.ndim == 0:
         raise PackError(f"sequence {key!r}: a 0-d array is not a sequence; give shape [T] or [T, F, ...]")
     if cast is not None:
+        _check_cast(key, arr, cast)
         arr = arr.astype(cast)
     if arr.shape[0] == 0:
         if empty == "error":
@@ -111,7 +120,50 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
             meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
         except (TypeError, ValueError) as e:
             raise PackError(f"sequence {key!r}: metadata is not JSON-serializable: {e}") from e
-    return EncodedSeq(key, head, body, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), hlen)
+    nans, infs = count_nonfinite(arr)
+    if nan == "raise" and nans + infs:
+        raise PackError(f"sequence {key!r} has {nans} NaN and {infs} inf values, the first at step "
+                        f"{first_nonfinite_step(arr)}; clean them, or pack with nan='count' to count them")
+    return EncodedSeq(key, head, body, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), hlen,
+                      nans, infs)
+
+
+_FINITE_CHUNK = 1 << 24  # values checked per vectorized call: bounds the temporary mask to 16 MB
+
+
+def count_nonfinite(arr: np.ndarray) -> tuple[int, int]:
+    """(NaN values, +-inf values) of an array; integers have none.
+
+    One vectorized pass, a sum, with no temporary array: NaN and inf make any sum non-finite,
+    and a sum of finite values is non-finite only when it overflows. Only then are the values
+    counted one by one.
+    """
+    if arr.dtype.kind not in "fc":
+        return 0, 0
+    flat = arr.reshape(-1)
+    with np.errstate(all="ignore"):  # inf - inf and overflow are expected here, not worth a warning
+        total = flat.sum(dtype=np.float32 if flat.dtype == np.float16 else None)
+    if np.isfinite(total):
+        return 0, 0
+    bad = sum(len(c) - int(np.count_nonzero(np.isfinite(c)))
+              for c in (flat[i : i + _FINITE_CHUNK] for i in range(0, len(flat), _FINITE_CHUNK)))
+    if not bad:
+        return 0, 0
+    nans = int(np.count_nonzero(np.isnan(flat)))
+    return nans, bad - nans
+
+
+def first_nonfinite_step(arr: np.ndarray) -> int | None:
+    """The first step (index along the first axis) holding a NaN or inf, or None."""
+    finite = np.isfinite(arr).reshape(len(arr), -1).all(axis=1)
+    return None if finite.all() else int(np.argmin(finite))
+
+
+def _check_cast(key: str, arr: np.ndarray, cast: str) -> None:
+    """NaN and inf have no integer value: casting them would pack arbitrary numbers."""
+    if np.dtype(cast).kind not in "fc" and sum(count_nonfinite(arr)):
+        raise PackError(f"sequence {key!r} has NaN or inf values (the first at step {first_nonfinite_step(arr)}), "
+                        f"which cast={cast!r} cannot represent")
 
 
 @functools.cache
@@ -140,7 +192,7 @@ def tar_header(name: str, size: int) -> bytes:
     return bytes(buf)
 
 
-def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int, str | None, list[int]]:
+def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int, str | None, list[int], Columns | None]:
     """Worker-process task: read one source unit and encode its sequences.
 
     Unless the unit is small, the member contents travel back through one spill file in
@@ -148,23 +200,24 @@ def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int, str | None, list[i
     result pipe; the sequences then come back with empty ``head`` and ``body``, and their
     content sizes in order (see `_unspill`).
     """
-    unit, cast, compression, empty, spill_dir = args
-    out, skipped = [], 0
-    for key, arr, meta in read_unit(unit):
-        enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty)
+    unit, cast, compression, empty, nan, spill_dir = args
+    out, skipped, found = [], 0, []
+    for key, arr, meta in read_unit(unit, found.append):
+        enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
         if enc is None:
             skipped += 1
         else:
             out.append(enc)
+    columns = found[0] if found else None
     sizes = [s.size for s in out]
     if sum(sizes) < SPILL_MIN:
-        return out, skipped, None, sizes
+        return out, skipped, None, sizes, columns
     fd, path = tempfile.mkstemp(dir=spill_dir, suffix=".spill")
     with os.fdopen(fd, "wb") as f:
         for s in out:
             f.write(s.head)
             f.write(s.body)
-    return [dataclasses.replace(s, head=b"", body=b"") for s in out], skipped, path, sizes
+    return [dataclasses.replace(s, head=b"", body=b"") for s in out], skipped, path, sizes, columns
 
 
 def _unspill(seqs: list[EncodedSeq], path: str | None, sizes: list[int]) -> list[EncodedSeq]:
@@ -231,6 +284,8 @@ class ShardWriter:
         self.columns = {"length": array("q"), "offset": array("q"), "size": array("q"), "hlen": array("q")}
         self.dtype: str | None = None
         self.step_shape: tuple[int, ...] | None = None
+        self.nan = self.inf = 0
+        self.shard_nonfinite: list[int] = []  # NaN + inf values per finished shard
         self._first_key = ""
         self._seen: dict[str, int] = {}  # key -> shard number
         self._file = None
@@ -284,7 +339,7 @@ class ShardWriter:
             raise PackError(
                 f"sequence {seq.key!r} has dtype {seq.dtype} and step shape {seq.step_shape}, but "
                 f"{self._first_key!r} and the ones before it have dtype {self.dtype} and step shape {self.step_shape}; "
-                "pass cast= (--cast) to convert the dtype, or pack them as separate datasets"
+                "pass cast= to convert the dtype, or pack them as separate datasets"
             )
 
     def _shard_name(self, k: int) -> str:
@@ -296,7 +351,7 @@ class ShardWriter:
         self._tmp = f"{path}.tmp-{os.getpid()}" if is_local(self.fs) else None
         self._file = open(self._tmp, "wb", buffering=1 << 20) if self._tmp else self.fs.open(path, "wb")
         self._hash = _Hasher(self._hash_pool)
-        self._pos = self._count = self._steps = 0
+        self._pos = self._count = self._steps = self._nonfinite = 0
 
     def _write(self, data) -> None:
         self._file.write(data)
@@ -316,6 +371,8 @@ class ShardWriter:
             cols["hlen"].append(record.hlen)
             self._count += 1
             self._steps += record.length
+            self._nonfinite += record.nan + record.inf
+            self.nan, self.inf = self.nan + record.nan, self.inf + record.inf
         for chunk in chunks:
             if len(chunk):
                 self._write(chunk)
@@ -335,12 +392,16 @@ class ShardWriter:
         if self._tmp:
             os.replace(self._tmp, join(self.root, self._name))
         self.shards.append(ShardEntry(self._name, self._pos, self._hash.hexdigest(), self._count, self._steps))
+        self.shard_nonfinite.append(self._nonfinite)
 
-    def manifest(self, compression: str | None, dropped_empty: int) -> Manifest:
+    def manifest(self, compression: str | None, dropped_empty: int, columns: Columns | None) -> Manifest:
         if self.dtype is None:
             raise PackError(f"the source yielded no non-empty sequence ({dropped_empty} empty ones): nothing to pack")
         return build_manifest(np.dtype(self.dtype), self.step_shape, compression, self.shards,
-                              self.keys, self.columns, dropped_empty)
+                              self.keys, self.columns, dropped_empty,
+                              value_columns=columns.taken if columns else None,
+                              left_out_columns=dict(columns.left_out) if columns else None,
+                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)))
 
     def remove_leftovers(self) -> None:
         """Remove this prefix's shards past the ones just written and temporaries of crashed runs."""
@@ -370,16 +431,25 @@ def part_index_name(i: int, n: int) -> str:
     return f"index.part{i:05d}-of-{n:05d}.json"
 
 
-def _check_options(shard_bytes: int, compression: str | None, empty: str, cast: str | None, workers: int) -> None:
-    if not isinstance(shard_bytes, (int, np.integer)) or shard_bytes <= 0:
+def part_indexes(dest: str, *, storage_options: dict | None = None) -> list[str]:
+    """Names of the part indexes (``index.partIIIII-of-NNNNN.json``) at ``dest``, sorted."""
+    fs, root = url_to_fs(dest, storage_options)
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
+
+
+def _check_options(shard_bytes: int, compression: str | None, empty: str, cast: str | None, workers: int,
+                   nan: str) -> None:
+    if not _is_int(shard_bytes) or shard_bytes <= 0:
         raise PackError(f"shard_bytes must be a positive integer, got {shard_bytes!r}")
+    if nan not in ("count", "raise"):
+        raise PackError(f"nan must be 'count' or 'raise', got {nan!r}")
     if compression not in (None, "zstd"):
         raise PackError(f"compression must be None or 'zstd', got {compression!r}")
     if compression == "zstd":
         _zstd()
     if empty not in ("skip", "error"):
         raise PackError(f"empty must be 'skip' or 'error', got {empty!r}")
-    if not isinstance(workers, (int, np.integer)) or workers < 1:
+    if not _is_int(workers) or workers < 1:
         raise PackError(f"workers must be an integer >= 1, got {workers!r}")
     if cast is not None:
         try:
@@ -390,9 +460,13 @@ def _check_options(shard_bytes: int, compression: str | None, empty: str, cast: 
             raise PackError(f"cast={cast!r}: only numeric dtypes can be packed")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | None = None,
          workers: int = 1, compression: str | None = None, cast: str | None = None,
-         empty: str = "skip", part: str | tuple[int, int] | None = None,
+         empty: str = "skip", nan: str = "count", part: str | tuple[int, int] | None = None,
          storage_options: dict | None = None, progress: bool = True, **source_options: Any) -> Manifest:
     """Pack a source of sequences into tar shards and an index.json at ``dest`` (any fsspec URL).
 
@@ -408,17 +482,21 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
         cast: convert every array to this dtype instead of refusing a dtype mismatch.
         empty: "skip" zero-length sequences (counted in ``manifest.dropped_empty``; the
             default) or "error" (PackError naming the first one).
+        nan: "count" NaN and inf values (``manifest.nonfinite``: in all and per shard; the
+            default) or "raise" (PackError naming the sequence and the step of the first one).
         part: ``"i/n"`` packs the i-th of n disjoint parts of the source (contiguous runs of its
             files; every n-th item of an iterable) into its own shard range and part index;
             `merge` then writes the combined index.json.
         storage_options: fsspec options for ``dest`` (credentials, endpoint_url, ...).
         progress: show a tqdm bar on stderr (bytes, MB/s, sequences, shards).
-        source_options: passed to the source reader (e.g. ``id_column=``, ``field=``).
+        source_options: passed to the source reader (e.g. ``id_column=``, ``field=``). The value
+            columns a table's values came from are recorded (``manifest.value_columns``), and the
+            ones left out with the reason (``manifest.left_out_columns``).
 
     Returns:
         The manifest written to ``dest``.
     """
-    _check_options(shard_bytes, compression, empty, cast, workers)
+    _check_options(shard_bytes, compression, empty, cast, workers, nan)
     part_ = parse_part(part)
     units = _part_units(list_units(source, format=format, **source_options), part_)
     fs, root = url_to_fs(dest, storage_options)
@@ -431,20 +509,22 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
 
     prefix = "shard-" if part_ is None else f"part{part_[0]:05d}-shard-"
     writer = ShardWriter(fs, root, shard_bytes=shard_bytes, prefix=prefix, compression=compression)
-    dropped, shown = 0, 0
+    dropped, shown, columns = 0, 0, None
     bar = tqdm(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
     try:
         borrowed = any(u.format == "iterable" for u in units)  # a generator may reuse its arrays
-        for batch, skipped in _encoded(units, cast, compression, empty, workers):
+        for batch, skipped, found in _encoded(units, cast, compression, empty, nan, workers):
             dropped += skipped
+            columns = _same_columns(columns, found)
             for seq in batch:
                 bar.update(writer.add(seq, borrowed=borrowed))
             if len(writer.keys) - shown >= 1000 or len(batch) > 1:
                 shown = len(writer.keys)
-                bar.set_postfix(sequences=shown, shards=writer.open_shards, refresh=False)
+                # strings: tqdm would print 10000 as 1e+4
+                bar.set_postfix(sequences=f"{shown:,}", shards=f"{writer.open_shards:,}", refresh=False)
         writer.close()
-        manifest = writer.manifest(compression, dropped)
+        manifest = writer.manifest(compression, dropped, columns)
     except BaseException:
         writer.abort()
         raise
@@ -452,7 +532,24 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
         bar.close()
     write_atomic(fs, join(root, index_name), manifest.to_json().encode())
     writer.remove_leftovers()
+    if manifest.nonfinite.nan or manifest.nonfinite.inf:
+        warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
+                      f"into {dest} (manifest.nonfinite counts them; nan='raise' refuses them)",
+                      NonFiniteWarning, stacklevel=2)
     return manifest
+
+
+def _same_columns(current: Columns | None, found: Columns | None) -> Columns | None:
+    """Every table file must give the same value columns; the left-out ones of all files are kept."""
+    if found is None:
+        return current
+    if current is None:
+        return found
+    if found.taken != current.taken:
+        raise PackError(f"{found.where} gives value columns {list(found.taken)}, but {current.where} gave "
+                        f"{list(current.taken)}; pass value_columns= to take the same columns from every file")
+    left_out = dict(current.left_out) | dict(found.left_out)
+    return Columns(current.taken, tuple(left_out.items()), current.where)
 
 
 def _part_units(units: list[Unit], part: tuple[int, int] | None) -> list[Unit]:
@@ -475,29 +572,31 @@ def _every_nth(items, i: int, n: int) -> Iterator:
             yield item
 
 
-def _encoded(units: list[Unit], cast: str | None, compression: str | None, empty: str,
-             workers: int) -> Iterator[tuple[list[EncodedSeq], int]]:
-    """(encoded sequences, zero-length ones skipped) per unit or item, in source order."""
+def _encoded(units: list[Unit], cast: str | None, compression: str | None, empty: str, nan: str,
+             workers: int) -> Iterator[tuple[list[EncodedSeq], int, Columns | None]]:
+    """(encoded sequences, zero-length ones skipped, a table's value columns when first known)
+    per unit or item, in source order."""
     if workers <= 1 or len(units) <= 1:
         for unit in units:  # item by item, so that a huge in-memory iterable is never held whole
-            for key, arr, meta in read_unit(unit):
-                enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty)
-                yield ([enc], 0) if enc is not None else ([], 1)
+            found: list[Columns] = []
+            for key, arr, meta in read_unit(unit, found.append):
+                enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
+                yield ([enc] if enc is not None else []), int(enc is None), (found.pop() if found else None)
         return
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     spill_dir = tempfile.mkdtemp(prefix="streamwin-pack-", dir=shm)
-    tasks = iter([(u, cast, compression, empty, spill_dir) for u in units])
+    tasks = iter([(u, cast, compression, empty, nan, spill_dir) for u in units])
     try:
         with ctx.Pool(workers) as pool:
             # a bounded window of tasks in flight: a slow destination never piles results up in memory
             pending = collections.deque(pool.apply_async(_encode_unit, (t,)) for _, t in zip(range(2 * workers), tasks))
             while pending:
-                seqs, skipped, path, sizes = pending.popleft().get()
+                seqs, skipped, path, sizes, columns = pending.popleft().get()
                 for t in tasks:
                     pending.append(pool.apply_async(_encode_unit, (t,)))
                     break
-                yield _unspill(seqs, path, sizes), skipped
+                yield _unspill(seqs, path, sizes), skipped, columns
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
 
@@ -509,7 +608,7 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
     step shape or compression, a key is in two parts, or a shard a part names is missing.
     """
     fs, root = url_to_fs(dest, storage_options)
-    names = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
+    names = part_indexes(dest, storage_options=storage_options)
     if not names:
         raise ManifestError(f"no part indexes (index.partIIIII-of-NNNNN.json) at {dest}: run pack with --part i/n first")
     counts = sorted({int(re.search(r"-of-(\d+)", name).group(1)) for name in names})
@@ -526,6 +625,8 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
         if (m.dtype, m.step_shape, m.compression) != (first.dtype, first.step_shape, first.compression):
             raise ManifestError(f"{name} has dtype {m.dtype}, step shape {m.step_shape}, compression {m.compression}; "
                                 f"{expected[0]} has {first.dtype}, {first.step_shape}, {first.compression}")
+        if m.value_columns != first.value_columns:
+            raise ManifestError(f"{name} has value columns {m.value_columns}, {expected[0]} has {first.value_columns}")
     present = {p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
     absent = [s.name for m in parts for s in m.shards if s.name not in present]
     if absent:
@@ -536,8 +637,14 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
         dup = next(k for k in keys if k in seen or seen.add(k))
         raise ManifestError(f"cannot merge {dest}: key {dup!r} appears in more than one part")
     cols = {c: np.concatenate([getattr(m, c) for m in parts]) for c in ("length", "offset", "size", "hlen")}
+    counted = all(m.nonfinite is not None for m in parts)
+    nonfinite = NonFinite(sum(m.nonfinite.nan for m in parts), sum(m.nonfinite.inf for m in parts),
+                          tuple(n for m in parts for n in m.nonfinite.per_shard)) if counted else None
+    left_out = {k: v for m in parts for k, v in (m.left_out_columns or {}).items()}
     manifest = build_manifest(first.dtype, first.step_shape, first.compression,
                               [s for m in parts for s in m.shards], keys, cols,
-                              sum(m.dropped_empty for m in parts))
+                              sum(m.dropped_empty for m in parts), value_columns=first.value_columns,
+                              left_out_columns=left_out if first.value_columns is not None else None,
+                              nonfinite=nonfinite)
     write_atomic(fs, join(root, INDEX_NAME), manifest.to_json().encode())
     return manifest

@@ -82,7 +82,7 @@ class PlanConfig:
     equalize: str = "drop"
 
     def __post_init__(self) -> None:
-        for name, low in (("batch_size", 1), ("world_size", 1), ("num_workers", 0),
+        for name, low in (("batch_size", 1), ("world_size", 1), ("num_workers", 0), ("seed", 0),
                           ("block_windows", 1), ("slice_windows", 1)):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < low:
@@ -186,6 +186,8 @@ def make_plan(lengths: np.ndarray, shard_starts: np.ndarray, config: PlanConfig,
     ``views`` = (first step, number of steps) per sequence restricts windows to part of each
     sequence (a split: 0 steps excludes a sequence; a temporal holdout keeps a prefix or suffix).
     """
+    if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
     view_lo, seq_end = None, np.asarray(lengths, dtype=np.int64)
     if views is not None:
         view_lo, view_len = (np.asarray(v, dtype=np.int64) for v in views)

@@ -23,12 +23,15 @@ Formats, and the options each accepts (an unknown option is an error):
                the bare array name when the source is that one file.
 - ``parquet``  ``id_column``, ``order_column``, ``value_columns``, ``squeeze``, ``list_column``.
                Long layout (one row per time step): rows grouped by ``id_column``, sorted by
-               ``order_column`` (else file order), ``value_columns`` (default: every other
-               numeric column) stacked to [T, F] ([T] for one column when ``squeeze``).
+               ``order_column`` (else file order), ``value_columns`` (default: every numeric
+               column but the id, the order and a pandas index: ``__index_level_0__``,
+               ``Unnamed: 0``, an unnamed column, the index named in parquet's pandas
+               metadata) stacked to [T, F] ([T] for one column when ``squeeze``).
                A sequence must lie within one file. Row layout (one row per sequence): chosen
                when ``list_column`` is given or value columns are list-typed; each row's list
                (or list of lists -> [T, F]) is a sequence, keyed by ``id_column`` or
-               ``<file>_<row>`` (row counted from 0).
+               ``<file>_<row>`` (row counted from 0). Either way the reader reports the
+               `Columns` it took (one name per feature) and the ones it left out, and why.
 - ``csv``      the long layout of parquet (``id_column`` required); pyarrow.csv if installed,
                else the stdlib csv module.
 - ``jsonl``    ``field`` (default "tokens"), ``key_field`` (default "id" when the object has
@@ -39,6 +42,8 @@ Formats, and the options each accepts (an unknown option is an error):
                the key keeps the suffix (``src/x.c`` -> ``src__x_c``) so that ``x.c`` and
                ``x.h`` stay apart. Empty files give zero-length arrays.
 - ``iterable`` no options; keys are checked as given, arrays go through ``np.asarray``.
+
+Options that name columns, fields or suffixes take one name (a string) or a list of names.
 
 Ids and array names become keys with their dots replaced, never cut as extensions. Keys are
 not checked for duplicates here: that needs the whole stream, which only the packer sees.
@@ -54,7 +59,8 @@ import io
 import json
 import os
 import posixpath
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,11 +79,13 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "npy": (), "npz": (), "parquet": (*_LONG, "list_column"), "csv": _LONG,
     "jsonl": ("field", "key_field", "dtype", "meta_fields"), "text": ("suffixes",), "iterable": (),
 }
+SOURCE_OPTIONS = tuple(sorted({name for names in _OPTIONS.values() for name in names}))  # every format's options
 _SUFFIXES = {
     "npy": (".npy",), "npz": (".npz",), "parquet": (".parquet", ".pq"), "csv": (".csv", ".csv.gz"),
     "jsonl": (".jsonl", ".jsonl.gz", ".ndjson"), "text": (".txt",),
 }
 _NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+_NAME_LISTS = ("suffixes", "value_columns", "list_column", "meta_fields")  # options that take one name or a list
 
 
 @dataclass(frozen=True)
@@ -192,8 +200,9 @@ def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], 
     if unknown:
         raise PackError(f"unknown option(s) {unknown} for format {fmt!r}; accepted: {list(accepted) or 'none'}")
     opts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items() if v is not None}
-    if isinstance(opts.get("suffixes"), str):
-        opts["suffixes"] = (opts["suffixes"],)
+    for name in _NAME_LISTS:  # one name given as a string is one name, not a list of letters
+        if isinstance(opts.get(name), str):
+            opts[name] = (opts[name],)
     if "dtype" in opts:
         try:
             opts["dtype"] = np.dtype(opts["dtype"]).name
@@ -208,11 +217,53 @@ def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], 
 
 # ---- reading ---------------------------------------------------------------------------------
 
-def read_unit(unit: Unit) -> Iterator[Item]:
-    """Yield the sequences ``(key, array, meta)`` of one unit, in a deterministic order."""
+@dataclass(frozen=True)
+class Columns:
+    """The columns of a table that became the values of its sequences (one per feature, in
+    order), and each column left out with the reason, as ``(name, why)`` pairs."""
+
+    taken: tuple[str, ...]
+    left_out: tuple[tuple[str, str], ...]
+    where: str
+
+
+Report = Callable[[Columns], None]
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__|Unnamed: \d+|")  # what pandas writes for its index; "" too
+
+
+def _ignore(columns: Columns) -> None:
+    pass
+
+
+def _choose_columns(kinds: dict[str, str], opts: dict, where: str, index_columns: Iterable[str] = ()) -> Columns:
+    """Which columns hold the values: ``value_columns`` when given, else every numeric column
+    (numpy dtype ``kinds``) but the id and order columns and a pandas index."""
+    id_col, order_col, chosen = opts.get("id_column"), opts.get("order_column"), opts.get("value_columns")
+    index = set(index_columns)
+    left_out = []
+    for name, kind in kinds.items():
+        if chosen is not None and name in chosen:
+            continue
+        why = ("id column" if name == id_col else "order column" if name == order_col
+               else "not in value_columns" if chosen is not None
+               else "pandas index" if name in index or _PANDAS_INDEX.fullmatch(name)
+               else "not numeric" if kind not in _NUMERIC_KINDS else None)
+        if why is not None:
+            left_out.append((name, why))
+    out = {name for name, _ in left_out}
+    taken = tuple(chosen) if chosen is not None else tuple(n for n in kinds if n not in out)
+    return Columns(taken, tuple(left_out), where)
+
+
+def read_unit(unit: Unit, report: Report | None = None) -> Iterator[Item]:
+    """Yield the sequences ``(key, array, meta)`` of one unit, in a deterministic order.
+
+    A table (parquet, csv) calls ``report`` once, before its first sequence, with the
+    `Columns` its values come from.
+    """
     reader = _READERS[unit.format]
     try:
-        yield from reader(unit, dict(unit.options))
+        yield from reader(unit, dict(unit.options), report or _ignore)
     except PackError:
         raise
     except Exception as e:
@@ -246,7 +297,7 @@ def _check_array(arr: Any, where: str) -> np.ndarray:
     return arr
 
 
-def _read_npy(unit: Unit, opts: dict) -> Iterator[Item]:
+def _read_npy(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     if "://" not in unit.path and os.path.isfile(unit.path):  # local: numpy reads the file in one go
         arr = np.load(unit.path, allow_pickle=False)
     else:
@@ -255,7 +306,7 @@ def _read_npy(unit: Unit, opts: dict) -> Iterator[Item]:
     yield key_from_name(unit.name), _check_array(arr, unit.path), None
 
 
-def _read_npz(unit: Unit, opts: dict) -> Iterator[Item]:
+def _read_npz(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     prefix = "" if unit.single else posixpath.splitext(unit.name)[0] + "__"
     with _open(unit) as f:
         npz = np.load(f, allow_pickle=False)
@@ -271,13 +322,13 @@ def _read_npz(unit: Unit, opts: dict) -> Iterator[Item]:
                 yield _text_key(prefix + name), _check_array(arr, where), None
 
 
-def _read_text(unit: Unit, opts: dict) -> Iterator[Item]:
+def _read_text(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     with _open(unit) as f:
         data = f.read()
     yield _text_key(unit.name), np.frombuffer(data, dtype=np.uint8), None
 
 
-def _read_iterable(unit: Unit, opts: dict) -> Iterator[Item]:
+def _read_iterable(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     for i, item in enumerate(unit.data):
         where = f"iterable item {i}"
         if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
@@ -298,7 +349,7 @@ def _read_iterable(unit: Unit, opts: dict) -> Iterator[Item]:
 
 # ---- jsonl -----------------------------------------------------------------------------------
 
-def _read_jsonl(unit: Unit, opts: dict) -> Iterator[Item]:
+def _read_jsonl(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     field_name = opts.get("field", "tokens")
     with _open(unit, "rt") as f:
         for lineno, line in enumerate(f, 1):
@@ -348,16 +399,28 @@ def _json_meta(obj: dict, used: set, meta_fields: tuple | None) -> dict | None:
 
 # ---- tables: long layout (parquet, csv) and row layout (parquet) --------------------------------
 
-def _read_csv(unit: Unit, opts: dict) -> Iterator[Item]:
+def _read_csv(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     with _open(unit) as f:
         try:
             pacsv = importlib.import_module("pyarrow.csv")
         except ImportError:
             columns = _csv_columns_stdlib(f, unit.path)
         else:
-            table = pacsv.read_csv(f)
+            table = pacsv.read_csv(_arrow_owned(f.read()))
             columns = {c: table.column(c).to_numpy() for c in table.column_names}
-    yield from _long_sequences(columns, opts, unit.path)
+    yield from _long_sequences(columns, opts, unit.path, report)
+
+
+def _arrow_owned(data: bytes) -> Any:
+    """A reader over a copy of ``data`` in memory pyarrow allocated. pyarrow's threaded readers
+    (csv, parquet) release their input on one of their own threads after the read returns; if
+    that input is a Python object (a file, bytes) and the interpreter is exiting by then, the
+    process aborts ("terminate called without an active exception")."""
+    import pyarrow as pa
+
+    buf = pa.allocate_buffer(len(data))
+    memoryview(buf).cast("B")[:] = data
+    return pa.BufferReader(buf)
 
 
 def _csv_columns_stdlib(f: Any, where: str) -> dict[str, np.ndarray]:
@@ -382,7 +445,8 @@ def _csv_columns_stdlib(f: Any, where: str) -> dict[str, np.ndarray]:
     return columns
 
 
-def _long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str) -> Iterator[Item]:
+def _long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, report: Report,
+                    index_columns: Iterable[str] = ()) -> Iterator[Item]:
     """One sequence per id: its rows, sorted by the order column (stable: file order on ties)."""
     id_col, order_col = opts.get("id_column"), opts.get("order_column")
     if id_col is None:
@@ -390,7 +454,9 @@ def _long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str) -> I
     for name in filter(None, (id_col, order_col)):
         if name not in columns:
             raise PackError(f"{where}: no column {name!r} (columns: {list(columns)})")
-    values = _value_matrix(columns, opts, where)
+    chosen = _choose_columns({c: a.dtype.kind for c, a in columns.items()}, opts, where, index_columns)
+    values = _value_matrix(columns, chosen.taken, opts, where)
+    report(chosen)
     uniq, first, inverse = np.unique(columns[id_col], return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     sort_keys = (inverse,) if order_col is None else (columns[order_col], inverse)
@@ -401,11 +467,8 @@ def _long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str) -> I
         yield _text_key(str(uniq[g])), values[rows[starts[g]:ends[g]]], None
 
 
-def _value_matrix(columns: dict[str, np.ndarray], opts: dict, where: str) -> np.ndarray:
+def _value_matrix(columns: dict[str, np.ndarray], names: tuple[str, ...], opts: dict, where: str) -> np.ndarray:
     """The value columns stacked to [N, F], or [N] for one column when squeeze (default True)."""
-    skip = {opts.get("id_column"), opts.get("order_column")}
-    names = opts.get("value_columns") or [
-        c for c, a in columns.items() if c not in skip and a.dtype.kind in _NUMERIC_KINDS]
     if not names:
         raise PackError(f"{where}: no numeric value columns (columns: {list(columns)})")
     for name in names:
@@ -418,37 +481,43 @@ def _value_matrix(columns: dict[str, np.ndarray], opts: dict, where: str) -> np.
     return np.column_stack([columns[n] for n in names])
 
 
-def _read_parquet(unit: Unit, opts: dict) -> Iterator[Item]:
+def _read_parquet(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as e:
         raise PackError(f"{unit.path}: reading parquet needs pyarrow: pip install 'streamwin[parquet]'") from e
     with _open(unit) as f:
-        table = pq.read_table(f)
+        table = pq.read_table(_arrow_owned(f.read()))
     skip = {opts.get("id_column"), opts.get("order_column")}
     candidates = opts.get("value_columns") or [c for c in table.column_names if c not in skip]
     list_cols = opts.get("list_column") or [
         c for c in candidates if c in table.column_names and _is_list(pa, table.schema.field(c).type)]
     if list_cols:
-        yield from _row_sequences(table, [list_cols] if isinstance(list_cols, str) else list(list_cols),
-                                  opts, unit)
+        yield from _row_sequences(table, list(list_cols), opts, unit, report)
     else:
         columns = {c: table.column(c).to_numpy() for c in table.column_names}
-        yield from _long_sequences(columns, opts, unit.path)
+        index = [c for c in (table.schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)]
+        yield from _long_sequences(columns, opts, unit.path, report, index)
 
 
 def _is_list(pa: Any, t: Any) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit) -> Iterator[Item]:
+def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit, report: Report) -> Iterator[Item]:
     """One sequence per row: the row's list(s); several list columns are stacked as features."""
+    import pyarrow as pa
+
     id_col = opts.get("id_column")
     for name in names + ([id_col] if id_col else []):
         if name not in table.column_names:
             raise PackError(f"{unit.path}: no column {name!r} (columns: {table.column_names})")
     per_column = [_list_arrays(table, name, unit.path) for name in names]
+    if not any(_is_list(pa, table.schema.field(n).type.value_type) for n in names):  # one name per feature
+        left_out = [(c, "id column" if c == id_col else "not a list column") for c in table.column_names
+                    if c not in names]
+        report(Columns(tuple(names), tuple(left_out), unit.path))
     ids = table.column(id_col).to_pylist() if id_col else None
     file_key = _file_key(unit)
     for row in range(table.num_rows):

@@ -225,6 +225,17 @@ def test_train_ddp_resumes_exactly_under_slurm_sbatch_sigusr1_and_requeue(data, 
 
 # ---- train_lightning.py ------------------------------------------------------------------------
 
+LIGHTNING_NOISE = ("GPU available", "TPU available", "Tip:", "Initializing distributed", "distributed_backend",
+                   "processes registered", "Warning", "deprecated", "`IterableDataset`", "-----", "stopped:",
+                   "Restor")
+
+
+def assert_quiet(out: str) -> None:
+    """Only the example's own lines: none of Lightning's banners, tips and warnings that do not apply here."""
+    noise = [line for line in out.splitlines() if any(word in line for word in LIGHTNING_NOISE)]
+    assert not noise, "Lightning noise in the example's output:\n" + "\n".join(noise)
+
+
 def test_lightning_ddp_fit_resumes_model_and_every_ranks_loader(data, tmp_path):
     if importlib.util.find_spec("lightning") is None and importlib.util.find_spec("pytorch_lightning") is None:
         pytest.skip("the Lightning example needs `pip install lightning` (part of the dev extra)")
@@ -236,15 +247,18 @@ def test_lightning_ddp_fit_resumes_model_and_every_ranks_loader(data, tmp_path):
 
     out = run([*cmd, "--stop-after", "7"], env)  # mid-epoch 0
     assert "stopping at step 7" in out and os.path.exists(os.path.join(ckpt_dir, "last.ckpt"))
+    assert_quiet(out)
     assert [len(r) for r in records(rec)] == [7, 7]
     saved = torch.load(os.path.join(ckpt_dir, "last.ckpt"), map_location="cpu", weights_only=False)
     assert '"batches": 7' in json.dumps(saved, default=str), "the checkpoint must hold the loader's position"
 
     out = run([*cmd, "--stop-after", "6"], env | {"MASTER_PORT": str(free_port())})  # to the last batch of epoch 0
     assert "resuming from" in out and "stopping at step 13" in out
+    assert_quiet(out)
 
     out = run(cmd, env | {"MASTER_PORT": str(free_port())})  # from an end-of-epoch checkpoint to the end
     assert "resuming from" in out and "loader.stats()" in out
+    assert_quiet(out)
     check_continues_exactly(data, rec)
 
 

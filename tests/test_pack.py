@@ -460,3 +460,188 @@ def test_too_many_parts_for_the_files(tmp_path):
     np.save(src / "a.npy", np.ones(3))
     with pytest.raises(PackError, match="part 0/2 is empty"):
         sw.pack(str(src), str(tmp_path / "x"), part="0/2", progress=False)
+
+
+# ---- value columns of tables (names recorded, choice reported) -----------------------------------
+
+# what pandas' df.to_csv() writes: the index first, under an empty name
+PANDAS_CSV = (",sensor,t,year,temp,humidity,site\n"
+              "0,a,1,2020,1.5,30,x\n1,a,0,2020,1.0,31,x\n2,b,0,2021,7.0,40,y\n")
+
+
+@pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
+def test_table_value_columns_are_recorded_and_the_left_out_ones_named(tmp_path, monkeypatch, backend):
+    if backend == "stdlib":
+        monkeypatch.setitem(__import__("sys").modules, "pyarrow.csv", None)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "d.csv").write_text(PANDAS_CSV)
+    m = sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", order_column="t", progress=False)
+    assert m.value_columns == ("year", "temp", "humidity")  # every numeric column but the id, order and index
+    assert m.left_out_columns == {"": "pandas index", "sensor": "id column", "t": "order column", "site": "not numeric"}
+    assert m.step_shape == (3,)
+    got = read_via_manifest(str(tmp_path / "ds"))
+    np.testing.assert_array_equal(got["a"], [[2020, 1.0, 31], [2020, 1.5, 30]])
+    again = sw.load_manifest(str(tmp_path / "ds"))
+    assert (again.value_columns, again.left_out_columns) == (m.value_columns, m.left_out_columns)
+    assert sw.WindowDataset(str(tmp_path / "ds"), window=1).columns == ("year", "temp", "humidity")
+    # chosen by the user: those, in the user's order; one name as a string is one column
+    m = sw.pack(str(tmp_path / "src"), str(tmp_path / "ds2"), id_column="sensor", order_column="t",
+                value_columns="humidity", progress=False)
+    assert m.value_columns == ("humidity",) and m.step_shape == ()
+    assert m.left_out_columns == {"": "not in value_columns", "sensor": "id column", "t": "order column",
+                                  "year": "not in value_columns", "temp": "not in value_columns",
+                                  "site": "not in value_columns"}
+
+
+def test_parquet_pandas_index_is_left_out_and_row_layout_names_its_list_columns(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    (tmp_path / "long").mkdir()
+    pq.write_table(pa.table({"__index_level_0__": [0, 1], "Unnamed: 0": [5, 6], "id": ["s", "s"], "v": [1.0, 2.0]}),
+                   tmp_path / "long" / "a.parquet")
+    m = sw.pack(str(tmp_path / "long"), str(tmp_path / "ds"), id_column="id", progress=False)
+    assert m.value_columns == ("v",)
+    assert m.left_out_columns == {"__index_level_0__": "pandas index", "Unnamed: 0": "pandas index", "id": "id column"}
+    (tmp_path / "rows").mkdir()
+    pq.write_table(pa.table({"doc": ["a", "b"], "x": [[1.0, 2.0], [3.0]], "y": [[5.0, 6.0], [7.0]]}),
+                   tmp_path / "rows" / "r.parquet")
+    m = sw.pack(str(tmp_path / "rows"), str(tmp_path / "ds2"), id_column="doc", progress=False)
+    assert m.value_columns == ("x", "y") and m.step_shape == (2,)
+
+
+def test_files_with_other_value_columns_are_refused_naming_both(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.csv").write_text("id,u,v\ns,1.0,2.0\n")
+    (tmp_path / "src" / "b.csv").write_text("id,u,w\nr,1.0,2.0\n")
+    with pytest.raises(PackError, match=r"b\.csv.*\['u', 'w'\].*a\.csv.*\['u', 'v'\].*value_columns"):
+        sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="id", progress=False)
+    m = sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="id", value_columns=["u"], workers=2,
+                progress=False)
+    assert m.value_columns == ("u",)
+    assert m.left_out_columns == {"id": "id column", "v": "not in value_columns", "w": "not in value_columns"}
+
+
+def test_value_columns_survive_parts_and_merge(tmp_path):
+    (tmp_path / "src").mkdir()
+    for name in "abc":
+        (tmp_path / "src" / f"{name}.csv").write_text(f"id,t,v,w\n{name},0,1.0,2.0\n{name},1,3.0,4.0\n")
+    for i in range(3):
+        sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="id", order_column="t", part=f"{i}/3",
+                progress=False)
+    m = sw.merge(str(tmp_path / "ds"))
+    assert m.value_columns == ("v", "w") and m.left_out_columns == {"id": "id column", "t": "order column"}
+
+
+def test_sources_without_column_names_record_none(tmp_path):
+    m = sw.pack(make_sequences(3), str(tmp_path / "ds"), progress=False)
+    assert m.value_columns is None and m.left_out_columns is None
+    assert sw.WindowDataset(str(tmp_path / "ds"), window=1).columns is None
+    assert "value_columns" not in json.loads((tmp_path / "ds" / "index.json").read_text())
+
+
+def test_old_manifests_load_and_new_ones_keep_the_old_fields(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "d.csv").write_text(PANDAS_CSV)
+    sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", progress=False)
+    doc = json.loads((tmp_path / "ds" / "index.json").read_text())
+    # what older streamwin reads: version 1, shard entries with exactly these fields (ShardEntry(**entry))
+    assert doc["version"] == 1
+    assert all(set(s) == {"name", "bytes", "sha256", "num_sequences", "num_steps"} for s in doc["shards"])
+    for new_field in ("value_columns", "left_out_columns", "nonfinite"):
+        doc.pop(new_field)
+    old = sw.manifest.parse_manifest(json.dumps(doc))
+    assert old.value_columns is None and old.left_out_columns is None and old.nonfinite is None
+
+
+# ---- NaN and inf: counted per dataset and shard, or refused ---------------------------------------
+
+def sequences_with_nonfinite() -> tuple[list[tuple[str, np.ndarray]], dict[str, tuple[int, int]]]:
+    """Float sequences, some with NaN and ±inf at known places; (NaN, inf) per key counted here."""
+    rng = np.random.default_rng(3)
+    seqs, counts = [], {}
+    for i in range(30):
+        arr = rng.normal(size=(int(rng.integers(20, 200)), 2)).astype(np.float32)
+        if i % 4 == 1:
+            arr[rng.integers(0, len(arr), 3), rng.integers(0, 2, 3)] = np.nan
+        if i % 6 == 5:
+            arr[-1, 0], arr[0, 1] = np.inf, -np.inf
+        seqs.append((f"s{i:02d}", arr))
+        counts[f"s{i:02d}"] = (sum(1 for v in arr.ravel().tolist() if v != v),
+                               sum(1 for v in arr.ravel().tolist() if v in (float("inf"), float("-inf"))))
+    return seqs, counts
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_nan_and_inf_are_counted_per_dataset_and_per_shard(tmp_path, workers):
+    seqs, counts = sequences_with_nonfinite()
+    src = tmp_path / "src"
+    src.mkdir()
+    for key, arr in seqs:
+        np.save(src / f"{key}.npy", arr)
+    nan, inf = sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values())
+    with pytest.warns(packmod.NonFiniteWarning, match=f"packed {nan} NaN and {inf} inf values"):
+        m = sw.pack(str(src), str(tmp_path / "ds"), shard_bytes=4 << 10, workers=workers, progress=False)
+    assert nan > 0 and inf > 0
+    assert (m.nonfinite.nan, m.nonfinite.inf) == (nan, inf)
+    per_shard = [sum(sum(counts[m.key(i)]) for i in range(int(m.shard_starts[k]), int(m.shard_starts[k + 1])))
+                 for k in range(len(m.shards))]
+    assert list(m.nonfinite.per_shard) == per_shard and len(m.shards) > 3
+    assert sw.load_manifest(str(tmp_path / "ds")).nonfinite == m.nonfinite
+
+
+def test_integer_data_has_no_nonfinite_values_to_count(tmp_path):
+    m = sw.pack([("a", np.arange(5)), ("b", np.arange(3))], str(tmp_path / "ds"), progress=False)
+    assert (m.nonfinite.nan, m.nonfinite.inf, tuple(m.nonfinite.per_shard)) == (0, 0, (0,))
+
+
+def test_nan_raise_refuses_naming_the_key_and_step(tmp_path):
+    seqs, counts = sequences_with_nonfinite()
+    first = next(key for key, _ in seqs if sum(counts[key]))
+    arr = dict(seqs)[first]
+    step = next(t for t in range(len(arr)) if not np.isfinite(arr[t]).all())
+    with pytest.raises(PackError, match=rf"sequence '{first}'.*step {step}\b.*nan="):
+        sw.pack(seqs, str(tmp_path / "ds"), nan="raise", progress=False)
+    assert not (tmp_path / "ds" / "index.json").exists()
+    with pytest.raises(PackError, match="nan must be 'count' or 'raise'"):
+        sw.pack(seqs, str(tmp_path / "ds"), nan="drop", progress=False)
+    clean = [(k, a) for k, a in seqs if not sum(counts[k])]
+    assert sw.pack(clean, str(tmp_path / "ok"), nan="raise", progress=False).nonfinite.nan == 0
+
+
+def test_casting_nan_to_integers_is_refused(tmp_path):
+    with pytest.raises(PackError, match=r"sequence 'a'.*NaN or inf.*int16"):
+        sw.pack([("a", np.array([1.0, np.nan]))], str(tmp_path / "ds"), cast="int16", progress=False)
+
+
+def test_progress_bar_prints_whole_numbers(tmp_path, capsys):
+    sw.pack(((f"k{i:05d}", np.zeros(2, np.uint8)) for i in range(10_000)), str(tmp_path / "ds"), progress=True)
+    err = capsys.readouterr().err
+    assert "sequences=10,000" in err and "e+" not in err, err[-400:]
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_index_counts_nan_and_inf_as_pack_does(tmp_path, compression):
+    seqs, counts = sequences_with_nonfinite()
+    root = tmp_path / "ds"
+    with pytest.warns(packmod.NonFiniteWarning):
+        m = sw.pack(seqs, str(root), shard_bytes=4 << 10, compression=compression, progress=False)
+    (root / "index.json").unlink()
+    again = sw.index_shards(str(root), progress=False)
+    assert again.nonfinite == m.nonfinite
+    assert (again.nonfinite.nan, again.nonfinite.inf) == tuple(map(sum, zip(*counts.values())))
+
+
+@pytest.mark.parametrize("arr", [
+    np.full(10, 3e38, np.float32),  # the sum overflows: finite values must not be counted
+    np.full(100_000, 60_000, np.float16),
+    np.array([np.inf, -np.inf, 1.0]),
+    np.array([1 + 1j, complex(np.nan, 0), complex(0, np.inf)]),
+    np.array([[-np.inf, 1.0], [2.0, np.nan]]),
+    np.array([np.finfo(np.float64).max] * 3),
+    np.arange(5),
+], ids=["f32-overflow", "f16-overflow", "inf-minus-inf", "complex", "2d", "f64-max", "int"])
+def test_count_nonfinite_matches_a_value_by_value_count(arr):
+    values = arr.ravel().tolist()
+    nan = sum(1 for v in values if v != v)
+    inf = sum(1 for v in values if v == v and abs(v) == float("inf"))
+    assert packmod.count_nonfinite(arr) == (nan, inf)

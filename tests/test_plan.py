@@ -147,3 +147,15 @@ def test_window_spec_rejects_bad_values(bad):
 def test_plan_config_rejects_bad_equalize():
     with pytest.raises(ValueError, match="equalize"):
         PlanConfig(WindowSpec(4, 4), batch_size=2, equalize="repeat")
+
+
+def test_a_negative_seed_or_epoch_is_named_not_a_numpy_error():
+    spec = WindowSpec(4, 4)
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0, got -1"):
+        PlanConfig(spec, batch_size=2, seed=-1)
+    cfg = PlanConfig(spec, batch_size=2)
+    lengths, shard_starts = np.array([10, 20]), np.array([0, 2])
+    for epoch in (-1, 1.5):
+        with pytest.raises(ValueError, match=rf"epoch must be an integer >= 0, got {epoch}"):
+            make_plan(lengths, shard_starts, cfg, epoch)
+    assert make_plan(lengths, shard_starts, cfg, np.int64(3)).epoch == 3

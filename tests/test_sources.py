@@ -186,6 +186,44 @@ def test_csv_long_layout(tmp_path, monkeypatch, backend):
 
 
 @pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
+def test_value_columns_as_one_string_is_one_column(tmp_path, monkeypatch, backend):
+    if backend == "stdlib":
+        monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
+    (tmp_path / "one.csv").write_text(CSV)
+    got = read_all(tmp_path / "one.csv", id_column="id", order_column="step", value_columns="v2")
+    assert_items(got, [("b", np.array([3, 2]), None), ("a", np.array([7]), None)])
+    pq.write_table(pa.table({"sid": ["s", "s"], "xy": [1.0, 2.0], "x": [5.0, 6.0]}), tmp_path / "p.parquet")
+    got = read_all(tmp_path / "p.parquet", id_column="sid", value_columns="xy")
+    assert_items(got, [("s", np.array([1.0, 2.0]), None)])
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_pyarrow_reads_memory_it_owns_not_a_python_file(tmp_path, monkeypatch, fmt):
+    """A Python file (or bytes) handed to pyarrow's threaded readers is released on one of pyarrow's
+    threads after the read returns; at interpreter exit that aborts the process (tests/test_cli.py,
+    test_a_table_pack_that_fails_exits_cleanly). pyarrow must get memory it allocated itself."""
+    module = pytest.importorskip("pyarrow.csv" if fmt == "csv" else "pyarrow.parquet")
+    name = "read_csv" if fmt == "csv" else "read_table"
+    given = []
+    real = getattr(module, name)
+
+    def spy(src, *args, **kwargs):
+        # a reader over memory pyarrow allocated (mutable), not over a Python bytes object (immutable)
+        given.append((type(src), src.read_buffer(1).parent.is_mutable if isinstance(src, pa.BufferReader) else None))
+        src.seek(0)
+        return real(src, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    if fmt == "csv":
+        (tmp_path / "one.csv").write_text(CSV)
+    else:
+        pq.write_table(pa.table({"id": ["b", "a", "b"], "step": [1, 0, 0], "v1": [1.5, 0.5, 1.0], "v2": [2, 7, 3]}),
+                       tmp_path / "one.parquet")
+    assert_items(read_all(tmp_path, id_column="id", order_column="step"), CSV_EXPECTED)
+    assert given == [(pa.BufferReader, True)]
+
+
+@pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
 def test_csv_errors_name_the_file(tmp_path, monkeypatch, backend):
     if backend == "stdlib":
         monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
