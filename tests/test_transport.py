@@ -285,3 +285,19 @@ def test_a_state_at_an_epochs_end_loads_with_another_batch_size(tiny):
     next(it)
     with pytest.raises(sw.StateMismatchError, match="batch_size: in checkpoint 8 / now 16"):
         make(url, batch_size=2 * B).load_state_dict(loader.state_dict())  # mid-epoch it does carry one
+
+
+def test_a_state_saved_by_streamwin_0_1_still_loads(tiny):
+    """0.1's WindowLoader was a StatefulDataLoader: its state nested one {stream, batch, epoch, inputs} per stream."""
+    url, _ = tiny
+    full = run(make(url, 2))
+    fresh = make(url, 2)
+    inputs = fresh.dataset.plan_inputs(2)
+    k = 5  # batches taken: 3 from worker 0, 2 from worker 1 (round robin)
+    per_worker = {0: 3, 1: 2}
+    old = {"_snapshot": {"_worker_snapshots": {f"worker_{w}": {"dataset_state": {
+        "version": 1, "inputs": inputs, "epoch": 0, "stream": w, "batch": n, "stats": {}}}
+        for w, n in per_worker.items()}}, "_iterator_finished": False,
+        "streamwin": {"version": 1, "epoch": 0, "inputs": inputs}}
+    fresh.load_state_dict(old)
+    assert same(run(fresh), full[k:])
