@@ -119,6 +119,7 @@ class WindowLoader:
         self._totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
         self._yielded, self._wait, self._started = 0, 0.0, None
         self._warned_keep = False
+        self._device_stats: dict[str, int] = {}  # device mode: blocks and bytes uploaded, peak device bytes
 
     # -- the epoch and the position --------------------------------------------------------------
     @property
@@ -251,6 +252,7 @@ class WindowLoader:
         out = {"batches": self._yielded, "windows": windows, "windows_per_s": windows / elapsed if elapsed else 0.0,
                "wait_s": self._wait, "epoch": self._epoch, "batches_in_epoch": self._taken}
         out.update(zip(STAT_FIELDS, totals.tolist()))
+        out.update(self._device_stats)
         if self._pass is not None:
             out.update(self._pass.extra_stats())
         return out
@@ -460,6 +462,15 @@ class _DevicePass(_LocalPass):
         return next(self.node)
 
     def extra_stats(self) -> dict[str, Any]:
-        u = self.uploader
-        return {} if u is None else {"device_blocks": u.blocks, "device_uploaded_bytes": u.uploaded_bytes,
-                                     "device_peak_bytes": u.peak_bytes}
+        """Run totals of device mode: this pass's uploads added to the earlier passes'."""
+        u, before = self.uploader, self.loader._device_stats
+        if u is None:
+            return dict(before)
+        return {"device_blocks": before.get("device_blocks", 0) + u.blocks,
+                "device_uploaded_bytes": before.get("device_uploaded_bytes", 0) + u.uploaded_bytes,
+                "device_peak_bytes": max(before.get("device_peak_bytes", 0), u.peak_bytes)}
+
+    def close(self) -> None:
+        super().close()
+        self.loader._device_stats = self.extra_stats()
+        self.uploader = None

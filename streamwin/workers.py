@@ -4,7 +4,7 @@ Each worker runs one stream of the plan per pass. The trainer and a worker talk 
 pipe, in fixed 25-byte messages (no pickling per batch):
 
     trainer -> worker   RUN(run, epoch, first batch) | RELEASE(slot) | STOP
-    worker -> trainer   READY | BATCH(run, slot)      | an error, pickled (rare)
+    worker -> trainer   READY | BATCH(run, slot)      | an error, as JSON (rare)
 
 A worker writes a batch only into a slot the trainer has released, so a batch the trainer
 still hands out is never overwritten. ``run`` numbers passes: after a pass is abandoned
@@ -13,8 +13,9 @@ sends. A worker ignores SIGINT (the trainer stops it) and exits when the trainer
 """
 from __future__ import annotations
 
+import builtins
+import json
 import os
-import pickle
 import signal
 import struct
 import time
@@ -25,7 +26,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .dataset import close_stream, open_stream
-from .errors import WorkerError
+from . import errors
+from .errors import ShardError, WorkerError
 from .slots import SharedFile, SlotLayout
 
 _MSG = struct.Struct("<Bqqq")
@@ -143,13 +145,26 @@ def _stats(source) -> np.ndarray:
 
 
 def _send_error(conn, run: int, e: BaseException) -> None:
+    """An error as JSON (never pickle: nothing a worker sends is unpickled), with its traceback."""
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    try:
-        payload = pickle.dumps((run, e, text))
-        pickle.loads(payload)
-    except Exception:  # an error that does not survive pickling travels as its text
-        payload = pickle.dumps((run, RuntimeError(f"{type(e).__name__}: {e}"), text))
-    conn.send_bytes(bytes([ERROR]) + payload)
+    where = {k: getattr(e, k, None) for k in ("shard", "member", "offset")} if isinstance(e, ShardError) else {}
+    payload = {"run": run, "type": type(e).__name__, "module": type(e).__module__,
+               "message": getattr(e, "reason", None) if where else str(e), "where": where, "text": text}
+    conn.send_bytes(bytes([ERROR]) + json.dumps(payload, default=str).encode())
+
+
+def _rebuild_error(payload: dict) -> BaseException:
+    """The worker's error as the same class where that is one of ours or a builtin, else a RuntimeError."""
+    if payload["where"]:
+        return ShardError(payload["message"], **payload["where"])
+    cls = getattr(errors, payload["type"], None) if payload["module"] == errors.__name__ else \
+        getattr(builtins, payload["type"], None) if payload["module"] == "builtins" else None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(payload["message"])
+        except Exception:
+            pass
+    return RuntimeError(f"{payload['type']}: {payload['message']}")
 
 
 class WorkerPool:
@@ -222,10 +237,11 @@ class WorkerPool:
             self._check_alive(w, wait=1.0)
             raise WorkerError(f"streamwin worker {w} (pid {self.procs[w].pid}) closed its pipe")
         if data[0] == ERROR:
-            run, err, text = pickle.loads(data[1:])
-            if run == self.run:
-                raise err from WorkerError(f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{text}")
-            return ERROR, run, -1
+            payload = json.loads(data[1:])
+            if payload["run"] == self.run:
+                raise _rebuild_error(payload) from WorkerError(
+                    f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{payload['text']}")
+            return ERROR, payload["run"], -1
         tag, a, b, _ = _MSG.unpack(data)
         return tag, a, b
 

@@ -29,7 +29,7 @@ MODES = [(0, None), (1, None), (2, None), (0, "cpu"), (2, "cpu")]
 
 
 def make(url, workers=0, device=None, **kw):
-    loader_kw = {k: kw.pop(k) for k in ("persistent_workers", "prefetch_factor") if k in kw}
+    loader_kw = {k: kw.pop(k) for k in ("persistent_workers", "prefetch_factor", "pin_memory") if k in kw}
     args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=64, seed=3) | kw
     return sw.WindowLoader(sw.WindowDataset(url, **args), num_workers=workers, device=device, **loader_kw)
 
@@ -301,3 +301,47 @@ def test_a_state_saved_by_streamwin_0_1_still_loads(tiny):
         "streamwin": {"version": 1, "epoch": 0, "inputs": inputs}}
     fresh.load_state_dict(old)
     assert same(run(fresh), full[k:])
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("opts", [{}, dict(pad=True, equalize="pad")])
+def test_cuda_batches_are_bitwise_the_cpu_path(tiny, workers, opts):
+    url, _ = tiny
+    cpu = run(make(url, workers, **opts))
+    loader = make(url, workers, "cuda", **opts)
+    got = []
+    for b in loader:
+        assert all(v.is_cuda for k, v in b.items() if k != "key")
+        got.append({k: (v.cpu() if torch.is_tensor(v) else list(v)) for k, v in b.items()})
+    assert same(cpu, got)
+    if workers == 0:
+        assert 0 < loader.stats()["device_peak_bytes"] <= 4 * loader.stats()["device_uploaded_bytes"]
+
+
+@cuda
+def test_pinned_slots_are_not_reused_before_their_copies_finish(tiny):
+    url, seqs = tiny
+    loader = make(url, 2, pin_memory=True, shuffle_buffer=16)
+    out = []
+    for b in loader:  # the batch is dropped right after queuing its copy: the slot must outlive the copy
+        x = b["x"].to("cuda", non_blocking=True)
+        out.append((list(b["key"]), b["start"].tolist(), x))
+    torch.cuda.synchronize()
+    for keys, starts, x in out:
+        for i, (key, start) in enumerate(zip(keys, starts)):
+            assert np.array_equal(x[i].cpu().numpy(), naive(seqs, key, start, W))
+
+
+def test_device_memory_is_bounded_and_reported(tiny):
+    url, _ = tiny
+    loader = make(url, 0, "cpu", shuffle_buffer=16)  # many small blocks
+    for _ in loader:
+        pass
+    s = loader.stats()
+    assert s["device_blocks"] == -(-len(loader) * B // 16) or s["device_blocks"] >= len(loader) * B // 16
+    per_block = s["device_uploaded_bytes"] / s["device_blocks"]
+    assert 0 < s["device_peak_bytes"] <= 6 * per_block * 1.5 < s["device_uploaded_bytes"]  # a few blocks, not all
