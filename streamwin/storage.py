@@ -211,39 +211,28 @@ class RangeReader:
         except Exception as e:
             raise BrokenRead(f"{what}: {type(e).__name__}: {e}", 0) from e
         try:
-            want = self._check(resp, path, offset, len(out), what, may_resign=self.kind == "s3" and not resigned)
-            if want < 0:  # 403 to a presigned URL: it may have expired early (rotated credentials); sign anew once
-                url = self._url(path, fresh=True)
-                if url is None:
-                    raise PermissionError(f"{path}: HTTP {resp.status}, and the URL cannot be signed anew")
-                return self._get_into(path, url, offset, out, resigned=True)
-            done = 0
             try:
-                while done < want:
-                    data = resp.read1(min(want - done, PIECE))
-                    if not data:
-                        break
-                    out[done : done + len(data)] = data
-                    done += len(data)
-            except Exception as e:
-                raise BrokenRead(f"{what}: the stream broke after {done} of {want} bytes: {type(e).__name__}: {e}",
-                                 done) from e
-            if done < want:
-                raise BrokenRead(f"{what}: the body ended after {done} of {want} bytes", done)
-            return done
+                want = self._check(resp, path, offset, len(out), what, may_resign=self.kind == "s3" and not resigned)
+            except _SignAnew:
+                pass
+            else:
+                return _stream_into(resp, want, out, what)
         finally:
             if not resp.closed:  # body not read to its end (an object of which we wanted a prefix, a long
                 resp.close()     # error page): this connection cannot serve another request
             resp.release_conn()
+        # 403 to a presigned URL: it may have expired early (rotated credentials); sign anew, once
+        url = self._url(path, fresh=True)
+        if url is None:
+            raise PermissionError(f"{path}: HTTP 403, and the URL cannot be signed anew")
+        return self._get_into(path, url, offset, out, resigned=True)
 
     def _check(self, resp, path: str, offset: int, size: int, what: str, may_resign: bool) -> int:
-        """How many body bytes belong to the range (-1: sign anew and retry); raises for error answers."""
+        """How many body bytes belong to the range (>= 1, or 0 past the object's end); raises for error
+        answers, and _SignAnew for a 403 that a fresh presigned URL may cure."""
         status = resp.status
         if status == 206:
-            m = re.match(r"bytes (\d+)-(\d+)/", resp.headers.get("Content-Range", ""))
-            if m is None or int(m.group(1)) != offset:
-                raise BrokenRead(f"{what}: answered with Content-Range {resp.headers.get('Content-Range')!r}", 0)
-            return min(size, int(m.group(2)) - offset + 1)
+            return _range_answer(resp, offset, size, what)
         if status == 200 and offset == 0:  # the server ignored the Range header: the object's head is ours
             return size if resp.length_remaining is None else min(size, resp.length_remaining)
         body = resp.read(2048) if status != 200 else b""
@@ -255,11 +244,55 @@ class RangeReader:
             raise FileNotFoundError(f"{path}: {text}")
         if status in (401, 403):
             if may_resign:
-                return -1
+                raise _SignAnew
             raise PermissionError(f"{path}: {text}")
         if status == 200:
             text = "HTTP 200: the server ignored the Range header"
         raise BrokenRead(f"{what}: {text}", 0)
+
+
+class _SignAnew(Exception):
+    """A 403 to a presigned s3 URL: sign the URL anew and ask once more."""
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def _range_answer(resp, offset: int, size: int, what: str) -> int:
+    """Body bytes of a 206 that belong to the range asked for; BrokenRead if the answer is another range.
+
+    A Content-Range that does not parse, starts elsewhere, ends before it starts, ends past the
+    object's size or disagrees with Content-Length is a failed attempt like a dropped
+    connection: retried, counted, and named in the final error.
+    """
+    value = resp.headers.get("Content-Range", "")
+    m = _CONTENT_RANGE.fullmatch(value.strip())
+    first, last = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    total = None if m is None or m.group(3) == "*" else int(m.group(3))
+    length = resp.headers.get("Content-Length")
+    if (m is None or first != offset or last < first or (total is not None and last >= total)
+            or (length is not None and length.strip() != str(last - first + 1))):
+        raise BrokenRead(f"{what}: the answer does not match the request: HTTP 206 with Content-Range {value!r}"
+                         + (f", Content-Length {length}" if length is not None else ""), 0)
+    return min(size, last - offset + 1)
+
+
+def _stream_into(resp, want: int, out: memoryview, what: str) -> int:
+    """Copy ``want`` body bytes of ``resp`` into ``out`` as they arrive; BrokenRead naming what was delivered."""
+    done = 0
+    try:
+        while done < want:
+            data = resp.read1(min(want - done, PIECE))
+            if not data:
+                break
+            out[done : done + len(data)] = data
+            done += len(data)
+    except Exception as e:
+        raise BrokenRead(f"{what}: the stream broke after {done} of {want} bytes: {type(e).__name__}: {e}",
+                         done) from e
+    if done < want:
+        raise BrokenRead(f"{what}: the body ended after {done} of {want} bytes", done)
+    return done
 
 
 def _streamable(fs: fsspec.AbstractFileSystem) -> str | None:

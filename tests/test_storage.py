@@ -112,3 +112,16 @@ def test_s3_reads_through_a_presigned_url(s3_server, s3_bucket):
     assert read(r, path, 0, 10) == DATA[:10] and len(r._signed) == 1
     with pytest.raises(FileNotFoundError):
         read(r, f"{s3_bucket[5:]}/missing.bin", 0, 10)
+
+
+@pytest.mark.parametrize("kind", ["end-before-start", "empty", "wrong-start", "garbage"])
+def test_http_206_that_does_not_match_the_request_is_one_failed_attempt(served, kind):
+    """A malformed 206 is a failed attempt (BrokenRead naming the answer), after exactly one GET."""
+    fs, path = url_to_fs(served.url_for("f.bin"))
+    r = RangeReader(fs)
+    served.set_faults(FaultPlan(bad_content_range=kind, bad_range_times=1))
+    with pytest.raises(BrokenRead, match="Content-Range") as info:
+        read(r, path, 100, 1000)
+    assert info.value.delivered == 0
+    assert served.stats.get_requests == 1 and served.stats.bad_ranges == 1
+    assert read(r, path, 100, 1000) == DATA[100:1100]  # the next attempt, answered right, reads the range
