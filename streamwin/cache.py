@@ -21,7 +21,7 @@ from filelock import FileLock
 
 from .errors import ShardError
 from .manifest import ShardEntry
-from .storage import join, load_manifest, url_to_fs, with_retries
+from .storage import describe, join, load_manifest, url_to_fs, with_retries
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
 COPY_CHUNK = 8 << 20
@@ -83,7 +83,7 @@ class ShardCache:
             except (FileNotFoundError, PermissionError) as e:
                 raise ShardError(f"cannot fetch shard into the cache: {e}", shard=url) from e
             except Exception as e:
-                raise ShardError(f"fetch failed after {self.retries} retries: {type(e).__name__}: {e}", shard=url) from e
+                raise ShardError(f"fetch {describe(e, self.retries)}", shard=url) from e
             size = os.path.getsize(tmp)
             if size != entry.bytes or digest != entry.sha256:
                 raise ShardError(f"checksum mismatch: fetched {size} bytes with sha256 {digest[:16]}..., manifest says "
@@ -152,7 +152,7 @@ def prefetch(url: str, cache_dir: str, *, storage_options: dict | None = None, l
     local_world_size = (int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
                         if local_world_size is None else local_world_size)
     manifest = load_manifest(url, storage_options)
-    fs, root = url_to_fs(url, storage_options)
+    fs, root = url_to_fs(url, storage_options, own_retries=True)
     cache = ShardCache(cache_dir, limit_bytes=limit_bytes)
     fetched = 0
     for k, entry in enumerate(manifest.shards):

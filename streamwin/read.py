@@ -25,7 +25,7 @@ from . import mapped, npyfmt
 from .errors import ShardError
 from .manifest import Manifest
 from .plan import Plan
-from .storage import BrokenRead, RangeReader, is_local, join, url_to_fs
+from .storage import BrokenRead, RangeReader, describe, is_local, join, permanent, url_to_fs
 
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
@@ -79,7 +79,7 @@ class ShardSource:
                  retries: int = 5, backoff: float = 0.2, on_error: str = "raise", cache=None):
         self.url = url.rstrip("/")
         self.manifest = manifest
-        self.fs, self.root = url_to_fs(url, storage_options)
+        self.fs, self.root = url_to_fs(url, storage_options, own_retries=True)
         self.local = is_local(self.fs)
         self.ranges = None if self.local else RangeReader(self.fs)  # streamed GETs, pooled connections
         self.retries, self.backoff = retries, backoff
@@ -401,9 +401,9 @@ class ShardSource:
                 got = e.delivered if isinstance(e, BrokenRead) else 0
                 done += got
                 attempt = 1 if got else attempt + 1
-                if attempt > self.retries:
-                    raise ShardError(f"read failed after {self.retries} retries: {type(e).__name__}: {e}",
-                                     shard=self.shard_url(k), offset=offset + done) from e
+                if attempt > self.retries or permanent(e):
+                    raise ShardError(f"read {describe(e, self.retries)}", shard=self.shard_url(k),
+                                     offset=offset + done) from e
                 with self._lock:
                     self.stats.retries += 1
                 time.sleep(self.backoff * 2 ** (attempt - 1))

@@ -5,6 +5,7 @@ gs://, http(s):// and memory:// behave the same.
 """
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
@@ -24,9 +25,26 @@ from .manifest import INDEX_NAME, Manifest, parse_manifest
 T = TypeVar("T")
 
 
-def url_to_fs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path inside it) for a URL or a local path."""
-    return fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+def url_to_fs(url: str, storage_options: dict[str, Any] | None = None, *,
+              own_retries: bool = False) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path inside it) for a URL or a local path.
+
+    ``own_retries``: the caller retries transient errors itself (reads do), so the filesystem
+    must not retry inside each attempt: for s3, botocore's retries are turned off and s3fs'
+    own loop cut to one attempt, unless ``config_kwargs`` sets ``retries``.
+    """
+    url = str(url)
+    opts = dict(storage_options or {})
+    quiet = own_retries and fsspec.core.split_protocol(url)[0] in ("s3", "s3a")
+    if quiet:
+        config = dict(opts.get("config_kwargs") or {})
+        quiet = "retries" not in config  # the user's own retry settings win
+        if quiet:
+            opts["config_kwargs"] = {**config, "retries": {"total_max_attempts": 1}}
+    fs, path = fsspec.core.url_to_fs(url, **opts)
+    if quiet:
+        fs.retries = 1  # this instance is ours: its options hold the config above
+    return fs, path
 
 
 def join(root: str, name: str) -> str:
@@ -63,22 +81,52 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
         pass
 
 
+def permanent(error: BaseException) -> str | None:
+    """Why retrying ``error`` cannot help ("connection refused", "no credentials", ...), or None.
+
+    Looks through the chain of causes, where botocore, aiohttp and urllib3 keep the socket's
+    error, without importing any of them.
+    """
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+            return "connection refused"
+        names = {c.__name__ for c in type(e).__mro__}
+        if names & {"NoCredentialsError", "PartialCredentialsError"}:
+            return "no credentials (give key/secret in storage_options, or configure AWS credentials)"
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
 def with_retries(call: Callable[[], T], *, retries: int, backoff: float) -> T:
     """``call()``, retried on transient errors with exponential backoff (``backoff``, 2x, 4x, ...).
 
-    A missing or forbidden object (FileNotFoundError, PermissionError) is raised at once; any
-    other error is raised as is once ``retries`` retries have failed too.
+    A missing or forbidden object (FileNotFoundError, PermissionError) and an error that
+    retrying cannot help (see ``permanent``) are raised at once; any other error is raised as
+    is once ``retries`` retries have failed too.
     """
     for attempt in range(retries + 1):
         try:
             return call()
         except (FileNotFoundError, PermissionError):
             raise
-        except Exception:
-            if attempt == retries:
+        except Exception as e:
+            if attempt == retries or permanent(e):
                 raise
             time.sleep(backoff * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def describe(error: BaseException, retries: int) -> str:
+    """How a failed storage call ends in an error message: the permanent cause, or the retries spent."""
+    why = permanent(error)
+    if why is not None:
+        return f"{why}: {type(error).__name__}: {error}"
+    return f"failed after {retries} retries: {type(error).__name__}: {error}"
 
 
 def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, retries: int = 5,
@@ -88,7 +136,7 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     Transient storage errors (503, dropped connections, time-outs) are retried with
     exponential backoff, like every shard read.
     """
-    fs, root = url_to_fs(url, storage_options)
+    fs, root = url_to_fs(url, storage_options, own_retries=True)
     path = join(root, INDEX_NAME)
     where = f"{url.rstrip('/')}/{INDEX_NAME}"
     try:
@@ -101,7 +149,7 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     except PermissionError as e:
         raise ManifestError(f"cannot read {where}: {e}") from e
     except Exception as e:
-        raise ManifestError(f"cannot read {where} after {retries} retries: {type(e).__name__}: {e}") from e
+        raise ManifestError(f"cannot read {where}: {describe(e, retries)}") from e
     return parse_manifest(text, where=where)
 
 
