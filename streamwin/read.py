@@ -119,6 +119,8 @@ class ShardSource:
         inv[order] = np.cumsum(new) - 1
         smin = np.minimum.reduceat(start[order], first)
         smax = np.maximum.reduceat(start[order], first)
+        if npyfmt.is_big_endian(m.dtype) and len(uniq):  # an index made elsewhere; every read would be wrong
+            raise self._byte_order_error(int(uniq[0]))
         length = plan.ends(uniq)  # a split's view may end before the sequence does
         valid = np.minimum(length[inv] - start, span)
         if m.compression:
@@ -307,6 +309,13 @@ class ShardSource:
                 shard=self.shard_url(k), member=self._member(i), offset=int(m.offset[i]))
         return got[2]
 
+    def _byte_order_error(self, i: int) -> ShardError:
+        m = self.manifest
+        k = int(np.searchsorted(m.shard_starts, i, side="right")) - 1
+        return ShardError(f"the manifest declares big-endian dtype {m.dtype.str}: streamwin reads little-endian "
+                          "arrays only (streamwin.pack converts big-endian input)",
+                          shard=self.shard_url(k), member=self._member(i), offset=int(m.offset[i]))
+
     def _member(self, i: int) -> str:
         return f"{self.manifest.key(i)}.npy" + (".zst" if self.manifest.compression else "")
 
@@ -327,8 +336,8 @@ class ShardSource:
         for j, i in enumerate(uniq.tolist()):
             try:
                 self._decompress_into(dctx, buf, int(base[j]), int(nbytes[j]), i, int(shard[j]))
-            except ShardError as e:
-                self._skip_or_raise(e)
+            except ShardError as e:  # a read error names the shard and offset; add the member
+                self._skip_or_raise(self._name_member(e, uniq[j : j + 1]))
                 bad[j] = True
         return buf, base[:-1], bad
 

@@ -13,6 +13,7 @@ the original arrays) and every rank still yields ``len(loader)`` batches.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import shutil
 import tarfile
 import warnings
@@ -411,3 +412,100 @@ def test_manifest_with_escaping_shard_name_is_refused(tmp_path, name):
     index.write_text(_json.dumps(doc))
     with pytest.raises(sw.ManifestError, match="relative paths inside the dataset"):
         sw.load_manifest(url)
+
+
+# -- zstd members that cannot be read, and byte order ------------------------------------------
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_zstd_truncated_shard_names_the_member(packed_zstd, tmp_path, workers):
+    """A shard cut inside a compressed member: the error names the shard, that member and the offset."""
+    p = packed_zstd
+    ds = p.copy(tmp_path / "ds")
+    key, = p.victims(suffix=".npy.zst")
+    member = key + ".npy.zst"
+    shard = p.shard_of(member)
+    off, size = p.members[shard][member]
+    cut = off + size // 2
+    (ds / shard).write_bytes((ds / shard).read_bytes()[:cut])
+    with pytest.raises(sw.ShardError) as info:
+        epoch(make_loader(ds, workers))
+    err = info.value
+    assert err.shard == f"{ds}/{shard}" and isinstance(err.offset, int) and err.offset >= cut
+    holder = [name for name, (o, n) in p.members[shard].items() if o <= err.offset < o + n]
+    assert holder and err.member == holder[0], (err.member, err.offset, holder)
+    assert err.member in str(err) and f"byte offset {err.offset}" in str(err)
+
+
+def big_endian_tar(path: Path, seqs: dict) -> dict[str, int]:
+    """A tar shard made elsewhere: ``<key>.npy`` members of big-endian float32; {member: data offset}."""
+    import io
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for key, arr in seqs.items():
+            buf = io.BytesIO()
+            np.save(buf, arr.astype(">f4"))
+            info = tarfile.TarInfo(key + ".npy")
+            info.size = len(buf.getvalue())
+            buf.seek(0)
+            tf.addfile(info, buf)
+    return {name: off for name, (off, _) in tar_members(path).items()}
+
+
+def test_big_endian_members_are_refused_when_indexed(tmp_path):
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    seqs = {f"k{i}": np.arange(40 * 3, dtype=np.float32).reshape(40, 3) + i for i in range(3)}
+    offsets = big_endian_tar(ds / "foreign-000.tar", seqs)
+    with pytest.raises(sw.ShardError, match="big-endian") as info:
+        sw.index_shards(str(ds), progress=False)
+    err = info.value
+    assert err.shard == f"{ds}/foreign-000.tar" and err.member == "k0.npy" and err.offset == offsets["k0.npy"]
+    assert not (ds / INDEX_NAME).exists()
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_big_endian_dataset_is_refused_on_read(packed, tmp_path, cached):
+    """Every member and the manifest say '>f4' (an index written elsewhere): a ShardError, not a torch error."""
+    ds = packed.copy(tmp_path / "ds")
+    for shard, members in packed.members.items():
+        data = bytearray((ds / shard).read_bytes())
+        for name, (off, _) in members.items():
+            if name.endswith(".npy"):
+                at = off + bytes(data[off : off + 128]).index(b"'<f4'")
+                data[at : at + 5] = b"'>f4'"
+        (ds / shard).write_bytes(bytes(data))
+    m = sw.load_manifest(str(ds))
+    shards = tuple(dataclasses.replace(e, sha256=hashlib.sha256((ds / e.name).read_bytes()).hexdigest())
+                   for e in m.shards)
+    edit_manifest(ds, dtype=np.dtype(">f4"), shards=shards)
+    kw = {"cache_dir": str(tmp_path / "cache")} if cached else {}
+    with pytest.raises(sw.ShardError, match="big-endian") as info:
+        epoch(make_loader(ds, shuffle=False, **kw))
+    err = info.value
+    shard = err.shard.rsplit("/", 1)[-1]
+    assert err.shard == f"{ds}/{shard}" and err.member in packed.members[shard]
+    assert_names(err, ds, packed, err.member)
+
+
+def test_tampered_big_endian_member_is_refused_on_read(packed, tmp_path):
+    ds = packed.copy(tmp_path / "ds")
+    key, = packed.victims()
+    header_edit(packed, ds, key, b"'<f4'", b"'>f4'")
+    with pytest.raises(sw.ShardError, match="big-endian") as info:
+        epoch(make_loader(ds))
+    assert_names(info.value, ds, packed, key + ".npy")
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_big_endian_arrays_are_packed_little_endian_by_value(tmp_path, compression):
+    seqs = {"a": np.arange(60, dtype=">f4").reshape(20, 3) / 7, "b": (np.arange(90, dtype="<f4").reshape(30, 3) - 45) / 3,
+            "c": np.array([[np.inf, -0.0, np.nan]] * 25, dtype=">f4")}
+    url = str(tmp_path / "ds")
+    sw.pack(list(seqs.items()), url, progress=False, compression=compression)
+    assert sw.load_manifest(url).dtype == np.dtype("<f4")
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=20, batch_size=1, shuffle=False))
+    got = {b["key"][0]: b["x"][0].numpy() for b in loader}
+    assert set(got) == set(seqs)
+    for k, arr in seqs.items():  # bit-exact by value: same float32 bit patterns, NaN and -0.0 included
+        assert got[k].dtype == np.dtype("<f4")
+        assert np.array_equal(got[k].view("<u4"), arr[:20].astype("<f4").view("<u4")), k
