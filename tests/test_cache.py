@@ -439,3 +439,32 @@ def test_repacked_shards_evict_the_old_copies(tmp_path, http_server):
     m = sw.load_manifest(str(root / "ds"))
     cache = ShardCache(cache_dir)
     assert cache_files(cache_dir) == sorted(os.path.basename(cache.local_path(f"{url}/{s.name}", s)) for s in m.shards)
+
+
+def test_skip_a_shard_that_fails_verification_fetches_it_once_per_block(served, http_server, tmp_path):
+    """on_error="skip": a corrupt shard loses its windows only, and is not fetched again member by member."""
+    root, seqs, m = served
+    bad_root = tmp_path / "srv"
+    shutil.copytree(root / "ds", bad_root / "ds")
+    entry = m.shards[1]
+    path = bad_root / "ds" / entry.name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    srv = http_server(bad_root, FaultPlan(path_contains=entry.name))  # counts this shard's GETs only
+    loader = make_loader(srv.url_for("ds"), cache_dir=str(tmp_path / "cache"), on_error="skip")
+    with pytest.warns(RuntimeWarning, match="checksum"):
+        batches = [(list(b["key"]), b["start"].tolist(), b["x"].numpy().copy(), b["weight"].tolist()) for b in loader]
+    assert len(batches) == len(loader)
+    in_bad = {m.key(i) for i in range(int(m.shard_starts[1]), int(m.shard_starts[2]))}
+    lost = 0
+    for keys, starts, x, weights in batches:
+        for i, (k, s, w) in enumerate(zip(keys, starts, weights)):
+            if k in in_bad:
+                assert w == 0 and not x[i].any()
+                lost += 1
+            else:
+                assert w == 1 and np.array_equal(x[i], seqs[k][s : s + W]), (k, s)
+    assert lost == loader.stats()["skipped_windows"] > 0
+    plan = loader.dataset.plan()
+    assert 0 < srv.stats.get_requests <= plan.num_blocks(0)  # one fetch per block that needs it
