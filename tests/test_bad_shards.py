@@ -500,8 +500,10 @@ def test_tampered_big_endian_member_is_refused_on_read(packed, tmp_path):
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_big_endian_arrays_are_packed_little_endian_by_value(tmp_path, compression):
-    seqs = {"a": np.arange(60, dtype=">f4").reshape(20, 3) / 7, "b": (np.arange(90, dtype="<f4").reshape(30, 3) - 45) / 3,
+    seqs = {"a": (np.arange(60).reshape(20, 3) / 7).astype(">f4"),
+            "b": ((np.arange(90).reshape(30, 3) - 45) / 3).astype("<f4"),
             "c": np.array([[np.inf, -0.0, np.nan]] * 25, dtype=">f4")}
+    assert seqs["a"].dtype.byteorder == ">" and seqs["c"].dtype.byteorder == ">"
     url = str(tmp_path / "ds")
     sw.pack(list(seqs.items()), url, progress=False, compression=compression)
     assert sw.load_manifest(url).dtype == np.dtype("<f4")

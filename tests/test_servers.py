@@ -269,8 +269,9 @@ def test_faultplan_validation():
         FaultPlan(bad_content_range="empty", bad_range_times=-1)
 
 
-@pytest.mark.parametrize("kind,expected", [("end-before-start", "bytes 100-90/307200"), ("empty", "bytes 100-99/307200"),
-                                           ("wrong-start", "bytes 101-199/307200"), ("garbage", "bytes x-y/307200")])
+@pytest.mark.parametrize("kind,expected", [
+    ("end-before-start", "bytes 100-90/307200"), ("empty", "bytes 100-99/307200"),
+    ("wrong-start", "bytes 101-199/307200"), ("garbage", "bytes x-y/307200")])
 def test_http_bad_content_range(served: HTTPFileServer, kind, expected):
     """A 206 whose Content-Range does not match the request; the body is still the range's bytes."""
     url = served.url_for("shard-000.tar")
