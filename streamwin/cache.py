@@ -4,8 +4,11 @@ A shard is downloaded once per node even when eight processes ask at the same mo
 first takes a file lock, downloads to a temporary name, checks size and sha256 against the
 manifest and renames it into place (atomic); the others wait on the lock and then find it.
 Hits refresh the file's mtime; past ``limit_bytes`` the least recently used shards are
-evicted. Cache file names come only from a hash of the shard URL, never from anything
-inside a shard, so no shard can make the cache write outside its directory.
+evicted. A copy is keyed by content: its file name holds a hash of the shard URL and the
+manifest's sha256 of the shard, so a dataset re-packed in place (same names, same sizes)
+is fetched anew, and the copies of the old shards age out by LRU. File names are made only
+of hex digits and a sanitized base name, never of anything inside a shard, so no shard or
+manifest can make the cache write outside its directory.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from filelock import FileLock
 
 from .errors import ShardError
 from .manifest import ShardEntry
-from .storage import join, load_manifest, url_to_fs, with_retries
+from .storage import describe, join, load_manifest, url_to_fs, with_retries
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
 COPY_CHUNK = 8 << 20
@@ -33,20 +36,25 @@ class ShardCache:
         self.limit_bytes, self.retries, self.backoff = limit_bytes, retries, backoff
         self.hits = self.misses = 0
 
-    def local_path(self, url: str) -> str:
-        """Where the copy of shard ``url`` lives: a hash and a sanitized base name, inside the cache dir."""
+    def local_path(self, url: str, entry: ShardEntry) -> str:
+        """Where the copy of shard ``url`` with the manifest's ``entry`` lives, inside the cache dir.
+
+        The name holds hashes of the URL and of the content (the manifest's sha256), so a
+        re-packed shard never matches the copy of its predecessor.
+        """
         base = _SAFE.sub("_", url.rstrip("/").rsplit("/", 1)[-1])[:64] or "shard"
-        path = os.path.join(self.dir, f"{hashlib.sha256(url.encode()).hexdigest()[:20]}-{base}")
+        content = _SAFE.sub("_", entry.sha256)[:64] or "nosha"
+        path = os.path.join(self.dir, f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{content}-{base}")
         assert os.path.dirname(path) == self.dir  # by construction: no separator can survive _SAFE
         return path
 
     def has(self, url: str, entry: ShardEntry) -> bool:
-        """Whether a complete copy of the shard is in the cache now."""
-        return self._valid(self.local_path(url), entry)
+        """Whether a complete copy of the shard, as the manifest describes it, is in the cache now."""
+        return self._valid(self.local_path(url, entry), entry)
 
     def fetch(self, url: str, fs, path: str, entry: ShardEntry) -> str:
         """Local path of a verified copy of the shard, downloading it first if needed."""
-        local = self.local_path(url)
+        local = self.local_path(url, entry)
         if self._valid(local, entry):
             self.hits += 1
             _touch(local)
@@ -75,7 +83,7 @@ class ShardCache:
             except (FileNotFoundError, PermissionError) as e:
                 raise ShardError(f"cannot fetch shard into the cache: {e}", shard=url) from e
             except Exception as e:
-                raise ShardError(f"fetch failed after {self.retries} retries: {type(e).__name__}: {e}", shard=url) from e
+                raise ShardError(f"fetch {describe(e, self.retries)}", shard=url) from e
             size = os.path.getsize(tmp)
             if size != entry.bytes or digest != entry.sha256:
                 raise ShardError(f"checksum mismatch: fetched {size} bytes with sha256 {digest[:16]}..., manifest says "
@@ -144,7 +152,7 @@ def prefetch(url: str, cache_dir: str, *, storage_options: dict | None = None, l
     local_world_size = (int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
                         if local_world_size is None else local_world_size)
     manifest = load_manifest(url, storage_options)
-    fs, root = url_to_fs(url, storage_options)
+    fs, root = url_to_fs(url, storage_options, own_retries=True)
     cache = ShardCache(cache_dir, limit_bytes=limit_bytes)
     fetched = 0
     for k, entry in enumerate(manifest.shards):

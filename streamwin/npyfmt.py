@@ -8,6 +8,7 @@ gives byte-identical shards.
 from __future__ import annotations
 
 import io
+import sys
 import tarfile
 from types import SimpleNamespace
 
@@ -53,9 +54,17 @@ def parse_npy_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...
         raise ValueError(f"bad .npy header: {type(e).__name__}: {e}") from e
     if dtype.hasobject or dtype.kind not in "biufc":
         raise ValueError(f".npy member has dtype {dtype}: only numeric arrays are read (object arrays would need unpickling)")
+    if is_big_endian(dtype):
+        raise ValueError(f".npy member has big-endian dtype {dtype.str}: streamwin reads little-endian arrays only "
+                         "(streamwin.pack converts big-endian input)")
     if fortran and len(shape) > 1:
         raise ValueError(".npy member is Fortran-ordered; streamwin writes and reads C order only")
     return dtype, tuple(shape), hlen
+
+
+def is_big_endian(dtype: np.dtype) -> bool:
+    """Whether ``dtype``'s bytes are big-endian (torch, and streamwin's gather, read native little-endian)."""
+    return dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big")
 
 
 def tar_header(name: str, size: int) -> bytes:

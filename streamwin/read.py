@@ -25,11 +25,12 @@ from . import mapped, npyfmt
 from .errors import ShardError
 from .manifest import Manifest
 from .plan import Plan
-from .storage import BrokenRead, RangeReader, is_local, join, url_to_fs
+from .storage import BrokenRead, RangeReader, describe, is_local, join, permanent, url_to_fs
 
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
+READABLE = np.iinfo(np.int64).max  # steps readable of a sequence that read without error: all of them
 
 
 @dataclass
@@ -76,7 +77,7 @@ class ShardSource:
                  retries: int = 5, backoff: float = 0.2, on_error: str = "raise", cache=None):
         self.url = url.rstrip("/")
         self.manifest = manifest
-        self.fs, self.root = url_to_fs(url, storage_options)
+        self.fs, self.root = url_to_fs(url, storage_options, own_retries=True)
         self.local = is_local(self.fs)
         self.ranges = None if self.local else RangeReader(self.fs)  # streamed GETs, pooled connections
         self.retries, self.backoff = retries, backoff
@@ -116,15 +117,17 @@ class ShardSource:
         inv[order] = np.cumsum(new) - 1
         smin = np.minimum.reduceat(start[order], first)
         smax = np.maximum.reduceat(start[order], first)
+        if npyfmt.is_big_endian(m.dtype) and len(uniq):  # an index made elsewhere; every read would be wrong
+            raise self._byte_order_error(int(uniq[0]))
         length = plan.ends(uniq)  # a split's view may end before the sequence does
         valid = np.minimum(length[inv] - start, span)
         if m.compression:
-            buf, base, bad = self._read_compressed(uniq, span * sb)
+            buf, base, good = self._read_compressed(uniq, span * sb)
         else:
-            buf, base, bad = self._read_plain(uniq, smin, np.minimum(length, smax + span), span * sb)
+            buf, base, good = self._read_plain(uniq, smin, np.minimum(length, smax + span), span * sb)
         offs = base[inv] + start * sb
-        if bad.any():  # on_error="skip": unreadable windows become zeros of weight 0
-            lost = bad[inv]
+        if good.min(initial=READABLE) < READABLE:  # on_error="skip": unreadable windows become zeros of weight 0
+            lost = start + valid > good[inv]  # a window needs steps [start, start + valid) of its sequence
             offs[lost] = len(buf) - span * sb
             real = real & ~lost
             valid = np.where(lost, 0, valid)
@@ -177,7 +180,12 @@ class ShardSource:
                           f"in loader.stats(): {err}", RuntimeWarning, stacklevel=2)
 
     # -- uncompressed: byte ranges mapped, or read, into the block buffer ---------------------
-    def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray, tail: int) -> tuple[np.ndarray, np.ndarray]:
+    def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray,
+                    tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(buffer, where each sequence's step 0 is in it, steps readable per sequence).
+
+        Sequence u needs steps [s_lo[u], s_hi[u]); neighbours in a shard are read as one run.
+        """
         m = self.manifest
         sb = m.step_bytes
         shard = np.searchsorted(m.shard_starts, uniq, side="right") - 1
@@ -197,39 +205,75 @@ class ShardSource:
                 mapping = self._map_runs(run_shard, run_lo, run_hi, tail)
             except OSError:  # out of address space or mappings: read instead
                 pass
-        buf, run_at, errors = mapping or self._read_runs(run_shard, run_lo, run_hi, tail)
+        buf, run_at, errors, fill = mapping or self._read_runs(run_shard, run_lo, run_hi, tail)
         base = run_at[run] + (data0 - run_lo[run])
         at = (run_at[run] + (m.offset[uniq] - run_lo[run])).tolist()
         hlens = m.hlen[uniq].tolist()
         bounds = np.append(first, len(uniq)).tolist()
-        bad = np.zeros(len(uniq), dtype=bool)
+        good = np.full(len(uniq), READABLE, dtype=np.int64)
+        reach = _Reach(uniq, r_lo, r_hi, data0, s_lo, sb)
         for j, err in enumerate(errors):
-            try:
-                if err is not None:
-                    raise err
-                for u in range(bounds[j], bounds[j + 1]):
-                    if s_lo[u] == 0:  # the read covers this member's .npy header: check it
-                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(uniq[u]), int(run_shard[j]))
-            except ShardError as e:
-                self._skip_or_raise(self._name_member(e, uniq[bounds[j] : bounds[j + 1]]))
-                bad[bounds[j] : bounds[j + 1]] = True
-        return buf, base, bad
+            k, u0, u1 = int(run_shard[j]), bounds[j], bounds[j + 1]
+            if err is not None:  # skip mode: keep what the run delivered, read the rest member by member
+                def reread(v: int) -> ShardError | None:
+                    return fill(k, int(r_lo[v]), int(run_hi[j]), int(run_at[j] + r_lo[v] - run_lo[j]))
+                self._recover(err, reach, u0, u1, reread, good)
+            for u in range(u0, u1):
+                if s_lo[u] == 0 and good[u] > 0:  # the read covers this member's .npy header: check it
+                    try:
+                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(uniq[u]), k)
+                    except ShardError as e:
+                        self._skip_or_raise(e)
+                        good[u] = 0
+        return buf, base, good
+
+    def _recover(self, err: ShardError, reach: "_Reach", u0: int, u1: int, reread, good: np.ndarray) -> None:
+        """After a failed run read: the steps each member got before the failure; the rest read again.
+
+        A failed read leaves every byte before the error's offset in place. The member holding
+        that offset keeps the steps before it; the members after it are read again, from the
+        next one's first byte, until a read gets to the end. An error at no place in the range
+        (a shard the cache could not fetch), or a read again that gets no byte at all (a file
+        cut short, an object gone), loses the rest of the run at once: each try would fail
+        alike. Each failure is one skipped range.
+        """
+        u, again = u0, False
+        while err is not None:
+            self._skip_or_raise(self._name_member(err, reach.uniq[u:u1]))
+            fail = err.offset
+            if fail is None or fail < reach.r_lo[u] or (again and fail == reach.r_lo[u]):
+                good[u:u1] = 0
+                return
+            v = u + int(np.searchsorted(reach.r_hi[u:u1], fail, side="right"))  # members before v are whole
+            if v < u1 and reach.r_lo[v] <= fail:  # the failure is inside member v
+                good[v] = reach.steps_before(v, fail)
+                v += 1
+            if v == u1:
+                return
+            err, u, again = reread(v), v, True
 
     def _read_runs(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: int):
-        """Read each run [lo, hi) of its shard into one buffer, back to back: (buffer, run starts, errors)."""
+        """Read each run [lo, hi) of its shard into one buffer, back to back.
+
+        Returns (buffer, run starts, errors, fill), where ``fill(k, lo, hi, at)`` reads bytes
+        [lo, hi) of shard k to ``at`` in the buffer again (ShardError or None).
+        """
         pos = np.zeros(len(lo) + 1, dtype=np.int64)
         np.cumsum(hi - lo, out=pos[1:])
         buf = self._buffer(int(pos[-1]) + tail)  # every byte but the tail is overwritten by the reads
         buf[len(buf) - tail :] = 0
         runs = [(int(shard[j]), int(lo[j]), memoryview(buf)[pos[j] : pos[j + 1]]) for j in range(len(lo))]
-        return buf, pos[:-1], self._read_many(runs)
+
+        def fill(k: int, a: int, b: int, at: int) -> ShardError | None:
+            return self._try_read((k, a, memoryview(buf)[at : at + b - a]))
+        return buf, pos[:-1], self._read_many(runs), fill
 
     def _map_runs(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: int):
         """Map each run [lo, hi) of its (local or cached) shard file into one address range.
 
         No bytes are copied: the gather reads the page cache directly. Each run starts at a
-        page boundary of the range, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors);
-        raises OSError when the system refuses a mapping.
+        page boundary of the range, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors,
+        fill) as ``_read_runs`` does; raises OSError when the system refuses a mapping.
         """
         lead = lo - mapped.page_floor(lo)
         pos = np.zeros(len(lo) + 1, dtype=np.int64)
@@ -238,26 +282,40 @@ class ShardSource:
         errors: list[ShardError | None] = []
         for j, k in enumerate(shard.tolist()):
             try:
-                self._map_run(target, int(pos[j]), k, int(lo[j]), int(hi[j]))
+                self._map_run(target, int(pos[j] + lead[j]), k, int(lo[j]), int(hi[j]))
                 errors.append(None)
             except ShardError as e:
                 errors.append(e)
-        return target.array(), pos[:-1] + lead, errors
+
+        def fill(k: int, a: int, b: int, at: int) -> ShardError | None:
+            try:
+                self._map_run(target, at, k, a, b)
+            except ShardError as e:
+                return e
+            except OSError as e:  # the mapping was refused now: the bytes are not there
+                return ShardError(f"cannot map shard bytes: {e}", shard=self.shard_url(k), offset=a)
+            return None
+        return target.array(), pos[:-1] + lead, errors, fill
 
     def _map_run(self, target: mapped.MappedBuffer, at: int, k: int, lo: int, hi: int) -> None:
-        """Map bytes [lo, hi) of shard k, from the page boundary at or before lo, at byte ``at``."""
+        """Map bytes [lo, hi) of shard k so that byte lo lands at ``at`` (``at`` = ``lo`` modulo PAGE).
+
+        A file that ends early has what it holds mapped, then raises a ShardError at its end.
+        """
         f, hit = self._open_local(k, lo)
         with f:
             size = os.fstat(f.fileno()).st_size
-            if size < hi:  # mapping past the end would fault (SIGBUS) on access
-                raise ShardError(f"shard ends early: wanted bytes {lo}..{hi}, the file has {size}",
-                                 shard=self.shard_url(k), offset=size)
+            end = min(hi, size)  # mapping a page wholly past the end would fault (SIGBUS) on access
             start = mapped.page_floor(lo)
-            target.map_file(at, f.fileno(), start, hi - start)  # an OSError here makes the caller read instead
+            if end > lo:
+                target.map_file(at - (lo - start), f.fileno(), start, end - start)  # OSError: the caller reads
         with self._lock:
-            self.stats.bytes_read += hi - lo
+            self.stats.bytes_read += max(end - lo, 0)
             self.stats.reads += 1
             self.stats.cache_hits += hit
+        if end < hi:
+            raise ShardError(f"shard ends early: wanted bytes {lo}..{hi}, the file has {size}",
+                             shard=self.shard_url(k), offset=max(size, lo))
 
     def _open_local(self, k: int, offset: int):
         """(open file, cache hit) of shard k: the shard itself, or its node-local copy.
@@ -304,6 +362,13 @@ class ShardSource:
                 shard=self.shard_url(k), member=self._member(i), offset=int(m.offset[i]))
         return got[2]
 
+    def _byte_order_error(self, i: int) -> ShardError:
+        m = self.manifest
+        k = int(np.searchsorted(m.shard_starts, i, side="right")) - 1
+        return ShardError(f"the manifest declares big-endian dtype {m.dtype.str}: streamwin reads little-endian "
+                          "arrays only (streamwin.pack converts big-endian input)",
+                          shard=self.shard_url(k), member=self._member(i), offset=int(m.offset[i]))
+
     def _member(self, i: int) -> str:
         return f"{self.manifest.key(i)}.npy" + (".zst" if self.manifest.compression else "")
 
@@ -319,15 +384,15 @@ class ShardSource:
         np.cumsum(nbytes, out=base[1:])
         tail = max(int(nbytes.max()) if len(uniq) else 0, span_bytes)
         buf = np.zeros(int(base[-1]) + tail, dtype=np.uint8)
-        bad = np.zeros(len(uniq), dtype=bool)
+        good = np.full(len(uniq), READABLE, dtype=np.int64)
         dctx = zstandard.ZstdDecompressor()
         for j, i in enumerate(uniq.tolist()):
             try:
                 self._decompress_into(dctx, buf, int(base[j]), int(nbytes[j]), i, int(shard[j]))
-            except ShardError as e:
-                self._skip_or_raise(e)
-                bad[j] = True
-        return buf, base[:-1], bad
+            except ShardError as e:  # a read error names the shard and offset; add the member
+                self._skip_or_raise(self._name_member(e, uniq[j : j + 1]))
+                good[j] = 0  # a compressed member is read whole: all of it or nothing
+        return buf, base[:-1], good
 
     def _decompress_into(self, dctx, buf: np.ndarray, at: int, nbytes: int, i: int, k: int) -> None:
         import zstandard
@@ -349,18 +414,20 @@ class ShardSource:
     # -- raw reads with retries -----------------------------------------------------------------
     def _read_many(self, runs: list[tuple[int, int, memoryview]]) -> list[ShardError | None]:
         """Read (shard, offset, destination) runs; concurrently on remote storage (latency-bound)."""
-        def one(run):
-            try:
-                self._read_into(*run)
-                return None
-            except ShardError as e:
-                return e
         if self.local or len(runs) < 2:
-            return [one(r) for r in runs]
+            return [self._try_read(r) for r in runs]
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(max_workers=REMOTE_CONCURRENCY, thread_name_prefix="streamwin-get")
-        return list(self._pool.map(one, runs))
+        return list(self._pool.map(self._try_read, runs))
+
+    def _try_read(self, run: tuple[int, int, memoryview]) -> ShardError | None:
+        """Read one (shard, offset, destination) run; the ShardError instead of raising it."""
+        try:
+            self._read_into(*run)
+            return None
+        except ShardError as e:
+            return e
 
     def _read_into(self, k: int, offset: int, out: memoryview) -> None:
         if self.cache is not None:  # node-local copy: fetched once per node, verified, then read locally
@@ -398,9 +465,9 @@ class ShardSource:
                 got = e.delivered if isinstance(e, BrokenRead) else 0
                 done += got
                 attempt = 1 if got else attempt + 1
-                if attempt > self.retries:
-                    raise ShardError(f"read failed after {self.retries} retries: {type(e).__name__}: {e}",
-                                     shard=self.shard_url(k), offset=offset + done) from e
+                if attempt > self.retries or permanent(e):
+                    raise ShardError(f"read {describe(e, self.retries)}", shard=self.shard_url(k),
+                                     offset=offset + done) from e
                 with self._lock:
                     self.stats.retries += 1
                 time.sleep(self.backoff * 2 ** (attempt - 1))
@@ -434,3 +501,21 @@ def _read_file(f, offset: int, out: memoryview) -> int:
             break
         got += n
     return got
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """The byte ranges a block reads per sequence: which steps a read that failed at a byte delivered."""
+
+    uniq: np.ndarray
+    r_lo: np.ndarray  # first byte read of each sequence (its .npy header when read from step 0)
+    r_hi: np.ndarray  # end of the bytes read
+    data0: np.ndarray  # where its array data begins
+    s_lo: np.ndarray  # first step read
+    step_bytes: int
+
+    def steps_before(self, u: int, fail: int) -> int:
+        """Steps of sequence u whose bytes lie before byte ``fail`` (none if its header was cut short)."""
+        if self.s_lo[u] == 0 and fail < self.data0[u]:
+            return 0
+        return max(int(fail - self.data0[u]) // self.step_bytes, 0)

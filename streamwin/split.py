@@ -1,10 +1,18 @@
 """Train/val/test splits: by a stable hash of the sequence key, or by a temporal holdout.
 
 A key split puts a sequence in exactly one split, decided by a hash of (split_seed, key)
-alone, so adding sequences never moves existing ones. A temporal holdout keeps the last
-``holdout`` steps of every sequence out of training (the forecasting convention): training
-windows lie in steps [0, T - holdout); validation/test windows start at T - holdout - window
-or later, so their context may precede the holdout but their targets lie inside it.
+alone, so adding sequences never moves existing ones. A temporal holdout ``H`` cuts every
+sequence of length T in three (the forecasting convention), by where a window's last target
+step (start + window + horizon - 1) lies::
+
+    steps  0 ...................... T-2H ........... T-H ........... T
+           |  train: whole windows    |  val: last     |  test: last   |
+           |  (horizon included)      |  target here   |  target here  |
+
+Val and test windows may look back before their range for context (their inputs can lie in
+train's steps), but no window's targets are ever inside another split's windows, and val and
+test share no window. A sequence too short to hold a full val (or test) window under this
+rule gives none, even with padding.
 Pure numpy, vectorized over the manifest's key blob (10 million keys in about a second).
 """
 from __future__ import annotations
@@ -73,16 +81,28 @@ def _mix(x):
 
 
 def split_views(spec: SplitSpec, lengths: np.ndarray, key_blob: bytes, key_ends: np.ndarray,
-                window: int) -> tuple[np.ndarray, np.ndarray]:
-    """(first step, steps) per sequence of the part of the data ``spec`` selects."""
+                window: int, span: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(first step, steps) per sequence of the part of the data ``spec`` selects.
+
+    ``span`` is the steps one window reads, window + horizon (default: ``window``, no horizon).
+    """
     lengths = np.asarray(lengths, dtype=np.int64)
     if spec.holdout:
-        if spec.split == "train":
-            return np.zeros_like(lengths), np.maximum(lengths - spec.holdout, 0)
-        lo = np.maximum(lengths - spec.holdout - window, 0)
-        return lo, lengths - lo
+        return _holdout_view(spec.split, lengths, spec.holdout, window if span is None else span)
     u = key_hashes(key_blob, key_ends, spec.seed).astype(np.float64) / 2.0**64
     edges = np.cumsum((0.0,) + tuple(spec.fractions))
     k = SPLITS.index(spec.split)
     mine = (u >= edges[k]) & (u < edges[k + 1]) if k < 2 else u >= edges[2]
     return np.zeros_like(lengths), np.where(mine, lengths, 0)
+
+
+def _holdout_view(split: str, lengths: np.ndarray, holdout: int, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first step, steps) of a temporal split: see the module docstring for the rule."""
+    if split == "train":
+        return np.zeros_like(lengths), np.maximum(lengths - 2 * holdout, 0)
+    # the range [lo, hi) of the split's last target steps: val [T-2H, T-H), test [T-H, T)
+    hi = lengths - (holdout if split == "val" else 0)
+    lo = hi - holdout
+    first = np.maximum(lo - span + 1, 0)  # the first start whose last target step reaches lo
+    steps = np.maximum(hi - first, 0)
+    return first, np.where(steps >= span, steps, 0)  # no full window: none (a padded one would end outside)

@@ -5,6 +5,7 @@ gs://, http(s):// and memory:// behave the same.
 """
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
@@ -24,9 +25,26 @@ from .manifest import INDEX_NAME, Manifest, parse_manifest
 T = TypeVar("T")
 
 
-def url_to_fs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path inside it) for a URL or a local path."""
-    return fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+def url_to_fs(url: str, storage_options: dict[str, Any] | None = None, *,
+              own_retries: bool = False) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path inside it) for a URL or a local path.
+
+    ``own_retries``: the caller retries transient errors itself (reads do), so the filesystem
+    must not retry inside each attempt: for s3, botocore's retries are turned off and s3fs'
+    own loop cut to one attempt, unless ``config_kwargs`` sets ``retries``.
+    """
+    url = str(url)
+    opts = dict(storage_options or {})
+    quiet = own_retries and fsspec.core.split_protocol(url)[0] in ("s3", "s3a")
+    if quiet:
+        config = dict(opts.get("config_kwargs") or {})
+        quiet = "retries" not in config  # the user's own retry settings win
+        if quiet:
+            opts["config_kwargs"] = {**config, "retries": {"total_max_attempts": 1}}
+    fs, path = fsspec.core.url_to_fs(url, **opts)
+    if quiet:
+        fs.retries = 1  # this instance is ours: its options hold the config above
+    return fs, path
 
 
 def join(root: str, name: str) -> str:
@@ -63,22 +81,52 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
         pass
 
 
+def permanent(error: BaseException) -> str | None:
+    """Why retrying ``error`` cannot help ("connection refused", "no credentials", ...), or None.
+
+    Looks through the chain of causes, where botocore, aiohttp and urllib3 keep the socket's
+    error, without importing any of them.
+    """
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+            return "connection refused"
+        names = {c.__name__ for c in type(e).__mro__}
+        if names & {"NoCredentialsError", "PartialCredentialsError"}:
+            return "no credentials (give key/secret in storage_options, or configure AWS credentials)"
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
 def with_retries(call: Callable[[], T], *, retries: int, backoff: float) -> T:
     """``call()``, retried on transient errors with exponential backoff (``backoff``, 2x, 4x, ...).
 
-    A missing or forbidden object (FileNotFoundError, PermissionError) is raised at once; any
-    other error is raised as is once ``retries`` retries have failed too.
+    A missing or forbidden object (FileNotFoundError, PermissionError) and an error that
+    retrying cannot help (see ``permanent``) are raised at once; any other error is raised as
+    is once ``retries`` retries have failed too.
     """
     for attempt in range(retries + 1):
         try:
             return call()
         except (FileNotFoundError, PermissionError):
             raise
-        except Exception:
-            if attempt == retries:
+        except Exception as e:
+            if attempt == retries or permanent(e):
                 raise
             time.sleep(backoff * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def describe(error: BaseException, retries: int) -> str:
+    """How a failed storage call ends in an error message: the permanent cause, or the retries spent."""
+    why = permanent(error)
+    if why is not None:
+        return f"{why}: {type(error).__name__}: {error}"
+    return f"failed after {retries} retries: {type(error).__name__}: {error}"
 
 
 def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, retries: int = 5,
@@ -88,7 +136,7 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     Transient storage errors (503, dropped connections, time-outs) are retried with
     exponential backoff, like every shard read.
     """
-    fs, root = url_to_fs(url, storage_options)
+    fs, root = url_to_fs(url, storage_options, own_retries=True)
     path = join(root, INDEX_NAME)
     where = f"{url.rstrip('/')}/{INDEX_NAME}"
     try:
@@ -101,7 +149,7 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     except PermissionError as e:
         raise ManifestError(f"cannot read {where}: {e}") from e
     except Exception as e:
-        raise ManifestError(f"cannot read {where} after {retries} retries: {type(e).__name__}: {e}") from e
+        raise ManifestError(f"cannot read {where}: {describe(e, retries)}") from e
     return parse_manifest(text, where=where)
 
 
@@ -211,39 +259,28 @@ class RangeReader:
         except Exception as e:
             raise BrokenRead(f"{what}: {type(e).__name__}: {e}", 0) from e
         try:
-            want = self._check(resp, path, offset, len(out), what, may_resign=self.kind == "s3" and not resigned)
-            if want < 0:  # 403 to a presigned URL: it may have expired early (rotated credentials); sign anew once
-                url = self._url(path, fresh=True)
-                if url is None:
-                    raise PermissionError(f"{path}: HTTP {resp.status}, and the URL cannot be signed anew")
-                return self._get_into(path, url, offset, out, resigned=True)
-            done = 0
             try:
-                while done < want:
-                    data = resp.read1(min(want - done, PIECE))
-                    if not data:
-                        break
-                    out[done : done + len(data)] = data
-                    done += len(data)
-            except Exception as e:
-                raise BrokenRead(f"{what}: the stream broke after {done} of {want} bytes: {type(e).__name__}: {e}",
-                                 done) from e
-            if done < want:
-                raise BrokenRead(f"{what}: the body ended after {done} of {want} bytes", done)
-            return done
+                want = self._check(resp, path, offset, len(out), what, may_resign=self.kind == "s3" and not resigned)
+            except _SignAnew:
+                pass
+            else:
+                return _stream_into(resp, want, out, what)
         finally:
             if not resp.closed:  # body not read to its end (an object of which we wanted a prefix, a long
                 resp.close()     # error page): this connection cannot serve another request
             resp.release_conn()
+        # 403 to a presigned URL: it may have expired early (rotated credentials); sign anew, once
+        url = self._url(path, fresh=True)
+        if url is None:
+            raise PermissionError(f"{path}: HTTP 403, and the URL cannot be signed anew")
+        return self._get_into(path, url, offset, out, resigned=True)
 
     def _check(self, resp, path: str, offset: int, size: int, what: str, may_resign: bool) -> int:
-        """How many body bytes belong to the range (-1: sign anew and retry); raises for error answers."""
+        """How many body bytes belong to the range (>= 1, or 0 past the object's end); raises for error
+        answers, and _SignAnew for a 403 that a fresh presigned URL may cure."""
         status = resp.status
         if status == 206:
-            m = re.match(r"bytes (\d+)-(\d+)/", resp.headers.get("Content-Range", ""))
-            if m is None or int(m.group(1)) != offset:
-                raise BrokenRead(f"{what}: answered with Content-Range {resp.headers.get('Content-Range')!r}", 0)
-            return min(size, int(m.group(2)) - offset + 1)
+            return _range_answer(resp, offset, size, what)
         if status == 200 and offset == 0:  # the server ignored the Range header: the object's head is ours
             return size if resp.length_remaining is None else min(size, resp.length_remaining)
         body = resp.read(2048) if status != 200 else b""
@@ -255,11 +292,55 @@ class RangeReader:
             raise FileNotFoundError(f"{path}: {text}")
         if status in (401, 403):
             if may_resign:
-                return -1
+                raise _SignAnew
             raise PermissionError(f"{path}: {text}")
         if status == 200:
             text = "HTTP 200: the server ignored the Range header"
         raise BrokenRead(f"{what}: {text}", 0)
+
+
+class _SignAnew(Exception):
+    """A 403 to a presigned s3 URL: sign the URL anew and ask once more."""
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def _range_answer(resp, offset: int, size: int, what: str) -> int:
+    """Body bytes of a 206 that belong to the range asked for; BrokenRead if the answer is another range.
+
+    A Content-Range that does not parse, starts elsewhere, ends before it starts, ends past the
+    object's size or disagrees with Content-Length is a failed attempt like a dropped
+    connection: retried, counted, and named in the final error.
+    """
+    value = resp.headers.get("Content-Range", "")
+    m = _CONTENT_RANGE.fullmatch(value.strip())
+    first, last = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    total = None if m is None or m.group(3) == "*" else int(m.group(3))
+    length = resp.headers.get("Content-Length")
+    if (m is None or first != offset or last < first or (total is not None and last >= total)
+            or (length is not None and length.strip() != str(last - first + 1))):
+        raise BrokenRead(f"{what}: the answer does not match the request: HTTP 206 with Content-Range {value!r}"
+                         + (f", Content-Length {length}" if length is not None else ""), 0)
+    return min(size, last - offset + 1)
+
+
+def _stream_into(resp, want: int, out: memoryview, what: str) -> int:
+    """Copy ``want`` body bytes of ``resp`` into ``out`` as they arrive; BrokenRead naming what was delivered."""
+    done = 0
+    try:
+        while done < want:
+            data = resp.read1(min(want - done, PIECE))
+            if not data:
+                break
+            out[done : done + len(data)] = data
+            done += len(data)
+    except Exception as e:
+        raise BrokenRead(f"{what}: the stream broke after {done} of {want} bytes: {type(e).__name__}: {e}",
+                         done) from e
+    if done < want:
+        raise BrokenRead(f"{what}: the body ended after {done} of {want} bytes", done)
+    return done
 
 
 def _streamable(fs: fsspec.AbstractFileSystem) -> str | None:

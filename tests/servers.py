@@ -129,6 +129,12 @@ __all__ = [
 ]
 
 LOOPBACK = "127.0.0.1"
+BAD_CONTENT_RANGES = {  # FaultPlan.bad_content_range: (start, end, size) -> the Content-Range value sent
+    "end-before-start": lambda start, end, size: f"bytes {start}-{start - 10}/{size}",
+    "empty": lambda start, end, size: f"bytes {start}-{start - 1}/{size}",
+    "wrong-start": lambda start, end, size: f"bytes {start + 1}-{end}/{size}",
+    "garbage": lambda start, end, size: f"bytes x-y/{size}",
+}
 MAX_STALL_SECONDS = 5.0  # bound on a single injected stall
 _CHUNK = 64 * 1024
 _HANDLER_SOCKET_TIMEOUT = 120.0  # bounds idle keep-alive handler threads
@@ -157,6 +163,12 @@ class FaultPlan:
     stall_seconds:    sleep that long (<= MAX_STALL_SECONDS) before the body of the first
                       ``stall_times`` matching GETs (None: every one); after the headers by
                       default, before them with ``stall_before_headers=True``.
+    bad_content_range: answer a range GET with a 206 whose Content-Range does not match the
+                      request (the body and Content-Length stay right), for the first
+                      ``bad_range_times`` matching range GETs (None: every one):
+                      "end-before-start" (bytes S-(S-10)/N, a negative length), "empty"
+                      (bytes S-(S-1)/N), "wrong-start" (bytes S+1-E/N), "garbage" (bytes x-y/N).
+                      HTTPFileServer only.
     path_contains:    if set, only GETs whose URL path contains this string are affected.
     """
 
@@ -169,6 +181,8 @@ class FaultPlan:
     stall_seconds: float = 0.0
     stall_times: int | None = 1
     stall_before_headers: bool = False
+    bad_content_range: str | None = None
+    bad_range_times: int | None = None
     path_contains: str | None = None
 
     def __post_init__(self) -> None:
@@ -184,6 +198,10 @@ class FaultPlan:
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0 or None")
+        if self.bad_content_range not in (None, *BAD_CONTENT_RANGES):
+            raise ValueError(f"bad_content_range must be one of {sorted(BAD_CONTENT_RANGES)} or None")
+        if self.bad_range_times is not None and self.bad_range_times < 0:
+            raise ValueError("bad_range_times must be >= 0 or None")
         if not 0.0 <= self.stall_seconds <= MAX_STALL_SECONDS:
             raise ValueError(f"stall_seconds must be within [0, {MAX_STALL_SECONDS}]")
 
@@ -198,6 +216,7 @@ class FaultStats:
     status_errors: int = 0
     drops: int = 0
     stalls: int = 0
+    bad_ranges: int = 0  # 206 answers sent with a Content-Range that does not match the request
     bytes_served: int = 0  # GET body bytes written, partial ones included (counted just
     #                        before each write, so a client abort may add one 64 KiB chunk)
     completed_gets: int = 0  # matching GETs whose whole body the server got to write
@@ -211,6 +230,7 @@ class _Decision:
     stall_before_headers: bool = False
     drop_after: int | None = None  # per-request limit (drop_after_bytes), if armed
     drop_cause: str | None = None  # "after" | "every", set by body_limit
+    bad_range: str | None = None  # a bad_content_range kind, if this GET gets one (when it is a range GET)
 
 
 class FaultInjector:
@@ -234,6 +254,7 @@ class FaultInjector:
             self._status_left = plan.status_503_times
             self._drops_left = plan.drop_times
             self._stalls_left = plan.stall_times
+            self._bad_ranges_left = plan.bad_range_times
             self._since_drop = 0
         if reset_stats:
             self.reset_stats()
@@ -280,7 +301,21 @@ class FaultInjector:
                 self._bump("stalls")
                 self._bump("faults_injected")
             d.drop_after = plan.drop_after_bytes  # armed or not: decided in body_limit
+            d.bad_range = plan.bad_content_range if self._bad_ranges_left != 0 else None
             return d
+
+    def take_bad_range(self, d: _Decision) -> str | None:
+        """The Content-Range fault for this range GET, if any (counted, within bad_range_times)."""
+        if d.bad_range is None:
+            return None
+        with self._lock:
+            if self._bad_ranges_left is not None:
+                if self._bad_ranges_left <= 0:
+                    return None
+                self._bad_ranges_left -= 1
+            self._bump("bad_ranges")
+            self._bump("faults_injected")
+        return d.bad_range
 
     def stall(self, seconds: float) -> None:
         if seconds > 0:
@@ -644,6 +679,9 @@ class _FileHandler(_FaultHandler):
             self.end_headers()
             return
         d = self.injector.decide(urllib.parse.urlsplit(self.path).path)
+        bad = self.injector.take_bad_range(d) if d is not None and d.status is None and rng is not None else None
+        if bad is not None:
+            headers = common + [("Content-Range", BAD_CONTENT_RANGES[bad](start, end, size))]
         self._send_with_faults(d, status, headers, length, _file_chunks(full, start, length))
 
     def _listing(self, full: str, head: bool) -> None:

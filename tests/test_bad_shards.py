@@ -13,6 +13,8 @@ the original arrays) and every rank still yields ``len(loader)`` batches.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
 import shutil
 import tarfile
 import warnings
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
+import streamwin.read as sw_read
 from conftest import make_sequences
 from streamwin.manifest import INDEX_NAME, parse_manifest
 
@@ -411,3 +414,195 @@ def test_manifest_with_escaping_shard_name_is_refused(tmp_path, name):
     index.write_text(_json.dumps(doc))
     with pytest.raises(sw.ManifestError, match="relative paths inside the dataset"):
         sw.load_manifest(url)
+
+
+# -- zstd members that cannot be read, and byte order ------------------------------------------
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_zstd_truncated_shard_names_the_member(packed_zstd, tmp_path, workers):
+    """A shard cut inside a compressed member: the error names the shard, that member and the offset."""
+    p = packed_zstd
+    ds = p.copy(tmp_path / "ds")
+    key, = p.victims(suffix=".npy.zst")
+    member = key + ".npy.zst"
+    shard = p.shard_of(member)
+    off, size = p.members[shard][member]
+    cut = off + size // 2
+    (ds / shard).write_bytes((ds / shard).read_bytes()[:cut])
+    with pytest.raises(sw.ShardError) as info:
+        epoch(make_loader(ds, workers))
+    err = info.value
+    assert err.shard == f"{ds}/{shard}" and isinstance(err.offset, int) and err.offset >= cut
+    holder = [name for name, (o, n) in p.members[shard].items() if o <= err.offset < o + n]
+    assert holder and err.member == holder[0], (err.member, err.offset, holder)
+    assert err.member in str(err) and f"byte offset {err.offset}" in str(err)
+
+
+def big_endian_tar(path: Path, seqs: dict) -> dict[str, int]:
+    """A tar shard made elsewhere: ``<key>.npy`` members of big-endian float32; {member: data offset}."""
+    import io
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for key, arr in seqs.items():
+            buf = io.BytesIO()
+            np.save(buf, arr.astype(">f4"))
+            info = tarfile.TarInfo(key + ".npy")
+            info.size = len(buf.getvalue())
+            buf.seek(0)
+            tf.addfile(info, buf)
+    return {name: off for name, (off, _) in tar_members(path).items()}
+
+
+def test_big_endian_members_are_refused_when_indexed(tmp_path):
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    seqs = {f"k{i}": np.arange(40 * 3, dtype=np.float32).reshape(40, 3) + i for i in range(3)}
+    offsets = big_endian_tar(ds / "foreign-000.tar", seqs)
+    with pytest.raises(sw.ShardError, match="big-endian") as info:
+        sw.index_shards(str(ds), progress=False)
+    err = info.value
+    assert err.shard == f"{ds}/foreign-000.tar" and err.member == "k0.npy" and err.offset == offsets["k0.npy"]
+    assert not (ds / INDEX_NAME).exists()
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_big_endian_dataset_is_refused_on_read(packed, tmp_path, cached):
+    """Every member and the manifest say '>f4' (an index written elsewhere): a ShardError, not a torch error."""
+    ds = packed.copy(tmp_path / "ds")
+    for shard, members in packed.members.items():
+        data = bytearray((ds / shard).read_bytes())
+        for name, (off, _) in members.items():
+            if name.endswith(".npy"):
+                at = off + bytes(data[off : off + 128]).index(b"'<f4'")
+                data[at : at + 5] = b"'>f4'"
+        (ds / shard).write_bytes(bytes(data))
+    m = sw.load_manifest(str(ds))
+    shards = tuple(dataclasses.replace(e, sha256=hashlib.sha256((ds / e.name).read_bytes()).hexdigest())
+                   for e in m.shards)
+    edit_manifest(ds, dtype=np.dtype(">f4"), shards=shards)
+    kw = {"cache_dir": str(tmp_path / "cache")} if cached else {}
+    with pytest.raises(sw.ShardError, match="big-endian") as info:
+        epoch(make_loader(ds, shuffle=False, **kw))
+    err = info.value
+    shard = err.shard.rsplit("/", 1)[-1]
+    assert err.shard == f"{ds}/{shard}" and err.member in packed.members[shard]
+    assert_names(err, ds, packed, err.member)
+
+
+def test_tampered_big_endian_member_is_refused_on_read(packed, tmp_path):
+    ds = packed.copy(tmp_path / "ds")
+    key, = packed.victims()
+    header_edit(packed, ds, key, b"'<f4'", b"'>f4'")
+    with pytest.raises(sw.ShardError, match="big-endian") as info:
+        epoch(make_loader(ds))
+    assert_names(info.value, ds, packed, key + ".npy")
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_big_endian_arrays_are_packed_little_endian_by_value(tmp_path, compression):
+    seqs = {"a": (np.arange(60).reshape(20, 3) / 7).astype(">f4"),
+            "b": ((np.arange(90).reshape(30, 3) - 45) / 3).astype("<f4"),
+            "c": np.array([[np.inf, -0.0, np.nan]] * 25, dtype=">f4")}
+    assert seqs["a"].dtype.byteorder == ">" and seqs["c"].dtype.byteorder == ">"
+    url = str(tmp_path / "ds")
+    sw.pack(list(seqs.items()), url, progress=False, compression=compression)
+    assert sw.load_manifest(url).dtype == np.dtype("<f4")
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=20, batch_size=1, shuffle=False))
+    got = {b["key"][0]: b["x"][0].numpy() for b in loader}
+    assert set(got) == set(seqs)
+    for k, arr in seqs.items():  # bit-exact by value: same float32 bit patterns, NaN and -0.0 included
+        assert got[k].dtype == np.dtype("<f4")
+        assert np.array_equal(got[k].view("<u4"), arr[:20].astype("<f4").view("<u4")), k
+
+
+# -- skip: only the unreadable windows are lost ----------------------------------------------------
+
+def windows_of(ref, key) -> set[tuple[str, int]]:
+    return {(k, s) for b in ref for k, s in zip(b["key"], b["start"]) if k == key}
+
+
+def npy_data_offset(path: Path, member_offset: int) -> int:
+    """Where a plain member's array data starts, read with numpy's own header parser."""
+    with open(path, "rb") as f:
+        f.seek(member_offset)
+        np.lib.format.read_magic(f)
+        np.lib.format.read_array_header_1_0(f)
+        return f.tell()
+
+
+def test_skip_bad_header_loses_only_that_members_windows(packed, tmp_path):
+    """A bad header loses its own member's windows; its neighbours, read in the same run, stay exact."""
+    ds = packed.copy(tmp_path / "ds")
+    key = next(k for k in sorted(packed.seqs, key=lambda k: len(packed.seqs[k]))  # a short one: many neighbours
+               if 0 in packed.starts_of(k))
+    header_edit(packed, ds, key, b"\x93NUMPY", b"\x00NUMPY")
+    batches, stats, runtime = run_skipping(ds)
+    lost = check_skipped_epoch(batches, packed.ref, packed.seqs, stats)
+    assert set(lost) == windows_of(packed.ref, key)  # a short sequence: all its windows are in one block
+    assert len(runtime) == 1 and stats["skipped_ranges"] == 1
+
+
+@pytest.mark.parametrize("how", ["mapped", "read", "http"])
+def test_skip_truncated_shard_delivers_every_readable_window(packed, tmp_path, http_server, monkeypatch, how):
+    """Cut a shard inside a member: the windows before the cut are delivered exact, weight 1; only the rest is lost."""
+    root = tmp_path / "srv"
+    ds = packed.copy(root / "ds")
+    key = next(k for k in sorted(packed.seqs, key=lambda k: -len(packed.seqs[k]))  # a long one, not a shard's first
+               if list(packed.members[packed.shard_of(k + ".npy")]).index(k + ".npy") > 4)
+    shard = packed.shard_of(key + ".npy")
+    off, size = packed.members[shard][key + ".npy"]
+    data0 = npy_data_offset(packed.root / shard, off)
+    step = packed.seqs[key][0].nbytes
+    readable = len(packed.seqs[key]) // 2  # steps of the victim before the cut
+    cut = data0 + readable * step + step // 2
+    (ds / shard).write_bytes((ds / shard).read_bytes()[:cut])
+    # the independent reference: what the cut leaves readable, from the stdlib's view of the tar
+    after = [n[: -len(".npy")] for n, (o, _) in packed.members[shard].items() if n.endswith(".npy") and o > off]
+    expected = {(key, s) for key_, s in windows_of(packed.ref, key) if s + W + H > readable}
+    for k in after:
+        expected |= windows_of(packed.ref, k)
+    assert expected and windows_of(packed.ref, key) - expected  # some of the victim's windows are readable
+    if how == "read":
+        monkeypatch.setattr(sw_read, "MAX_MAPPED_RUNS", 0)  # read into memory instead of mapping
+    url = http_server(root).url_for("ds") if how == "http" else ds
+    batches, stats, runtime = run_skipping(url)
+    lost = check_skipped_epoch(batches, packed.ref, packed.seqs, stats)
+    assert set(lost) == expected
+    assert len(runtime) == 1
+
+
+def test_skip_unreadable_bytes_mid_run_keep_the_members_after_them(packed, tmp_path, monkeypatch):
+    """A bad sector inside one member: the members after it, read in the same run, are delivered too.
+
+    The local file read raises EIO for one byte (after delivering the bytes before it), as a
+    disk does; reads are not mapped here, so they go through that read. The victim is short,
+    so one read covers all its windows: those that end before the bad byte are delivered.
+    """
+    ds = packed.copy(tmp_path / "ds")
+    def inside(k):  # neither the first nor the last member of its shard: neighbours on both sides
+        names = [n for n in packed.members[packed.shard_of(k + ".npy")] if n.endswith(".npy")]
+        return 0 < names.index(k + ".npy") < len(names) - 1
+    key = next(k for k in sorted(packed.seqs) if 3 <= len(windows_of(packed.ref, k)) <= 10 and inside(k))
+    shard = packed.shard_of(key + ".npy")
+    off, _ = packed.members[shard][key + ".npy"]
+    data0 = npy_data_offset(packed.root / shard, off)
+    step = packed.seqs[key][0].nbytes
+    bad_step = len(packed.seqs[key]) // 3
+    bad = data0 + bad_step * step + 5  # one unreadable byte, inside step bad_step
+    real_read = sw_read._read_local
+
+    def disk(path, offset, out):
+        if path.endswith(shard) and offset <= bad < offset + len(out):
+            if offset == bad:
+                raise OSError(errno.EIO, "Input/output error")
+            return real_read(path, offset, out[: bad - offset])  # what lies before the bad byte
+        return real_read(path, offset, out)
+
+    monkeypatch.setattr(sw_read, "_read_local", disk)
+    monkeypatch.setattr(sw_read, "MAX_MAPPED_RUNS", 0)
+    expected = {(key, s) for key_, s in windows_of(packed.ref, key) if s + W + H > bad_step}
+    assert expected and windows_of(packed.ref, key) - expected
+    batches, stats, runtime = run_skipping(ds, retries=0)
+    lost = check_skipped_epoch(batches, packed.ref, packed.seqs, stats)
+    assert set(lost) == expected
+    assert stats["skipped_ranges"] >= 1 and len(runtime) == 1  # reads through the gap may meet it too

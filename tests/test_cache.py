@@ -97,7 +97,7 @@ def test_second_epoch_reads_from_cache(served, http_server, tmp_path):
     assert len(cache_files(cache_dir)) == len(m.shards)
     cache = ShardCache(str(cache_dir))
     for s in m.shards:
-        assert sha256(cache.local_path(f"{srv.url_for('ds')}/{s.name}")) == sha256(root / "ds" / s.name) == s.sha256
+        assert sha256(cache.local_path(f"{srv.url_for('ds')}/{s.name}", s)) == sha256(root / "ds" / s.name) == s.sha256
 
     loader.set_epoch(1)
     second = epoch(loader)
@@ -179,12 +179,12 @@ def test_corrupt_remote_shard_is_refused_and_not_cached(served, http_server, tmp
     assert info.value.shard == url and url in str(info.value)
     assert "sha256" in str(info.value) or "checksum" in str(info.value)
     assert cache_files(cache_dir) == []  # nothing half-written or unverified is left
-    assert not os.path.exists(cache.local_path(url))
+    assert not os.path.exists(cache.local_path(url, entry))
     # end to end: the loader refuses it too, naming the shard
     with pytest.raises(sw.ShardError) as info:
         epoch(make_loader(srv.url_for("ds"), cache_dir=str(cache_dir)))
     assert info.value.shard == url
-    assert not os.path.exists(cache.local_path(url))
+    assert not os.path.exists(cache.local_path(url, entry))
     assert len(cache_files(cache_dir)) < len(m.shards)
 
 
@@ -211,7 +211,7 @@ def test_lru_eviction_keeps_the_most_recently_used(served, http_server, tmp_path
     lc = fetch(c)  # over the limit: the least recently used (b) goes
     present = set(cache_files(cache.dir))
     assert os.path.basename(la) in present and os.path.basename(lc) in present
-    assert os.path.basename(cache.local_path(url[b.name])) not in present
+    assert os.path.basename(cache.local_path(url[b.name], b)) not in present
     assert sum(os.path.getsize(os.path.join(cache.dir, n)) for n in present) <= cache.limit_bytes
     assert sha256(la) == a.sha256 and sha256(lc) == c.sha256
     # a hit refreshes recency: touch c, then fetch b: a is now the oldest and is evicted
@@ -220,7 +220,7 @@ def test_lru_eviction_keeps_the_most_recently_used(served, http_server, tmp_path
     assert shard_gets(srv) == before and cache.hits >= hits + 1
     fetch(b)
     present = set(cache_files(cache.dir))
-    assert present == {os.path.basename(cache.local_path(url[s.name])) for s in (b, c)}
+    assert present == {os.path.basename(cache.local_path(url[s.name], s)) for s in (b, c)}
 
 
 def test_limit_smaller_than_a_shard_still_serves_exact_epoch(served, http_server, tmp_path):
@@ -244,7 +244,7 @@ def test_prefetch_splits_the_shards_between_local_ranks(served, http_server, tmp
     cache = ShardCache(cache_dir)
     n = len(m.shards)
     fetched = [sw.prefetch(url, cache_dir, local_rank=0, local_world_size=3)]
-    mine = {k for k in range(n) if os.path.exists(cache.local_path(f"{url}/{m.shards[k].name}"))}
+    mine = {k for k in range(n) if os.path.exists(cache.local_path(f"{url}/{m.shards[k].name}", m.shards[k]))}
     assert mine == set(range(0, n, 3)) and fetched[0] == len(mine)
     monkeypatch.setenv("LOCAL_RANK", "1")  # the torchrun way
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
@@ -253,7 +253,7 @@ def test_prefetch_splits_the_shards_between_local_ranks(served, http_server, tmp
     assert sum(fetched) == n and fetched == [len(range(r, n, 3)) for r in range(3)]
     gets = shard_gets(srv)
     for s in m.shards:
-        assert sha256(cache.local_path(f"{url}/{s.name}")) == s.sha256
+        assert sha256(cache.local_path(f"{url}/{s.name}", s)) == s.sha256
     assert sw.prefetch(url, cache_dir, local_rank=0, local_world_size=1) == 0  # warm: nothing to fetch
     loader = make_loader(url, cache_dir=cache_dir)
     batches = epoch(loader)
@@ -272,10 +272,11 @@ EVIL_NAMES = ["../../evil.tar", "/abs/evil.tar", "..", "../", "a/../../../evil.t
 def test_local_path_stays_in_the_cache_dir(tmp_path, name):
     cache = ShardCache(str(tmp_path / "cache"))
     for url in (name, f"http://host/ds/{name}", f"s3://bucket/{name}", f"file:///data/{name}"):
-        path = cache.local_path(url)
-        assert os.path.dirname(path) == cache.dir
-        assert os.path.realpath(path).startswith(cache.dir + os.sep)
-        assert os.path.basename(path) not in ("", ".", "..")
+        for sha in ("ab" * 32, name):  # a manifest's checksum field is untrusted too
+            path = cache.local_path(url, ShardEntry("x.tar", 1, sha, 1, 1))
+            assert os.path.dirname(path) == cache.dir
+            assert os.path.realpath(path).startswith(cache.dir + os.sep)
+            assert os.path.basename(path) not in ("", ".", "..")
 
 
 def rewrite_manifest(ds: Path, **fields) -> None:
@@ -387,3 +388,83 @@ def _npy(arr) -> bytes:
     buf = io.BytesIO()
     np.save(buf, arr)
     return buf.getvalue()
+
+
+# -- a dataset re-packed in place ------------------------------------------------------------------
+
+def test_repacked_in_place_is_fetched_again(tmp_path, http_server):
+    """Same shard names and sizes, other bytes: the cache serves the new shards, never the old copies."""
+    old = make_sequences(seed=9)
+    new = {k: v + np.float32(0.5) for k, v in old.items()}  # same keys and lengths: same sizes, other values
+    root = tmp_path / "srv"
+    sw.pack(list(old.items()), str(root / "ds"), shard_bytes=40_000, progress=False)
+    before = sw.load_manifest(str(root / "ds"))
+    srv = http_server(root, SHARDS)
+    url = srv.url_for("ds")
+    cache_dir = str(tmp_path / "cache")
+    check_exact(epoch(make_loader(url, cache_dir=cache_dir)), old)
+    assert sw.prefetch(url, cache_dir) == 0  # warm
+
+    sw.pack(list(new.items()), str(root / "ds"), shard_bytes=40_000, progress=False)  # in place
+    after = sw.load_manifest(str(root / "ds"))
+    assert [(s.name, s.bytes) for s in after.shards] == [(s.name, s.bytes) for s in before.shards]
+    assert all(a.sha256 != b.sha256 for a, b in zip(after.shards, before.shards))
+    cache = ShardCache(cache_dir)
+    assert not any(cache.has(f"{url}/{s.name}", s) for s in after.shards)
+    assert sw.prefetch(url, cache_dir, local_rank=0, local_world_size=2) == len(range(0, len(after.shards), 2))
+    gets = shard_gets(srv)
+    loader = make_loader(url, cache_dir=cache_dir)
+    batches = epoch(loader)
+    check_exact(batches, new)
+    assert shard_gets(srv) == gets + len(range(1, len(after.shards), 2))  # the rest, once each
+    for s in after.shards:
+        assert cache.has(f"{url}/{s.name}", s) and sha256(cache.local_path(f"{url}/{s.name}", s)) == s.sha256
+
+
+def test_repacked_shards_evict_the_old_copies(tmp_path, http_server):
+    """With a limit, the copies of the old shards are the least recently used: they go first."""
+    old = make_sequences(seed=9)
+    root = tmp_path / "srv"
+    sw.pack(list(old.items()), str(root / "ds"), shard_bytes=40_000, progress=False)
+    srv = http_server(root, SHARDS)
+    url = srv.url_for("ds")
+    cache_dir = str(tmp_path / "cache")
+    m = sw.load_manifest(str(root / "ds"))
+    limit = sum(s.bytes for s in m.shards)  # room for one copy of the dataset
+    check_exact(epoch(make_loader(url, cache_dir=cache_dir, cache_limit=limit)), old)
+    time.sleep(0.05)
+    new = {k: v * np.float32(2) for k, v in old.items()}
+    sw.pack(list(new.items()), str(root / "ds"), shard_bytes=40_000, progress=False)
+    check_exact(epoch(make_loader(url, cache_dir=cache_dir, cache_limit=limit)), new)
+    m = sw.load_manifest(str(root / "ds"))
+    cache = ShardCache(cache_dir)
+    assert cache_files(cache_dir) == sorted(os.path.basename(cache.local_path(f"{url}/{s.name}", s)) for s in m.shards)
+
+
+def test_skip_a_shard_that_fails_verification_fetches_it_once_per_block(served, http_server, tmp_path):
+    """on_error="skip": a corrupt shard loses its windows only, and is not fetched again member by member."""
+    root, seqs, m = served
+    bad_root = tmp_path / "srv"
+    shutil.copytree(root / "ds", bad_root / "ds")
+    entry = m.shards[1]
+    path = bad_root / "ds" / entry.name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    srv = http_server(bad_root, FaultPlan(path_contains=entry.name))  # counts this shard's GETs only
+    loader = make_loader(srv.url_for("ds"), cache_dir=str(tmp_path / "cache"), on_error="skip")
+    with pytest.warns(RuntimeWarning, match="checksum"):
+        batches = [(list(b["key"]), b["start"].tolist(), b["x"].numpy().copy(), b["weight"].tolist()) for b in loader]
+    assert len(batches) == len(loader)
+    in_bad = {m.key(i) for i in range(int(m.shard_starts[1]), int(m.shard_starts[2]))}
+    lost = 0
+    for keys, starts, x, weights in batches:
+        for i, (k, s, w) in enumerate(zip(keys, starts, weights)):
+            if k in in_bad:
+                assert w == 0 and not x[i].any()
+                lost += 1
+            else:
+                assert w == 1 and np.array_equal(x[i], seqs[k][s : s + W]), (k, s)
+    assert lost == loader.stats()["skipped_windows"] > 0
+    plan = loader.dataset.plan()
+    assert 0 < srv.stats.get_requests <= plan.num_blocks(0)  # one fetch per block that needs it

@@ -282,3 +282,28 @@ def test_s3_permanent_error_names_url_and_offset(s3_dataset, s3_fault_proxy, mon
     assert any(off <= err.offset < off + size for _, off, size in members)
     assert err.shard in str(err) and f"byte offset {err.offset}" in str(err)
     assert proxy.stats.status_errors >= 3
+
+
+# -- answers that do not match the request ------------------------------------------------------------
+
+def test_http_malformed_206_is_a_bounded_counted_failure(dataset, http_server, fast_backoff):
+    """A 206 whose Content-Range ends before it starts: each GET is one failed attempt, then a ShardError."""
+    root, _, ref = dataset
+    retries = 2
+    srv = http_server(root, FaultPlan(bad_content_range="end-before-start", path_contains=SHARDS))
+    loader = make_loader(srv.url_for("ds"), retries=retries)
+    with pytest.raises(sw.ShardError, match="Content-Range") as info:
+        epoch(loader)
+    runs = len(sw.load_manifest(str(root / "ds")).length)  # a block reads at most one run per sequence
+    gets = srv.stats.get_requests
+    assert 0 < gets <= (retries + 1) * runs, gets  # before: ~980 GETs per attempt, until a RecursionError
+    assert srv.stats.bad_ranges == gets
+    assert info.value.shard.startswith(srv.url_for("ds/shard-")) and isinstance(info.value.offset, int)
+
+
+def test_http_malformed_206_now_and_then_is_retried(dataset, http_server, fast_backoff):
+    root, _, ref = dataset
+    srv = http_server(root, FaultPlan(bad_content_range="empty", bad_range_times=3, path_contains=SHARDS))
+    loader = make_loader(srv.url_for("ds"), retries=3)
+    assert epoch(loader) == ref
+    assert srv.stats.bad_ranges == 3 == loader.stats()["retries"]

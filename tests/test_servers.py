@@ -263,6 +263,27 @@ def test_faultplan_validation():
         FaultPlan(status_503_times=-1)
     with pytest.raises(ValueError):
         FaultPlan(error_status=200)
+    with pytest.raises(ValueError):
+        FaultPlan(bad_content_range="sideways")
+    with pytest.raises(ValueError):
+        FaultPlan(bad_content_range="empty", bad_range_times=-1)
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("end-before-start", "bytes 100-90/307200"), ("empty", "bytes 100-99/307200"),
+    ("wrong-start", "bytes 101-199/307200"), ("garbage", "bytes x-y/307200")])
+def test_http_bad_content_range(served: HTTPFileServer, kind, expected):
+    """A 206 whose Content-Range does not match the request; the body is still the range's bytes."""
+    url = served.url_for("shard-000.tar")
+    served.set_faults(FaultPlan(bad_content_range=kind, bad_range_times=2))
+    for _ in range(2):
+        status, hdrs, body = _raw(url, headers={"Range": "bytes=100-199"})
+        assert (status, hdrs["content-range"], body) == (206, expected, PAYLOAD[100:200])
+    status, hdrs, body = _raw(url, headers={"Range": "bytes=100-199"})  # budget spent: a right answer
+    assert (status, hdrs["content-range"], body) == (206, "bytes 100-199/307200", PAYLOAD[100:200])
+    status, hdrs, body = _raw(url)  # not a range request: never faulted
+    assert status == 200 and body == PAYLOAD
+    assert served.stats.bad_ranges == 2 == served.stats.faults_injected
 
 
 def test_http_503_then_success(served: HTTPFileServer):

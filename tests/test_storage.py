@@ -4,14 +4,19 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import socket
 import threading
+import time
 
 import aiohttp
 import fsspec
+import numpy as np
 import pytest
 
-from servers import FaultPlan
+import streamwin as sw
+from servers import FaultPlan, s3_storage_options
 from streamwin import storage
+from streamwin.read import ShardSource
 from streamwin.storage import BrokenRead, RangeReader, url_to_fs
 
 DATA = os.urandom(300_000)
@@ -112,3 +117,92 @@ def test_s3_reads_through_a_presigned_url(s3_server, s3_bucket):
     assert read(r, path, 0, 10) == DATA[:10] and len(r._signed) == 1
     with pytest.raises(FileNotFoundError):
         read(r, f"{s3_bucket[5:]}/missing.bin", 0, 10)
+
+
+@pytest.mark.parametrize("kind", ["end-before-start", "empty", "wrong-start", "garbage"])
+def test_http_206_that_does_not_match_the_request_is_one_failed_attempt(served, kind):
+    """A malformed 206 is a failed attempt (BrokenRead naming the answer), after exactly one GET."""
+    fs, path = url_to_fs(served.url_for("f.bin"))
+    r = RangeReader(fs)
+    served.set_faults(FaultPlan(bad_content_range=kind, bad_range_times=1))
+    with pytest.raises(BrokenRead, match="Content-Range") as info:
+        read(r, path, 100, 1000)
+    assert info.value.delivered == 0
+    assert served.stats.get_requests == 1 and served.stats.bad_ranges == 1
+    assert read(r, path, 100, 1000) == DATA[100:1100]  # the next attempt, answered right, reads the range
+
+
+# -- unreachable endpoints and missing credentials fail fast; transient errors are retried by us only ---
+
+def closed_port() -> int:
+    """A loopback port nobody listens on: connecting is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_s3_connection_refused_fails_fast_naming_url():
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    opts = s3_storage_options(endpoint)
+    loader = sw.WindowLoader(sw.WindowDataset("s3://bucket/ds", window=8, batch_size=4, storage_options=opts))
+    t0 = time.perf_counter()
+    with pytest.raises(sw.ManifestError) as info:
+        len(loader)  # reads index.json, with the default retries and backoff
+    assert time.perf_counter() - t0 < 15  # before: ~51 s (botocore's retries inside each of ours)
+    text = str(info.value)
+    assert "s3://bucket/ds/index.json" in text and endpoint in text and "connection refused" in text
+    t0 = time.perf_counter()  # not one retry: with a 10 s backoff a single one would show
+    with pytest.raises(sw.ManifestError, match="connection refused"):
+        sw.load_manifest("s3://bucket/ds", opts, retries=5, backoff=10)
+    assert time.perf_counter() - t0 < 10
+
+
+def test_s3_shard_read_connection_refused_fails_fast(tmp_path):
+    """The manifest was read, then the endpoint went away: the first shard read fails at once, naming it."""
+    seqs = {f"k{i}": np.arange(64, dtype=np.float32) for i in range(4)}
+    sw.pack(list(seqs.items()), str(tmp_path / "ds"), progress=False)
+    ds = sw.WindowDataset(str(tmp_path / "ds"), window=8, batch_size=4)
+    opts = s3_storage_options(f"http://127.0.0.1:{closed_port()}")
+    source = ShardSource("s3://bucket/ds", ds.manifest, storage_options=opts, retries=5, backoff=10)
+    t0 = time.perf_counter()
+    with pytest.raises(sw.ShardError, match="connection refused") as info:
+        source.read_block(ds.plan(), 0, 0)
+    assert time.perf_counter() - t0 < 10
+    assert info.value.shard == f"s3://bucket/ds/{ds.manifest.shards[0].name}" and source.stats.retries == 0
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch, tmp_path):
+    """No credentials anywhere botocore looks (env, files, instance metadata)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                 "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_s3_missing_credentials_fail_fast_and_say_so(s3_server, no_aws_credentials):
+    opts = {"client_kwargs": {"endpoint_url": s3_server.endpoint_url, "region_name": "us-east-1"}, "anon": False,
+            "skip_instance_cache": True}
+    t0 = time.perf_counter()
+    with pytest.raises(sw.ManifestError) as info:
+        sw.load_manifest("s3://bucket/ds", opts, retries=5, backoff=10)
+    assert time.perf_counter() - t0 < 10  # before: retried (6 s with the default backoff, 310 s with this one)
+    text = str(info.value)
+    assert "s3://bucket/ds/index.json" in text and "no credentials" in text
+
+
+def test_s3_transient_errors_are_retried_by_streamwin_only(s3_server, s3_bucket, s3_fault_proxy):
+    """With s3fs' default options, a 503 on index.json is retried by streamwin alone, one GET per attempt."""
+    url = f"{s3_bucket}/ds"
+    sw.pack([("k", np.arange(64, dtype=np.float32))], url, progress=False, storage_options=s3_server.storage_options())
+    proxy = s3_fault_proxy(FaultPlan(status_503_times=2, path_contains="index.json"))
+    opts = proxy.storage_options(skip_instance_cache=True)
+    with pytest.raises(sw.ManifestError, match="503|SlowDown|reduce your request rate"):
+        sw.load_manifest(url, opts, retries=1, backoff=0.01)
+    assert proxy.stats.get_requests == 2  # botocore and s3fs did not retry inside our attempts
+    proxy.set_faults(FaultPlan(status_503_times=2, path_contains="index.json"))
+    assert sw.load_manifest(url, opts, retries=2, backoff=0.01).num_sequences == 1
+    assert proxy.stats.get_requests == 3
