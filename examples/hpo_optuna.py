@@ -11,7 +11,8 @@ searched parameters: another window spec over the same bytes).
 Validation never sees training data:
 
 * ``--holdout N`` (the default, the forecasting convention): training windows lie in the first
-  T - N steps of every sequence; validation windows forecast the last N steps
+  T - 2N steps of every sequence; validation windows forecast steps [T - 2N, T - N) (the last N
+  are the test split's)
   (``split="train"/"val", holdout=N``).
 * ``--split-by key``: whole sequences go to train or val by a stable hash of their key
   (``split_fractions``, ``split_seed``); the split does not depend on the trial's seed.

@@ -111,16 +111,17 @@ class WindowDataset:
             release the GIL, so this overlaps I/O with batching and training).
         retries: failed attempts in a row allowed per read on transient storage errors.
         retry_backoff: seconds before the first retry, doubling with each failure in a row.
-        on_error: "raise" a ShardError on bad data, or "skip" the unreadable range: its windows
-            become zeros with ``batch["weight"] == 0``, counted in ``loader.stats()``, and every
-            rank still yields the same number of batches.
+        on_error: "raise" a ShardError on bad data, or "skip": only the windows whose bytes cannot
+            be read become zeros with ``batch["weight"] == 0``, counted in ``loader.stats()``, and
+            every rank still yields the same number of batches.
         cache_dir, cache_limit: keep verified node-local copies of remote shards (fetched once
             per node, evicted least-recently-used down to ``cache_limit`` bytes).
         split: None (all data), "train", "val" or "test".
         split_fractions, split_seed: with ``holdout=0``, a sequence belongs to one split, chosen by a
             stable hash of (split_seed, key): never in two splits, stable as the dataset grows.
-        holdout: > 0 selects a temporal split instead: "train" windows lie in steps [0, T - holdout)
-            of every sequence; "val"/"test" windows start at T - holdout - window or later.
+        holdout: H > 0 selects a temporal split instead: "train" windows (with their horizon) lie
+            in steps [0, T - 2H) of every sequence; a "val" window's last target step lies in
+            [T - 2H, T - H), a "test" window's in [T - H, T) (inputs may look back for context).
         prefetch: batches gathered ahead on another thread. Off by default: the gather holds the
             GIL, so on few cores a third thread only adds hand-offs (measured: 460k -> 130-310k
             windows/s); it can help when the training step leaves the GIL free for long.
@@ -190,7 +191,8 @@ class WindowDataset:
         """Per-sequence (first step, steps) of this dataset's split, or None for all data."""
         if self.split is not None and self._views is None:
             m = self.manifest
-            self._views = split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window)
+            self._views = split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window,
+                                      span=self.spec.span)
         return self._views
 
     def plan(self, epoch: int = 0, num_workers: int = 0) -> Plan:

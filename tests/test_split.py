@@ -115,8 +115,6 @@ def test_temporal_holdout_end_to_end(tiny):
     assert not (parts["val"] & parts["test"]) and not (parts["train"] & parts["val"])
 
 
-@pytest.mark.xfail(strict=True, reason="needs dataset.py to pass the span: split_views(..., self.spec.window, "
-                                       "span=self.spec.span)")
 def test_temporal_holdout_end_to_end_with_horizon(tiny):
     url, seqs = tiny
     holdout, horizon = 20, 6
