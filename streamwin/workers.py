@@ -18,8 +18,10 @@ import json
 import os
 import signal
 import struct
+import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from typing import Any, Callable
 
@@ -31,7 +33,8 @@ from .errors import ShardError, WorkerError
 from .slots import SharedFile, SlotLayout
 
 _MSG = struct.Struct("<Bqqq")
-READY, BATCH, RUN, RELEASE, STOP, ERROR = 1, 2, 3, 4, 5, 0
+READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING = 1, 2, 3, 4, 5, 0, 6
+_SEND = threading.Lock()  # the read-ahead thread may send a warning while the main thread sends a batch
 STAT_FIELDS = ("bytes_read", "reads", "retries", "skipped_ranges", "skipped_windows", "cache_hits")
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 
@@ -48,7 +51,17 @@ class _ParentGone(Exception):
 
 
 def _send(conn, tag: int, a: int = 0, b: int = 0, c: int = 0) -> None:
-    conn.send_bytes(_MSG.pack(tag, a, b, c))
+    with _SEND:
+        conn.send_bytes(_MSG.pack(tag, a, b, c))
+
+
+def _forward_warnings(conn) -> None:
+    """Warnings raised in a worker (on any of its threads) are raised again in the trainer."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        payload = json.dumps({"category": category.__name__, "message": str(message)}).encode()
+        with _SEND:
+            conn.send_bytes(bytes([WARNING]) + payload)
+    warnings.showwarning = show
 
 
 def _recv(conn, parent_pid: int) -> tuple[int, int, int, int]:
@@ -69,6 +82,7 @@ def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], path:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    _forward_warnings(conn)
     ds._world = world  # the trainer's rank: torch.distributed is not initialized here
     layout = ds.layout()
     arr = SharedFile(slot_layout.nbytes, path=path).array()
@@ -150,7 +164,8 @@ def _send_error(conn, run: int, e: BaseException) -> None:
     where = {k: getattr(e, k, None) for k in ("shard", "member", "offset")} if isinstance(e, ShardError) else {}
     payload = {"run": run, "type": type(e).__name__, "module": type(e).__module__,
                "message": getattr(e, "reason", None) if where else str(e), "where": where, "text": text}
-    conn.send_bytes(bytes([ERROR]) + json.dumps(payload, default=str).encode())
+    with _SEND:
+        conn.send_bytes(bytes([ERROR]) + json.dumps(payload, default=str).encode())
 
 
 def _rebuild_error(payload: dict) -> BaseException:
@@ -236,6 +251,13 @@ class WorkerPool:
         except (EOFError, OSError):
             self._check_alive(w, wait=1.0)
             raise WorkerError(f"streamwin worker {w} (pid {self.procs[w].pid}) closed its pipe")
+        if data[0] == WARNING:
+            payload = json.loads(data[1:])
+            category = getattr(builtins, payload["category"], None)
+            if not (isinstance(category, type) and issubclass(category, Warning)):
+                category = UserWarning
+            warnings.warn(f"(in streamwin worker {w}) {payload['message']}", category, stacklevel=2)
+            return WARNING, self.run, -1
         if data[0] == ERROR:
             payload = json.loads(data[1:])
             if payload["run"] == self.run:
