@@ -35,9 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .batch import BatchKeys, BufferPool
-from .dataset import STATE_VERSION, WindowDataset, check_state, close_stream, open_stream
-from .device import DeviceGatherer, Uploader
+from .dataset import STATE_VERSION, WindowDataset, check_state
+from .passes import DevicePass, LocalPass, Pass, PassIterator, WorkerPass
 from .workers import STAT_FIELDS, WorkerPool
 
 log = logging.getLogger("streamwin")
@@ -56,13 +55,6 @@ def default_workers(context: str | None = None) -> int:
         cores = os.cpu_count() or 1
     method = context or _default_start_method()
     return 1 if cores >= 2 and method == "fork" else 0
-
-
-def to_batch(views: dict[str, np.ndarray], manifest) -> dict[str, Any]:
-    """Tensors over a batch buffer's field views, and keys decoded on first use."""
-    out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
-    out["key"] = BatchKeys(manifest=manifest, seq=views["seq"].copy())
-    return out
 
 
 class WindowLoader:
@@ -112,7 +104,7 @@ class WindowLoader:
         self._epoch, self._taken = 0, 0
         self._epoch_set = False  # set_epoch called since the last pass began
         self._resume = False  # a loaded position waits for the next pass
-        self._pass: _Pass | None = None
+        self._pass: Pass | None = None
         self._pool: WorkerPool | None = None
         self._len: int | None = None
         self._logged = False
@@ -164,10 +156,10 @@ class WindowLoader:
         self._resume, self._epoch_set = True, False
 
     # -- iteration ---------------------------------------------------------------------------------
-    def __iter__(self) -> "_Iterator":
-        return _Iterator(self)
+    def __iter__(self) -> "PassIterator":
+        return PassIterator(self)
 
-    def _begin(self) -> "_Pass":
+    def _begin(self) -> "Pass":
         """Start a pass: the one iterator that moves this loader's cursor (an earlier one stops)."""
         self.close_pass()
         if self._taken >= len(self) > 0 and not self._epoch_set:  # the epoch is done: on to the next one
@@ -181,11 +173,11 @@ class WindowLoader:
             self._started = time.perf_counter()
         plan = self.dataset.plan(self._epoch, self.num_workers)
         if self.device is not None and self.num_workers == 0:
-            self._pass = _DevicePass(self, plan, world)
+            self._pass = DevicePass(self, plan, world)
         elif self.num_workers > 0:
-            self._pass = _WorkerPass(self, plan, world)
+            self._pass = WorkerPass(self, plan, world)
         else:
-            self._pass = _LocalPass(self, plan, world)
+            self._pass = LocalPass(self, plan, world)
         return self._pass
 
     def close_pass(self) -> None:
@@ -279,198 +271,3 @@ def _stream_states(obj: Any):
             return
         for v in obj.values():
             yield from _stream_states(v)
-
-
-class _Iterator:
-    """What ``iter(loader)`` returns: the pass begins at the first ``next()``.
-
-    Frameworks (Lightning) may call ``iter()`` more than once before iterating one of the
-    results; the epoch, the position and the streams are settled when batches are asked for.
-    """
-
-    def __init__(self, loader: WindowLoader):
-        self.loader, self._pass = loader, None
-
-    def __iter__(self) -> "_Iterator":
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        if self._pass is None:
-            self._pass = self.loader._begin()
-        return next(self._pass)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-class _Pass:
-    """One pass over an epoch: an iterator of batches that keeps the loader's cursor."""
-
-    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
-        self.loader, self.plan, self.world = loader, plan, world
-        self.total = plan.batches_per_rank
-        self.manifest = loader.dataset.manifest
-
-    def __iter__(self) -> "_Pass":
-        return self
-
-    def __len__(self) -> int:
-        return self.total
-
-    def __next__(self) -> dict[str, Any]:
-        loader = self.loader
-        if loader._pass is not self or loader._taken >= self.total:
-            if loader._pass is self:
-                loader.close_pass()
-            raise StopIteration
-        t = time.perf_counter()
-        batch = self._next()
-        loader._wait += time.perf_counter() - t
-        loader._taken += 1
-        loader._yielded += 1
-        return batch
-
-    def _next(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def local_stats(self) -> np.ndarray:
-        return np.zeros(len(STAT_FIELDS), dtype=np.int64)
-
-    def extra_stats(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
-class _LocalPass(_Pass):
-    """The rank's one stream, run in this process."""
-
-    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
-        super().__init__(loader, plan, world)
-        ds = loader.dataset
-        layout = ds.layout()
-        pinned = _allocator(loader.pin_memory)
-        self.buffers = BufferPool(layout.nbytes, allocate=pinned, fenced=pinned is not None)
-        self.node, self.source = open_stream(ds, plan, world[0], loader._taken, lambda: layout.views(self.buffers.get()))
-
-    def _next(self) -> dict[str, Any]:
-        return to_batch(next(self.node), self.manifest)
-
-    def local_stats(self) -> np.ndarray:
-        s = self.source.stats
-        return np.array([getattr(s, f) for f in STAT_FIELDS], dtype=np.int64)
-
-    def close(self) -> None:
-        close_stream(self.node)
-        self.loader._totals += self.local_stats()
-        self.source.stats.__init__()  # counted once
-
-
-def _allocator(pin: bool):
-    """Batch buffers in page-locked memory when asked for and CUDA is there, else plain."""
-    if pin and torch.cuda.is_available():
-        return lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True).numpy()
-    return None
-
-
-class _WorkerPass(_Pass):
-    """Batches from worker processes' shared slots, round robin: batch j from worker j % N."""
-
-    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
-        super().__init__(loader, plan, world)
-        n = loader.num_workers
-        self.pool = pool = loader._worker_pool(world)
-        self.layout = loader.dataset.layout()
-        self.copies = BufferPool(self.layout.nbytes)  # pageable: a copy from it never outlives the call
-        self.refs = 2  # references to a slot's array when nobody holds it: pool.bases and getrefcount's argument
-        self.events = pool.pinned and torch.cuda.is_available()
-        dev = loader.device
-        self.to_device = dev if dev is not None and dev.type != "cpu" else None
-        j = loader._taken
-        pool.start(loader._epoch, [j // n + (w < j % n) for w in range(n)])
-
-    def _next(self) -> dict[str, Any]:
-        pool, n = self.pool, self.loader.num_workers
-        w = self.loader._taken % n
-        self._recycle()
-        slot = pool.take(w, self._recycle)
-        held_by_user = sum(1 for h in pool.held if h[0] == w)
-        if held_by_user >= pool.slot_layout.slots - 2:  # the worker would run out of slots: copy this one out
-            self._warn_keep()
-            buf = self.copies.get()
-            np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
-            pool.release(w, slot)
-        else:
-            buf = pool.bases[w][slot]
-            pool.held.append([w, slot, None])
-        batch = to_batch(self.layout.views(buf), self.manifest)
-        if self.to_device is not None:  # straight from page-locked memory, queued on the current stream
-            batch = {k: v if k == "key" else v.to(self.to_device, non_blocking=True) for k, v in batch.items()}
-        return batch
-
-    def _recycle(self) -> None:
-        """Give back every slot no one holds any more (and whose queued CUDA copies are done)."""
-        pool = self.pool
-        if not pool.held:
-            return
-        bases, keep = pool.bases, []
-        for h in pool.held:
-            w, slot, event = h
-            if event is None:
-                if sys.getrefcount(bases[w][slot]) > self.refs:  # every view of a slot refers to its array
-                    keep.append(h)
-                    continue
-                if self.events:  # a non_blocking copy from this slot may still be queued: wait for it
-                    h[2] = event = torch.cuda.Event()
-                    event.record()
-            if event is not None and not event.query():
-                keep.append(h)
-                continue
-            pool.release(w, slot)
-        pool.held = keep
-
-    def _warn_keep(self) -> None:
-        if not self.loader._warned_keep:
-            self.loader._warned_keep = True
-            warnings.warn("streamwin: batches are being kept while iterating; to keep worker slots free, later "
-                          "batches are copied out of shared memory (one extra copy each). Clone what you keep, or "
-                          "drop batches you no longer need, to avoid the copy.", RuntimeWarning, stacklevel=4)
-
-    def close(self) -> None:
-        self._recycle()  # slots still held stay in pool.held, released by a later pass once dropped
-
-
-
-class _DevicePass(_LocalPass):
-    """The rank's one stream in this process, its blocks uploaded once and windows cut on the device."""
-
-    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
-        _Pass.__init__(self, loader, plan, world)
-        ds = loader.dataset
-        gatherer = DeviceGatherer(ds.manifest, ds.spec, loader.device, with_weight=ds.layout().has("weight"))
-        self.uploader = None
-        self.node, self.source = open_stream(ds, plan, world[0], loader._taken, None, prefetch=False,
-                                             transform=self._upload, gatherer=gatherer)
-
-    def _upload(self, block):
-        if self.uploader is None:  # made on the read-ahead thread, where the uploads run
-            self.uploader = Uploader(self.loader.device, self.source)
-        return self.uploader(block)
-
-    def _next(self) -> dict[str, Any]:
-        return next(self.node)
-
-    def extra_stats(self) -> dict[str, Any]:
-        """Run totals of device mode: this pass's uploads added to the earlier passes'."""
-        u, before = self.uploader, self.loader._device_stats
-        if u is None:
-            return dict(before)
-        return {"device_blocks": before.get("device_blocks", 0) + u.blocks,
-                "device_uploaded_bytes": before.get("device_uploaded_bytes", 0) + u.uploaded_bytes,
-                "device_peak_bytes": max(before.get("device_peak_bytes", 0), u.peak_bytes)}
-
-    def close(self) -> None:
-        super().close()
-        self.loader._device_stats = self.extra_stats()
-        self.uploader = None
