@@ -253,10 +253,7 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     ``transform`` runs on each block on the read-ahead thread (device mode uploads it there);
     ``gatherer`` replaces the CPU gather (device mode gathers on the device).
     """
-    cache = (ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit, retries=ds.retries, backoff=ds.retry_backoff)
-             if ds.cache_dir is not None else None)
-    source = ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options, retries=ds.retries,
-                         backoff=ds.retry_backoff, on_error=ds.on_error, cache=cache)
+    source = open_source(ds)
     reader = BlockReader(source, plan, stream, readahead=ds.readahead, transform=transform)
     gatherer = gatherer or Gatherer(ds.manifest, ds.spec, ds.layout())
     node: Batcher | ThreadPrefetcher = Batcher(reader, gatherer, next_buffer or (lambda: None))
@@ -266,9 +263,25 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     return node, source
 
 
-def close_stream(node: Batcher | ThreadPrefetcher | None) -> None:
+def open_source(ds: WindowDataset) -> ShardSource:
+    """The reader of the dataset's shards (with its node cache, retries and error policy)."""
+    cache = (ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit, retries=ds.retries, backoff=ds.retry_backoff)
+             if ds.cache_dir is not None else None)
+    return ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options, retries=ds.retries,
+                       backoff=ds.retry_backoff, on_error=ds.on_error, cache=cache)
+
+
+def open_blocks(ds: WindowDataset, plan: Plan, stream: int, first_block: int) -> tuple[BlockReader, ShardSource]:
+    """Stream ``stream``'s blocks of ``plan`` from block ``first_block`` on (device mode ships them whole)."""
+    source = open_source(ds)
+    reader = BlockReader(source, plan, stream, readahead=ds.readahead)
+    reader.reset({BlockReader.BLOCK_KEY: first_block})
+    return reader, source
+
+
+def close_stream(node: Batcher | ThreadPrefetcher | BlockReader | None) -> None:
     """Stop a stream's threads (read-ahead, prefetch)."""
-    if isinstance(node, ThreadPrefetcher):
+    if isinstance(node, (ThreadPrefetcher, BlockReader)):
         node.close()
     elif node is not None:
         node.reader.close()

@@ -36,8 +36,7 @@ class DeviceBlock:
     valid: torch.Tensor  # int64, steps of window + horizon inside the sequence
     weight: torch.Tensor  # float32, 1 for real windows, 0 for repeats and skipped ones
     valid_cpu: np.ndarray
-    seq_ids: np.ndarray
-    key_index: np.ndarray
+    seq: np.ndarray  # manifest index of each window's sequence (for the keys)
     ready: Any = None  # CUDA event: the upload is done
     waited: bool = False  # the trainer's stream waits for ``ready`` (once)
     rows: dict = field(default_factory=dict)
@@ -46,29 +45,71 @@ class DeviceBlock:
         return len(self.valid_cpu)
 
 
-class Uploader:
+TABLE_BYTES = 36  # per window: offset, start, valid steps, sequence (int64 each), weight (float32)
+
+
+def window_table(block: Block) -> np.ndarray:
+    """A block's window table as bytes: what the device needs to cut, mask and weigh its windows."""
+    cols = [block.offs.astype(np.int64, copy=False), block.start.astype(np.int64, copy=False),
+            block.valid.astype(np.int64, copy=False), np.take(block.seq_ids, block.key_index).astype(np.int64),
+            block.real.astype(np.float32)]
+    return np.concatenate([c.view(np.uint8) for c in cols])
+
+
+def table_at(nbytes: int) -> int:
+    """Where a block's window table starts in its device buffer: after its bytes, 8-byte aligned."""
+    return nbytes + (-nbytes % 8)
+
+
+def device_block(dev: torch.Tensor, nbytes: int, table: np.ndarray, ready=None) -> DeviceBlock:
+    """A DeviceBlock over ``dev`` (bytes, then the table at ``table_at``); ``table`` is the table's CPU copy."""
+    w = len(table) // TABLE_BYTES
+    t, at = dev[table_at(nbytes) : table_at(nbytes) + len(table)], 8 * w
+    cpu = table[: 32 * w].view(np.int64)
+    return DeviceBlock(buf=dev[:nbytes], offs=t[:at].view(torch.int64), start=t[at : 2 * at].view(torch.int64),
+                       valid=t[2 * at : 3 * at].view(torch.int64), weight=t[4 * at :].view(torch.float32),
+                       valid_cpu=cpu[2 * w : 3 * w], seq=cpu[3 * w : 4 * w], ready=ready)
+
+
+class DeviceBytes:
+    """Counts the blocks uploaded and the device bytes they hold while alive (the peak is reported)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.live_bytes = self.peak_bytes = self.uploaded_bytes = self.blocks = 0
+
+    def count(self, dev: torch.Tensor, nbytes: int) -> None:
+        """Account a block's device bytes until the tensor is freed."""
+        with self._lock:
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self.uploaded_bytes += nbytes
+            self.blocks += 1
+        weakref.finalize(dev, self._freed, nbytes)
+
+    def _freed(self, nbytes: int) -> None:
+        with self._lock:
+            self.live_bytes -= nbytes
+
+
+class Uploader(DeviceBytes):
     """Runs on the read-ahead thread: a CPU Block in, a DeviceBlock out (the CPU buffer released)."""
 
     def __init__(self, device: torch.device, source, staging: int = 2):
+        super().__init__()
         self.device, self.source = device, source
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._staging: list[list] = [[None, None] for _ in range(staging)]  # [pinned tensor, event of its last copy]
         self._next = 0
-        self._lock = threading.Lock()
-        self.live_bytes = self.peak_bytes = self.uploaded_bytes = self.blocks = 0
 
     def __call__(self, block: Block) -> DeviceBlock:
-        n, w = len(block.buf), len(block)
-        table = [block.offs, block.start, block.valid.astype(np.int64, copy=False), block.real.astype(np.float32)]
-        at = n + (-n % 8)  # the window table follows the bytes, 8-byte aligned
-        total = at + 28 * w
+        n, table = len(block.buf), window_table(block)
+        at = table_at(n)
+        total = at + len(table)
         dev, host = self._upload_buffers(total)
         np.copyto(host[:n], block.buf)  # page cache -> (page-locked) memory, without the GIL
-        pos = at
-        for arr in table:
-            host[pos : pos + arr.nbytes] = arr.view(np.uint8)
-            pos += arr.nbytes
+        host[at:total] = table
         ready = None
         if self.cuda:
             with torch.cuda.stream(self.stream):
@@ -77,12 +118,8 @@ class Uploader:
                 ready.record(self.stream)
             self._slot[1] = ready
         self.source.release(block)
-        t = dev[at:total]
-        out = DeviceBlock(buf=dev[:n], offs=t[: 8 * w].view(torch.int64), start=t[8 * w : 16 * w].view(torch.int64),
-                          valid=t[16 * w : 24 * w].view(torch.int64), weight=t[24 * w :].view(torch.float32),
-                          valid_cpu=block.valid, seq_ids=block.seq_ids, key_index=block.key_index, ready=ready)
-        self._count(dev, total)
-        return out
+        self.count(dev, total)
+        return device_block(dev, n, table, ready)
 
     def _upload_buffers(self, total: int) -> tuple[torch.Tensor, np.ndarray]:
         """(the block's device buffer, host memory to fill): on the CPU they are one and the same."""
@@ -103,18 +140,6 @@ class Uploader:
         if slot[0] is None or slot[0].numel() < nbytes:
             slot[0] = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=True)
         return slot[0], slot
-
-    def _count(self, dev: torch.Tensor, nbytes: int) -> None:
-        with self._lock:
-            self.live_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-            self.uploaded_bytes += nbytes
-            self.blocks += 1
-        weakref.finalize(dev, self._freed, nbytes)
-
-    def _freed(self, nbytes: int) -> None:
-        with self._lock:
-            self.live_bytes -= nbytes
 
 
 class DeviceGatherer:
@@ -149,7 +174,7 @@ class DeviceGatherer:
                 if spec.horizon:
                     batch["y"].masked_fill_(~_expand(batch["y_mask"], batch["y"]), 0)
         batch["start"] = self._cat(parts, "start")
-        seq = np.concatenate([np.take(b.seq_ids, b.key_index[lo:hi]) for b, lo, hi in parts])
+        seq = np.concatenate([b.seq[lo:hi] for b, lo, hi in parts])
         batch["key"] = BatchKeys(manifest=self.manifest, seq=seq)
         if self.with_weight:
             batch["weight"] = self._cat(parts, "weight")

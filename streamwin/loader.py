@@ -11,8 +11,8 @@ Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``se
   The default is one worker where the machine has a core to spare for it (and ``fork``):
   0 and 1 workers run the same plan (one stream per rank), so the choice never differs
   in what a rank yields, only in whose thread gathers it.
-- ``device="cuda"``: each block's rows are uploaded once and windows are cut on the device
-  (device.py); batches arrive as device tensors.
+- ``device="cuda"``: each block's bytes are uploaded once and windows are cut on the device
+  (device.py); workers, if any, read the blocks and send them in chunks through their slots.
 
 Batch lifetime: a batch's tensors are never overwritten while you hold any of them (or a
 view): memory is reused only once nothing refers to it, and, for page-locked slots, once
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .dataset import STATE_VERSION, WindowDataset, check_state
-from .passes import DevicePass, LocalPass, Pass, PassIterator, WorkerPass
+from .passes import DevicePass, DeviceWorkerPass, LocalPass, Pass, PassIterator, WorkerPass
 from .workers import STAT_FIELDS, WorkerPool
 
 log = logging.getLogger("streamwin")
@@ -64,12 +64,12 @@ class WindowLoader:
         dataset: a streamwin.WindowDataset (window spec, batch size, shuffle, splits).
         num_workers: worker processes, each running one stream of the plan (0: in-process).
             Part of the plan beyond 1: the same on every rank, and a checkpoint resumes with the
-            same. Default: 1 where a core is free for it and ``fork`` is available, else 0; with
-            ``device``, 0 (windows cut on the device, from blocks read in this process).
-        device: None (CPU tensors) or a torch device; every field but ``key`` arrives there. With
-            ``num_workers=0`` each block is uploaded once and windows are cut on the device; with
-            workers, batches are copied from page-locked slots asynchronously (side effect-free:
-            queued on the current stream).
+            same. Default: 1 where a core is free for it and ``fork`` is available, else 0.
+        device: None (CPU tensors) or a torch device; every field but ``key`` arrives there. Each
+            block's bytes are uploaded once and windows are cut on the device: with workers, they
+            read the blocks and send them through page-locked slots in chunks, which this process
+            uploads on a side stream as they arrive; with ``num_workers=0`` the read-ahead thread
+            reads and uploads them.
         pin_memory: page-lock the batch memory (CUDA only) so ``.to(device, non_blocking=True)``
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer.
@@ -87,8 +87,8 @@ class WindowLoader:
         kwargs.pop("batch_size", None)
         if kwargs:
             raise TypeError(f"WindowLoader got unexpected arguments: {', '.join(sorted(kwargs))}")
-        if num_workers is None:  # device mode cuts windows in this process; else a worker if a core is free
-            num_workers = 0 if device is not None else default_workers(multiprocessing_context)
+        if num_workers is None:  # a worker process when a core is free for it
+            num_workers = default_workers(multiprocessing_context)
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
         pf = 2 if prefetch_factor is None else prefetch_factor
@@ -172,8 +172,8 @@ class WindowLoader:
         if self._started is None:
             self._started = time.perf_counter()
         plan = self.dataset.plan(self._epoch, self.num_workers)
-        if self.device is not None and self.num_workers == 0:
-            self._pass = DevicePass(self, plan, world)
+        if self.device is not None:
+            self._pass = DeviceWorkerPass(self, plan, world) if self.num_workers else DevicePass(self, plan, world)
         elif self.num_workers > 0:
             self._pass = WorkerPass(self, plan, world)
         else:
@@ -210,7 +210,7 @@ class WindowLoader:
             ctx = multiprocessing.get_context(self.multiprocessing_context)
             to_cuda = self.device is not None and self.device.type == "cuda"
             self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
-                                    pin=self.pin_memory or to_cuda, context=ctx)
+                                    pin=self.pin_memory or to_cuda, context=ctx, ship_blocks=self.device is not None)
         return self._pool
 
     def _log_once(self, world: tuple[int, int]) -> None:

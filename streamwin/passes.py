@@ -14,15 +14,18 @@ from __future__ import annotations
 import sys
 import time
 import warnings
+from collections import deque
 from typing import Any
 
 import numpy as np
 import torch
+from torchdata.nodes import BaseNode
 
 from .batch import BatchKeys, BufferPool
 from .dataset import close_stream, open_stream
-from .device import DeviceGatherer, Uploader
-from .workers import STAT_FIELDS
+from .device import TABLE_BYTES, DeviceBlock, DeviceBytes, DeviceGatherer, Uploader, device_block, table_at
+from .nodes import Batcher, BlockReader
+from .workers import BLOCK, STAT_FIELDS
 
 WindowLoader = Any  # the loader.WindowLoader driving a pass (it imports this module, not the other way)
 
@@ -138,8 +141,6 @@ class WorkerPass(Pass):
         self.copies = BufferPool(self.layout.nbytes)  # pageable: a copy from it never outlives the call
         self.refs = 2  # references to a slot's array when nobody holds it: pool.bases and getrefcount's argument
         self.events = pool.pinned and torch.cuda.is_available()
-        dev = loader.device
-        self.to_device = dev if dev is not None and dev.type != "cpu" else None
         j = loader._taken
         pool.start(loader._epoch, [j // n + (w < j % n) for w in range(n)])
 
@@ -157,10 +158,7 @@ class WorkerPass(Pass):
         else:
             buf = pool.bases[w][slot]
             pool.held.append([w, slot, None])
-        batch = to_batch(self.layout.views(buf), self.manifest)
-        if self.to_device is not None:  # straight from page-locked memory, queued on the current stream
-            batch = {k: v if k == "key" else v.to(self.to_device, non_blocking=True) for k, v in batch.items()}
-        return batch
+        return to_batch(self.layout.views(buf), self.manifest)
 
     def _recycle(self) -> None:
         """Give back every slot no one holds any more (and whose queued CUDA copies are done)."""
@@ -215,15 +213,136 @@ class DevicePass(LocalPass):
         return next(self.node)
 
     def extra_stats(self) -> dict[str, Any]:
-        """Run totals of device mode: this pass's uploads added to the earlier passes'."""
-        u, before = self.uploader, self.loader._device_stats
-        if u is None:
-            return dict(before)
-        return {"device_blocks": before.get("device_blocks", 0) + u.blocks,
-                "device_uploaded_bytes": before.get("device_uploaded_bytes", 0) + u.uploaded_bytes,
-                "device_peak_bytes": max(before.get("device_peak_bytes", 0), u.peak_bytes)}
+        return _device_totals(self.loader, self.uploader)
 
     def close(self) -> None:
         super().close()
         self.loader._device_stats = self.extra_stats()
         self.uploader = None
+
+
+def _device_totals(loader: WindowLoader, counter: DeviceBytes | None) -> dict[str, Any]:
+    """Run totals of device mode: this pass's uploads added to the earlier passes'."""
+    before = loader._device_stats
+    if counter is None:
+        return dict(before)
+    return {"device_blocks": before.get("device_blocks", 0) + counter.blocks,
+            "device_uploaded_bytes": before.get("device_uploaded_bytes", 0) + counter.uploaded_bytes,
+            "device_peak_bytes": max(before.get("device_peak_bytes", 0), counter.peak_bytes)}
+
+
+class DeviceWorkerPass(WorkerPass):
+    """Device mode with workers: they read blocks and send them in chunks; this process uploads
+    each chunk as it arrives (from its page-locked slot, on a side stream) and cuts the windows
+    on the device. Streams are batched round robin, as in WorkerPass."""
+
+    def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
+        Pass.__init__(self, loader, plan, world)
+        ds, n = loader.dataset, loader.num_workers
+        self.pool = pool = loader._worker_pool(world)
+        self.device = loader.device
+        self.cuda = self.device.type == "cuda"
+        self.side = torch.cuda.Stream(self.device) if self.cuda else None
+        self.bytes = DeviceBytes()
+        self.ahead = max(1, ds.readahead)  # blocks uploaded ahead per stream: device memory stays bounded
+        gatherer = DeviceGatherer(ds.manifest, ds.spec, self.device, with_weight=ds.layout().has("weight"))
+        self.readers = [RemoteBlocks(self, w, plan, world[0] * n + w) for w in range(n)]
+        self.batchers = [Batcher(r, gatherer, lambda: None) for r in self.readers]
+        j = loader._taken
+        for w, b in enumerate(self.batchers):
+            b.reset({Batcher.BATCH_KEY: j // n + (w < j % n)})
+        pool.start(loader._epoch, [r.first for r in self.readers])
+
+    def _next(self) -> dict[str, Any]:
+        self._recycle()
+        for r in self.readers:  # take in what has arrived: uploads overlap the training step
+            r.pump()
+        return next(self.batchers[self.loader._taken % self.loader.num_workers])
+
+    def begin_block(self, nbytes: int, windows: int) -> dict[str, Any]:
+        """A device buffer for a block about to arrive: its bytes, then its window table."""
+        total = table_at(nbytes) + TABLE_BYTES * windows
+        if self.cuda:
+            with torch.cuda.stream(self.side):
+                dev = torch.empty(total, dtype=torch.uint8, device=self.device)
+        else:
+            dev = torch.empty(total, dtype=torch.uint8, device=self.device)
+        self.bytes.count(dev, total)
+        return {"dev": dev, "nbytes": nbytes, "table": np.empty(TABLE_BYTES * windows, dtype=np.uint8), "got": 0,
+                "ready": None}
+
+    def add_chunk(self, block: dict[str, Any], w: int, slot: int, k: int) -> bool:
+        """Upload one chunk (the table comes first, then the bytes); True when the block is complete."""
+        src, got, tlen = self.pool.bases[w][slot][:k], block["got"], len(block["table"])
+        if got < tlen:
+            block["table"][got : got + k] = src
+            at = table_at(block["nbytes"]) + got
+        else:
+            at = got - tlen
+        dest = block["dev"][at : at + k]
+        if self.cuda:
+            with torch.cuda.stream(self.side):
+                dest.copy_(torch.from_numpy(src), non_blocking=True)
+                block["ready"] = event = torch.cuda.Event()
+                event.record(self.side)
+            self.pool.held.append([w, slot, event])  # back to the worker once the copy is done
+        else:
+            dest.copy_(torch.from_numpy(src))
+            self.pool.release(w, slot)
+        block["got"] = got + k
+        return block["got"] == tlen + block["nbytes"]
+
+    def extra_stats(self) -> dict[str, Any]:
+        return _device_totals(self.loader, self.bytes)
+
+    def close(self) -> None:
+        super().close()
+        self.loader._device_stats = self.extra_stats()
+        self.bytes = None
+
+
+class RemoteBlocks(BaseNode):
+    """Worker ``w``'s blocks, assembled on the device as its chunks arrive (the reader of a Batcher)."""
+
+    def __init__(self, owner: DeviceWorkerPass, w: int, plan, stream: int):
+        super().__init__()
+        self.owner, self.w, self.plan, self.stream = owner, w, plan, stream
+        self.first = self.k = 0
+        self.ready: deque = deque()
+        self.partial: dict[str, Any] | None = None
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.first = self.k = int(initial_state[BlockReader.BLOCK_KEY]) if initial_state else 0
+        self.ready.clear()
+        self.partial = None
+
+    def next(self) -> DeviceBlock:
+        if self.k >= self.plan.num_blocks(self.stream):
+            raise StopIteration
+        while not self.ready:
+            self.pump(wait=True)
+        self.k += 1
+        return self.ready.popleft()
+
+    def pump(self, wait: bool = False) -> None:
+        """Upload what has arrived; with ``wait``, until a whole block is on the device."""
+        owner = self.owner
+        while wait or self.partial is not None or len(self.ready) < owner.ahead:
+            msg = owner.pool.receive(self.w, owner._recycle, wait=wait)
+            if msg is None:
+                return
+            kind, a, b = msg
+            if kind == BLOCK:
+                self.partial = owner.begin_block(a, b)
+            elif owner.add_chunk(self.partial, self.w, a, b):
+                p, self.partial = self.partial, None
+                self.ready.append(device_block(p["dev"], p["nbytes"], p["table"], p["ready"]))
+                if wait:
+                    return
+
+    def release(self, block) -> None:
+        pass  # the device buffer goes when its last batch does
+
+    def get_state(self) -> dict[str, Any]:
+        return {BlockReader.BLOCK_KEY: self.k}

@@ -27,13 +27,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .dataset import close_stream, open_stream
+from .dataset import close_stream, open_blocks, open_stream
+from .device import window_table
 from . import errors
 from .errors import ShardError, WorkerError
 from .slots import SharedFile, SlotLayout
 
 _MSG = struct.Struct("<Bqqq")
-READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING = 1, 2, 3, 4, 5, 0, 6
+READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING, BLOCK, CHUNK = 1, 2, 3, 4, 5, 0, 6, 7, 8
+CHUNK_BYTES = 4 << 20  # slot size when workers ship blocks
 _SEND = threading.Lock()  # the read-ahead thread may send a warning while the main thread sends a batch
 STAT_FIELDS = ("bytes_read", "reads", "retries", "skipped_ranges", "skipped_windows", "cache_hits")
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
@@ -76,20 +78,23 @@ def _recv(conn, parent_pid: int) -> tuple[int, int, int, int]:
 
 
 def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], path: str, slot_layout: SlotLayout,
-                conn, parent_pid: int) -> None:
-    """A worker process: map the slots, then run the passes the trainer asks for."""
+                conn, parent_pid: int, ship_blocks: bool = False) -> None:
+    """A worker process: map the slots, then run the passes the trainer asks for.
+
+    ``ship_blocks`` (device mode): instead of gathering batches, stream each block's window
+    table and bytes through the slots in chunks; the trainer uploads them and cuts the windows.
+    """
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     _forward_warnings(conn)
     ds._world = world  # the trainer's rank: torch.distributed is not initialized here
-    layout = ds.layout()
     arr = SharedFile(slot_layout.nbytes, path=path).array()
-    slots = [layout.views(slot_layout.slot(arr, worker, i)) for i in range(slot_layout.slots)]
+    raw = [slot_layout.slot(arr, worker, i) for i in range(slot_layout.slots)]
+    slots = _Slots(raw if ship_blocks else [ds.layout().views(r) for r in raw], conn, parent_pid)
     counters = slot_layout.counters(arr, worker)
     _send(conn, READY, worker)
-    free = deque(range(slot_layout.slots))
     totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
     plans: dict[int, Any] = {}
     cmd = None
@@ -100,57 +105,89 @@ def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], path:
             if msg[0] == STOP:
                 return
             if msg[0] == RELEASE:
-                free.append(msg[1])
+                slots.free.append(msg[1])
                 continue
             _, run, epoch, first = msg
             if epoch not in plans:
                 plans.clear()
                 plans[epoch] = ds.plan(epoch, num_workers)
             stream = world[0] * max(1, num_workers) + worker
-            cmd = _run_pass(ds, plans[epoch], stream, run, first, slots, free, counters, totals, conn, parent_pid)
+            cmd = _run_pass(ds, plans[epoch], stream, run, first, slots, counters, totals, ship_blocks)
     except _ParentGone:
         return
 
 
-def _run_pass(ds, plan, stream: int, run: int, first: int, slots, free: deque, counters: np.ndarray,
-              totals: np.ndarray, conn, parent_pid: int) -> tuple[int, int, int, int] | None:
-    """Gather one pass of a stream into free slots; returns a command that interrupted it, or None."""
-    taken: list[int] = []
+class _Slots:
+    """A worker's view of its slots: which are free, waiting for the trainer to release one."""
 
-    def next_buffer() -> dict[str, np.ndarray]:
-        while not free:
-            msg = _recv(conn, parent_pid)
+    def __init__(self, slots: list, conn, parent_pid: int):
+        self.slots, self.conn, self.parent_pid = slots, conn, parent_pid
+        self.free = deque(range(len(slots)))
+        self.taken: list[int] = []  # popped for output that has not gone out yet
+
+    def take(self):
+        """A free slot (its field views, or its bytes); its number is ``taken[-1]``."""
+        while not self.free:
+            msg = _recv(self.conn, self.parent_pid)
             if msg[0] != RELEASE:
                 raise _Interrupted(msg)
-            free.append(msg[1])
-        taken.append(free.popleft())
-        return slots[taken[-1]]
+            self.free.append(msg[1])
+        self.taken.append(self.free.popleft())
+        return self.slots[self.taken[-1]]
 
+    def sent(self, tag: int, run: int, nbytes: int = 0) -> None:
+        """Send the slot taken first, then collect the releases (or a command) that have arrived."""
+        _send(self.conn, tag, run, self.taken.pop(0), nbytes)
+        while self.conn.poll(0):
+            msg = _MSG.unpack(self.conn.recv_bytes())
+            if msg[0] != RELEASE:
+                raise _Interrupted(msg)
+            self.free.append(msg[1])
+
+
+def _run_pass(ds, plan, stream: int, run: int, first: int, slots: _Slots, counters: np.ndarray,
+              totals: np.ndarray, ship_blocks: bool) -> tuple[int, int, int, int] | None:
+    """One pass of a stream into free slots; returns a command that interrupted it, or None."""
     node = source = None
     try:
-        node, source = open_stream(ds, plan, stream, first, next_buffer, prefetch=False)
-        for _ in node:
-            counters[: len(STAT_FIELDS)] = totals + _stats(source)
-            _send(conn, BATCH, run, taken.pop())
-            while conn.poll(0):
-                msg = _MSG.unpack(conn.recv_bytes())
-                if msg[0] != RELEASE:
-                    raise _Interrupted(msg)
-                free.append(msg[1])
+        if ship_blocks:
+            node, source = open_blocks(ds, plan, stream, first)
+            for block in node:
+                _ship(block, slots, run)
+                node.release(block)
+                counters[: len(STAT_FIELDS)] = totals + _stats(source)
+        else:
+            node, source = open_stream(ds, plan, stream, first, slots.take, prefetch=False)
+            for _ in node:
+                counters[: len(STAT_FIELDS)] = totals + _stats(source)
+                slots.sent(BATCH, run)
         return None
     except _Interrupted as e:
         return e.msg
     except (_ParentGone, KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # hand the error to the trainer, which raises it
-        _send_error(conn, run, e)
+        _send_error(slots.conn, run, e)
         return None
     finally:
-        free.extend(taken)  # a slot popped for a batch that never went out is free again
+        slots.free.extend(slots.taken)  # a slot popped for output that never went out is free again
+        slots.taken.clear()
         close_stream(node)
         if source is not None:
             totals += _stats(source)
             counters[: len(STAT_FIELDS)] = totals
+
+
+def _ship(block, slots: _Slots, run: int) -> None:
+    """BLOCK(bytes, windows), then the window table and the bytes in slot-sized CHUNKs."""
+    table = window_table(block)
+    _send(slots.conn, BLOCK, run, len(block.buf), len(block))
+    for part in (table, block.buf):
+        for pos in range(0, len(part), len(slots.slots[0])):
+            dest = slots.take()
+            n = min(len(dest), len(part) - pos)
+            np.copyto(dest[:n], part[pos : pos + n])  # page cache -> shared (page-locked) memory, no GIL
+            slots.sent(CHUNK, run, n)
 
 
 def _stats(source) -> np.ndarray:
@@ -186,9 +223,9 @@ class WorkerPool:
     """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side)."""
 
     def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
-                 start_timeout: float = 120.0):
-        self.num_workers = num_workers
-        self.slot_layout = SlotLayout(num_workers, slots, ds.layout().nbytes)
+                 ship_blocks: bool = False, start_timeout: float = 120.0):
+        self.num_workers, self.ship_blocks = num_workers, ship_blocks
+        self.slot_layout = SlotLayout(num_workers, slots, CHUNK_BYTES if ship_blocks else ds.layout().nbytes)
         self.shm = SharedFile(self.slot_layout.nbytes)
         self.procs: list = []
         self.conns: list = []
@@ -206,7 +243,7 @@ class WorkerPool:
                 mine, theirs = context.Pipe(duplex=True)
                 p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
                                     args=(ds, num_workers, w, world, self.shm.path, self.slot_layout, theirs,
-                                          os.getpid()))
+                                          os.getpid(), ship_blocks))
                 p.start()
                 theirs.close()
                 self.procs.append(p)
@@ -232,20 +269,30 @@ class WorkerPool:
 
     def take(self, w: int, on_wait: Callable[[], None]) -> int:
         """The slot holding worker ``w``'s next batch of the current pass; ``on_wait`` runs while waiting."""
+        return self.receive(w, on_wait)[1]
+
+    def receive(self, w: int, on_wait: Callable[[], None], wait: bool = True) -> tuple[int, int, int] | None:
+        """Worker ``w``'s next BATCH(slot, 0), BLOCK(bytes, windows) or CHUNK(slot, bytes) of the current pass.
+
+        ``on_wait`` runs while waiting; with ``wait=False``, None when nothing has arrived.
+        """
         conn = self.conns[w]
         while True:
             if not conn.poll(0):
+                if not wait:
+                    return None
                 on_wait()
                 while not conn.poll(POLL_S):
                     self._check_alive(w)
                     on_wait()
-            kind, run, slot = self._message(w)
-            if kind == BATCH:
+            kind, run, a, b = self._message(w)
+            if kind in (BATCH, BLOCK, CHUNK):
                 if run == self.run:
-                    return slot
-                self.release(w, slot)  # from a pass abandoned midway
+                    return kind, a, b
+                if kind != BLOCK:
+                    self.release(w, a)  # from a pass abandoned midway
 
-    def _message(self, w: int) -> tuple[int, int, int]:
+    def _message(self, w: int) -> tuple[int, int, int, int]:
         try:
             data = self.conns[w].recv_bytes()
         except (EOFError, OSError):
@@ -257,15 +304,14 @@ class WorkerPool:
             if not (isinstance(category, type) and issubclass(category, Warning)):
                 category = UserWarning
             warnings.warn(f"(in streamwin worker {w}) {payload['message']}", category, stacklevel=2)
-            return WARNING, self.run, -1
+            return WARNING, self.run, -1, 0
         if data[0] == ERROR:
             payload = json.loads(data[1:])
             if payload["run"] == self.run:
                 raise _rebuild_error(payload) from WorkerError(
                     f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{payload['text']}")
-            return ERROR, payload["run"], -1
-        tag, a, b, _ = _MSG.unpack(data)
-        return tag, a, b
+            return ERROR, payload["run"], -1, 0
+        return _MSG.unpack(data)
 
     def release(self, w: int, slot: int) -> None:
         """Give slot ``slot`` back to worker ``w``."""

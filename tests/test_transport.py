@@ -336,9 +336,10 @@ def test_pinned_slots_are_not_reused_before_their_copies_finish(tiny):
             assert np.array_equal(x[i].cpu().numpy(), naive(seqs, key, start, W))
 
 
-def test_device_memory_is_bounded_and_reported(tiny):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_device_memory_is_bounded_and_reported(tiny, workers):
     url, _ = tiny
-    loader = make(url, 0, "cpu", shuffle_buffer=16)  # many small blocks
+    loader = make(url, workers, "cpu", shuffle_buffer=16)  # many small blocks
     for _ in loader:
         pass
     s = loader.stats()
