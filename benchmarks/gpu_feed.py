@@ -74,7 +74,7 @@ MODELS = {"mlp": (512, 0), "small": (128, 2), "medium": (256, 4)}
 HOLD_S, SLEEP_S = 0.004, 0.001  # the simulated step: interpreter held, then asleep
 FLOOR_POOL = 8  # preallocated batches the floor cycles through
 MODEL_CASES = ("floor", "streamwin:0", "streamwin:1", "streamwin:2", "streamwin:4", "streamwin:8",
-               "streamwin-device:0", "webdataset:8")
+               "streamwin-device:0", "streamwin-device:1", "webdataset:8")
 LOADER_CASES = ("streamwin:0", "streamwin:1", "streamwin:2", "streamwin:8", "webdataset:2")
 FEW_CORES = 8  # below this many cores webdataset:2 joins the default cases
 SIM_WAIT_TARGET = 0.05
@@ -463,9 +463,9 @@ def simulated_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _one_argument_mode(case: str) -> bool:
-    """WindowLoader(ds) plus at most one argument: num_workers=N, or device= alone."""
+    """WindowLoader(ds) plus at most one argument: num_workers=N, or device= alone (one worker, the default)."""
     system, workers = parse_case(case)
-    return system == "streamwin" or (system == "streamwin-device" and workers == 0)
+    return system == "streamwin" or (system == "streamwin-device" and workers == 1)
 
 
 def gpu_verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -43,8 +43,7 @@ def test_quick_run_prints_every_case(corpus, tmp_path):
     for case in CASES:
         row = [ln for ln in lines if ln.startswith(f"| simulated | {case} |")]
         assert len(row) == 1, f"no table row for {case}:\n{run.stdout}"
-        if case != "streamwin-device:0":  # n/a until WindowLoader takes device=
-            assert "n/a" not in row[0] and "error" not in row[0], row[0]
+        assert "n/a" not in row[0] and "error" not in row[0], row[0]
     for case in LOADER_CASES:
         assert sum(ln.startswith(f"| {case} |") for ln in lines) == 1, f"no loader row for {case}:\n{run.stdout}"
     assert any("data-wait of streamwin's best mode" in ln for ln in lines), run.stdout
@@ -63,12 +62,12 @@ def test_quick_run_prints_every_case(corpus, tmp_path):
 def test_default_cases_follow_the_cores():
     few = gpu_feed.default_cases(cpus=2)
     assert few.run == ["floor", "streamwin:0", "streamwin:1", "streamwin:2", "streamwin:4", "streamwin-device:0",
-                       "webdataset:2"]
+                       "streamwin-device:1", "webdataset:2"]
     assert few.skipped == ["streamwin:8", "webdataset:8"]
     assert few.loader == ["streamwin:0", "streamwin:1", "streamwin:2", "webdataset:2"]
     many = gpu_feed.default_cases(cpus=16)
     assert many.run == ["floor", "streamwin:0", "streamwin:1", "streamwin:2", "streamwin:4", "streamwin:8",
-                        "streamwin-device:0", "webdataset:8"]
+                        "streamwin-device:0", "streamwin-device:1", "webdataset:8"]
     assert many.skipped == []
     assert many.loader == ["streamwin:0", "streamwin:1", "streamwin:2", "streamwin:8", "webdataset:2"]
 
