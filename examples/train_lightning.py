@@ -5,8 +5,8 @@
 
 Lightning's own DDP launches the processes (``strategy="ddp"``); the streamwin loader already
 gives each rank its part of the data, with the same number of batches on every rank, so
-``use_distributed_sampler=False``. Checkpoints hold model, optimizer, loops *and* every rank's
-loader position; the same command resumes from ``<ckpt-dir>/last.ckpt`` exactly where the
+``use_distributed_sampler=False``. Checkpoints hold model, optimizer, loops *and* the loaders'
+position; the same command resumes from ``<ckpt-dir>/last.ckpt`` exactly where the
 checkpoint was taken (``--stop-after N`` simulates a preemption after N steps of this run).
 
 Lightning's own support for stateful dataloaders is all it takes (checked with Lightning 2.6):
