@@ -68,6 +68,7 @@ class BatchLayout:
         self.batch_size = b
 
     def has(self, name: str) -> bool:
+        """Whether batches have field ``name``."""
         return any(f.name == name for f in self.fields)
 
     def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
@@ -135,6 +136,7 @@ class BufferPool:
         self._fences: list = []
 
     def get(self) -> np.ndarray:
+        """A buffer nobody else holds (and whose queued copies are done), or a fresh one."""
         buffers = self._buffers
         for i in range(len(buffers)):
             if sys.getrefcount(buffers[i]) == 2 and self._settled(i):

@@ -153,6 +153,7 @@ class DeviceGatherer:
         self._ranges = {n: torch.arange(n, device=device) for n in {spec.window, spec.horizon} if n}
 
     def gather(self, parts: list[tuple[DeviceBlock, int, int]], out=None) -> dict[str, Any]:
+        """The batch of the windows ``lo:hi`` of each part, cut on the device (``out`` is unused)."""
         spec = self.spec
         for b, _, _ in parts:
             if not b.waited:  # the trainer's stream waits for the upload (on the device, not here)

@@ -116,6 +116,7 @@ class WindowLoader:
     # -- the epoch and the position --------------------------------------------------------------
     @property
     def epoch(self) -> int:
+        """The epoch of the current (or next) pass."""
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:

@@ -109,6 +109,7 @@ class Region:
                                     "version": 3}
 
     def array(self) -> np.ndarray:
+        """The region's bytes; every view of this array refers to it."""
         return np.asarray(self)
 
 
