@@ -160,9 +160,16 @@ class WindowDataset:
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
+            cache = self._cache()  # a remote columnar manifest is mapped from the node cache: one copy per node
             self._manifest = load_manifest(self.url, self.storage_options, retries=self.retries,
-                                           backoff=self.retry_backoff)
+                                           backoff=self.retry_backoff, fetch_columns=cache.fetch if cache else None)
         return self._manifest
+
+    def _cache(self) -> ShardCache | None:
+        """The node cache of remote shards (and columns files), if ``cache_dir`` was given."""
+        if self.cache_dir is None:
+            return None
+        return ShardCache(self.cache_dir, limit_bytes=self.cache_limit, retries=self.retries, backoff=self.retry_backoff)
 
     @property
     def columns(self) -> tuple[str, ...] | None:
@@ -251,8 +258,7 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     ``transform`` runs on each block on the read-ahead thread (device mode uploads it there);
     ``gatherer`` replaces the CPU gather (device mode gathers on the device).
     """
-    cache = (ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit, retries=ds.retries, backoff=ds.retry_backoff)
-             if ds.cache_dir is not None else None)
+    cache = ds._cache()
     source = ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options, retries=ds.retries,
                          backoff=ds.retry_backoff, on_error=ds.on_error, cache=cache)
     reader = BlockReader(source, plan, stream, readahead=ds.readahead, transform=transform)
