@@ -154,7 +154,7 @@ class WindowDataset:
         if split is None and holdout:
             raise ValueError("holdout needs split='train', 'val' or 'test'")
         self._index: WindowIndex | None = None  # window space: built once, shared by every epoch's plan
-        self._coarse: np.ndarray | None = None  # a WindowIndex's scan, shipped to spawned workers
+        self._coarse: tuple[str, np.ndarray] | None = None  # (manifest digest, a WindowIndex's scan) for workers
         self._lens: dict[PlanConfig, int] = {}
         self.config(world_size=1)  # validate the arguments now, with a clear message
 
@@ -210,8 +210,9 @@ class WindowDataset:
         """The dataset's window space, built once (before a loader forks its workers, who share it)."""
         if self._index is None:
             m = self.manifest
+            shipped = self._coarse[1] if self._coarse is not None and self._coarse[0] == m.digest else None
             self._index = WindowIndex(m.length, self.spec, None if self.split is None else self._views_of,
-                                      coarse=self._coarse)
+                                      coarse=shipped)
             self._coarse = None
         return self._index
 
@@ -254,7 +255,8 @@ class WindowDataset:
         state = dict(self.__dict__)
         state["_manifest"] = None  # spawned workers reload (map) it; never ship a 100 MB index through a pipe
         state["_index"] = None  # its coarse scan travels instead (1/64 of a window-start array): no rescan there
-        state["_coarse"] = self._index.coarse if self._index is not None else self._coarse
+        if self._index is not None:  # the scan of this very manifest: a worker that maps another one rescans
+            state["_coarse"] = (self._manifest.digest, self._index.coarse)
         return state
 
     def __iter__(self):

@@ -241,3 +241,18 @@ def test_a_pickled_dataset_carries_its_index_scan_not_the_manifest(tiny, monkeyp
         for k in range(plan.num_blocks(s)):
             g, _ = plan.block(s, k)
             assert [x.tolist() for x in plan.locate(g)] == [x.tolist() for x in other.locate(g)]
+
+
+def test_a_shipped_index_scan_of_another_manifest_is_not_used(tiny, monkeypatch):
+    import pickle
+
+    import streamwin as sw
+
+    ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4)
+    ds.window_index()
+    state = ds.__getstate__()
+    assert state["_coarse"][0] == ds.manifest.digest
+    state["_coarse"] = ("a manifest packed since", state["_coarse"][1] + 1)  # the dataset was rewritten meanwhile
+    copy = pickle.loads(pickle.dumps(ds))
+    copy.__dict__.update(state)
+    assert copy.window_index().coarse.tolist() == ds.window_index().coarse.tolist()  # rescanned, not taken
