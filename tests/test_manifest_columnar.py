@@ -166,3 +166,22 @@ def test_a_corrupt_remote_columns_file_is_named(tmp_path, http_server):
     ds = sw.WindowDataset(srv.url_for("columnar"), window=16, batch_size=8, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ManifestError, match=f"columnar/{COLS}.*checksum"):
         ds.manifest
+
+
+def test_columnar_parts_merge_into_the_same_manifest_and_repacking_small_drops_the_columns(tmp_path, monkeypatch):
+    seqs = list(make_sequences(n=30, seed=9).items())
+    monkeypatch.setattr(streamwin.storage, "COLUMNAR_FROM", 1)
+    single, parts = str(tmp_path / "single"), str(tmp_path / "parts")
+    sw.pack(seqs, single, progress=False)
+    for i in (1, 0):
+        sw.pack(seqs, parts, part=(i, 2), progress=False)
+    assert os.path.exists(os.path.join(parts, "index.part00000-of-00002.columns"))
+    merged = sw.merge(parts)
+    assert read_json(parts)["version"] == 2
+    loaded = sw.load_manifest(parts)
+    assert sorted(loaded.keys(np.arange(loaded.num_sequences))) == sorted(k for k, _ in seqs)
+    assert np.array_equal(loaded.length, merged.length)
+    sw.verify(parts, progress=False)
+    monkeypatch.setattr(streamwin.storage, "COLUMNAR_FROM", 10**9)
+    sw.pack(seqs, single, progress=False)  # the same dataset, now small enough to be inline again
+    assert read_json(single)["version"] == 1 and not os.path.exists(os.path.join(single, COLS))
