@@ -20,7 +20,7 @@ from .cache import ShardCache
 from .errors import StateMismatchError
 from .manifest import Manifest
 from .nodes import Batcher, BlockReader, ThreadPrefetcher
-from .plan import Plan, PlanConfig, WindowSpec, make_plan
+from .plan import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan
 from .read import ShardSource
 from .split import SplitSpec, split_views
 from .storage import load_manifest
@@ -154,16 +154,25 @@ class WindowDataset:
         self.split = None if split is None else SplitSpec(split, tuple(split_fractions), int(split_seed), int(holdout))
         if split is None and holdout:
             raise ValueError("holdout needs split='train', 'val' or 'test'")
-        self._views = None
+        self._index: WindowIndex | None = None  # window space: built once, shared by every epoch's plan
+        self._coarse: tuple[str, np.ndarray] | None = None  # (manifest digest, a WindowIndex's scan) for workers
+        self._lens: dict[PlanConfig, int] = {}
         self.config(world_size=1)  # validate the arguments now, with a clear message
 
     # -- configuration ---------------------------------------------------------------------------
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
+            cache = self._cache()  # a remote columnar manifest is mapped from the node cache: one copy per node
             self._manifest = load_manifest(self.url, self.storage_options, retries=self.retries,
-                                           backoff=self.retry_backoff)
+                                           backoff=self.retry_backoff, fetch_columns=cache.fetch if cache else None)
         return self._manifest
+
+    def _cache(self) -> ShardCache | None:
+        """The node cache of remote shards (and columns files), if ``cache_dir`` was given."""
+        if self.cache_dir is None:
+            return None
+        return ShardCache(self.cache_dir, limit_bytes=self.cache_limit, retries=self.retries, backoff=self.retry_backoff)
 
     @property
     def columns(self) -> tuple[str, ...] | None:
@@ -188,21 +197,37 @@ class WindowDataset:
             block_windows=self.shuffle_buffer, slice_windows=self.slice_windows, equalize=self.equalize)
 
     def views(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Per-sequence (first step, steps) of this dataset's split, or None for all data."""
-        if self.split is not None and self._views is None:
+        """Per-sequence (first step, steps) of this dataset's split, or None for all data (not cached)."""
+        if self.split is None:
+            return None
+        m = self.manifest
+        return split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window, span=self.spec.span)
+
+    def _views_of(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        m = self.manifest
+        return split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window, span=self.spec.span,
+                           seqs=seqs)
+
+    def window_index(self) -> WindowIndex:
+        """The dataset's window space, built once (before a loader forks its workers, who share it)."""
+        if self._index is None:
             m = self.manifest
-            self._views = split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window,
-                                      span=self.spec.span)
-        return self._views
+            shipped = self._coarse[1] if self._coarse is not None and self._coarse[0] == m.digest else None
+            self._index = WindowIndex(m.length, self.spec, None if self.split is None else self._views_of,
+                                      coarse=shipped)
+            self._coarse = None
+        return self._index
 
     def plan(self, epoch: int = 0, num_workers: int = 0) -> Plan:
         """The plan of ``epoch`` for every stream of every rank (pure: no I/O beyond the manifest)."""
-        m = self.manifest
-        return make_plan(m.length, m.shard_starts, self.config(num_workers), epoch, views=self.views())
+        return make_plan(None, self.manifest.shard_starts, self.config(num_workers), epoch, index=self.window_index())
 
     def __len__(self) -> int:
-        """Batches one rank yields per epoch without worker processes: the same on every rank."""
-        return self.plan().batches_per_rank
+        """Batches one rank yields per epoch without worker processes: the same on every rank (cached)."""
+        cfg = self.config()
+        if cfg not in self._lens:
+            self._lens[cfg] = self.plan().batches_per_rank
+        return self._lens[cfg]
 
     def plan_inputs(self, num_workers: int = 0) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed exactly."""
@@ -216,14 +241,12 @@ class WindowDataset:
     def summary(self, epoch: int = 0, num_workers: int = 0) -> dict[str, Any]:
         """The numbers users care about for this epoch, for logging."""
         m, p = self.manifest, self.plan(epoch, num_workers)
-        lengths = m.length if self.views() is None else self.views()[1]  # what this split uses
-        used = lengths > 0
-        return {"shards": len(m.shards), "sequences": int(used.sum()), "steps": int(lengths.sum()),
+        totals = p.index.totals()  # of what this split uses
+        return {"shards": len(m.shards), "sequences": totals["sequences"], "steps": totals["steps"],
                 "windows_per_epoch": p.total_windows, "dropped_windows": p.dropped_windows,
                 "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,
                 "world_size": self.world()[1], "streams": p.config.num_streams,
-                "short_sequences": int((used & (lengths < self.spec.span)).sum()) if not self.spec.pad else 0,
-                "split": self.split.split if self.split else None}
+                "short_sequences": totals["short_sequences"], "split": self.split.split if self.split else None}
 
     def layout(self) -> BatchLayout:
         """The fields, shapes and byte offsets of every batch this dataset yields."""
@@ -232,8 +255,10 @@ class WindowDataset:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_manifest"] = None  # spawned workers reload it; never ship a 100 MB index through a pipe
-        state["_views"] = None
+        state["_manifest"] = None  # spawned workers reload (map) it; never ship a 100 MB index through a pipe
+        state["_index"] = None  # its coarse scan travels instead (1/64 of a window-start array): no rescan there
+        if self._index is not None:  # the scan of this very manifest: a worker that maps another one rescans
+            state["_coarse"] = (self._manifest.digest, self._index.coarse)
         return state
 
     def __iter__(self):
@@ -265,10 +290,8 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
 
 def open_source(ds: WindowDataset) -> ShardSource:
     """The reader of the dataset's shards (with its node cache, retries and error policy)."""
-    cache = (ShardCache(ds.cache_dir, limit_bytes=ds.cache_limit, retries=ds.retries, backoff=ds.retry_backoff)
-             if ds.cache_dir is not None else None)
     return ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options, retries=ds.retries,
-                       backoff=ds.retry_backoff, on_error=ds.on_error, cache=cache)
+                       backoff=ds.retry_backoff, on_error=ds.on_error, cache=ds._cache())
 
 
 def open_blocks(ds: WindowDataset, plan: Plan, stream: int, first_block: int) -> tuple[BlockReader, ShardSource]:

@@ -38,9 +38,9 @@ except ImportError:  # only .npy.zst members need it
 
 from . import npyfmt
 from .errors import ManifestError, ShardError
-from .manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest
+from .manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
 from .pack import count_nonfinite
-from .storage import join, load_manifest, url_to_fs, write_atomic
+from .storage import join, load_manifest, url_to_fs, write_manifest
 
 _ZSTD_ERRORS = (zstandard.ZstdError,) if zstandard is not None else ()
 CHUNK = 4 << 20  # bytes fetched (and hashed) per read of a shard
@@ -255,6 +255,7 @@ def verify(url: str, storage_options: dict | None = None, progress: bool = True)
     url = str(url).rstrip("/")
     manifest = load_manifest(url, storage_options)
     fs, root = url_to_fs(url, storage_options)
+    _check_columns_file(fs, root, url)
     failures: list[ShardError] = []
 
     def check(k: int, result: ShardScan | ShardError) -> None:
@@ -280,6 +281,20 @@ def verify(url: str, storage_options: dict | None = None, progress: bool = True)
     nbytes = sum(s.bytes for s in manifest.shards)
     return {"shards": len(manifest.shards), "sequences": manifest.num_sequences, "steps": manifest.num_steps,
             "bytes": nbytes, "seconds": seconds, "mb_per_s": nbytes / 1e6 / max(seconds, 1e-9)}
+
+
+def _check_columns_file(fs, root: str, url: str) -> None:
+    """The sha256 of a version 2 manifest's columns file against the one index.json names (ManifestError)."""
+    entry = columns_file_entry(fs.cat_file(join(root, INDEX_NAME)), f"{url}/{INDEX_NAME}")
+    if entry is None:
+        return
+    digest = hashlib.sha256()
+    with fs.open(join(root, entry.name), "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    if digest.hexdigest() != entry.sha256:
+        raise ManifestError(f"{url}/{entry.name} is damaged: its sha256 is {digest.hexdigest()[:16]}..., "
+                            f"{INDEX_NAME} says {entry.sha256[:16]}...; repack, or rerun `streamwin index`")
 
 
 def _compare(m: Manifest, k: int, scan: ShardScan, url: str) -> ShardError | None:
@@ -338,7 +353,7 @@ def index_shards(url: str, pattern: str = "*.tar", storage_options: dict | None 
     acc = _Indexer(url)
     _scan_all(fs, root, url, names, sum(sizes), progress, f"index {url}", acc.add)
     manifest = acc.manifest()
-    write_atomic(fs, join(root, INDEX_NAME), manifest.to_json().encode())
+    write_manifest(fs, root, manifest)
     return manifest
 
 

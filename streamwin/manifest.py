@@ -7,7 +7,15 @@ finished one.
 Per-sequence data (key, length, byte offset, member size, npy header length) is stored
 as columns: each one a little-endian numpy array, zlib-compressed and base64-encoded
 inside the JSON. That keeps one file, one atomic write, and about 13 bytes per sequence,
-so the manifest of 10 million sequences loads in about a second.
+so the manifest of a million sequences loads in a fraction of a second.
+
+From ``COLUMNAR_FROM`` sequences on, the columns go to a file of their own instead
+(``index.columns`` beside ``index.json``, manifest version 2): fixed-width little-endian
+arrays, each starting at a multiple of 64 bytes, their offsets, size and sha256 named in
+index.json. Loading maps that file (``numpy.frombuffer`` over ``mmap``), so it costs no
+decoding and no private memory, and every process of a node shares one copy of its pages.
+index.json stays the commit marker: it is written after the columns file, and names its
+size and checksum. Version 1 manifests (inline columns) are read as before.
 
 Fields added since version 1 was fixed are optional top-level keys, which older streamwin
 ignores and which read as None from older manifests: ``value_columns`` (the table columns
@@ -27,9 +35,15 @@ import numpy as np
 from .errors import ManifestError
 
 FORMAT = "streamwin"
-VERSION = 1
+VERSION = 1  # per-sequence columns inline, compressed
+COLUMNAR_VERSION = 2  # per-sequence columns in a file of their own (COLUMNS_SUFFIX), memory-mapped
+VERSIONS = (VERSION, COLUMNAR_VERSION)
 INDEX_NAME = "index.json"
+COLUMNS_SUFFIX = ".columns"  # index.json -> index.columns
+COLUMNAR_FROM = 100_000  # sequences from which pack, index and merge write the columnar form
 COLUMNS = {"length": "<i8", "offset": "<i8", "size": "<i8", "hlen": "<i4"}
+_FILE_COLUMNS = {**COLUMNS, "key_ends": "<i8", "keys": "|u1"}  # the columns file, in this order
+_ALIGN = 64
 
 
 @dataclass(frozen=True)
@@ -108,7 +122,7 @@ class Manifest:
 
     def key(self, i: int) -> str:
         start = int(self.key_ends[i - 1]) if i > 0 else 0
-        return self.key_blob[start : int(self.key_ends[i])].decode("ascii")
+        return bytes(self.key_blob[start : int(self.key_ends[i])]).decode("ascii")
 
     def keys(self, indices) -> list[str]:
         """Keys of many sequences at once (the batch's ``key`` field)."""
@@ -116,18 +130,32 @@ class Manifest:
         ends = self.key_ends[uniq].tolist()
         starts = np.where(uniq > 0, self.key_ends[np.maximum(uniq - 1, 0)], 0).tolist()
         blob = self.key_blob
-        names = [blob[a:b].decode("ascii") for a, b in zip(starts, ends)]
+        names = [bytes(blob[a:b]).decode("ascii") for a, b in zip(starts, ends)]
         return [names[i] for i in inv.tolist()]
 
     def shard_of(self, i: int) -> int:
         return int(np.searchsorted(self.shard_starts, i, side="right") - 1)
 
-    def to_json(self) -> str:
-        cols = {name: _encode(getattr(self, name).astype(dt)) for name, dt in COLUMNS.items()}
-        cols["key_ends"] = _encode(self.key_ends.astype("<i8"))
+    def column_parts(self) -> tuple[list, dict[str, list]]:
+        """The columns file as byte buffers to write in order, and its layout: name -> [offset, dtype, rows]."""
+        parts, layout, at = [], {}, 0
+        for name, dt in _FILE_COLUMNS.items():
+            data = (np.frombuffer(self.key_blob, dtype=np.uint8) if name == "keys"
+                    else np.ascontiguousarray(getattr(self, name), dtype=dt))
+            pad = -at % _ALIGN
+            if pad:
+                parts.append(bytes(pad))
+            at += pad
+            layout[name] = [at, dt, len(data)]
+            parts.append(memoryview(data).cast("B"))
+            at += data.nbytes
+        return parts, layout
+
+    def to_json(self, columns_file: dict | None = None) -> str:
+        """index.json: the columns inline (version 1), or naming the columns file described by ``columns_file``."""
         doc = {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION if columns_file is None else COLUMNAR_VERSION,
             "dtype": self.dtype.str,
             "step_shape": list(self.step_shape),
             "compression": self.compression,
@@ -137,9 +165,13 @@ class Manifest:
             "num_bytes": sum(s.bytes for s in self.shards),
             "dropped_empty": self.dropped_empty,
             "shards": [vars(s) for s in self.shards],
-            "columns": cols,
-            "keys": base64.b64encode(zlib.compress(self.key_blob, 1)).decode("ascii"),
         }
+        if columns_file is None:
+            doc["columns"] = {name: _encode(getattr(self, name).astype(dt)) for name, dt in COLUMNS.items()}
+            doc["columns"]["key_ends"] = _encode(self.key_ends.astype("<i8"))
+            doc["keys"] = base64.b64encode(zlib.compress(bytes(self.key_blob), 1)).decode("ascii")
+        else:
+            doc["columns_file"] = columns_file
         if self.value_columns is not None:
             doc["value_columns"] = list(self.value_columns)
             doc["left_out_columns"] = dict(self.left_out_columns or {})
@@ -164,25 +196,55 @@ def _decode(text: str, dtype: str, n: int, where: str) -> np.ndarray:
     return arr.astype(dtype.replace("<", "="), copy=False)
 
 
-def parse_manifest(text: str | bytes, where: str = INDEX_NAME) -> Manifest:
-    """Parse index.json text; raise ManifestError naming ``where`` if it is not a valid manifest."""
+def columns_name(index_name: str) -> str:
+    """The columns file that goes with an index file: index.json -> index.columns."""
+    return index_name[: -len(".json")] + COLUMNS_SUFFIX if index_name.endswith(".json") else index_name + COLUMNS_SUFFIX
+
+
+def columns_file_entry(text: str | bytes, where: str = INDEX_NAME) -> ShardEntry | None:
+    """The columns file a version 2 index.json names (name, bytes, sha256), or None for version 1."""
+    try:
+        doc = json.loads(text)
+        spec = doc.get("columns_file") if isinstance(doc, dict) and doc.get("version") == COLUMNAR_VERSION else None
+        if spec is None:
+            return None
+        entry = ShardEntry(spec["name"], int(spec["bytes"]), str(spec["sha256"]), 0, 0)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ManifestError(f"{where} is malformed: {type(e).__name__}: {e}") from e
+    _check_shard_name(entry.name, where)
+    return entry
+
+
+def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> Manifest:
+    """Parse index.json text; raise ManifestError naming ``where`` if it is not a valid manifest.
+
+    A version 2 manifest needs ``columns``: the bytes (or a read-only mmap) of the columns
+    file it names; the arrays are views of them, never copies.
+    """
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ManifestError(f"{where} is not valid JSON: {e}") from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError(f"{where} is not a streamwin manifest (no \"format\": \"{FORMAT}\")")
-    if doc.get("version") != VERSION:
-        raise ManifestError(f"{where} has manifest version {doc.get('version')}, this streamwin reads version {VERSION}")
+    if doc.get("version") not in VERSIONS:
+        raise ManifestError(f"{where} has manifest version {doc.get('version')}, this streamwin reads versions "
+                            f"{' and '.join(map(str, VERSIONS))}")
     try:
         shards = tuple(ShardEntry(**s) for s in doc["shards"])
         n = sum(s.num_sequences for s in shards)
-        cols = {name: _decode(doc["columns"][name], dt, n, f"{where} column {name}") for name, dt in COLUMNS.items()}
-        key_ends = _decode(doc["columns"]["key_ends"], "<i8", n, f"{where} column key_ends")
-        blob = zlib.decompress(base64.b64decode(doc["keys"]))
+        if doc["version"] == COLUMNAR_VERSION:
+            cols = _map_columns(doc["columns_file"], columns, n, where)
+            key_ends, blob = cols.pop("key_ends"), cols.pop("keys")
+        else:
+            cols = {name: _decode(doc["columns"][name], dt, n, f"{where} column {name}") for name, dt in COLUMNS.items()}
+            key_ends = _decode(doc["columns"]["key_ends"], "<i8", n, f"{where} column key_ends")
+            blob = zlib.decompress(base64.b64decode(doc["keys"]))
         dtype = np.dtype(doc["dtype"])
         step_shape = tuple(int(x) for x in doc["step_shape"])
         optional = _optional_fields(doc)
+    except ManifestError:
+        raise
     except (KeyError, TypeError, zlib.error, ValueError) as e:
         raise ManifestError(f"{where} is malformed: {type(e).__name__}: {e}") from e
     if dtype.hasobject or dtype.kind not in "biufc":
@@ -195,6 +257,33 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME) -> Manifest:
         digest=hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()[:16],
         **cols, **optional,
     )
+
+
+def _map_columns(spec: dict, columns, n: int, where: str) -> dict:
+    """Views of the columns file's arrays; ManifestError naming the file if it is not the one index.json names."""
+    name = f"{where.rsplit('/', 1)[0]}/{spec['name']}" if "/" in where else spec["name"]
+    if columns is None:
+        raise ManifestError(f"{where} keeps its per-sequence columns in {spec['name']}: load it with "
+                            "streamwin.load_manifest(url), which maps that file")
+    if len(columns) != spec["bytes"]:
+        raise ManifestError(f"{name} is damaged: it has {len(columns)} bytes, {where} says {spec['bytes']} "
+                            f"(sha256 {str(spec['sha256'])[:16]}...); repack, or rerun `streamwin index`")
+    out = {}
+    for col, dt in _FILE_COLUMNS.items():
+        offset, dtype, rows = spec["layout"][col]
+        if dtype != dt or (col != "keys" and rows != n) or offset % _ALIGN or rows < 0:
+            raise ManifestError(f"{where} describes column {col} of {name} as {dtype} x {rows} at byte {offset}; "
+                                f"expected {dt} x {n if col != 'keys' else 'the key bytes'}, 64-byte aligned")
+        if offset + rows * np.dtype(dt).itemsize > len(columns):
+            raise ManifestError(f"{name} is damaged: column {col} would end past its {len(columns)} bytes")
+        arr = np.frombuffer(columns, dtype=dt, count=rows, offset=offset)
+        out[col] = arr if col == "keys" else arr.view(dt.replace("<", "="))
+    ends = out["key_ends"]
+    if n and (int(ends[-1]) != len(out["keys"]) or int(ends[0]) < 0):
+        raise ManifestError(f"{name} is damaged: its key offsets end at {int(ends[-1])}, its key bytes number "
+                            f"{len(out['keys'])}")
+    out["keys"] = memoryview(out["keys"])
+    return out
 
 
 def _optional_fields(doc: dict) -> dict:

@@ -46,9 +46,9 @@ from tqdm.auto import tqdm
 from . import npyfmt
 from .errors import ManifestError, PackError
 from .keys import check_key
-from .manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, parse_manifest
+from .manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest
 from .sources import Columns, Unit, list_units, read_unit
-from .storage import is_local, join, remove_if_exists, url_to_fs, write_atomic
+from .storage import is_local, join, load_manifest, remove_if_exists, url_to_fs, write_manifest
 
 SPILL_MIN = 256 << 10  # a worker's output for a unit smaller than this comes back through the pipe
 _USTAR_MAX_SIZE = 8**11 - 1  # the 11 octal digits of a ustar size field
@@ -530,7 +530,7 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
         raise
     finally:
         bar.close()
-    write_atomic(fs, join(root, index_name), manifest.to_json().encode())
+    write_manifest(fs, root, manifest, index_name)
     writer.remove_leftovers()
     if manifest.nonfinite.nan or manifest.nonfinite.inf:
         warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
@@ -619,7 +619,7 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
     missing = [name for name in expected if name not in names]
     if missing:
         raise ManifestError(f"cannot merge {dest}: {len(missing)} of {n} parts are not finished: {', '.join(missing[:5])}")
-    parts = [parse_manifest(fs.cat_file(join(root, name)), where=name) for name in expected]
+    parts = [load_manifest(dest, storage_options, name=name) for name in expected]
     first = parts[0]
     for name, m in zip(expected, parts):
         if (m.dtype, m.step_shape, m.compression) != (first.dtype, first.step_shape, first.compression):
@@ -646,5 +646,5 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
                               sum(m.dropped_empty for m in parts), value_columns=first.value_columns,
                               left_out_columns=left_out if first.value_columns is not None else None,
                               nonfinite=nonfinite)
-    write_atomic(fs, join(root, INDEX_NAME), manifest.to_json().encode())
+    write_manifest(fs, root, manifest)
     return manifest

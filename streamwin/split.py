@@ -43,16 +43,22 @@ class SplitSpec:
             raise ValueError(f"holdout must be >= 0 steps, got {self.holdout}")
 
 
-def key_hashes(key_blob: bytes, key_ends: np.ndarray, seed: int) -> np.ndarray:
-    """A stable 64-bit hash per key: sum of byte_c * P^(c+1) modulo 2**64, then mixed with the seed.
+def key_hashes(key_blob: bytes, key_ends: np.ndarray, seed: int, seqs: np.ndarray | None = None) -> np.ndarray:
+    """A stable 64-bit hash per key (of every key, or of sequences ``seqs``): sum of byte_c * P^(c+1)
+    modulo 2**64, then mixed with the seed.
 
     Computed column by column (byte c of every key at once), so the Python work is one loop
     over at most 90 columns per million keys.
     """
     data = np.frombuffer(key_blob, dtype=np.uint8)
-    padded = np.append(data, np.uint8(0))
-    ends = np.asarray(key_ends, dtype=np.int64)
-    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    all_ends = np.asarray(key_ends, dtype=np.int64)
+    if seqs is None:
+        ends = all_ends
+        starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    else:
+        seqs = np.asarray(seqs, dtype=np.int64)
+        ends = all_ends[seqs]
+        starts = np.where(seqs > 0, all_ends[np.maximum(seqs - 1, 0)], 0)
     out = np.empty(len(ends), dtype=np.uint64)
     salt = _mix(np.uint64(seed & (2**64 - 1)) + np.uint64(0x9E3779B97F4A7C15))
     chunk = 1 << 20
@@ -64,7 +70,7 @@ def key_hashes(key_blob: bytes, key_ends: np.ndarray, seed: int) -> np.ndarray:
             h = np.zeros(hi - lo, dtype=np.uint64)
             power = _P
             for c in range(int(lens.max(initial=0))):
-                byte = padded[np.minimum(first + c, len(data))].astype(np.uint64)
+                byte = data[np.minimum(first + c, len(data) - 1)].astype(np.uint64)
                 byte[lens <= c] = 0
                 h += byte * power
                 power = power * _P
@@ -81,15 +87,15 @@ def _mix(x):
 
 
 def split_views(spec: SplitSpec, lengths: np.ndarray, key_blob: bytes, key_ends: np.ndarray,
-                window: int, span: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(first step, steps) per sequence of the part of the data ``spec`` selects.
+                window: int, span: int | None = None, seqs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(first step, steps) per sequence (every one, or those of ``seqs``) of the part of the data ``spec`` selects.
 
     ``span`` is the steps one window reads, window + horizon (default: ``window``, no horizon).
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.asarray(lengths if seqs is None else lengths[seqs], dtype=np.int64)
     if spec.holdout:
         return _holdout_view(spec.split, lengths, spec.holdout, window if span is None else span)
-    u = key_hashes(key_blob, key_ends, spec.seed).astype(np.float64) / 2.0**64
+    u = key_hashes(key_blob, key_ends, spec.seed, seqs).astype(np.float64) / 2.0**64
     edges = np.cumsum((0.0,) + tuple(spec.fractions))
     k = SPLITS.index(spec.split)
     mine = (u >= edges[k]) & (u < edges[k + 1]) if k < 2 else u >= edges[2]

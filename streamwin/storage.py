@@ -6,6 +6,8 @@ gs://, http(s):// and memory:// behave the same.
 from __future__ import annotations
 
 import errno
+import hashlib
+import mmap
 import os
 import posixpath
 import re
@@ -20,7 +22,7 @@ import urllib3
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import ManifestError
-from .manifest import INDEX_NAME, Manifest, parse_manifest
+from .manifest import COLUMNAR_FROM, INDEX_NAME, Manifest, ShardEntry, columns_file_entry, columns_name, parse_manifest
 
 T = TypeVar("T")
 
@@ -55,22 +57,25 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
-def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` so that readers see either nothing or all of it.
+def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes | list) -> None:
+    """Write ``data`` (bytes, or a list of buffers written in order) so that readers see either nothing or all of it.
 
     Local files go through a temporary name and os.replace; object stores make a PUT
     visible only once it is complete, so they are written directly.
     """
+    parts = data if isinstance(data, list) else [data]
     if is_local(fs):
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         with open(tmp, "wb") as f:
-            f.write(data)
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     else:
         with fs.open(path, "wb") as f:
-            f.write(data)
+            for part in parts:
+                f.write(part)
 
 
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
@@ -129,16 +134,42 @@ def describe(error: BaseException, retries: int) -> str:
     return f"failed after {retries} retries: {type(error).__name__}: {error}"
 
 
+def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, name: str = INDEX_NAME,
+                   columnar: bool | None = None) -> None:
+    """Write the index file ``name`` (the commit marker), after its columns file when columnar.
+
+    ``columnar`` None: the columnar form (version 2) from COLUMNAR_FROM sequences on, else
+    the columns inline (version 1, one file).
+    """
+    if columnar is None:
+        columnar = manifest.num_sequences >= COLUMNAR_FROM
+    if not columnar:
+        remove_if_exists(fs, join(root, columns_name(name)))
+        write_atomic(fs, join(root, name), manifest.to_json().encode())
+        return
+    parts, layout = manifest.column_parts()
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    nbytes = sum(len(p) for p in parts)
+    write_atomic(fs, join(root, columns_name(name)), parts)
+    spec = {"name": columns_name(name), "bytes": nbytes, "sha256": digest.hexdigest(), "layout": layout}
+    write_atomic(fs, join(root, name), manifest.to_json(columns_file=spec).encode())
+
+
 def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, retries: int = 5,
-                  backoff: float = 0.2) -> Manifest:
+                  backoff: float = 0.2, name: str = INDEX_NAME,
+                  fetch_columns: Callable[[str, Any, str, ShardEntry], str] | None = None) -> Manifest:
     """Read ``<url>/index.json``; a missing index means the dataset is not (yet) complete.
 
     Transient storage errors (503, dropped connections, time-outs) are retried with
-    exponential backoff, like every shard read.
+    exponential backoff, like every shard read. The columns file of a version 2 manifest is
+    memory-mapped where it is a local file; a remote one is mapped from the local path
+    ``fetch_columns(url, fs, path, entry)`` returns (the node cache), else read into memory.
     """
     fs, root = url_to_fs(url, storage_options, own_retries=True)
-    path = join(root, INDEX_NAME)
-    where = f"{url.rstrip('/')}/{INDEX_NAME}"
+    path = join(root, name)
+    where = f"{url.rstrip('/')}/{name}"
     try:
         text = with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
     except FileNotFoundError as e:
@@ -150,7 +181,32 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
         raise ManifestError(f"cannot read {where}: {e}") from e
     except Exception as e:
         raise ManifestError(f"cannot read {where}: {describe(e, retries)}") from e
-    return parse_manifest(text, where=where)
+    entry = columns_file_entry(text, where)
+    if entry is None:
+        return parse_manifest(text, where=where)
+    columns = _columns_bytes(url, fs, join(root, entry.name), entry, fetch_columns, retries, backoff)
+    return parse_manifest(text, where=where, columns=columns)
+
+
+def _columns_bytes(url: str, fs, path: str, entry: ShardEntry, fetch_columns, retries: int, backoff: float):
+    """The columns file's bytes: a read-only map of a local file, or the bytes read from storage."""
+    where = f"{url.rstrip('/')}/{entry.name}"
+    try:
+        if not is_local(fs) and fetch_columns is not None:
+            path = fetch_columns(where, fs, path, entry)
+        elif not is_local(fs):
+            return with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError as e:
+        raise ManifestError(f"{where} is missing: index.json names it as its columns file; the dataset is damaged "
+                            "(repack, or rerun `streamwin index`)") from e
+    except ManifestError:
+        raise
+    except Exception as e:
+        raise ManifestError(f"cannot read {where}: {type(e).__name__}: {e}") from e
 
 
 # -- byte ranges of remote objects ------------------------------------------------------------

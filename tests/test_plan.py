@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamwin.plan import PlanConfig, WindowSpec, make_plan
+from streamwin.plan import PlanConfig, WindowIndex, WindowSpec, make_plan
 
 
 def naive_windows(lengths, spec):
@@ -159,3 +159,100 @@ def test_a_negative_seed_or_epoch_is_named_not_a_numpy_error():
         with pytest.raises(ValueError, match=rf"epoch must be an integer >= 0, got {epoch}"):
             make_plan(lengths, shard_starts, cfg, epoch)
     assert make_plan(lengths, shard_starts, cfg, np.int64(3)).epoch == 3
+
+
+# -- the window index: window space built once per dataset, nothing per sequence in a plan ------
+
+def naive_view_windows(lengths, spec, view_lo, view_len):
+    """(sequence, start) of every window of each sequence's view [lo, lo + len), by the definition."""
+    out = []
+    for i, (lo, t) in enumerate(zip(view_lo, view_len)):
+        s = 0
+        while s + spec.span <= t:
+            out.append((i, lo + s))
+            s += spec.stride
+        if spec.pad and 0 < t < spec.span:
+            out.append((i, lo))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(0, 200), min_size=0, max_size=300), window=st.integers(1, 20),
+       stride=st.integers(1, 20), pad=st.booleans(), chunk=st.sampled_from([1, 2, 3, 7, 64]),
+       split=st.booleans(), seed=st.integers(0, 100))
+def test_window_index_numbers_windows_as_the_naive_enumeration(lengths, window, stride, pad, chunk, split, seed):
+    spec = WindowSpec(window, stride, 0, pad)
+    lengths = np.array(lengths, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    if split:  # a random view of each sequence: some empty, some a suffix
+        view_lo = (rng.random(len(lengths)) * lengths).astype(np.int64)
+        view_len = np.where(rng.random(len(lengths)) < 0.3, 0, lengths - view_lo)
+        views = lambda seqs: (view_lo[seqs], view_len[seqs])  # noqa: E731
+    else:
+        view_lo, view_len, views = np.zeros_like(lengths), lengths, None
+    expected = naive_view_windows(lengths.tolist(), spec, view_lo.tolist(), view_len.tolist())
+    index = WindowIndex(lengths, spec, views, chunk=chunk)
+    assert index.total == len(expected)
+    seq, start = index.locate(np.arange(index.total))
+    assert list(zip(seq.tolist(), start.tolist())) == expected
+    firsts = [sum(1 for q, _ in expected if q < i) for i in range(len(lengths) + 1)]
+    assert index.starts(np.arange(len(lengths) + 1)).tolist() == firsts
+    assert index.ends(np.arange(len(lengths))).tolist() == (view_lo + view_len).tolist()
+    g = rng.permutation(index.total)[: max(1, index.total // 3)] if index.total else np.arange(0)
+    seq2, start2 = index.locate(g)  # any order, any subset: the same answers
+    assert [(q, s) for q, s in zip(seq2.tolist(), start2.tolist())] == [expected[i] for i in g.tolist()]
+
+
+def test_a_plan_holds_nothing_per_sequence():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(0, 5000, size=1_000_000)
+    cfg = PlanConfig(WindowSpec(256, 64), batch_size=32, world_size=8, num_workers=8)
+    index = WindowIndex(lengths, cfg.spec)
+    plan = make_plan(None, np.arange(0, 1_000_001, 1000), cfg, 2, index=index)
+    arrays = [v for v in vars(plan).values() if isinstance(v, np.ndarray)] + [index.coarse]
+    assert sum(a.nbytes for a in arrays) < len(lengths)  # under one byte per sequence (was 16)
+    assert make_plan(lengths, np.arange(0, 1_000_001, 1000), cfg, 2).windows_per_stream == plan.windows_per_stream
+
+
+def test_a_dataset_builds_its_window_index_once_and_len_once(tiny, monkeypatch):
+    import streamwin as sw
+    import streamwin.dataset
+
+    ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4, split="train")
+    a, b = ds.plan(0, 0), ds.plan(3, 4)
+    assert a.index is b.index and a.index is ds.window_index()
+    n = len(ds)
+    monkeypatch.setattr(streamwin.dataset, "make_plan", lambda *a, **k: pytest.fail("len() planned again"))
+    assert len(ds) == n
+
+
+def test_a_pickled_dataset_carries_its_index_scan_not_the_manifest(tiny, monkeypatch):
+    import pickle
+
+    import streamwin as sw
+
+    ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4, split="val")
+    plan = ds.plan(1, 2)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._manifest is None
+    monkeypatch.setattr(WindowIndex, "_scan", lambda self: pytest.fail("a worker rescanned the dataset"))
+    other = copy.plan(1, 2)
+    for s in range(plan.config.num_streams):
+        for k in range(plan.num_blocks(s)):
+            g, _ = plan.block(s, k)
+            assert [x.tolist() for x in plan.locate(g)] == [x.tolist() for x in other.locate(g)]
+
+
+def test_a_shipped_index_scan_of_another_manifest_is_not_used(tiny, monkeypatch):
+    import pickle
+
+    import streamwin as sw
+
+    ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4)
+    ds.window_index()
+    state = ds.__getstate__()
+    assert state["_coarse"][0] == ds.manifest.digest
+    state["_coarse"] = ("a manifest packed since", state["_coarse"][1] + 1)  # the dataset was rewritten meanwhile
+    copy = pickle.loads(pickle.dumps(ds))
+    copy.__dict__.update(state)
+    assert copy.window_index().coarse.tolist() == ds.window_index().coarse.tolist()  # rescanned, not taken

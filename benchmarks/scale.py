@@ -1,0 +1,313 @@
+"""Scale: millions of short sequences in one dataset (issue 13).
+
+For each size (1M and 10M sequences; ``--quick``: 1M only) it builds a synthetic corpus of
+short sequences (float32, 8..56 steps, 1,024 bytes per tar member, 100,000 sequences per
+shard; written directly with numpy, the same layout pack writes, with a columnar manifest;
+kept in ``--root`` and reused), then measures, each in a fresh process:
+
+  manifest     ``load_manifest``: seconds, and private memory (USS) added, per sequence
+  plan         the dataset's window index (built once per process that plans; with
+               ``split="train"`` it hashes every key once), a plan of another epoch, ``len()``
+               first and second call; 8 ranks x 8 workers
+  fork/spawn   ``WindowLoader(num_workers=8)`` as rank 0 of 8: seconds from the dataset's
+               construction to the first batch, then after 20 batches the private memory
+               (USS) of the trainer (beyond what it had before the dataset) and of each worker
+               (beyond an idle worker process of the same start method, which the same
+               machine measures in the same run); the node estimate is 8 ranks x (trainer +
+               8 workers) of that, since the manifest's pages are shared by all of them
+
+and, once, packing: ``streamwin.pack`` of ``--pack-seqs`` short sequences from ``.npz``
+files with 1 and 2 workers (sequences/s, and whether the shards are byte-identical).
+
+Usage:
+  python benchmarks/scale.py --quick    # 1M sequences (~2 min on 2 cores)
+  python benchmarks/scale.py            # 1M and 10M (~10 min on 2 cores, 11 GB of disk)
+Prints a markdown table and one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+PER_SHARD = 100_000
+MEMBER = 1024  # tar header + npy header and data, padded
+RANKS, WORKERS = 8, 8
+LOADER = dict(window=8, stride=4, batch_size=256, world_size=RANKS, rank=0)
+
+
+# -- the corpus --------------------------------------------------------------------------------
+
+def _members(first: int, lengths: np.ndarray) -> np.ndarray:
+    """[n, MEMBER] bytes: the tar members ``s<8 digits>.npy`` of sequences first.., as pack writes them."""
+    from streamwin import npyfmt
+
+    n = len(lengths)
+    out = np.zeros((n, MEMBER), dtype=np.uint8)
+    digits = _digits(first, n)
+    for t in np.unique(lengths):
+        rows = np.flatnonzero(lengths == t)
+        npy = npyfmt.npy_header_for(np.dtype("<f4"), (int(t),))
+        head = np.frombuffer(npyfmt.tar_header("s00000000.npy", len(npy) + 4 * int(t)), dtype=np.uint8).copy()
+        head[148:156] = ord(" ")
+        base = int(head.sum()) - 8 * ord("0")
+        block = np.concatenate([head, np.frombuffer(npy, dtype=np.uint8)])
+        out[rows, : len(block)] = block
+        out[rows, 1:9] = digits[rows]
+        chk = base + digits[rows].astype(np.int64).sum(axis=1)  # the ustar checksum: "%06o\0 "
+        for k in range(6):
+            out[rows, 148 + k] = ord("0") + (chk >> (3 * (5 - k))) % 8
+        out[rows, 154], out[rows, 155] = 0, ord(" ")
+    data = out.view("<f4")[:, (512 + 128) // 4 :]
+    steps = np.arange(data.shape[1], dtype=np.float32)
+    values = (np.arange(first, first + n) % 1000).astype(np.float32)[:, None] + steps / 100
+    data[:] = np.where(steps[None, :] < lengths[:, None], values, 0)
+    return out
+
+
+def _digits(first: int, n: int) -> np.ndarray:
+    """[n, 8] ASCII digits of first..first+n-1."""
+    i = np.arange(first, first + n, dtype=np.int64)[:, None] // (10 ** np.arange(7, -1, -1))
+    return (ord("0") + i % 10).astype(np.uint8)
+
+
+def make_corpus(root: Path, n: int) -> str:
+    """A dataset of ``n`` short sequences at ``root`` (reused when its marker matches)."""
+    from streamwin.manifest import Manifest, NonFinite, ShardEntry
+    from streamwin.storage import url_to_fs, write_manifest
+
+    marker = root / "corpus.json"
+    if marker.exists() and json.loads(marker.read_text()) == {"n": n}:
+        return str(root)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    lengths = np.random.default_rng(n).integers(8, 57, size=n).astype(np.int64)
+    shards, offsets = [], np.empty(n, dtype=np.int64)
+    for k, lo in enumerate(range(0, n, PER_SHARD)):
+        hi = min(lo + PER_SHARD, n)
+        body = _members(lo, lengths[lo:hi]).tobytes() + bytes(1024)
+        name = f"shard-{k:06d}.tar"
+        (root / name).write_bytes(body)
+        offsets[lo:hi] = np.arange(hi - lo) * MEMBER + 512
+        shards.append(ShardEntry(name, len(body), hashlib.sha256(body).hexdigest(), hi - lo, int(lengths[lo:hi].sum())))
+    keys = np.concatenate([np.full((n, 1), ord("s"), dtype=np.uint8), _digits(0, n)], axis=1)
+    m = Manifest(dtype=np.dtype("<f4"), step_shape=(), compression=None, shards=tuple(shards), length=lengths,
+                 offset=offsets, size=128 + 4 * lengths, hlen=np.full(n, 128, dtype=np.int32),
+                 key_blob=keys.tobytes(), key_ends=np.arange(1, n + 1, dtype=np.int64) * 9,
+                 nonfinite=NonFinite(0, 0, (0,) * len(shards)))
+    write_manifest(*url_to_fs(str(root)), m)
+    marker.write_text(json.dumps({"n": n}))
+    return str(root)
+
+
+# -- measurements, each in a fresh process ------------------------------------------------------
+
+def private_mb(pid: int | None = None) -> float:
+    """Private_Dirty of a process (MB): the pages it wrote itself and shares with no one.
+
+    USS would also count the clean file pages of the memory-mapped manifest while only one
+    process maps it; those are page cache, one copy per node, reported as the file's size.
+    """
+    with open(f"/proc/{pid or 'self'}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:")) / 1024
+
+
+def anon_mb(pid: int | None = None) -> float:
+    """Anonymous memory of a process (MB), shared with forked children or not."""
+    with open(f"/proc/{pid or 'self'}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
+
+
+def child_manifest(url: str) -> dict:
+    import streamwin as sw
+
+    before = anon_mb()
+    t = time.perf_counter()
+    m = sw.load_manifest(url)
+    load_s = time.perf_counter() - t
+    total = int(m.length.sum()) + int(m.offset.sum()) + int(m.size.sum()) + int(m.hlen.sum())
+    total += int(m.key_ends.sum()) + len(m.keys(np.arange(0, m.num_sequences, 4096)))  # touch every page
+    private = anon_mb() - before
+    shared = os.path.getsize(os.path.join(url, "index.columns")) + os.path.getsize(os.path.join(url, "index.json"))
+    return {"load_s": load_s, "private_mb": private, "bytes_per_seq": private * 2**20 / m.num_sequences,
+            "shared_mb": shared / 2**20, "check": total > 0}
+
+
+def child_plan(url: str) -> dict:
+    import streamwin as sw
+
+    ds = sw.WindowDataset(url, **LOADER)
+    ds.manifest
+    before = anon_mb()
+    t0 = time.perf_counter()
+    ds.window_index()
+    t1 = time.perf_counter()
+    plan = ds.plan(1, WORKERS)
+    t2 = time.perf_counter()
+    n = len(ds)
+    t3 = time.perf_counter()
+    assert len(ds) == n
+    t4 = time.perf_counter()
+    private = anon_mb() - before
+    split = sw.WindowDataset(url, **LOADER, split="train")  # key hashes of every sequence, once
+    t5 = time.perf_counter()
+    split.window_index()
+    t6 = time.perf_counter()
+    return {"index_s": t1 - t0, "plan_s": t2 - t1, "len_first_s": t3 - t2, "len_again_s": t4 - t3,
+            "split_index_s": t6 - t5, "plan_private_mb": private, "windows": plan.total_windows}
+
+
+def _idle(conn) -> None:
+    import streamwin  # noqa: F401  (what a worker imports: torch, numpy, streamwin)
+    import torch  # noqa: F401
+
+    conn.send(True)
+    conn.recv()
+
+
+def idle_workers(method: str, n: int) -> tuple[float, float]:
+    """(private MB of one, seconds until all are up) for ``n`` idle processes of this start method
+    that imported what a worker imports: the floor under a loader's own cost."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context(method)
+    t = time.perf_counter()
+    pipes, procs = [], []
+    for _ in range(n):
+        mine, theirs = ctx.Pipe()
+        procs.append(ctx.Process(target=_idle, args=(theirs,), daemon=True))
+        procs[-1].start()
+        pipes.append(mine)
+    for mine in pipes:
+        mine.recv()
+    up = time.perf_counter() - t
+    time.sleep(0.5)
+    mb = max(private_mb(p.pid) for p in procs)
+    for mine, p in zip(pipes, procs):
+        mine.send(True)
+        p.join()
+    return mb, up
+
+
+def child_loader(url: str, method: str) -> dict:
+    import torch  # noqa: F401
+
+    import streamwin as sw
+
+    idle, startup = idle_workers(method, WORKERS)
+    before = anon_mb()
+    t = time.perf_counter()
+    ds = sw.WindowDataset(url, **LOADER)
+    loader = sw.WindowLoader(ds, num_workers=WORKERS, multiprocessing_context=method)
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - t
+    for _ in range(20):
+        next(it)
+    trainer = anon_mb() - before
+    workers = [private_mb(p.pid) - idle for p in loader._pool.procs]
+    loader.close()
+    node = RANKS * (trainer + sum(workers))
+    return {"first_batch_s": first, "idle_startup_s": startup, "trainer_mb": trainer, "worker_mb": max(workers),
+            "idle_worker_mb": idle, "workers": len(workers), "node_gb": node / 1024}
+
+
+def run_child(*args: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    if out.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- packing -----------------------------------------------------------------------------------
+
+def pack_rates(root: Path, n: int, workers: list[int]) -> dict:
+    """Sequences/s of streamwin.pack from 16 .npz files of short sequences, per worker count."""
+    import streamwin as sw
+
+    src = root / f"npz-{n}"
+    if not (src / "done").exists():
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir(parents=True)
+        rng = np.random.default_rng(0)
+        per = n // 16
+        for f in range(16):
+            arrs = {f"s{f * per + i:08d}": rng.standard_normal(int(rng.integers(8, 57)), dtype=np.float32)
+                    for i in range(per)}
+            np.savez(src / f"part{f:02d}.npz", **arrs)
+        (src / "done").write_text("")
+    out, digests = {}, {}
+    for w in workers:
+        dest = root / f"packed-{w}"
+        shutil.rmtree(dest, ignore_errors=True)
+        t = time.perf_counter()
+        m = sw.pack(str(src), str(dest), workers=w, progress=False, shard_bytes=64 << 20)
+        out[w] = m.num_sequences / (time.perf_counter() - t)
+        digests[w] = [s.sha256 for s in m.shards]
+        shutil.rmtree(dest, ignore_errors=True)
+    return {"seq_per_s": out, "identical": len({tuple(d) for d in digests.values()}) == 1}
+
+
+# -- main --------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", default=str(REPO / "bench_data" / "scale"))
+    ap.add_argument("--quick", action="store_true", help="1M sequences only")
+    ap.add_argument("--sizes", type=int, nargs="*", help="sequence counts (default 1M and 10M)")
+    ap.add_argument("--pack-seqs", type=int, default=200_000)
+    ap.add_argument("--pack-workers", type=int, nargs="*", default=[1, 2])
+    ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        kind, url, *rest = args.child
+        result = {"manifest": child_manifest, "plan": child_plan}.get(kind)
+        print(json.dumps(result(url) if result else child_loader(url, *rest)))
+        return
+    root = Path(args.root)
+    sizes = args.sizes or ([1_000_000] if args.quick else [1_000_000, 10_000_000])
+    rows = []
+    for n in sizes:
+        t = time.perf_counter()
+        url = make_corpus(root / f"n{n}", n)
+        row = {"sequences": n, "corpus_s": time.perf_counter() - t, "manifest": run_child("manifest", url),
+               "plan": run_child("plan", url)}
+        for method in ("fork", "spawn"):
+            row[method] = run_child("loader", url, method)
+        rows.append(row)
+        print(f"{n:,}: {json.dumps(row)}", file=sys.stderr)
+    pack = pack_rates(root, args.pack_seqs, args.pack_workers)
+    print_table(rows, pack, args.pack_seqs)
+    print(json.dumps({"rows": rows, "pack": pack, "cores": len(os.sched_getaffinity(0))}))
+
+
+def print_table(rows: list[dict], pack: dict, pack_seqs: int) -> None:
+    print("| sequences | manifest load s | private B/seq | shared MB | window index s (split) | plan of an epoch s | "
+          "len() first / again s | first batch s fork / spawn (idle start) | trainer MB fork / spawn | "
+          "worker MB fork / spawn | node GB (8x8) fork / spawn |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        m, p, f, s = r["manifest"], r["plan"], r["fork"], r["spawn"]
+        print(f"| {r['sequences']:,} | {m['load_s']:.3f} | {m['bytes_per_seq']:.1f} | {m['shared_mb']:.0f} | "
+              f"{p['index_s']:.2f} ({p['split_index_s']:.2f}) | {p['plan_s']:.3f} | {p['len_first_s']:.3f} / {p['len_again_s']:.6f} | "
+              f"{f['first_batch_s']:.1f} / {s['first_batch_s']:.1f} ({s['idle_startup_s']:.1f}) | "
+              f"{f['trainer_mb']:.0f} / {s['trainer_mb']:.0f} | {f['worker_mb']:.0f} / {s['worker_mb']:.0f} | "
+              f"{f['node_gb']:.2f} / {s['node_gb']:.2f} |")
+    rates = ", ".join(f"{w} worker{'s' * (w > 1)}: {v:,.0f}/s" for w, v in pack["seq_per_s"].items())
+    print(f"\npack, {pack_seqs:,} short sequences from 16 .npz files: {rates}; "
+          f"shards byte-identical across worker counts: {pack['identical']}")
+
+
+if __name__ == "__main__":
+    main()
