@@ -3,9 +3,13 @@
 Local (and node-cached) shards are mapped into the buffer instead of read (see mapped.py):
 the batch gather is then the only copy of a window's bytes.
 
-For each sequence a block touches, only the steps its windows cover are read; the byte
-ranges of neighbouring sequences in a shard are merged, so a slice of many short
-sequences is one read and a window range of one giant sequence is one read too. Every
+A block's windows are cut into pieces, runs of consecutive windows of one sequence (with
+shuffle a block holds several slices of the plan, scattered over the shards and over a long
+sequence), and only the steps each piece covers are read. Pieces of consecutive windows are
+merged across the headers between them, so a slice of many short sequences is one read;
+pieces of different slices only across a gap small beside them, so an epoch reads each
+shard byte about once (bytes read / shard bytes near 1, in ``stats()``), and a block's
+buffer holds what its windows cover, however long the sequences. Every
 ``.npy`` header that a read covers is checked against the manifest (dtype, shape, header
 length) before any window is cut from it. Reads retry with exponential backoff; what still
 fails is a ShardError naming the shard, the member and the byte offset.
@@ -28,6 +32,7 @@ from .plan import Plan
 from .storage import BrokenRead, RangeReader, describe, is_local, join, permanent, url_to_fs
 
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
+OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the reads beside them
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
 READABLE = np.iinfo(np.int64).max  # steps readable of a sequence that read without error: all of them
@@ -102,39 +107,36 @@ class ShardSource:
         with self._lock:
             self._unmap.clear()
         g, real, shuffled = plan.block_parts(stream, block)  # stream order: runs of consecutive windows
-        seq, start = plan.locate(g)
         m = self.manifest
         span = plan.config.spec.span
         sb = m.step_bytes
-        # group the windows by sequence: the step range each sequence must provide
-        order = np.argsort(seq, kind="stable")
-        sorted_seq = seq[order]
-        new = np.ones(len(seq), dtype=bool)
-        new[1:] = sorted_seq[1:] != sorted_seq[:-1]
-        first = np.flatnonzero(new)
-        uniq = sorted_seq[first]
-        inv = np.empty(len(seq), dtype=np.int64)
-        inv[order] = np.cumsum(new) - 1
-        smin = np.minimum.reduceat(start[order], first)
-        smax = np.maximum.reduceat(start[order], first)
-        if npyfmt.is_big_endian(m.dtype) and len(uniq):  # an index made elsewhere; every read would be wrong
-            raise self._byte_order_error(int(uniq[0]))
-        length = plan.ends(uniq)  # a split's view may end before the sequence does
-        valid = np.minimum(length[inv] - start, span)
+        order = np.argsort(g, kind="stable")  # manifest order: by sequence, then start
+        seq, start = plan.locate(g[order])
+        real = real[order]
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))  # where each window of stream order went in manifest order
+        into_yield = rank if shuffled is None else rank[shuffled]
+        length = plan.ends(seq)  # a split's view may end before the sequence does
+        if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
+            raise self._byte_order_error(int(seq[0]))
+        p = _pieces(g[order], seq, start, np.minimum(start + span, length))
+        uniq, inv = np.unique(seq, return_inverse=True)
+        valid = np.minimum(length - start, span)
         if m.compression:
             buf, base, good = self._read_compressed(uniq, span * sb)
+            piece_of = inv
         else:
-            buf, base, good = self._read_plain(uniq, smin, np.minimum(length, smax + span), span * sb)
-        offs = base[inv] + start * sb
+            buf, base, good = self._read_plain(p.seq, p.s_lo, p.s_hi, span * sb, p.joined)
+            piece_of = p.index
+        offs = base[piece_of] + start * sb
         if good.min(initial=READABLE) < READABLE:  # on_error="skip": unreadable windows become zeros of weight 0
-            lost = start + valid > good[inv]  # a window needs steps [start, start + valid) of its sequence
+            lost = start + valid > good[piece_of]  # a window needs steps [start, start + valid) of its sequence
             offs[lost] = len(buf) - span * sb
             real = real & ~lost
             valid = np.where(lost, 0, valid)
             with self._lock:
                 self.stats.skipped_windows += int(lost.sum())
-        if shuffled is not None:  # into yield order
-            offs, start, real, valid, inv = (a[shuffled] for a in (offs, start, real, valid, inv))
+        offs, start, real, valid, inv = (a[into_yield] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, uniq, inv)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
@@ -180,11 +182,15 @@ class ShardSource:
                           f"in loader.stats(): {err}", RuntimeWarning, stacklevel=2)
 
     # -- uncompressed: byte ranges mapped, or read, into the block buffer ---------------------
-    def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray,
-                    tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(buffer, where each sequence's step 0 is in it, steps readable per sequence).
+    def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray, tail: int,
+                    joined: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
 
-        Sequence u needs steps [s_lo[u], s_hi[u]); neighbours in a shard are read as one run.
+        Piece u needs steps [s_lo[u], s_hi[u]) of sequence uniq[u] (pieces in manifest order, a
+        sequence may have several). Neighbours in a shard are read as one run: across any gap up
+        to MERGE_GAP when the pieces hold consecutive windows (``joined``: the gap is headers and
+        sequences without windows), else only across a gap small beside both pieces (the gap is
+        other blocks' data, which an epoch would read twice).
         """
         m = self.manifest
         sb = m.step_bytes
@@ -193,7 +199,10 @@ class ShardSource:
         r_lo = np.where(s_lo == 0, m.offset[uniq], data0 + s_lo * sb)  # from step 0: include the npy header
         r_hi = data0 + s_hi * sb
         new = np.ones(len(uniq), dtype=bool)
-        new[1:] = (shard[1:] != shard[:-1]) | (r_lo[1:] - r_hi[:-1] > MERGE_GAP)
+        gap = r_lo[1:] - r_hi[:-1]
+        small = np.minimum(r_hi - r_lo, MERGE_GAP * OTHER_GAP_RATIO) // OTHER_GAP_RATIO
+        room = np.where(joined[1:], MERGE_GAP, np.minimum(small[1:], small[:-1]))
+        new[1:] = (shard[1:] != shard[:-1]) | (gap > room)
         first = np.flatnonzero(new)
         run = np.cumsum(new) - 1
         run_lo = r_lo[first]
@@ -501,6 +510,35 @@ def _read_file(f, offset: int, out: memoryview) -> int:
             break
         got += n
     return got
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """The step ranges a block reads: one piece per sequence and run of consecutive windows."""
+
+    seq: np.ndarray  # sequence of each piece, in manifest order
+    s_lo: np.ndarray  # first step the piece's windows cover
+    s_hi: np.ndarray  # end of the steps they cover
+    joined: np.ndarray  # the piece's first window directly follows the previous piece's last one
+    index: np.ndarray  # piece of each window
+
+
+def _pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray) -> _Pieces:
+    """Cut a block's windows (sorted global indices, their sequence, first and end step) into pieces.
+
+    A piece is a run of consecutive windows of one sequence (a slice of the plan, or part of
+    one): its steps are read as one range. Windows far apart in a long sequence are separate
+    pieces, so a block reads what its windows cover, not the sequence between them.
+    """
+    n = len(g)
+    step = np.diff(g) > 1  # duplicates (equalize="pad" wrapping around) stay in one piece
+    new = np.ones(n, dtype=bool)
+    new[1:] = step | (seq[1:] != seq[:-1])
+    first = np.flatnonzero(new)
+    joined = np.zeros(len(first), dtype=bool)
+    joined[1:] = ~step[first[1:] - 1]
+    s_hi = np.maximum.reduceat(end, first) if n else end
+    return _Pieces(seq[first], start[first], s_hi, joined, np.cumsum(new) - 1)
 
 
 @dataclass(frozen=True)
