@@ -71,3 +71,59 @@ def test_epoch_reads_each_byte_about_once_locally(name, tmp_path):
     loader = make(url)
     assert check_windows(loader, seqs) > 0
     assert loader.stats()["bytes_read"] / shard_bytes(url) <= 1.25
+
+
+# -- memory: an epoch's peak RSS does not grow with the longest sequence ----------------------------
+
+EPOCH_RSS = """
+import sys
+import streamwin as sw
+
+
+def rss(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(field))
+
+
+url, = sys.argv[1:]
+ds = sw.WindowDataset(url, window=16, stride=1, batch_size=64, shuffle_buffer=4096, seed=1)
+loader = sw.WindowLoader(ds, num_workers=0)  # read in this process, where RSS is measured
+before = rss("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) restarts from the current RSS
+n = sum(len(b["key"]) for b in loader)
+print(n, rss("VmHWM:") - before)
+"""
+
+
+def epoch_rss_growth(url: str) -> int:
+    """Bytes the peak RSS of a fresh process grows by over one epoch (measured in that process, Linux)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", EPOCH_RSS, url], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    n, grew = map(int, out.stdout.split())
+    assert n > 0
+    return grew
+
+
+def long_and_short(long_mb: int, seed: int = 0) -> list[tuple[str, np.ndarray]]:
+    """One sequence of ``long_mb`` MB (1 KB steps) beside 50 short ones."""
+    rng = np.random.default_rng(seed)
+    steps = long_mb << 10
+    out = [("long", rng.standard_normal((steps, 256)).astype(np.float32))]
+    out += [(f"short{i:03d}", rng.standard_normal((int(t), 256)).astype(np.float32))
+            for i, t in enumerate(rng.integers(20, 300, size=50))]
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures VmHWM (Linux)")
+@pytest.mark.parametrize("compression", [None])
+def test_epoch_memory_does_not_grow_with_the_longest_sequence(compression, tmp_path):
+    grew = {}
+    for mb in (8, 32):
+        url = str(tmp_path / f"ds{mb}")
+        sw.pack(long_and_short(mb), url, shard_bytes=4 << 20, compression=compression, progress=False)
+        grew[mb] = epoch_rss_growth(url)
+    assert grew[32] <= 1.15 * grew[8] + (6 << 20), grew
