@@ -51,6 +51,7 @@ from .sources import Columns, Unit, list_units, read_unit
 from .storage import is_local, join, remove_if_exists, url_to_fs, write_atomic
 
 SPILL_MIN = 256 << 10  # a worker's output for a unit smaller than this comes back through the pipe
+FRAME_BYTES = 1 << 20  # a longer zstd member is packed as independent frames of about this many bytes of rows
 _USTAR_MAX_SIZE = 8**11 - 1  # the 11 octal digits of a ustar size field
 _TEMPLATE = bytearray(npyfmt.tar_header("_", 0))
 _TEMPLATE[0:100] = bytes(100)
@@ -81,6 +82,7 @@ class EncodedSeq:
     hlen: int
     nan: int = 0  # NaN values in the array
     inf: int = 0  # +-inf values in the array
+    frame_ends: tuple[int, ...] | None = None  # zstd frames of a long member: where each ends in ``body``
 
     @property
     def size(self) -> int:
@@ -112,8 +114,10 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
     head = npyfmt.npy_header_for(arr.dtype, arr.shape)
     body = arr.reshape(-1).view(np.uint8)
     hlen = len(head)
+    frame_ends = None
     if compression == "zstd":
-        head, body = b"", _zstd().compress(head + body.tobytes())
+        body, frame_ends = compress_member(head, body, int(arr.shape[0]))
+        head = b""
     meta_bytes = None
     if meta is not None:
         try:
@@ -125,7 +129,28 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
         raise PackError(f"sequence {key!r} has {nans} NaN and {infs} inf values, the first at step "
                         f"{first_nonfinite_step(arr)}; clean them, or pack with nan='count' to count them")
     return EncodedSeq(key, head, body, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), hlen,
-                      nans, infs)
+                      nans, infs, frame_ends)
+
+
+def frame_rows(step_bytes: int) -> int:
+    """Steps per zstd frame of a long member: about FRAME_BYTES of rows."""
+    return max(1, FRAME_BYTES // max(step_bytes, 1))
+
+
+def compress_member(head: bytes, body: np.ndarray, length: int) -> tuple[bytes, tuple[int, ...] | None]:
+    """(zstd member, frame ends): one frame, or independent frames of ``frame_rows`` steps for a long one.
+
+    Frame 0 holds the npy header and the first rows. A reader decompresses only the frames
+    that hold the steps it needs, so its memory does not grow with the sequence.
+    """
+    z = _zstd()
+    step = len(body) // max(length, 1)
+    rows = frame_rows(step)
+    if length <= rows:
+        return z.compress(head + body.tobytes()), None
+    frames = [z.compress(head + body[: rows * step].tobytes())]
+    frames += [z.compress(body[a * step : (a + rows) * step].tobytes()) for a in range(rows, length, rows)]
+    return b"".join(frames), tuple(np.cumsum([len(f) for f in frames]).tolist())
 
 
 _FINITE_CHUNK = 1 << 24  # values checked per vectorized call: bounds the temporary mask to 16 MB
@@ -286,6 +311,8 @@ class ShardWriter:
         self.step_shape: tuple[int, ...] | None = None
         self.nan = self.inf = 0
         self.shard_nonfinite: list[int] = []  # NaN + inf values per finished shard
+        self.framed: list[int] = []  # sequences packed as several zstd frames
+        self.frame_ends = array("q")  # their frames' ends, in order
         self._first_key = ""
         self._seen: dict[str, int] = {}  # key -> shard number
         self._file = None
@@ -369,6 +396,9 @@ class ShardWriter:
             cols["offset"].append(self._pos)
             cols["size"].append(size)
             cols["hlen"].append(record.hlen)
+            if record.frame_ends:
+                self.framed.append(len(self.keys) - 1)
+                self.frame_ends.extend(record.frame_ends)
             self._count += 1
             self._steps += record.length
             self._nonfinite += record.nan + record.inf
@@ -401,7 +431,15 @@ class ShardWriter:
                               self.keys, self.columns, dropped_empty,
                               value_columns=columns.taken if columns else None,
                               left_out_columns=dict(columns.left_out) if columns else None,
-                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)))
+                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)),
+                              frames=self._frames())
+
+    def _frames(self) -> tuple[int, list[int], array] | None:
+        """The manifest's frames field: (steps per frame, framed sequences, frame ends), or None."""
+        if not self.framed:
+            return None
+        step = np.dtype(self.dtype).itemsize * int(np.prod(self.step_shape, dtype=np.int64))
+        return frame_rows(step), self.framed, self.frame_ends
 
     def remove_leftovers(self) -> None:
         """Remove this prefix's shards past the ones just written and temporaries of crashed runs."""
@@ -410,6 +448,19 @@ class ShardWriter:
             m = pattern.fullmatch(path.rsplit("/", 1)[-1])
             if m and (m.group(2) or int(m.group(1)) >= len(self.shards)):
                 remove_if_exists(self.fs, path)
+
+
+def _merged_frames(parts: list[Manifest]) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """The frames fields of part manifests as one (sequence numbers shifted past the parts before)."""
+    framed = [(m, before) for m, before in zip(parts, np.cumsum([0] + [m.num_sequences for m in parts]))
+              if m.frames is not None]
+    if not framed:
+        return None
+    rows = {m.frames.rows for m, _ in framed}
+    if len(rows) > 1:
+        raise ManifestError(f"cannot merge: the parts' zstd frames hold different step counts {sorted(rows)}")
+    return (rows.pop(), np.concatenate([m.frames.seq + before for m, before in framed]),
+            np.concatenate([m.frames.ends for m, _ in framed]))
 
 
 def parse_part(part: str | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -645,6 +696,6 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
                               [s for m in parts for s in m.shards], keys, cols,
                               sum(m.dropped_empty for m in parts), value_columns=first.value_columns,
                               left_out_columns=left_out if first.value_columns is not None else None,
-                              nonfinite=nonfinite)
+                              nonfinite=nonfinite, frames=_merged_frames(parts))
     write_atomic(fs, join(root, INDEX_NAME), manifest.to_json().encode())
     return manifest

@@ -98,6 +98,7 @@ class ShardSource:
         self.stats = ReadStats()
         self._header_cache: dict[bytes, tuple] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()  # per reading thread: its zstd decompressor
 
     def shard_url(self, k: int) -> str:
         return f"{self.url}/{self.manifest.shards[k].name}"
@@ -123,11 +124,10 @@ class ShardSource:
         uniq, inv = np.unique(seq, return_inverse=True)
         valid = np.minimum(length - start, span)
         if m.compression:
-            buf, base, good = self._read_compressed(uniq, span * sb)
-            piece_of = inv
+            buf, base, good = self._read_compressed(p, span * sb)
         else:
             buf, base, good = self._read_plain(p.seq, p.s_lo, p.s_hi, span * sb, p.joined)
-            piece_of = p.index
+        piece_of = p.index
         offs = base[piece_of] + start * sb
         if good.min(initial=READABLE) < READABLE:  # on_error="skip": unreadable windows become zeros of weight 0
             lost = start + valid > good[piece_of]  # a window needs steps [start, start + valid) of its sequence
@@ -157,7 +157,7 @@ class ShardSource:
         with self._lock:
             if isinstance(base, mapped.MappedBuffer):  # unmapped by the reading thread, off the batch path
                 self._unmap.append(base)
-            elif len(self._free) < 4 and base.dtype == np.uint8 and base.ndim == 1:
+            elif len(self._free) < 4 and base.dtype == np.uint8 and base.ndim == 1 and not self.manifest.compression:
                 self._free.append(base)
         block.buf = block.buf_tensor = None
 
@@ -381,44 +381,115 @@ class ShardSource:
     def _member(self, i: int) -> str:
         return f"{self.manifest.key(i)}.npy" + (".zst" if self.manifest.compression else "")
 
-    # -- compressed members: read whole, decompress, lay out the array data ---------------------
-    def _read_compressed(self, uniq: np.ndarray, span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # -- compressed members: decompress the frames a piece needs, lay out their array data ----------
+    def _read_compressed(self, p: "_Pieces", span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
+
+        A member packed as frames (``manifest.frames``) gives each piece the frames holding its
+        steps; any other member is decompressed whole, once for all the pieces of its sequence.
+        """
         import zstandard
 
         m = self.manifest
         sb = m.step_bytes
-        shard = np.searchsorted(m.shard_starts, uniq, side="right") - 1
-        nbytes = m.length[uniq] * sb
-        base = np.zeros(len(uniq) + 1, dtype=np.int64)
-        np.cumsum(nbytes, out=base[1:])
-        tail = max(int(nbytes.max()) if len(uniq) else 0, span_bytes)
-        buf = np.zeros(int(base[-1]) + tail, dtype=np.uint8)
-        good = np.full(len(uniq), READABLE, dtype=np.int64)
-        dctx = zstandard.ZstdDecompressor()
-        for j, i in enumerate(uniq.tolist()):
+        a, b, framed = self._frame_steps(p)
+        shared = np.zeros(len(p.seq), dtype=bool)  # a whole member already laid out for the piece before
+        shared[1:] = ~framed[1:] & (p.seq[1:] == p.seq[:-1])
+        nbytes = np.where(shared, 0, (b - a) * sb)
+        pos = np.zeros(len(p.seq) + 1, dtype=np.int64)
+        np.cumsum(nbytes, out=pos[1:])
+        buf = np.empty(int(pos[-1]) + span_bytes, dtype=np.uint8)  # every byte but the tail is decompressed into
+        buf[len(buf) - span_bytes :] = 0
+        good = np.full(len(p.seq), READABLE, dtype=np.int64)
+        dctx = self._decompressor()
+        shard = np.searchsorted(m.shard_starts, p.seq, side="right") - 1
+        for j in np.flatnonzero(~shared).tolist():
+            i, k = int(p.seq[j]), int(shard[j])
+            out = buf[pos[j] : pos[j + 1]]
             try:
-                self._decompress_into(dctx, buf, int(base[j]), int(nbytes[j]), i, int(shard[j]))
+                if framed[j]:
+                    self._decompress_frames(dctx, out, i, k, int(a[j]), int(b[j]))
+                else:
+                    self._decompress_into(dctx, out, i, k)
             except ShardError as e:  # a read error names the shard and offset; add the member
-                self._skip_or_raise(self._name_member(e, uniq[j : j + 1]))
-                good[j] = 0  # a compressed member is read whole: all of it or nothing
-        return buf, base[:-1], good
+                self._skip_or_raise(self._name_member(e, p.seq[j : j + 1]))
+                good[j] = 0  # what a piece reads is decompressed whole: all of it or nothing
+        owner = np.maximum.accumulate(np.where(shared, 0, np.arange(len(p.seq))))
+        return buf, pos[owner] - a[owner] * sb, good[owner]
 
-    def _decompress_into(self, dctx, buf: np.ndarray, at: int, nbytes: int, i: int, k: int) -> None:
+    def _decompressor(self):
+        """This thread's zstd decompressor, made once: a fresh one per block costs memory that is not given back."""
         import zstandard
 
+        local = self._local
+        if getattr(local, "dctx", None) is None:
+            local.dctx = zstandard.ZstdDecompressor()
+        return local.dctx
+
+    def _frame_steps(self, p: "_Pieces") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first step, end step, framed) that each piece lays out: its own steps, or the whole member."""
         m = self.manifest
-        off, size = int(m.offset[i]), int(m.size[i])
-        raw = bytearray(size)
+        a = np.zeros(len(p.seq), dtype=np.int64)
+        b = m.length[p.seq].astype(np.int64)
+        fr = m.frames
+        if fr is None:
+            return a, b, np.zeros(len(p.seq), dtype=bool)
+        at = np.minimum(np.searchsorted(fr.seq, p.seq), max(len(fr.seq) - 1, 0))
+        framed = (fr.seq[at] == p.seq) if len(fr.seq) else np.zeros(len(p.seq), dtype=bool)
+        return np.where(framed, p.s_lo, a), np.where(framed, p.s_hi, b), framed
+
+    def _decompress_frames(self, dctx, out: np.ndarray, i: int, k: int, a: int, b: int) -> None:
+        """Steps [a, b) of framed member i into ``out``: its frames that hold them decompressed one by one."""
+        m, fr = self.manifest, self.manifest.frames
+        sb, rows = m.step_bytes, fr.rows
+        at = int(np.searchsorted(fr.seq, i))
+        ends = fr.ends[fr.first[at] : fr.first[at + 1]]
+        j0, j1 = a // rows, -(-b // rows)
+        lo = int(ends[j0 - 1]) if j0 else 0
+        raw = bytearray(int(ends[j1 - 1]) - lo)
+        off = int(m.offset[i]) + lo
         self._read_into(k, off, memoryview(raw))
+        cuts = [0] + (ends[j0:j1] - lo).tolist()
+        length = int(m.length[i])
+        for j, (f0, f1) in zip(range(j0, j1), zip(cuts, cuts[1:])):
+            head = int(m.hlen[i]) if j == 0 else 0
+            want = min(rows, length - j * rows) * sb
+            data = self._decompress(dctx, memoryview(raw)[f0:f1], head + want, i, k, off + f0)
+            s0, s1 = max(a, j * rows), min(b, (j + 1) * rows)  # the steps of this frame the piece needs
+            self._place(data, head, want, out[(s0 - a) * sb : (s1 - a) * sb], head + (s0 - j * rows) * sb, i, k,
+                        off + f0)
+
+    def _decompress_into(self, dctx, out: np.ndarray, i: int, k: int) -> None:
+        """Decompress member i (every frame of it) into ``out``, its array data."""
+        m = self.manifest
+        off, hlen = int(m.offset[i]), int(m.hlen[i])
+        raw = bytearray(int(m.size[i]))
+        self._read_into(k, off, memoryview(raw))
+        self._place(self._decompress(dctx, raw, hlen + len(out), i, k, off), hlen, len(out), out, hlen, i, k, off)
+
+    def _decompress(self, dctx, raw, limit: int, i: int, k: int, off: int) -> bytes:
+        """The zstd frames in ``raw`` decompressed (``limit`` bytes expected), or a ShardError naming the member."""
+        import zstandard
+
         try:
-            data = dctx.decompress(bytes(raw), max_output_size=int(m.hlen[i]) + nbytes)
+            data = dctx.decompress(raw, max_output_size=limit)  # the first frame only
+            if len(data) < limit:  # a member of several frames the manifest does not list
+                with dctx.stream_reader(raw, read_across_frames=True) as src:
+                    data = src.read(limit + 1)
         except zstandard.ZstdError as e:
-            raise ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i), offset=off) from e
-        hlen = self._check_header(data[: int(m.hlen[i])], i, k)
-        if len(data) != hlen + nbytes:
-            raise ShardError(f"member holds {len(data) - hlen} data bytes, manifest says {nbytes}",
+            raise ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i),
+                             offset=off) from e
+        return data
+
+    def _place(self, data: bytes, head: int, nbytes: int, out: np.ndarray, at: int, i: int, k: int, off: int) -> None:
+        """Check decompressed ``data`` (an npy header of ``head`` bytes, then ``nbytes`` of array data), copy its
+        bytes from ``at`` into ``out``."""
+        if head:
+            self._check_header(data[:head], i, k)
+        if len(data) != head + nbytes:
+            raise ShardError(f"member holds {len(data) - head} data bytes here, the manifest implies {nbytes}",
                              shard=self.shard_url(k), member=self._member(i), offset=off)
-        buf[at : at + nbytes] = np.frombuffer(data, dtype=np.uint8, offset=hlen)
+        out[:] = np.frombuffer(data, dtype=np.uint8, count=len(out), offset=at)
 
     # -- raw reads with retries -----------------------------------------------------------------
     def _read_many(self, runs: list[tuple[int, int, memoryview]]) -> list[ShardError | None]:
