@@ -120,7 +120,7 @@ class ShardSource:
         length = plan.ends(seq)  # a split's view may end before the sequence does
         if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
             raise self._byte_order_error(int(seq[0]))
-        p = _pieces(g[order], seq, start, np.minimum(start + span, length))
+        p = _pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
         uniq, inv = np.unique(seq, return_inverse=True)
         valid = np.minimum(length - start, span)
         if m.compression:
@@ -594,17 +594,18 @@ class _Pieces:
     index: np.ndarray  # piece of each window
 
 
-def _pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray) -> _Pieces:
+def _pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int) -> _Pieces:
     """Cut a block's windows (sorted global indices, their sequence, first and end step) into pieces.
 
     A piece is a run of consecutive windows of one sequence (a slice of the plan, or part of
-    one): its steps are read as one range. Windows far apart in a long sequence are separate
-    pieces, so a block reads what its windows cover, not the sequence between them.
+    one) no more than ``gap`` steps apart: its steps are read as one range. Windows far apart
+    in a long sequence are separate pieces, so a block reads what its windows cover, not the
+    sequence between them (nor the steps a stride larger than the window skips).
     """
     n = len(g)
     step = np.diff(g) > 1  # duplicates (equalize="pad" wrapping around) stay in one piece
     new = np.ones(n, dtype=bool)
-    new[1:] = step | (seq[1:] != seq[:-1])
+    new[1:] = step | (seq[1:] != seq[:-1]) | (start[1:] - end[:-1] > gap)
     first = np.flatnonzero(new)
     joined = np.zeros(len(first), dtype=bool)
     joined[1:] = ~step[first[1:] - 1]

@@ -186,3 +186,119 @@ def test_merge_keeps_each_parts_frames(tmp_path):
     long_ones = np.flatnonzero(m.length == 120_000)
     assert m.frames is not None and m.frames.seq.tolist() == long_ones.tolist() and len(long_ones) == 2
     assert check_windows(make(url), dict(both)) > 0
+
+
+# -- a sequence larger than memory would allow: packed from a memory map, read back -----------------
+
+BIG_ROWS, BIG_COLS = (1 << 18) + 999, 1024  # int32: 1.004 GB
+
+PACK_BIG = """
+import sys
+import numpy as np
+import streamwin as sw
+from test_longseq import peak_growth
+src, url, compression = sys.argv[1:]
+arr = np.load(src, mmap_mode="r")
+grew = peak_growth(lambda: sw.pack([("big", arr), ("small", np.ones((100, arr.shape[1]), np.int32))], url,
+                                   shard_bytes=256 << 20, compression=compression or None, progress=False))
+print(grew)
+"""
+
+READ_BIG = """
+import sys
+import numpy as np
+import streamwin as sw
+from test_longseq import peak_growth, big_rows
+url, = sys.argv[1:]
+ds = sw.WindowDataset(url, window=16, stride=64, batch_size=64, shuffle_buffer=512, seed=2)
+seen = []
+
+
+def epoch():
+    for b in sw.WindowLoader(ds, num_workers=0):
+        x = b["x"].numpy()
+        for i, (k, s) in enumerate(zip(b["key"], b["start"].tolist())):
+            if k == "big":
+                assert np.array_equal(x[i], big_rows(s, s + 16)), s
+                seen.append(s)
+
+
+grew = peak_growth(epoch)
+assert len(seen) == len(set(seen)) > 4000
+print(grew)
+"""
+
+
+def peak_growth(fn) -> int:
+    """Bytes the peak RSS (VmHWM) of this process grows by while ``fn()`` runs (Linux)."""
+    def rss(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith(field))
+    before = rss("VmRSS:")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak restarts from the current RSS
+    fn()
+    return rss("VmHWM:") - before
+
+
+def big_rows(a: int, b: int) -> np.ndarray:
+    """Rows [a, b) of the big sequence: row r, column c holds r * 1024 + c."""
+    return (np.arange(a, b, dtype=np.int32)[:, None] * BIG_COLS + np.arange(BIG_COLS, dtype=np.int32)).astype(np.int32)
+
+
+def run_script(script: str, *args: str) -> int:
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), here]))
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures VmHWM (Linux)")
+@pytest.mark.parametrize("compression", ["", "zstd"])
+def test_gigabyte_sequence_packs_and_reads_in_little_memory(compression, tmp_path):
+    import shutil
+
+    src = tmp_path / "big.npy"
+    try:
+        arr = np.lib.format.open_memmap(src, mode="w+", dtype=np.int32, shape=(BIG_ROWS, BIG_COLS))
+        for a in range(0, BIG_ROWS, 1 << 14):
+            arr[a : a + (1 << 14)] = big_rows(a, min(a + (1 << 14), BIG_ROWS))
+        arr.flush()
+        del arr
+        size = os.path.getsize(src)
+        assert size > 1 << 30
+        url = str(tmp_path / "ds")
+        packed = run_script(PACK_BIG, str(src), url, compression)
+        assert packed < size // 8, (packed, size)
+        os.unlink(src)  # the reads below see only the shards
+        read = run_script(READ_BIG, url)
+        assert read < size // 8, (read, size)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_streamed_packing_writes_the_same_shards(compression, tmp_path, monkeypatch):
+    """Packed chunk by chunk (as a large or lazy array is), the shards and manifest are byte for byte the same."""
+    import importlib
+
+    pack_mod = importlib.import_module("streamwin.pack")
+
+    rng = np.random.default_rng(3)
+    seqs = [("a", rng.standard_normal((70_000, 4)).astype(">f4")),  # big-endian, over a frame
+            ("b", np.where(rng.random((300, 4)) < 0.01, np.nan, 1.0).astype(np.float32)),
+            ("c", rng.standard_normal((5, 4)).astype(np.float32))]
+    whole = sw.pack(seqs, str(tmp_path / "whole"), compression=compression, progress=False)
+    monkeypatch.setattr(pack_mod, "STREAM_BYTES", 0)
+    monkeypatch.setattr(pack_mod, "CHUNK_BYTES", 1000)
+    streamed = sw.pack(seqs, str(tmp_path / "streamed"), compression=compression, progress=False)
+    assert whole.to_json() == streamed.to_json()
+    assert whole.nonfinite.nan > 0
+    for s in whole.shards:
+        assert (tmp_path / "whole" / s.name).read_bytes() == (tmp_path / "streamed" / s.name).read_bytes()
+    with pytest.raises(sw.PackError, match="NaN"):
+        sw.pack(seqs, str(tmp_path / "refused"), nan="raise", progress=False)
