@@ -302,3 +302,13 @@ def test_streamed_packing_writes_the_same_shards(compression, tmp_path, monkeypa
         assert (tmp_path / "whole" / s.name).read_bytes() == (tmp_path / "streamed" / s.name).read_bytes()
     with pytest.raises(sw.PackError, match="NaN"):
         sw.pack(seqs, str(tmp_path / "refused"), nan="raise", progress=False)
+
+
+def test_a_stride_far_larger_than_the_window_reads_only_the_windows(tmp_path):
+    seqs = layout("giant")  # 150,000 steps of 16 bytes
+    url = str(tmp_path / "ds")
+    sw.pack(list(seqs.items()), url, shard_bytes=1 << 20, progress=False)
+    loader = make(url, stride=8192, batch_size=2, shuffle_buffer=8)  # 130 kB unread between windows
+    n = check_windows(loader, seqs)
+    assert n == 18
+    assert loader.stats()["bytes_read"] <= n * (4096 + 2 * 4096)  # each window's pages, not the steps between
