@@ -34,6 +34,7 @@ from .storage import BrokenRead, RangeReader, describe, is_local, join, permanen
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
 OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the reads beside them
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
+COMPRESSED_GAP = 4 << 10  # compressed members this close are read as one run (tar headers, json members)
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
 READABLE = np.iinfo(np.int64).max  # steps readable of a sequence that read without error: all of them
 
@@ -387,9 +388,9 @@ class ShardSource:
 
         A member packed as frames (``manifest.frames``) gives each piece the frames holding its
         steps; any other member is decompressed whole, once for all the pieces of its sequence.
+        The compressed bytes are read first, neighbours in a shard as one run (concurrently on
+        remote storage), then decompressed piece by piece.
         """
-        import zstandard
-
         m = self.manifest
         sb = m.step_bytes
         a, b, framed = self._frame_steps(p)
@@ -401,21 +402,64 @@ class ShardSource:
         buf = np.empty(int(pos[-1]) + span_bytes, dtype=np.uint8)  # every byte but the tail is decompressed into
         buf[len(buf) - span_bytes :] = 0
         good = np.full(len(p.seq), READABLE, dtype=np.int64)
+        own = np.flatnonzero(~shared)
+        shard = np.searchsorted(m.shard_starts, p.seq[own], side="right") - 1
+        lo, hi = self._compressed_ranges(p.seq[own], a[own], b[own], framed[own])
+        raw, at, failed = self._read_compressed_runs(p.seq[own], shard, lo, hi)
         dctx = self._decompressor()
-        shard = np.searchsorted(m.shard_starts, p.seq, side="right") - 1
-        for j in np.flatnonzero(~shared).tolist():
-            i, k = int(p.seq[j]), int(shard[j])
-            out = buf[pos[j] : pos[j + 1]]
+        for n, j in enumerate(own.tolist()):
+            i, k = int(p.seq[j]), int(shard[n])
+            src = memoryview(raw)[at[n] : at[n] + hi[n] - lo[n]]
             try:
+                if failed[n]:
+                    continue
                 if framed[j]:
-                    self._decompress_frames(dctx, out, i, k, int(a[j]), int(b[j]))
+                    self._decompress_frames(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(a[j]), int(b[j]))
                 else:
-                    self._decompress_into(dctx, out, i, k)
-            except ShardError as e:  # a read error names the shard and offset; add the member
-                self._skip_or_raise(self._name_member(e, p.seq[j : j + 1]))
-                good[j] = 0  # what a piece reads is decompressed whole: all of it or nothing
+                    self._decompress(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(m.offset[i]), 0)
+            except ShardError as e:
+                self._skip_or_raise(e)
+                failed[n] = True
+        good[own[failed]] = 0  # what a piece reads is decompressed whole: all of it or nothing
         owner = np.maximum.accumulate(np.where(shared, 0, np.arange(len(p.seq))))
         return buf, pos[owner] - a[owner] * sb, good[owner]
+
+    def _compressed_ranges(self, seq: np.ndarray, a: np.ndarray, b: np.ndarray,
+                           framed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shard byte ranges [lo, hi) to read for steps [a, b) of each member: its frames, or all of it."""
+        m, fr = self.manifest, self.manifest.frames
+        lo, hi = m.offset[seq].copy(), m.offset[seq] + m.size[seq]
+        for n in np.flatnonzero(framed).tolist():
+            ends = self._frame_ends(int(seq[n]))
+            j0, j1 = int(a[n]) // fr.rows, -(-int(b[n]) // fr.rows)
+            hi[n] = lo[n] + ends[j1 - 1]
+            lo[n] += ends[j0 - 1] if j0 else 0
+        return lo, hi
+
+    def _frame_ends(self, i: int) -> np.ndarray:
+        fr = self.manifest.frames
+        at = int(np.searchsorted(fr.seq, i))
+        return fr.ends[fr.first[at] : fr.first[at + 1]]
+
+    def _read_compressed_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray,
+                              hi: np.ndarray) -> tuple[bytearray, np.ndarray, np.ndarray]:
+        """(bytes, where each range [lo, hi) is in them, failed per range): ranges read in runs."""
+        new = np.ones(len(lo), dtype=bool)
+        new[1:] = (shard[1:] != shard[:-1]) | (lo[1:] - hi[:-1] > COMPRESSED_GAP)
+        first = np.flatnonzero(new)
+        run = np.cumsum(new) - 1
+        run_lo, run_hi = lo[first], np.maximum.reduceat(hi, first) if len(first) else hi
+        pos = np.zeros(len(first) + 1, dtype=np.int64)
+        np.cumsum(run_hi - run_lo, out=pos[1:])
+        raw = bytearray(int(pos[-1]))
+        runs = [(int(shard[f]), int(run_lo[r]), memoryview(raw)[pos[r] : pos[r + 1]]) for r, f in enumerate(first)]
+        failed = np.zeros(len(lo), dtype=bool)
+        bounds = np.append(first, len(lo))
+        for r, err in enumerate(self._read_many(runs)):
+            if err is not None:
+                self._skip_or_raise(self._name_member(err, seq[bounds[r] : bounds[r + 1]]))
+                failed[bounds[r] : bounds[r + 1]] = True
+        return raw, pos[run] + (lo - run_lo[run]), failed
 
     def _decompressor(self):
         """This thread's zstd decompressor, made once: a fresh one per block costs memory that is not given back."""
@@ -438,58 +482,48 @@ class ShardSource:
         framed = (fr.seq[at] == p.seq) if len(fr.seq) else np.zeros(len(p.seq), dtype=bool)
         return np.where(framed, p.s_lo, a), np.where(framed, p.s_hi, b), framed
 
-    def _decompress_frames(self, dctx, out: np.ndarray, i: int, k: int, a: int, b: int) -> None:
-        """Steps [a, b) of framed member i into ``out``: its frames that hold them decompressed one by one."""
+    def _decompress_frames(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int, a: int, b: int) -> None:
+        """Steps [a, b) of framed member i into ``out``, from ``raw``, the frames that hold them, one by one."""
         m, fr = self.manifest, self.manifest.frames
         sb, rows = m.step_bytes, fr.rows
-        at = int(np.searchsorted(fr.seq, i))
-        ends = fr.ends[fr.first[at] : fr.first[at + 1]]
+        ends = self._frame_ends(i)
         j0, j1 = a // rows, -(-b // rows)
         lo = int(ends[j0 - 1]) if j0 else 0
-        raw = bytearray(int(ends[j1 - 1]) - lo)
-        off = int(m.offset[i]) + lo
-        self._read_into(k, off, memoryview(raw))
         cuts = [0] + (ends[j0:j1] - lo).tolist()
-        length = int(m.length[i])
+        length, off = int(m.length[i]), int(m.offset[i]) + lo
         for j, (f0, f1) in zip(range(j0, j1), zip(cuts, cuts[1:])):
-            head = int(m.hlen[i]) if j == 0 else 0
-            want = min(rows, length - j * rows) * sb
-            data = self._decompress(dctx, memoryview(raw)[f0:f1], head + want, i, k, off + f0)
             s0, s1 = max(a, j * rows), min(b, (j + 1) * rows)  # the steps of this frame the piece needs
-            self._place(data, head, want, out[(s0 - a) * sb : (s1 - a) * sb], head + (s0 - j * rows) * sb, i, k,
-                        off + f0)
+            self._decompress(dctx, raw[f0:f1], out[(s0 - a) * sb : (s1 - a) * sb], i, k, off + f0, j * rows,
+                             min(rows, length - j * rows) * sb, s0)
 
-    def _decompress_into(self, dctx, out: np.ndarray, i: int, k: int) -> None:
-        """Decompress member i (every frame of it) into ``out``, its array data."""
-        m = self.manifest
-        off, hlen = int(m.offset[i]), int(m.hlen[i])
-        raw = bytearray(int(m.size[i]))
-        self._read_into(k, off, memoryview(raw))
-        self._place(self._decompress(dctx, raw, hlen + len(out), i, k, off), hlen, len(out), out, hlen, i, k, off)
+    def _decompress(self, dctx, raw, out: np.ndarray, i: int, k: int, off: int, first: int,
+                    nbytes: int | None = None, at: int | None = None) -> None:
+        """Decompress ``raw`` (the frames of member i from step ``first``; ``nbytes`` of array data, all of
+        the member's when None) and copy the steps from ``at`` (default ``first``) into ``out``.
 
-    def _decompress(self, dctx, raw, limit: int, i: int, k: int, off: int) -> bytes:
-        """The zstd frames in ``raw`` decompressed (``limit`` bytes expected), or a ShardError naming the member."""
+        Frame 0 begins with the npy header, which is checked against the manifest; a frame that
+        cannot be decompressed, or holds other than ``nbytes``, is a ShardError naming the member.
+        """
         import zstandard
 
+        m = self.manifest
+        head = int(m.hlen[i]) if first == 0 else 0
+        nbytes = len(out) if nbytes is None else nbytes
         try:
-            data = dctx.decompress(raw, max_output_size=limit)  # the first frame only
-            if len(data) < limit:  # a member of several frames the manifest does not list
+            data = dctx.decompress(raw, max_output_size=head + nbytes)  # the first frame only
+            if len(data) < head + nbytes:  # a member of several frames the manifest does not list
                 with dctx.stream_reader(raw, read_across_frames=True) as src:
-                    data = src.read(limit + 1)
+                    data = src.read(head + nbytes + 1)
         except zstandard.ZstdError as e:
             raise ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i),
                              offset=off) from e
-        return data
-
-    def _place(self, data: bytes, head: int, nbytes: int, out: np.ndarray, at: int, i: int, k: int, off: int) -> None:
-        """Check decompressed ``data`` (an npy header of ``head`` bytes, then ``nbytes`` of array data), copy its
-        bytes from ``at`` into ``out``."""
         if head:
             self._check_header(data[:head], i, k)
         if len(data) != head + nbytes:
             raise ShardError(f"member holds {len(data) - head} data bytes here, the manifest implies {nbytes}",
                              shard=self.shard_url(k), member=self._member(i), offset=off)
-        out[:] = np.frombuffer(data, dtype=np.uint8, count=len(out), offset=at)
+        skip = head + ((at if at is not None else first) - first) * m.step_bytes
+        out[:] = np.frombuffer(data, dtype=np.uint8, count=len(out), offset=skip)
 
     # -- raw reads with retries -----------------------------------------------------------------
     def _read_many(self, runs: list[tuple[int, int, memoryview]]) -> list[ShardError | None]:
