@@ -51,7 +51,7 @@ from .sources import Columns, Unit, list_units, read_unit
 from .storage import is_local, join, remove_if_exists, url_to_fs, write_atomic
 
 SPILL_MIN = 256 << 10  # a worker's output for a unit smaller than this comes back through the pipe
-FRAME_BYTES = 1 << 20  # a longer zstd member is packed as independent frames of about this many bytes of rows
+FRAME_BYTES = 256 << 10  # a longer zstd member is packed as independent frames of about this many bytes of rows
 STREAM_BYTES = 64 << 20  # a larger array (or any array-like that is not an ndarray) is packed chunk by chunk
 CHUNK_BYTES = 8 << 20  # rows copied from such a source at a time
 _USTAR_MAX_SIZE = 8**11 - 1  # the 11 octal digits of a ustar size field

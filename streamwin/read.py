@@ -16,6 +16,7 @@ fails is a ShardError naming the shard, the member and the byte offset.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -35,6 +36,7 @@ MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up
 OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the reads beside them
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
 COMPRESSED_GAP = 4 << 10  # compressed members this close are read as one run (tar headers, json members)
+RAW_BATCH = 8 << 20  # compressed bytes of a block read (and decompressed) at a time
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
 READABLE = np.iinfo(np.int64).max  # steps readable of a sequence that read without error: all of them
 
@@ -399,27 +401,27 @@ class ShardSource:
         nbytes = np.where(shared, 0, (b - a) * sb)
         pos = np.zeros(len(p.seq) + 1, dtype=np.int64)
         np.cumsum(nbytes, out=pos[1:])
-        buf = np.empty(int(pos[-1]) + span_bytes, dtype=np.uint8)  # every byte but the tail is decompressed into
-        buf[len(buf) - span_bytes :] = 0
+        buf = _anonymous(int(pos[-1]) + span_bytes)  # zero-filled, given back to the system when dropped
         good = np.full(len(p.seq), READABLE, dtype=np.int64)
         own = np.flatnonzero(~shared)
         shard = np.searchsorted(m.shard_starts, p.seq[own], side="right") - 1
         lo, hi = self._compressed_ranges(p.seq[own], a[own], b[own], framed[own])
-        raw, at, failed = self._read_compressed_runs(p.seq[own], shard, lo, hi)
         dctx = self._decompressor()
-        for n, j in enumerate(own.tolist()):
-            i, k = int(p.seq[j]), int(shard[n])
-            src = memoryview(raw)[at[n] : at[n] + hi[n] - lo[n]]
-            try:
-                if failed[n]:
-                    continue
-                if framed[j]:
-                    self._decompress_frames(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(a[j]), int(b[j]))
-                else:
-                    self._decompress(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(m.offset[i]), 0)
-            except ShardError as e:
-                self._skip_or_raise(e)
-                failed[n] = True
+        failed = np.zeros(len(own), dtype=bool)
+        for n0, n1, raw, at in self._read_compressed_runs(p.seq[own], shard, lo, hi, failed):
+            for n in range(n0, n1):
+                j, i, k = int(own[n]), int(p.seq[own[n]]), int(shard[n])
+                src = memoryview(raw)[at[n - n0] : at[n - n0] + hi[n] - lo[n]]
+                try:
+                    if failed[n]:
+                        continue
+                    if framed[j]:
+                        self._decompress_frames(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(a[j]), int(b[j]))
+                    else:
+                        self._decompress(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(m.offset[i]), 0)
+                except ShardError as e:
+                    self._skip_or_raise(e)
+                    failed[n] = True
         good[own[failed]] = 0  # what a piece reads is decompressed whole: all of it or nothing
         owner = np.maximum.accumulate(np.where(shared, 0, np.arange(len(p.seq))))
         return buf, pos[owner] - a[owner] * sb, good[owner]
@@ -441,25 +443,35 @@ class ShardSource:
         at = int(np.searchsorted(fr.seq, i))
         return fr.ends[fr.first[at] : fr.first[at + 1]]
 
-    def _read_compressed_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray,
-                              hi: np.ndarray) -> tuple[bytearray, np.ndarray, np.ndarray]:
-        """(bytes, where each range [lo, hi) is in them, failed per range): ranges read in runs."""
+    def _read_compressed_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                              failed: np.ndarray):
+        """Read ranges [lo, hi) in runs, a batch of about RAW_BATCH bytes at a time (concurrently on remote
+        storage); yields (first range, end range, bytes, where each range of the batch is in them).
+
+        Ranges of a run that fails are marked in ``failed`` (after the error is raised or counted).
+        """
         new = np.ones(len(lo), dtype=bool)
         new[1:] = (shard[1:] != shard[:-1]) | (lo[1:] - hi[:-1] > COMPRESSED_GAP)
         first = np.flatnonzero(new)
         run = np.cumsum(new) - 1
         run_lo, run_hi = lo[first], np.maximum.reduceat(hi, first) if len(first) else hi
-        pos = np.zeros(len(first) + 1, dtype=np.int64)
-        np.cumsum(run_hi - run_lo, out=pos[1:])
-        raw = bytearray(int(pos[-1]))
-        runs = [(int(shard[f]), int(run_lo[r]), memoryview(raw)[pos[r] : pos[r + 1]]) for r, f in enumerate(first)]
-        failed = np.zeros(len(lo), dtype=bool)
         bounds = np.append(first, len(lo))
-        for r, err in enumerate(self._read_many(runs)):
-            if err is not None:
-                self._skip_or_raise(self._name_member(err, seq[bounds[r] : bounds[r + 1]]))
-                failed[bounds[r] : bounds[r + 1]] = True
-        return raw, pos[run] + (lo - run_lo[run]), failed
+        r0 = 0
+        while r0 < len(first):
+            sizes = np.cumsum(run_hi[r0:] - run_lo[r0:])
+            r1 = r0 + max(1, int(np.searchsorted(sizes, RAW_BATCH, side="right")))
+            pos = np.zeros(r1 - r0 + 1, dtype=np.int64)
+            np.cumsum(run_hi[r0:r1] - run_lo[r0:r1], out=pos[1:])
+            raw = _anonymous(int(pos[-1]))
+            runs = [(int(shard[first[r]]), int(run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
+                    for r in range(r0, r1)]
+            for r, err in zip(range(r0, r1), self._read_many(runs)):
+                if err is not None:
+                    self._skip_or_raise(self._name_member(err, seq[bounds[r] : bounds[r + 1]]))
+                    failed[bounds[r] : bounds[r + 1]] = True
+            n0, n1 = int(bounds[r0]), int(bounds[r1])
+            yield n0, n1, raw, pos[run[n0:n1] - r0] + (lo[n0:n1] - run_lo[run[n0:n1]])
+            r0 = r1
 
     def _decompressor(self):
         """This thread's zstd decompressor, made once: a fresh one per block costs memory that is not given back."""
@@ -597,6 +609,15 @@ class ShardSource:
         if self.local:
             return _read_local(path, offset, out)
         return self.ranges.read_into(path, offset, out)
+
+
+def _anonymous(nbytes: int) -> np.ndarray:
+    """``nbytes`` of zeroed memory mapped for this use alone, unmapped when the last view is dropped.
+
+    Compressed blocks vary in size; from malloc, their buffers would leave the heap fragmented
+    and the process's memory growing with the epoch (it did, with the length of a sequence).
+    """
+    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=np.uint8)[:nbytes]
 
 
 def _read_local(path: str, offset: int, out: memoryview) -> int:
