@@ -312,3 +312,28 @@ def test_a_stride_far_larger_than_the_window_reads_only_the_windows(tmp_path):
     n = check_windows(loader, seqs)
     assert n == 18
     assert loader.stats()["bytes_read"] <= n * (4096 + 2 * 4096)  # each window's pages, not the steps between
+
+
+def test_epoch_reads_each_byte_about_once_from_s3(s3_server, s3_bucket, s3_fault_proxy):
+    seqs = layout("mixed")
+    url = f"{s3_bucket}/ds"
+    m = sw.pack(list(seqs.items()), url, shard_bytes=1 << 20, progress=False,
+                storage_options=s3_server.storage_options())
+    proxy = s3_fault_proxy()  # no faults: counts the GetObject body bytes it relays
+    loader = make(url, storage_options=proxy.storage_options())
+    assert check_windows(loader, seqs) > 0
+    total = sum(s.bytes for s in m.shards)
+    assert proxy.stats.bytes_served / total <= 1.25, (proxy.stats.bytes_served, total)
+    assert loader.stats()["bytes_read"] / total <= 1.25
+
+
+def test_epoch_reads_each_byte_about_once_through_the_cache(http_server, tmp_path):
+    seqs = layout("mixed")
+    url = str(tmp_path / "srv" / "ds")
+    sw.pack(list(seqs.items()), url, shard_bytes=1 << 20, progress=False)
+    srv = http_server(tmp_path / "srv")
+    loader = make(srv.url_for("ds"), cache_dir=str(tmp_path / "cache"))
+    assert check_windows(loader, seqs) > 0
+    total = shard_bytes(url)
+    assert srv.stats.bytes_served / total <= 1.25  # whole shards, fetched once
+    assert loader.stats()["cache_hits"] > 0 and loader.stats()["bytes_read"] / total <= 1.25
