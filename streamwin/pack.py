@@ -141,8 +141,18 @@ def _meta_bytes(key: str, meta: dict | None) -> bytes | None:
 
 
 def _slices(array: Any) -> bool:
-    """True for an array-like that reads lazily by slices (h5py, zarr, ...): it is packed chunk by chunk."""
-    return all(hasattr(array, a) for a in ("shape", "dtype", "__getitem__")) and not isinstance(array, np.generic)
+    """True for a large array-like that reads by slices (h5py, zarr, ...): it is packed chunk by chunk.
+
+    Small ones, pandas objects and ones whose dtype numpy does not know (torch) are converted whole.
+    """
+    if isinstance(array, np.generic) or hasattr(array, "iloc") or not all(
+            hasattr(array, a) for a in ("shape", "dtype", "__getitem__")):
+        return False
+    try:
+        itemsize = np.dtype(array.dtype).itemsize
+    except TypeError:
+        return False
+    return itemsize * int(np.prod(array.shape, dtype=np.int64)) > STREAM_BYTES
 
 
 class Streamed:

@@ -337,3 +337,34 @@ def test_epoch_reads_each_byte_about_once_through_the_cache(http_server, tmp_pat
     total = shard_bytes(url)
     assert srv.stats.bytes_served / total <= 1.25  # whole shards, fetched once
     assert loader.stats()["cache_hits"] > 0 and loader.stats()["bytes_read"] / total <= 1.25
+
+
+def test_array_likes_that_slice_are_encoded_chunk_by_chunk(monkeypatch):
+    """A large lazy array-like (what h5py and zarr datasets offer) is encoded by slices; a torch tensor still packs."""
+    import importlib
+
+    import torch
+
+    class Lazy:
+        def __init__(self, arr):
+            self.arr, self.shape, self.dtype, self.sliced = arr, arr.shape, arr.dtype, 0
+
+        def __getitem__(self, index):
+            self.sliced += 1
+            return self.arr[index]
+
+    pack_mod = importlib.import_module("streamwin.pack")
+    monkeypatch.setattr(pack_mod, "STREAM_BYTES", 1000)
+    monkeypatch.setattr(pack_mod, "CHUNK_BYTES", 4000)
+    arr = np.arange(6000, dtype=np.float32).reshape(3000, 2)
+    lazy = Lazy(arr)
+
+    def content(enc):
+        return enc.head + b"".join(bytes(c) for c in (enc.body if isinstance(enc.body, pack_mod.Streamed)
+                                                       else [enc.body]))
+    streamed = pack_mod.encode_sequence("lazy", lazy)
+    assert isinstance(streamed.body, pack_mod.Streamed) and lazy.sliced == 6  # 500 rows at a time, counted
+    whole = pack_mod.encode_sequence("t", torch.from_numpy(arr.copy()))
+    monkeypatch.setattr(pack_mod, "STREAM_BYTES", 1 << 40)
+    assert content(streamed) == content(whole) == content(pack_mod.encode_sequence("np", arr))
+    assert lazy.sliced == 12  # and read again when written
