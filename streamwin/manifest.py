@@ -20,7 +20,9 @@ size and checksum. Version 1 manifests (inline columns) are read as before.
 Fields added since version 1 was fixed are optional top-level keys, which older streamwin
 ignores and which read as None from older manifests: ``value_columns`` (the table columns
 the values came from, one per feature) with ``left_out_columns`` (the others, and why), and
-``nonfinite`` (NaN and ±inf values counted at pack time, in all and per shard).
+``nonfinite`` (NaN and ±inf values counted at pack time, in all and per shard), and
+``frames`` (long zstd members packed as independent frames: where each frame ends, so a
+reader decompresses only the frames a block needs; see `Frames`).
 """
 from __future__ import annotations
 
@@ -67,6 +69,36 @@ class NonFinite:
 
 
 @dataclass(frozen=True, eq=False)
+class Frames:
+    """Long zstd members packed as independent frames of ``rows`` steps each (the last may be shorter).
+
+    Frame 0 of a member also holds its npy header. ``seq`` lists the framed sequences (sorted);
+    ``ends`` holds, for each in turn, the compressed end offset (from the member's first byte)
+    of each of its ``ceil(length / rows)`` frames. Members not listed are one frame.
+    """
+
+    rows: int
+    seq: np.ndarray
+    ends: np.ndarray
+    first: np.ndarray = field(repr=False)  # [len(seq) + 1]: where each framed sequence's ends begin
+
+    @classmethod
+    def make(cls, rows: int, seq: np.ndarray, ends: np.ndarray, length: np.ndarray) -> "Frames":
+        """Frames of the sequences ``seq`` of a dataset whose lengths are ``length``; checked."""
+        seq, ends = np.asarray(seq, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+        if rows < 1 or (len(seq) and (seq.min() < 0 or seq.max() >= len(length) or np.any(np.diff(seq) <= 0))):
+            raise ManifestError(f"manifest frames: rows {rows} or framed sequence numbers out of range")
+        first = np.zeros(len(seq) + 1, dtype=np.int64)
+        np.cumsum(-(-length[seq] // rows), out=first[1:])
+        if first[-1] != len(ends):
+            raise ManifestError(f"manifest frames: {len(ends)} frame ends for {first[-1]} frames")
+        return cls(int(rows), seq, ends, first)
+
+    def to_doc(self) -> dict:
+        return {"rows": self.rows, "seq": _encode(self.seq.astype("<i8")), "ends": _encode(self.ends.astype("<i8"))}
+
+
+@dataclass(frozen=True, eq=False)
 class Manifest:
     """The whole index, with per-sequence columns as numpy arrays in shard order.
 
@@ -91,6 +123,7 @@ class Manifest:
     value_columns: tuple[str, ...] | None = None
     left_out_columns: dict[str, str] | None = None
     nonfinite: NonFinite | None = None
+    frames: Frames | None = None
     shard_starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -178,6 +211,8 @@ class Manifest:
         if self.nonfinite is not None:
             doc["nonfinite"] = {"nan": self.nonfinite.nan, "inf": self.nonfinite.inf,
                                 "per_shard": list(self.nonfinite.per_shard)}
+        if self.frames is not None:
+            doc["frames"] = self.frames.to_doc()
         return json.dumps(doc, separators=(",", ":"))
 
 
@@ -243,6 +278,7 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> 
         dtype = np.dtype(doc["dtype"])
         step_shape = tuple(int(x) for x in doc["step_shape"])
         optional = _optional_fields(doc)
+        optional["frames"] = _frames(doc.get("frames"), cols["length"], where)
     except ManifestError:
         raise
     except (KeyError, TypeError, zlib.error, ValueError) as e:
@@ -303,6 +339,17 @@ def _optional_fields(doc: dict) -> dict:
     return out
 
 
+def _frames(doc: dict | None, length: np.ndarray, where: str) -> Frames | None:
+    """The optional ``frames`` field (absent from older manifests and from unframed datasets)."""
+    if doc is None:
+        return None
+    seq = np.frombuffer(zlib.decompress(base64.b64decode(doc["seq"])), dtype="<i8")
+    ends = np.frombuffer(zlib.decompress(base64.b64decode(doc["ends"])), dtype="<i8")
+    if not isinstance(doc["rows"], int):
+        raise ValueError(f"frames rows must be an integer, got {doc['rows']!r}")
+    return Frames.make(doc["rows"], seq, ends, length)
+
+
 def _check_shard_name(name: str, where: str) -> None:
     """Shard names are relative paths below the dataset root: no absolute paths, '..', '\\' or NUL."""
     parts = name.split("/")
@@ -314,14 +361,17 @@ def _check_shard_name(name: str, where: str) -> None:
 def build_manifest(dtype: np.dtype, step_shape: tuple[int, ...], compression: str | None,
                    shards: list[ShardEntry], keys: list[str], columns: dict[str, list[int]],
                    dropped_empty: int = 0, *, value_columns: tuple[str, ...] | None = None,
-                   left_out_columns: dict[str, str] | None = None, nonfinite: NonFinite | None = None) -> Manifest:
+                   left_out_columns: dict[str, str] | None = None, nonfinite: NonFinite | None = None,
+                   frames: tuple[int, list[int], list[int]] | None = None) -> Manifest:
     """Assemble a Manifest from per-sequence lists (used by pack, index and merge)."""
     encoded = [k.encode("ascii") for k in keys]
     lengths = np.fromiter((len(k) for k in encoded), dtype=np.int64, count=len(encoded))
+    if frames is not None:  # (rows, framed sequences, their frame ends)
+        frames = Frames.make(frames[0], np.asarray(frames[1]), np.asarray(frames[2]), np.asarray(columns["length"]))
     return Manifest(
         dtype=np.dtype(dtype), step_shape=tuple(step_shape), compression=compression, shards=tuple(shards),
         key_blob=b"".join(encoded), key_ends=np.cumsum(lengths),
         dropped_empty=dropped_empty, value_columns=None if value_columns is None else tuple(value_columns),
-        left_out_columns=left_out_columns, nonfinite=nonfinite,
+        left_out_columns=left_out_columns, nonfinite=nonfinite, frames=frames,
         **{name: np.asarray(columns[name], dtype=dt.replace("<", "=")) for name, dt in COLUMNS.items()},
     )

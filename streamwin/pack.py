@@ -38,7 +38,7 @@ import warnings
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -51,6 +51,9 @@ from .sources import Columns, Unit, list_units, read_unit
 from .storage import is_local, join, load_manifest, remove_if_exists, url_to_fs, write_manifest
 
 SPILL_MIN = 256 << 10  # a worker's output for a unit smaller than this comes back through the pipe
+FRAME_BYTES = 256 << 10  # a longer zstd member is packed as independent frames of about this many bytes of rows
+STREAM_BYTES = 64 << 20  # a larger array (or any array-like that is not an ndarray) is packed chunk by chunk
+CHUNK_BYTES = 8 << 20  # rows copied from such a source at a time
 _USTAR_MAX_SIZE = 8**11 - 1  # the 11 octal digits of a ustar size field
 _TEMPLATE = bytearray(npyfmt.tar_header("_", 0))
 _TEMPLATE[0:100] = bytes(100)
@@ -81,6 +84,7 @@ class EncodedSeq:
     hlen: int
     nan: int = 0  # NaN values in the array
     inf: int = 0  # +-inf values in the array
+    frame_ends: tuple[int, ...] | None = None  # zstd frames of a long member: where each ends in ``body``
 
     @property
     def size(self) -> int:
@@ -96,7 +100,9 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
     with ``nan="raise"``.
     """
     check_key(key)
-    arr = np.asarray(array)
+    arr = array if isinstance(array, np.ndarray) or _slices(array) else np.asarray(array)
+    if not isinstance(arr, np.ndarray) or arr.nbytes > STREAM_BYTES:
+        return _encode_streamed(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
     if arr.dtype.hasobject or arr.dtype.kind not in "biufc":
         raise PackError(f"sequence {key!r}: dtype {arr.dtype} is not numeric (object and string arrays are refused)")
     if arr.ndim == 0:
@@ -112,20 +118,167 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
     head = npyfmt.npy_header_for(arr.dtype, arr.shape)
     body = arr.reshape(-1).view(np.uint8)
     hlen = len(head)
+    frame_ends = None
     if compression == "zstd":
-        head, body = b"", _zstd().compress(head + body.tobytes())
-    meta_bytes = None
-    if meta is not None:
-        try:
-            meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-        except (TypeError, ValueError) as e:
-            raise PackError(f"sequence {key!r}: metadata is not JSON-serializable: {e}") from e
+        body, frame_ends = compress_member(head, body, int(arr.shape[0]))
+        head = b""
+    meta_bytes = _meta_bytes(key, meta)
     nans, infs = count_nonfinite(arr)
     if nan == "raise" and nans + infs:
         raise PackError(f"sequence {key!r} has {nans} NaN and {infs} inf values, the first at step "
                         f"{first_nonfinite_step(arr)}; clean them, or pack with nan='count' to count them")
     return EncodedSeq(key, head, body, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), hlen,
-                      nans, infs)
+                      nans, infs, frame_ends)
+
+
+def _meta_bytes(key: str, meta: dict | None) -> bytes | None:
+    if meta is None:
+        return None
+    try:
+        return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+        raise PackError(f"sequence {key!r}: metadata is not JSON-serializable: {e}") from e
+
+
+def _slices(array: Any) -> bool:
+    """True for a large array-like that reads by slices (h5py, zarr, ...): it is packed chunk by chunk.
+
+    Small ones, pandas objects and ones whose dtype numpy does not know (torch) are converted whole.
+    """
+    if isinstance(array, np.generic) or hasattr(array, "iloc") or not all(
+            hasattr(array, a) for a in ("shape", "dtype", "__getitem__")):
+        return False
+    try:
+        itemsize = np.dtype(array.dtype).itemsize
+    except TypeError:
+        return False
+    return itemsize * int(np.prod(array.shape, dtype=np.int64)) > STREAM_BYTES
+
+
+class Streamed:
+    """A member's content made chunk by chunk when written (``len`` bytes), for a sequence too large to hold."""
+
+    def __init__(self, nbytes: int, chunks: Callable[[], Iterator[Any]]):
+        self.nbytes, self._chunks = nbytes, chunks
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._chunks()
+
+
+def _encode_streamed(key: str, arr: Any, meta: dict | None, *, cast: str | None, compression: str | None,
+                     empty: str, nan: str) -> EncodedSeq | None:
+    """`encode_sequence` for a large or lazy array: rows are copied a chunk at a time, never all at once.
+
+    One pass counts NaN and inf (and, with zstd, compresses frames into a temporary file); the
+    member is then written from the source again (or from that file). A memory-mapped source
+    gives its pages back after each chunk, so pack's memory does not grow with the sequence.
+    """
+    src = np.dtype(arr.dtype)
+    if src.hasobject or src.kind not in "biufc":
+        raise PackError(f"sequence {key!r}: dtype {src} is not numeric (object and string arrays are refused)")
+    if len(arr.shape) == 0:
+        raise PackError(f"sequence {key!r}: a 0-d array is not a sequence; give shape [T] or [T, F, ...]")
+    length = int(arr.shape[0])
+    if length == 0:
+        if empty == "error":
+            raise PackError(f"sequence {key!r} has zero length; pass empty='skip' to skip and count such sequences")
+        return None
+    dtype = np.dtype(cast) if cast is not None else src.newbyteorder("<") if src.byteorder == ">" else src
+    shape = (length,) + tuple(int(d) for d in arr.shape[1:])
+    head = npyfmt.npy_header_for(dtype, shape)
+    hlen = len(head)
+    step = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    rows = frame_rows(step) if compression == "zstd" else max(1, CHUNK_BYTES // max(step, 1))
+    chunks = functools.partial(_row_chunks, arr, dtype, rows, key, cast)
+    nans = infs = 0
+    first_bad = None
+    spill, ends = (tempfile.TemporaryFile(), []) if compression == "zstd" else (None, None)
+    for a, chunk in chunks():
+        n, i = count_nonfinite(chunk)
+        if n + i and first_bad is None:
+            first_bad = a + first_nonfinite_step(chunk)
+        nans, infs = nans + n, infs + i
+        if spill is not None:
+            data = chunk.reshape(-1).view(np.uint8)
+            spill.write(_zstd().compress(head + data.tobytes() if a == 0 else data))
+            ends.append(spill.tell())
+    if nan == "raise" and nans + infs:
+        raise PackError(f"sequence {key!r} has {nans} NaN and {infs} inf values, the first at step {first_bad}; "
+                        "clean them, or pack with nan='count' to count them")
+    if spill is not None:
+        body = Streamed(ends[-1], functools.partial(_file_chunks, spill))
+        frame_ends = tuple(ends) if len(ends) > 1 else None
+        head = b""
+    else:
+        body = Streamed(length * step, lambda: (c.reshape(-1).view(np.uint8) for _, c in chunks()))
+        frame_ends = None
+    return EncodedSeq(key, head, body, _meta_bytes(key, meta), length, dtype.str, shape[1:], hlen, nans, infs,
+                      frame_ends)
+
+
+def _row_chunks(arr: Any, dtype: np.dtype, rows: int, key: str, cast: str | None) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, contiguous little-endian copy of ``rows`` rows) of ``arr``; a memory map lets go of each."""
+    pages = _mapped_pages(arr)
+    for a in range(0, int(arr.shape[0]), rows):
+        part = np.asarray(arr[a : a + rows])
+        if cast is not None:
+            _check_cast(key, part, cast)
+        yield a, np.array(part, dtype=dtype, order="C", copy=True)
+        if pages is not None:
+            pages(a + len(part))
+
+
+def _mapped_pages(arr: Any) -> Callable[[int], None] | None:
+    """For an ndarray on a shared (not copy-on-write) numpy memmap: ``f(row)`` drops the map's pages
+    before that row from this process (the page cache keeps them); else None."""
+    mm = arr
+    while mm is not None and not (isinstance(mm, np.memmap) and getattr(mm, "_mmap", None) is not None):
+        mm = getattr(mm, "base", None)
+    if mm is None or mm.mode in ("c", "copyonwrite") or not hasattr(mm._mmap, "madvise") or arr.strides[0] <= 0:
+        return None
+    import mmap
+
+    origin = np.frombuffer(mm._mmap, dtype=np.uint8).ctypes.data
+    start = arr.__array_interface__["data"][0] - origin
+    done = [0]  # bytes of the map given back so far
+
+    def let_go(row: int) -> None:
+        end = (start + row * arr.strides[0]) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > done[0]:
+            mm._mmap.madvise(mmap.MADV_DONTNEED, done[0], end - done[0])
+            done[0] = end
+    return let_go
+
+
+def _file_chunks(f) -> Iterator[bytes]:
+    """The content of open file ``f`` from its start, CHUNK_BYTES at a time."""
+    f.seek(0)
+    while chunk := f.read(CHUNK_BYTES):
+        yield chunk
+
+
+def frame_rows(step_bytes: int) -> int:
+    """Steps per zstd frame of a long member: about FRAME_BYTES of rows."""
+    return max(1, FRAME_BYTES // max(step_bytes, 1))
+
+
+def compress_member(head: bytes, body: np.ndarray, length: int) -> tuple[bytes, tuple[int, ...] | None]:
+    """(zstd member, frame ends): one frame, or independent frames of ``frame_rows`` steps for a long one.
+
+    Frame 0 holds the npy header and the first rows. A reader decompresses only the frames
+    that hold the steps it needs, so its memory does not grow with the sequence.
+    """
+    z = _zstd()
+    step = len(body) // max(length, 1)
+    rows = frame_rows(step)
+    if length <= rows:
+        return z.compress(head + body.tobytes()), None
+    frames = [z.compress(head + body[: rows * step].tobytes())]
+    frames += [z.compress(body[a * step : (a + rows) * step].tobytes()) for a in range(rows, length, rows)]
+    return b"".join(frames), tuple(np.cumsum([len(f) for f in frames]).tolist())
 
 
 _FINITE_CHUNK = 1 << 24  # values checked per vectorized call: bounds the temporary mask to 16 MB
@@ -216,7 +369,8 @@ def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int, str | None, list[i
     with os.fdopen(fd, "wb") as f:
         for s in out:
             f.write(s.head)
-            f.write(s.body)
+            for part in (s.body if isinstance(s.body, Streamed) else (s.body,)):
+                f.write(part)
     return [dataclasses.replace(s, head=b"", body=b"") for s in out], skipped, path, sizes, columns
 
 
@@ -286,6 +440,8 @@ class ShardWriter:
         self.step_shape: tuple[int, ...] | None = None
         self.nan = self.inf = 0
         self.shard_nonfinite: list[int] = []  # NaN + inf values per finished shard
+        self.framed: list[int] = []  # sequences packed as several zstd frames
+        self.frame_ends = array("q")  # their frames' ends, in order
         self._first_key = ""
         self._seen: dict[str, int] = {}  # key -> shard number
         self._file = None
@@ -369,13 +525,17 @@ class ShardWriter:
             cols["offset"].append(self._pos)
             cols["size"].append(size)
             cols["hlen"].append(record.hlen)
+            if record.frame_ends:
+                self.framed.append(len(self.keys) - 1)
+                self.frame_ends.extend(record.frame_ends)
             self._count += 1
             self._steps += record.length
             self._nonfinite += record.nan + record.inf
             self.nan, self.inf = self.nan + record.nan, self.inf + record.inf
         for chunk in chunks:
-            if len(chunk):
-                self._write(chunk)
+            for part in (chunk if isinstance(chunk, Streamed) else (chunk,)):
+                if len(part):
+                    self._write(part)
         self._write(npyfmt.tar_padding(size))
         self._pos += size + (-size % npyfmt.BLOCK)
         return self._pos - start
@@ -401,7 +561,15 @@ class ShardWriter:
                               self.keys, self.columns, dropped_empty,
                               value_columns=columns.taken if columns else None,
                               left_out_columns=dict(columns.left_out) if columns else None,
-                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)))
+                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)),
+                              frames=self._frames())
+
+    def _frames(self) -> tuple[int, list[int], array] | None:
+        """The manifest's frames field: (steps per frame, framed sequences, frame ends), or None."""
+        if not self.framed:
+            return None
+        step = np.dtype(self.dtype).itemsize * int(np.prod(self.step_shape, dtype=np.int64))
+        return frame_rows(step), self.framed, self.frame_ends
 
     def remove_leftovers(self) -> None:
         """Remove this prefix's shards past the ones just written and temporaries of crashed runs."""
@@ -410,6 +578,19 @@ class ShardWriter:
             m = pattern.fullmatch(path.rsplit("/", 1)[-1])
             if m and (m.group(2) or int(m.group(1)) >= len(self.shards)):
                 remove_if_exists(self.fs, path)
+
+
+def _merged_frames(parts: list[Manifest]) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """The frames fields of part manifests as one (sequence numbers shifted past the parts before)."""
+    framed = [(m, before) for m, before in zip(parts, np.cumsum([0] + [m.num_sequences for m in parts]))
+              if m.frames is not None]
+    if not framed:
+        return None
+    rows = {m.frames.rows for m, _ in framed}
+    if len(rows) > 1:
+        raise ManifestError(f"cannot merge: the parts' zstd frames hold different step counts {sorted(rows)}")
+    return (rows.pop(), np.concatenate([m.frames.seq + before for m, before in framed]),
+            np.concatenate([m.frames.ends for m, _ in framed]))
 
 
 def parse_part(part: str | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -645,6 +826,6 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
                               [s for m in parts for s in m.shards], keys, cols,
                               sum(m.dropped_empty for m in parts), value_columns=first.value_columns,
                               left_out_columns=left_out if first.value_columns is not None else None,
-                              nonfinite=nonfinite)
+                              nonfinite=nonfinite, frames=_merged_frames(parts))
     write_manifest(fs, root, manifest)
     return manifest

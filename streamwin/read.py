@@ -3,15 +3,20 @@
 Local (and node-cached) shards are mapped into the buffer instead of read (see mapped.py):
 the batch gather is then the only copy of a window's bytes.
 
-For each sequence a block touches, only the steps its windows cover are read; the byte
-ranges of neighbouring sequences in a shard are merged, so a slice of many short
-sequences is one read and a window range of one giant sequence is one read too. Every
+A block's windows are cut into pieces, runs of consecutive windows of one sequence (with
+shuffle a block holds several slices of the plan, scattered over the shards and over a long
+sequence), and only the steps each piece covers are read. Pieces of consecutive windows are
+merged across the headers between them, so a slice of many short sequences is one read;
+pieces of different slices only across a gap small beside them, so an epoch reads each
+shard byte about once (bytes read / shard bytes near 1, in ``stats()``), and a block's
+buffer holds what its windows cover, however long the sequences. Every
 ``.npy`` header that a read covers is checked against the manifest (dtype, shape, header
 length) before any window is cut from it. Reads retry with exponential backoff; what still
 fails is a ShardError naming the shard, the member and the byte offset.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -28,7 +33,10 @@ from .plan import Plan
 from .storage import BrokenRead, RangeReader, describe, is_local, join, permanent, url_to_fs
 
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
+OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the reads beside them
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
+COMPRESSED_GAP = 4 << 10  # compressed members this close are read as one run (tar headers, json members)
+RAW_BATCH = 8 << 20  # compressed bytes of a block read (and decompressed) at a time
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
 READABLE = np.iinfo(np.int64).max  # steps readable of a sequence that read without error: all of them
 
@@ -93,6 +101,7 @@ class ShardSource:
         self.stats = ReadStats()
         self._header_cache: dict[bytes, tuple] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()  # per reading thread: its zstd decompressor
 
     def shard_url(self, k: int) -> str:
         return f"{self.url}/{self.manifest.shards[k].name}"
@@ -102,39 +111,35 @@ class ShardSource:
         with self._lock:
             self._unmap.clear()
         g, real, shuffled = plan.block_parts(stream, block)  # stream order: runs of consecutive windows
-        seq, start = plan.locate(g)
         m = self.manifest
         span = plan.config.spec.span
         sb = m.step_bytes
-        # group the windows by sequence: the step range each sequence must provide
-        order = np.argsort(seq, kind="stable")
-        sorted_seq = seq[order]
-        new = np.ones(len(seq), dtype=bool)
-        new[1:] = sorted_seq[1:] != sorted_seq[:-1]
-        first = np.flatnonzero(new)
-        uniq = sorted_seq[first]
-        inv = np.empty(len(seq), dtype=np.int64)
-        inv[order] = np.cumsum(new) - 1
-        smin = np.minimum.reduceat(start[order], first)
-        smax = np.maximum.reduceat(start[order], first)
-        if npyfmt.is_big_endian(m.dtype) and len(uniq):  # an index made elsewhere; every read would be wrong
-            raise self._byte_order_error(int(uniq[0]))
-        length = plan.ends(uniq)  # a split's view may end before the sequence does
-        valid = np.minimum(length[inv] - start, span)
+        order = np.argsort(g, kind="stable")  # manifest order: by sequence, then start
+        seq, start = plan.locate(g[order])
+        real = real[order]
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))  # where each window of stream order went in manifest order
+        into_yield = rank if shuffled is None else rank[shuffled]
+        length = plan.ends(seq)  # a split's view may end before the sequence does
+        if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
+            raise self._byte_order_error(int(seq[0]))
+        p = _pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
+        uniq, inv = np.unique(seq, return_inverse=True)
+        valid = np.minimum(length - start, span)
         if m.compression:
-            buf, base, good = self._read_compressed(uniq, span * sb)
+            buf, base, good = self._read_compressed(p, span * sb)
         else:
-            buf, base, good = self._read_plain(uniq, smin, np.minimum(length, smax + span), span * sb)
-        offs = base[inv] + start * sb
+            buf, base, good = self._read_plain(p.seq, p.s_lo, p.s_hi, span * sb, p.joined)
+        piece_of = p.index
+        offs = base[piece_of] + start * sb
         if good.min(initial=READABLE) < READABLE:  # on_error="skip": unreadable windows become zeros of weight 0
-            lost = start + valid > good[inv]  # a window needs steps [start, start + valid) of its sequence
+            lost = start + valid > good[piece_of]  # a window needs steps [start, start + valid) of its sequence
             offs[lost] = len(buf) - span * sb
             real = real & ~lost
             valid = np.where(lost, 0, valid)
             with self._lock:
                 self.stats.skipped_windows += int(lost.sum())
-        if shuffled is not None:  # into yield order
-            offs, start, real, valid, inv = (a[shuffled] for a in (offs, start, real, valid, inv))
+        offs, start, real, valid, inv = (a[into_yield] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, uniq, inv)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
@@ -155,7 +160,7 @@ class ShardSource:
         with self._lock:
             if isinstance(base, mapped.MappedBuffer):  # unmapped by the reading thread, off the batch path
                 self._unmap.append(base)
-            elif len(self._free) < 4 and base.dtype == np.uint8 and base.ndim == 1:
+            elif len(self._free) < 4 and base.dtype == np.uint8 and base.ndim == 1 and not self.manifest.compression:
                 self._free.append(base)
         block.buf = block.buf_tensor = None
 
@@ -180,11 +185,15 @@ class ShardSource:
                           f"in loader.stats(): {err}", RuntimeWarning, stacklevel=2)
 
     # -- uncompressed: byte ranges mapped, or read, into the block buffer ---------------------
-    def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray,
-                    tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(buffer, where each sequence's step 0 is in it, steps readable per sequence).
+    def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray, tail: int,
+                    joined: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
 
-        Sequence u needs steps [s_lo[u], s_hi[u]); neighbours in a shard are read as one run.
+        Piece u needs steps [s_lo[u], s_hi[u]) of sequence uniq[u] (pieces in manifest order, a
+        sequence may have several). Neighbours in a shard are read as one run: across any gap up
+        to MERGE_GAP when the pieces hold consecutive windows (``joined``: the gap is headers and
+        sequences without windows), else only across a gap small beside both pieces (the gap is
+        other blocks' data, which an epoch would read twice).
         """
         m = self.manifest
         sb = m.step_bytes
@@ -193,7 +202,10 @@ class ShardSource:
         r_lo = np.where(s_lo == 0, m.offset[uniq], data0 + s_lo * sb)  # from step 0: include the npy header
         r_hi = data0 + s_hi * sb
         new = np.ones(len(uniq), dtype=bool)
-        new[1:] = (shard[1:] != shard[:-1]) | (r_lo[1:] - r_hi[:-1] > MERGE_GAP)
+        gap = r_lo[1:] - r_hi[:-1]
+        small = np.minimum(r_hi - r_lo, MERGE_GAP * OTHER_GAP_RATIO) // OTHER_GAP_RATIO
+        room = np.where(joined[1:], MERGE_GAP, np.minimum(small[1:], small[:-1]))
+        new[1:] = (shard[1:] != shard[:-1]) | (gap > room)
         first = np.flatnonzero(new)
         run = np.cumsum(new) - 1
         run_lo = r_lo[first]
@@ -372,44 +384,158 @@ class ShardSource:
     def _member(self, i: int) -> str:
         return f"{self.manifest.key(i)}.npy" + (".zst" if self.manifest.compression else "")
 
-    # -- compressed members: read whole, decompress, lay out the array data ---------------------
-    def _read_compressed(self, uniq: np.ndarray, span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        import zstandard
+    # -- compressed members: decompress the frames a piece needs, lay out their array data ----------
+    def _read_compressed(self, p: "_Pieces", span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
 
+        A member packed as frames (``manifest.frames``) gives each piece the frames holding its
+        steps; any other member is decompressed whole, once for all the pieces of its sequence.
+        The compressed bytes are read first, neighbours in a shard as one run (concurrently on
+        remote storage), then decompressed piece by piece.
+        """
         m = self.manifest
         sb = m.step_bytes
-        shard = np.searchsorted(m.shard_starts, uniq, side="right") - 1
-        nbytes = m.length[uniq] * sb
-        base = np.zeros(len(uniq) + 1, dtype=np.int64)
-        np.cumsum(nbytes, out=base[1:])
-        tail = max(int(nbytes.max()) if len(uniq) else 0, span_bytes)
-        buf = np.zeros(int(base[-1]) + tail, dtype=np.uint8)
-        good = np.full(len(uniq), READABLE, dtype=np.int64)
-        dctx = zstandard.ZstdDecompressor()
-        for j, i in enumerate(uniq.tolist()):
-            try:
-                self._decompress_into(dctx, buf, int(base[j]), int(nbytes[j]), i, int(shard[j]))
-            except ShardError as e:  # a read error names the shard and offset; add the member
-                self._skip_or_raise(self._name_member(e, uniq[j : j + 1]))
-                good[j] = 0  # a compressed member is read whole: all of it or nothing
-        return buf, base[:-1], good
+        a, b, framed = self._frame_steps(p)
+        shared = np.zeros(len(p.seq), dtype=bool)  # a whole member already laid out for the piece before
+        shared[1:] = ~framed[1:] & (p.seq[1:] == p.seq[:-1])
+        nbytes = np.where(shared, 0, (b - a) * sb)
+        pos = np.zeros(len(p.seq) + 1, dtype=np.int64)
+        np.cumsum(nbytes, out=pos[1:])
+        buf = _anonymous(int(pos[-1]) + span_bytes)  # zero-filled, given back to the system when dropped
+        good = np.full(len(p.seq), READABLE, dtype=np.int64)
+        own = np.flatnonzero(~shared)
+        shard = np.searchsorted(m.shard_starts, p.seq[own], side="right") - 1
+        lo, hi = self._compressed_ranges(p.seq[own], a[own], b[own], framed[own])
+        dctx = self._decompressor()
+        failed = np.zeros(len(own), dtype=bool)
+        for n0, n1, raw, at in self._read_compressed_runs(p.seq[own], shard, lo, hi, failed):
+            for n in range(n0, n1):
+                j, i, k = int(own[n]), int(p.seq[own[n]]), int(shard[n])
+                src = memoryview(raw)[at[n - n0] : at[n - n0] + hi[n] - lo[n]]
+                try:
+                    if failed[n]:
+                        continue
+                    if framed[j]:
+                        self._decompress_frames(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(a[j]), int(b[j]))
+                    else:
+                        self._decompress(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(m.offset[i]), 0)
+                except ShardError as e:
+                    self._skip_or_raise(e)
+                    failed[n] = True
+        good[own[failed]] = 0  # what a piece reads is decompressed whole: all of it or nothing
+        owner = np.maximum.accumulate(np.where(shared, 0, np.arange(len(p.seq))))
+        return buf, pos[owner] - a[owner] * sb, good[owner]
 
-    def _decompress_into(self, dctx, buf: np.ndarray, at: int, nbytes: int, i: int, k: int) -> None:
+    def _compressed_ranges(self, seq: np.ndarray, a: np.ndarray, b: np.ndarray,
+                           framed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shard byte ranges [lo, hi) to read for steps [a, b) of each member: its frames, or all of it."""
+        m, fr = self.manifest, self.manifest.frames
+        lo, hi = m.offset[seq].copy(), m.offset[seq] + m.size[seq]
+        for n in np.flatnonzero(framed).tolist():
+            ends = self._frame_ends(int(seq[n]))
+            j0, j1 = int(a[n]) // fr.rows, -(-int(b[n]) // fr.rows)
+            hi[n] = lo[n] + ends[j1 - 1]
+            lo[n] += ends[j0 - 1] if j0 else 0
+        return lo, hi
+
+    def _frame_ends(self, i: int) -> np.ndarray:
+        fr = self.manifest.frames
+        at = int(np.searchsorted(fr.seq, i))
+        return fr.ends[fr.first[at] : fr.first[at + 1]]
+
+    def _read_compressed_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                              failed: np.ndarray):
+        """Read ranges [lo, hi) in runs, a batch of about RAW_BATCH bytes at a time (concurrently on remote
+        storage); yields (first range, end range, bytes, where each range of the batch is in them).
+
+        Ranges of a run that fails are marked in ``failed`` (after the error is raised or counted).
+        """
+        new = np.ones(len(lo), dtype=bool)
+        new[1:] = (shard[1:] != shard[:-1]) | (lo[1:] - hi[:-1] > COMPRESSED_GAP)
+        first = np.flatnonzero(new)
+        run = np.cumsum(new) - 1
+        run_lo, run_hi = lo[first], np.maximum.reduceat(hi, first) if len(first) else hi
+        bounds = np.append(first, len(lo))
+        r0 = 0
+        while r0 < len(first):
+            sizes = np.cumsum(run_hi[r0:] - run_lo[r0:])
+            r1 = r0 + max(1, int(np.searchsorted(sizes, RAW_BATCH, side="right")))
+            pos = np.zeros(r1 - r0 + 1, dtype=np.int64)
+            np.cumsum(run_hi[r0:r1] - run_lo[r0:r1], out=pos[1:])
+            raw = _anonymous(int(pos[-1]))
+            runs = [(int(shard[first[r]]), int(run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
+                    for r in range(r0, r1)]
+            for r, err in zip(range(r0, r1), self._read_many(runs)):
+                if err is not None:
+                    self._skip_or_raise(self._name_member(err, seq[bounds[r] : bounds[r + 1]]))
+                    failed[bounds[r] : bounds[r + 1]] = True
+            n0, n1 = int(bounds[r0]), int(bounds[r1])
+            yield n0, n1, raw, pos[run[n0:n1] - r0] + (lo[n0:n1] - run_lo[run[n0:n1]])
+            r0 = r1
+
+    def _decompressor(self):
+        """This thread's zstd decompressor, made once: a fresh one per block costs memory that is not given back."""
+        import zstandard
+
+        local = self._local
+        if getattr(local, "dctx", None) is None:
+            local.dctx = zstandard.ZstdDecompressor()
+        return local.dctx
+
+    def _frame_steps(self, p: "_Pieces") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first step, end step, framed) that each piece lays out: its own steps, or the whole member."""
+        m = self.manifest
+        a = np.zeros(len(p.seq), dtype=np.int64)
+        b = m.length[p.seq].astype(np.int64)
+        fr = m.frames
+        if fr is None:
+            return a, b, np.zeros(len(p.seq), dtype=bool)
+        at = np.minimum(np.searchsorted(fr.seq, p.seq), max(len(fr.seq) - 1, 0))
+        framed = (fr.seq[at] == p.seq) if len(fr.seq) else np.zeros(len(p.seq), dtype=bool)
+        return np.where(framed, p.s_lo, a), np.where(framed, p.s_hi, b), framed
+
+    def _decompress_frames(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int, a: int, b: int) -> None:
+        """Steps [a, b) of framed member i into ``out``, from ``raw``, the frames that hold them, one by one."""
+        m, fr = self.manifest, self.manifest.frames
+        sb, rows = m.step_bytes, fr.rows
+        ends = self._frame_ends(i)
+        j0, j1 = a // rows, -(-b // rows)
+        lo = int(ends[j0 - 1]) if j0 else 0
+        cuts = [0] + (ends[j0:j1] - lo).tolist()
+        length, off = int(m.length[i]), int(m.offset[i]) + lo
+        for j, (f0, f1) in zip(range(j0, j1), zip(cuts, cuts[1:])):
+            s0, s1 = max(a, j * rows), min(b, (j + 1) * rows)  # the steps of this frame the piece needs
+            self._decompress(dctx, raw[f0:f1], out[(s0 - a) * sb : (s1 - a) * sb], i, k, off + f0, j * rows,
+                             min(rows, length - j * rows) * sb, s0)
+
+    def _decompress(self, dctx, raw, out: np.ndarray, i: int, k: int, off: int, first: int,
+                    nbytes: int | None = None, at: int | None = None) -> None:
+        """Decompress ``raw`` (the frames of member i from step ``first``; ``nbytes`` of array data, all of
+        the member's when None) and copy the steps from ``at`` (default ``first``) into ``out``.
+
+        Frame 0 begins with the npy header, which is checked against the manifest; a frame that
+        cannot be decompressed, or holds other than ``nbytes``, is a ShardError naming the member.
+        """
         import zstandard
 
         m = self.manifest
-        off, size = int(m.offset[i]), int(m.size[i])
-        raw = bytearray(size)
-        self._read_into(k, off, memoryview(raw))
+        head = int(m.hlen[i]) if first == 0 else 0
+        nbytes = len(out) if nbytes is None else nbytes
         try:
-            data = dctx.decompress(bytes(raw), max_output_size=int(m.hlen[i]) + nbytes)
+            data = dctx.decompress(raw, max_output_size=head + nbytes)  # the first frame only
+            if len(data) < head + nbytes:  # a member of several frames the manifest does not list
+                with dctx.stream_reader(raw, read_across_frames=True) as src:
+                    data = src.read(head + nbytes + 1)
         except zstandard.ZstdError as e:
-            raise ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i), offset=off) from e
-        hlen = self._check_header(data[: int(m.hlen[i])], i, k)
-        if len(data) != hlen + nbytes:
-            raise ShardError(f"member holds {len(data) - hlen} data bytes, manifest says {nbytes}",
+            raise ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i),
+                             offset=off) from e
+        if head:
+            self._check_header(data[:head], i, k)
+        if len(data) != head + nbytes:
+            raise ShardError(f"member holds {len(data) - head} data bytes here, the manifest implies {nbytes}",
                              shard=self.shard_url(k), member=self._member(i), offset=off)
-        buf[at : at + nbytes] = np.frombuffer(data, dtype=np.uint8, offset=hlen)
+        skip = head + ((at if at is not None else first) - first) * m.step_bytes
+        out[:] = np.frombuffer(data, dtype=np.uint8, count=len(out), offset=skip)
 
     # -- raw reads with retries -----------------------------------------------------------------
     def _read_many(self, runs: list[tuple[int, int, memoryview]]) -> list[ShardError | None]:
@@ -485,6 +611,15 @@ class ShardSource:
         return self.ranges.read_into(path, offset, out)
 
 
+def _anonymous(nbytes: int) -> np.ndarray:
+    """``nbytes`` of zeroed memory mapped for this use alone, unmapped when the last view is dropped.
+
+    Compressed blocks vary in size; from malloc, their buffers would leave the heap fragmented
+    and the process's memory growing with the epoch (it did, with the length of a sequence).
+    """
+    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=np.uint8)[:nbytes]
+
+
 def _read_local(path: str, offset: int, out: memoryview) -> int:
     """Read into ``out`` from a local file at ``offset``; returns the bytes read (short at EOF)."""
     with open(path, "rb", buffering=0) as f:
@@ -501,6 +636,36 @@ def _read_file(f, offset: int, out: memoryview) -> int:
             break
         got += n
     return got
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """The step ranges a block reads: one piece per sequence and run of consecutive windows."""
+
+    seq: np.ndarray  # sequence of each piece, in manifest order
+    s_lo: np.ndarray  # first step the piece's windows cover
+    s_hi: np.ndarray  # end of the steps they cover
+    joined: np.ndarray  # the piece's first window directly follows the previous piece's last one
+    index: np.ndarray  # piece of each window
+
+
+def _pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int) -> _Pieces:
+    """Cut a block's windows (sorted global indices, their sequence, first and end step) into pieces.
+
+    A piece is a run of consecutive windows of one sequence (a slice of the plan, or part of
+    one) no more than ``gap`` steps apart: its steps are read as one range. Windows far apart
+    in a long sequence are separate pieces, so a block reads what its windows cover, not the
+    sequence between them (nor the steps a stride larger than the window skips).
+    """
+    n = len(g)
+    step = np.diff(g) > 1  # duplicates (equalize="pad" wrapping around) stay in one piece
+    new = np.ones(n, dtype=bool)
+    new[1:] = step | (seq[1:] != seq[:-1]) | (start[1:] - end[:-1] > gap)
+    first = np.flatnonzero(new)
+    joined = np.zeros(len(first), dtype=bool)
+    joined[1:] = ~step[first[1:] - 1]
+    s_hi = np.maximum.reduceat(end, first) if n else end
+    return _Pieces(seq[first], start[first], s_hi, joined, np.cumsum(new) - 1)
 
 
 @dataclass(frozen=True)

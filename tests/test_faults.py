@@ -91,8 +91,8 @@ def test_http_fault_free_is_exact_and_retry_free(dataset, http_server):
 @pytest.mark.parametrize("plan", [
     FaultPlan(drop_after_bytes=1000, drop_times=3, path_contains=SHARDS),
     FaultPlan(drop_after_bytes=700, drop_times=3, drop_with_reset=True, path_contains=SHARDS),
-    FaultPlan(drop_every_bytes=60_000, path_contains=SHARDS),
-], ids=["drop-fin", "drop-rst", "drop-every-60k"])
+    FaultPlan(drop_every_bytes=40_000, path_contains=SHARDS),  # an epoch reads ~150 kB
+], ids=["drop-fin", "drop-rst", "drop-every-40k"])
 def test_http_dropped_connections_mid_shard(dataset, http_server, fast_backoff, plan):
     root, _, ref = dataset
     srv = http_server(root, plan)
@@ -113,7 +113,7 @@ def test_http_retry_resumes_at_the_byte_that_broke(dataset, http_server, fast_ba
     ``bytes_read``. Only the retried requests' headers are extra.
     """
     root, _, ref = dataset
-    srv = http_server(root, FaultPlan(drop_every_bytes=9_000, path_contains=SHARDS))
+    srv = http_server(root, FaultPlan(drop_every_bytes=6_000, path_contains=SHARDS))  # ~30 drops in ~180 kB read
     loader = make_loader(srv.url_for("ds"), retries=30)
     assert epoch(loader) == ref
     st, fs = loader.stats(), srv.stats
