@@ -100,6 +100,7 @@ class ShardSource:
         self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
         self.stats = ReadStats()
         self._header_cache: dict[bytes, tuple] = {}
+        self._unfetchable: dict[int, ShardError] = {}  # shards the cache failed to fetch for the current block
         self._lock = threading.Lock()
         self._local = threading.local()  # per reading thread: its zstd decompressor
 
@@ -110,6 +111,7 @@ class ShardSource:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""
         with self._lock:
             self._unmap.clear()
+            self._unfetchable.clear()
         g, real, shuffled = plan.block_parts(stream, block)  # stream order: runs of consecutive windows
         m = self.manifest
         span = plan.config.spec.span
@@ -340,8 +342,15 @@ class ShardSource:
             hit = False
             local = path
             if self.cache is not None:
+                failed = self._unfetchable.get(k)
+                if failed is not None:  # this block already tried: a shard that failed to fetch is not fetched again
+                    raise failed
                 hit = self.cache.has(self.shard_url(k), entry)
-                local = self.cache.fetch(self.shard_url(k), self.fs, path, entry)
+                try:
+                    local = self.cache.fetch(self.shard_url(k), self.fs, path, entry)
+                except ShardError as e:
+                    self._unfetchable[k] = e
+                    raise
             try:
                 return open(local, "rb", buffering=0), hit
             except FileNotFoundError as e:
