@@ -1,11 +1,12 @@
 """Batch slots in shared memory: allocated once per worker pool, filled by workers, viewed by the trainer.
 
-One file in /dev/shm holds, per worker, a few fixed-size batch slots (``BatchLayout.nbytes``
-each) and a small block of counters. The trainer creates it, every worker maps it, and the
-trainer unlinks the name as soon as all workers have it open: from then on nothing is left
-in /dev/shm whatever happens (Ctrl-C, SIGTERM, a crash); the memory goes when the last
-process unmaps it. Per batch nothing is allocated: a worker gathers into a free slot and
-sends the slot's number.
+One shared-memory file holds, per worker, a few fixed-size batch slots (``BatchLayout.nbytes``
+each) and a small block of counters. It has no name: a memfd on Linux, elsewhere a file in
+the shm directory unlinked right after it is made. Workers get its file descriptor (inherited
+with fork, passed by multiprocessing with spawn or forkserver), so nothing is ever left in
+/dev/shm whatever happens (Ctrl-C, SIGTERM, SIGKILL during start-up, a crash); the memory
+goes when the last process unmaps it. Per batch nothing is allocated: a worker gathers into
+a free slot and sends the slot's number.
 
 With ``pin=True`` (and CUDA) the trainer page-locks the mapping (cudaHostRegister), so a
 ``.to(device, non_blocking=True)`` copies straight from the slot, asynchronously.
@@ -17,6 +18,7 @@ import mmap
 import os
 import tempfile
 import uuid
+from multiprocessing import reduction
 
 import numpy as np
 
@@ -30,43 +32,61 @@ def shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-class SharedFile:
-    """``nbytes`` of a shared-memory file mapped read-write; unmapped when the last numpy view is gone."""
+def _anonymous_fd(nbytes: int) -> int:
+    """A file descriptor of ``nbytes`` of shared memory that no name refers to."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(PREFIX + "slots", os.MFD_CLOEXEC)
+    else:
+        path = os.path.join(shm_dir(), f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.unlink(path)  # the descriptor keeps the memory; no name is left to leak
+    try:
+        os.ftruncate(fd, nbytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
-    def __init__(self, nbytes: int, path: str | None = None):
-        self.nbytes = -(-max(nbytes, 1) // PAGE) * PAGE
-        self.created = path is None
-        self.path = path or os.path.join(shm_dir(), f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+class SharedHandle:
+    """What a worker needs to map a SharedFile: its descriptor and size (picklable for spawn)."""
+
+    def __init__(self, fd: int, nbytes: int):
+        self.fd, self.nbytes = fd, nbytes
+
+    def __reduce__(self):  # under spawn/forkserver, multiprocessing passes a duplicate of the descriptor
+        return _rebuild_handle, (self.nbytes, reduction.DupFd(self.fd))
+
+
+def _rebuild_handle(nbytes: int, dupfd) -> SharedHandle:
+    return SharedHandle(dupfd.detach(), nbytes)
+
+
+class SharedFile:
+    """``nbytes`` of nameless shared memory mapped read-write; unmapped when the last numpy view is gone."""
+
+    def __init__(self, nbytes: int, handle: SharedHandle | None = None):
+        self.nbytes = -(-max(nbytes, 1) // PAGE) * PAGE if handle is None else handle.nbytes
         self._registered = False
-        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if self.created else 0), 0o600)
+        self.fd = _anonymous_fd(self.nbytes) if handle is None else handle.fd
         try:
-            if self.created:
-                os.ftruncate(fd, self.nbytes)
-            self._mm = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._mm = mmap.mmap(self.fd, self.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
-            if self.created:
-                os.unlink(self.path)
+            os.close(self.fd)
             raise
-        finally:
-            os.close(fd)
         probe = ctypes.c_char.from_buffer(self._mm)  # the mapping's address; released right away
         self.addr = ctypes.addressof(probe)
         del probe
         self.__array_interface__ = {"data": (self.addr, False), "shape": (self.nbytes,), "typestr": "|u1",
                                     "version": 3}
 
+    def handle(self) -> SharedHandle:
+        """For a worker: map the same memory (pass it as a Process argument)."""
+        return SharedHandle(self.fd, self.nbytes)
+
     def array(self) -> np.ndarray:
         """A uint8 view of the whole mapping; the mapping lives as long as any view of it."""
         return np.asarray(self)
-
-    def unlink(self) -> None:
-        """Remove the name (every process that mapped it keeps its memory)."""
-        if self.created:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            self.created = False
 
     def pin(self) -> bool:
         """Page-lock the mapping for asynchronous copies to CUDA devices; False if CUDA is absent."""
@@ -92,7 +112,12 @@ class SharedFile:
                 mm.close()
             except (BufferError, ValueError):
                 pass
-        self.unlink()
+        if getattr(self, "fd", -1) >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
 
 
 class Region:

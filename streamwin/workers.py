@@ -31,7 +31,7 @@ from .dataset import close_stream, open_blocks, open_stream
 from .device import window_table
 from . import errors
 from .errors import ShardError, WorkerError
-from .slots import SharedFile, SlotLayout
+from .slots import SharedFile, SharedHandle, SlotLayout
 
 _MSG = struct.Struct("<Bqqq")
 READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING, BLOCK, CHUNK = 1, 2, 3, 4, 5, 0, 6, 7, 8
@@ -77,7 +77,7 @@ def _recv(conn, parent_pid: int) -> tuple[int, int, int, int]:
         raise _ParentGone from e
 
 
-def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], path: str, slot_layout: SlotLayout,
+def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], shared: SharedHandle, slot_layout: SlotLayout,
                 conn, parent_pid: int, ship_blocks: bool = False) -> None:
     """A worker process: map the slots, then run the passes the trainer asks for.
 
@@ -90,7 +90,7 @@ def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], path:
     torch.set_num_threads(1)
     _forward_warnings(conn)
     ds._world = world  # the trainer's rank: torch.distributed is not initialized here
-    arr = SharedFile(slot_layout.nbytes, path=path).array()
+    arr = SharedFile(slot_layout.nbytes, shared).array()
     raw = [slot_layout.slot(arr, worker, i) for i in range(slot_layout.slots)]
     slots = _Slots(raw if ship_blocks else [ds.layout().views(r) for r in raw], conn, parent_pid)
     counters = slot_layout.counters(arr, worker)
@@ -242,7 +242,7 @@ class WorkerPool:
             for w in range(num_workers):
                 mine, theirs = context.Pipe(duplex=True)
                 p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
-                                    args=(ds, num_workers, w, world, self.shm.path, self.slot_layout, theirs,
+                                    args=(ds, num_workers, w, world, self.shm.handle(), self.slot_layout, theirs,
                                           os.getpid(), ship_blocks))
                 p.start()
                 theirs.close()
@@ -258,8 +258,6 @@ class WorkerPool:
         except BaseException:
             self.close()
             raise
-        finally:
-            self.shm.unlink()  # every worker has it mapped (or failed): nothing stays in /dev/shm
 
     def start(self, epoch: int, first_batches: list[int]) -> None:
         """Begin a pass: worker w yields its stream's batches from ``first_batches[w]`` on."""
@@ -354,6 +352,5 @@ class WorkerPool:
                 p.join()
         for conn in self.conns:
             conn.close()
-        self.shm.unlink()
         self.bases = self.regions = []
         self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go

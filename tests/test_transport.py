@@ -358,3 +358,30 @@ def test_spawned_workers_yield_the_same_batches(tiny):
     spawned = sw.WindowLoader(ds, num_workers=2, multiprocessing_context="spawn")
     assert same(run(spawned), forked)
     assert not our_children() and not leftovers(os.getpid())
+
+
+STARTING = """
+import os, sys
+import streamwin as sw
+ds = sw.WindowDataset({url!r}, window=16, stride=8, batch_size=4, shuffle_buffer=16)
+loader = sw.WindowLoader(ds, num_workers=2, multiprocessing_context="spawn")  # seconds to start
+print("STARTING", os.getpid(), flush=True)
+for batch in loader:
+    pass
+"""
+
+
+def test_a_trainer_killed_while_its_workers_start_leaves_no_shared_memory(tiny, tmp_path):
+    """Spawned workers take seconds to start; a SIGKILL meanwhile must leave nothing named in /dev/shm."""
+    url, _ = tiny
+    script = tmp_path / "start.py"
+    script.write_text(STARTING.format(url=url))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    line = proc.stdout.readline()
+    assert line.startswith("STARTING"), proc.stderr.read()
+    pid = int(line.split()[1])
+    time.sleep(1.0)  # the pool exists; its spawned workers are still importing torch
+    proc.kill()
+    proc.wait(timeout=20)
+    assert not leftovers(pid), "shared memory named in /dev/shm outlived a trainer killed during start-up"
