@@ -65,7 +65,6 @@ class BatchLayout:
             self.fields.append(f)
             at += -(-f.nbytes // ALIGN) * ALIGN
         self.nbytes = at
-        self.batch_size = b
 
     def has(self, name: str) -> bool:
         """Whether batches have field ``name``."""
@@ -193,8 +192,8 @@ def _byte_rows(block: Block, nbytes: int) -> torch.Tensor:
 class Gatherer:
     """Writes the windows of (block, window range) parts into one batch's field arrays."""
 
-    def __init__(self, manifest: Manifest, spec: WindowSpec, layout: BatchLayout):
-        self.spec, self.layout = spec, layout
+    def __init__(self, manifest: Manifest, spec: WindowSpec):
+        self.spec = spec
         self.sb = manifest.step_bytes
 
     def gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

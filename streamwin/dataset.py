@@ -280,7 +280,7 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     """
     source = open_source(ds)
     reader = BlockReader(source, plan, stream, readahead=ds.readahead, transform=transform)
-    gatherer = gatherer or Gatherer(ds.manifest, ds.spec, ds.layout())
+    gatherer = gatherer or Gatherer(ds.manifest, ds.spec)
     node: Batcher | ThreadPrefetcher = Batcher(reader, gatherer, next_buffer or (lambda: None))
     if prefetch and ds.prefetch > 0:
         node = ThreadPrefetcher(node, depth=ds.prefetch)

@@ -66,6 +66,7 @@ class Pass:
         self.loader, self.plan, self.world = loader, plan, world
         self.total = plan.batches_per_rank
         self.manifest = loader.dataset.manifest
+        self.device_bytes: DeviceBytes | None = None  # device modes: what this pass uploaded
 
     def __iter__(self) -> "Pass":
         return self
@@ -93,10 +94,18 @@ class Pass:
         return np.zeros(len(STAT_FIELDS), dtype=np.int64)
 
     def extra_stats(self) -> dict[str, Any]:
-        return {}
+        """Run totals of device mode: this pass's uploads added to the earlier passes'."""
+        before, counter = self.loader._device_stats, self.device_bytes
+        if counter is None:
+            return dict(before)
+        return {"device_blocks": before.get("device_blocks", 0) + counter.blocks,
+                "device_uploaded_bytes": before.get("device_uploaded_bytes", 0) + counter.uploaded_bytes,
+                "device_peak_bytes": max(before.get("device_peak_bytes", 0), counter.peak_bytes)}
 
     def close(self) -> None:
-        pass
+        """Stop the pass's threads; its device totals become the loader's."""
+        self.loader._device_stats = self.extra_stats()
+        self.device_bytes = None
 
 
 class LocalPass(Pass):
@@ -121,6 +130,7 @@ class LocalPass(Pass):
         close_stream(self.node)
         self.loader._totals += self.local_stats()
         self.source.stats.__init__()  # counted once
+        super().close()
 
 
 def _allocator(pin: bool):
@@ -190,6 +200,7 @@ class WorkerPass(Pass):
 
     def close(self) -> None:
         self._recycle()  # slots still held stay in pool.held, released by a later pass once dropped
+        super().close()
 
 
 
@@ -198,37 +209,21 @@ class DevicePass(LocalPass):
 
     def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
         Pass.__init__(self, loader, plan, world)
-        ds = loader.dataset
-        gatherer = DeviceGatherer(ds.manifest, ds.spec, loader.device, with_weight=ds.layout().has("weight"))
-        self.uploader = None
-        self.node, self.source = open_stream(ds, plan, world[0], loader._taken, None, prefetch=False,
-                                             transform=self._upload, gatherer=gatherer)
+        self.node, self.source = open_stream(loader.dataset, plan, world[0], loader._taken, None, prefetch=False,
+                                             transform=self._upload, gatherer=_device_gatherer(loader))
 
     def _upload(self, block):
-        if self.uploader is None:  # made on the read-ahead thread, where the uploads run
-            self.uploader = Uploader(self.loader.device, self.source)
-        return self.uploader(block)
+        if self.device_bytes is None:  # the Uploader is made on the read-ahead thread, where the uploads run
+            self.device_bytes = Uploader(self.loader.device, self.source)
+        return self.device_bytes(block)
 
     def _next(self) -> dict[str, Any]:
         return next(self.node)
 
-    def extra_stats(self) -> dict[str, Any]:
-        return _device_totals(self.loader, self.uploader)
 
-    def close(self) -> None:
-        super().close()
-        self.loader._device_stats = self.extra_stats()
-        self.uploader = None
-
-
-def _device_totals(loader: WindowLoader, counter: DeviceBytes | None) -> dict[str, Any]:
-    """Run totals of device mode: this pass's uploads added to the earlier passes'."""
-    before = loader._device_stats
-    if counter is None:
-        return dict(before)
-    return {"device_blocks": before.get("device_blocks", 0) + counter.blocks,
-            "device_uploaded_bytes": before.get("device_uploaded_bytes", 0) + counter.uploaded_bytes,
-            "device_peak_bytes": max(before.get("device_peak_bytes", 0), counter.peak_bytes)}
+def _device_gatherer(loader: WindowLoader) -> DeviceGatherer:
+    ds = loader.dataset
+    return DeviceGatherer(ds.manifest, ds.spec, loader.device, with_weight=ds.layout().has("weight"))
 
 
 class DeviceWorkerPass(WorkerPass):
@@ -243,9 +238,9 @@ class DeviceWorkerPass(WorkerPass):
         self.device = loader.device
         self.cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
-        self.bytes = DeviceBytes()
+        self.device_bytes = DeviceBytes()
         self.ahead = max(1, ds.readahead)  # blocks uploaded ahead per stream: device memory stays bounded
-        gatherer = DeviceGatherer(ds.manifest, ds.spec, self.device, with_weight=ds.layout().has("weight"))
+        gatherer = _device_gatherer(loader)
         self.readers = [RemoteBlocks(self, w, plan, world[0] * n + w) for w in range(n)]
         self.batchers = [Batcher(r, gatherer, lambda: None) for r in self.readers]
         j = loader._taken
@@ -267,7 +262,7 @@ class DeviceWorkerPass(WorkerPass):
                 dev = torch.empty(total, dtype=torch.uint8, device=self.device)
         else:
             dev = torch.empty(total, dtype=torch.uint8, device=self.device)
-        self.bytes.count(dev, total)
+        self.device_bytes.count(dev, total)
         return {"dev": dev, "nbytes": nbytes, "table": np.empty(TABLE_BYTES * windows, dtype=np.uint8), "got": 0,
                 "ready": None}
 
@@ -291,14 +286,6 @@ class DeviceWorkerPass(WorkerPass):
             self.pool.release(w, slot)
         block["got"] = got + k
         return block["got"] == tlen + block["nbytes"]
-
-    def extra_stats(self) -> dict[str, Any]:
-        return _device_totals(self.loader, self.bytes)
-
-    def close(self) -> None:
-        super().close()
-        self.loader._device_stats = self.extra_stats()
-        self.bytes = None
 
 
 class RemoteBlocks(BaseNode):

@@ -144,22 +144,25 @@ class SlotLayout:
     def __init__(self, workers: int, slots: int, slot_bytes: int):
         self.workers, self.slots = workers, slots
         self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
-        self.counters_at = 0
         self.slots_at = -(-(workers * COUNTERS * 8) // PAGE) * PAGE
         self.nbytes = self.slots_at + workers * slots * self.slot_bytes
 
+    def slot_at(self, worker: int, slot: int) -> int:
+        """Byte offset of ``slot`` of ``worker`` in the file (the counters come first)."""
+        return self.slots_at + (worker * self.slots + slot) * self.slot_bytes
+
     def slot(self, arr: np.ndarray, worker: int, slot: int) -> np.ndarray:
         """The bytes of ``slot`` of ``worker`` (a view of ``arr``, the whole file)."""
-        at = self.slots_at + (worker * self.slots + slot) * self.slot_bytes
+        at = self.slot_at(worker, slot)
         return arr[at : at + self.slot_bytes]
 
     def region(self, shared: SharedFile, worker: int, slot: int) -> Region:
         """``slot`` of ``worker`` as a Region of its own (trainer side: per-slot reference counts)."""
-        return Region(shared, self.slots_at + (worker * self.slots + slot) * self.slot_bytes, self.slot_bytes)
+        return Region(shared, self.slot_at(worker, slot), self.slot_bytes)
 
     def counters(self, arr: np.ndarray, worker: int) -> np.ndarray:
         """The int64 counters of ``worker``."""
-        at = self.counters_at + worker * COUNTERS * 8
+        at = worker * COUNTERS * 8
         return arr[at : at + COUNTERS * 8].view(np.int64)
 
 
