@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -221,6 +221,11 @@ class WindowDataset:
     def plan(self, epoch: int = 0, num_workers: int = 0) -> Plan:
         """The plan of ``epoch`` for every stream of every rank (pure: no I/O beyond the manifest)."""
         return make_plan(None, self.manifest.shard_starts, self.config(num_workers), epoch, index=self.window_index())
+
+    def plan_of(self, inputs: dict[str, Any], epoch: int = 0) -> Plan:
+        """The plan over this dataset under a checkpoint's world, workers and batch size (``plan_inputs``)."""
+        cfg = replace(self.config(), **{k: inputs[k] for k in POSITION_ONLY if k in inputs})
+        return make_plan(None, self.manifest.shard_starts, cfg, epoch, index=self.window_index())
 
     def __len__(self) -> int:
         """Batches one rank yields per epoch without worker processes: the same on every rank (cached)."""

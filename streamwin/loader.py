@@ -106,7 +106,7 @@ class WindowLoader:
         self._resume = False  # a loaded position waits for the next pass
         self._pass: Pass | None = None
         self._pool: WorkerPool | None = None
-        self._len: int | None = None
+        self._len: tuple[int, int] | None = None  # (world size, batches per rank)
         self._logged = False
         self._totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
         self._yielded, self._wait, self._started = 0, 0.0, None
@@ -134,10 +134,14 @@ class WindowLoader:
         self._epoch_set = True
 
     def __len__(self) -> int:
-        """Batches each rank yields per epoch (the same on every rank and every epoch)."""
-        if self._len is None:
-            self._len = self.dataset.plan(0, self.num_workers).batches_per_rank
-        return self._len
+        """Batches each rank yields per epoch (the same on every rank and every epoch).
+
+        Cached per world size: a len() taken before ``init_process_group`` is not kept after it.
+        """
+        world_size = self.dataset.world()[1]
+        if self._len is None or self._len[0] != world_size:
+            self._len = (world_size, self.dataset.plan(0, self.num_workers).batches_per_rank)
+        return self._len[1]
 
     def state_dict(self) -> dict[str, Any]:
         """The position: epoch and batches handed out, with the plan inputs (a few hundred bytes)."""
@@ -147,13 +151,14 @@ class WindowLoader:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a position; the next pass (after ``set_epoch`` with the same epoch, or none) continues it."""
         epoch, taken, inputs = _read_state(state_dict)
-        finished = taken >= len(self)
+        try:  # at the end of the epoch of the plan it was taken under (its own batch size, world, workers)?
+            finished = taken >= self.dataset.plan_of(inputs).batches_per_rank
+        except (TypeError, ValueError):  # inputs no plan can have: check_state names them
+            finished = False
         check_state({"version": STATE_VERSION, "inputs": inputs}, self.dataset.plan_inputs(self.num_workers),
                      finished=finished)
         self.close_pass()
-        self._epoch, self._taken = epoch, min(taken, len(self)) if finished else taken
-        if finished and taken != len(self):  # another batch size: an epoch's end is the end
-            self._taken = len(self)
+        self._epoch, self._taken = epoch, len(self) if finished else taken  # an epoch's end is the end
         self._resume, self._epoch_set = True, False
 
     # -- iteration ---------------------------------------------------------------------------------

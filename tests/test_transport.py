@@ -273,14 +273,15 @@ def test_stats_are_run_totals(tiny, workers):
     assert (second["epoch"], second["batches_in_epoch"]) == (1, n) and second["wait_s"] > 0
 
 
-def test_a_state_at_an_epochs_end_loads_with_another_batch_size(tiny):
+@pytest.mark.parametrize("batch_size", [2 * B, B // 2])
+def test_a_state_at_an_epochs_end_loads_with_another_batch_size(tiny, batch_size):
     url, _ = tiny
     loader = make(url)
     run(loader)
     end = loader.state_dict()
-    other = make(url, batch_size=2 * B)
-    other.load_state_dict(end)  # carries no position: accepted
-    expected = make(url, batch_size=2 * B)
+    other = make(url, batch_size=batch_size)
+    other.load_state_dict(end)  # carries no position: accepted, a larger or a smaller batch size
+    expected = make(url, batch_size=batch_size)
     expected.set_epoch(1)
     assert same(run(other), run(expected))
     it = iter(loader)
