@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import sys
+import threading
 import tarfile
 from types import SimpleNamespace
 
@@ -30,6 +31,9 @@ def npy_header(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+_PARSE = threading.Lock()
+
+
 def parse_npy_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], int]:
     """(dtype, shape, header length) of .npy bytes; ValueError if they are not a plain numeric array."""
     head = bytes(data[:10])
@@ -49,7 +53,8 @@ def parse_npy_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...
     version = np.lib.format.read_magic(fp)
     reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     try:
-        shape, fortran, dtype = reader(fp, max_header_size=1 << 20)
+        with _PARSE:  # numpy parses with ast.literal_eval, which CPython 3.11 breaks when threads race in it
+            shape, fortran, dtype = reader(fp, max_header_size=1 << 20)
     except Exception as e:  # numpy's parser raises ValueError, SyntaxError, tokenize.TokenError, ...
         raise ValueError(f"bad .npy header: {type(e).__name__}: {e}") from e
     if dtype.hasobject or dtype.kind not in "biufc":
