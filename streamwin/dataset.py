@@ -20,7 +20,7 @@ from .cache import ShardCache
 from .errors import StateMismatchError
 from .manifest import Manifest
 from .nodes import Batcher, BlockReader, ThreadPrefetcher
-from .plan import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan
+from .plan import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan, rest_plan
 from .read import ShardSource
 from .split import SplitSpec, split_views
 from .storage import load_manifest
@@ -218,14 +218,31 @@ class WindowDataset:
             self._coarse = None
         return self._index
 
-    def plan(self, epoch: int = 0, num_workers: int = 0) -> Plan:
-        """The plan of ``epoch`` for every stream of every rank (pure: no I/O beyond the manifest)."""
-        return make_plan(None, self.manifest.shard_starts, self.config(num_workers), epoch, index=self.window_index())
+    def plan(self, epoch: int = 0, num_workers: int = 0, rest_of: Sequence[Mapping[str, Any]] = ()) -> Plan:
+        """The plan of ``epoch`` for every stream of every rank (pure: no I/O beyond the manifest).
 
-    def plan_of(self, inputs: dict[str, Any], epoch: int = 0) -> Plan:
+        ``rest_of`` (elastic resume) lists the interrupted runs of this epoch, oldest first, each
+        {"inputs": its plan inputs, "batches": batches per rank taken when it stopped}: the plan
+        is then the rest of the epoch, dealt over this world.
+        """
+        return self._plan(self.config(num_workers), epoch, rest_of)
+
+    def plan_of(self, inputs: Mapping[str, Any], epoch: int = 0, rest_of: Sequence[Mapping[str, Any]] = ()) -> Plan:
         """The plan over this dataset under a checkpoint's world, workers and batch size (``plan_inputs``)."""
-        cfg = replace(self.config(), **{k: inputs[k] for k in POSITION_ONLY if k in inputs})
-        return make_plan(None, self.manifest.shard_starts, cfg, epoch, index=self.window_index())
+        return self._plan(self.config_of(inputs), epoch, rest_of)
+
+    def config_of(self, inputs: Mapping[str, Any]) -> PlanConfig:
+        """The plan config of a checkpoint's inputs: its world, workers and batch size over this dataset."""
+        return replace(self.config(), **{k: inputs[k] for k in POSITION_ONLY if k in inputs})
+
+    def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]]) -> Plan:
+        if not rest_of:
+            return make_plan(None, self.manifest.shard_starts, config, epoch, index=self.window_index())
+        plan, before = self.plan_of(rest_of[0]["inputs"], epoch), 0
+        configs = [self.config_of(r["inputs"]) for r in rest_of[1:]] + [config]
+        for run, nxt in zip(rest_of, configs):
+            plan, before = rest_plan(plan, int(run["batches"]) - before, nxt), int(run["batches"])
+        return plan
 
     def __len__(self) -> int:
         """Batches one rank yields per epoch without worker processes: the same on every rank (cached)."""
@@ -331,6 +348,11 @@ def check_state(state: dict[str, Any], inputs: dict[str, Any], *, finished: bool
              if _planned(k, saved.get(k)) != _planned(k, inputs.get(k))]
     if diffs:
         raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs))
+
+
+def same_position(saved: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """Whether a position taken under ``saved`` inputs means the same batches under ``now`` (no elastic resume)."""
+    return all(_planned(k, saved.get(k)) == _planned(k, now.get(k)) for k in POSITION_ONLY)
 
 
 def _planned(name: str, value: Any) -> Any:

@@ -21,9 +21,13 @@ you keep so many that workers would run out of slots, the loader copies later ba
 of shared memory (and warns once).
 
 The position is a cursor: (epoch, batches handed out), plus the plan inputs it must match.
+Ranks run in lockstep, so any one rank's position is every rank's. A position loaded into
+another world, worker count or batch size (elastic resume) makes the rest of that epoch a
+plan of its own: what the interrupted run had not yielded, dealt anew (plan.rest_plan).
 """
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -35,7 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dataset import STATE_VERSION, WindowDataset, check_state
+from .dataset import STATE_VERSION, WindowDataset, check_state, same_position
+from .errors import StateMismatchError
 from .passes import DevicePass, DeviceWorkerPass, LocalPass, Pass, PassIterator, WorkerPass
 from .workers import STAT_FIELDS, WorkerPool
 
@@ -102,6 +107,7 @@ class WindowLoader:
         self.multiprocessing_context = multiprocessing_context or _default_start_method()
         self.batch_size = dataset.batch_size
         self._epoch, self._taken = 0, 0
+        self._rest: list[dict[str, Any]] = []  # elastic resume: the interrupted runs of this epoch, oldest first
         self._epoch_set = False  # set_epoch called since the last pass began
         self._resume = False  # a loaded position waits for the next pass
         self._pass: Pass | None = None
@@ -130,36 +136,75 @@ class WindowLoader:
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         if not (self._resume and epoch == self._epoch):
-            self._epoch, self._taken, self._resume = int(epoch), 0, False
+            self._epoch, self._resume = int(epoch), False
+            self._restart()
         self._epoch_set = True
 
-    def __len__(self) -> int:
-        """Batches each rank yields per epoch (the same on every rank and every epoch).
+    def _restart(self) -> None:
+        """Back to the start of the epoch, under this world's own plan."""
+        self._taken, self._rest = 0, []
 
-        Cached per world size: a len() taken before ``init_process_group`` is not kept after it.
+    def __len__(self) -> int:
+        """Batches each rank yields in the epoch, counted as the cursor counts them: the same on every rank.
+
+        Every epoch has the same length, except one resumed in another world, worker count or batch
+        size (elastic resume): its length is the batches taken before the interruption plus the
+        rest, as this job deals it. Cached per world size: a len() taken before
+        ``init_process_group`` is not kept after it.
         """
-        world_size = self.dataset.world()[1]
-        if self._len is None or self._len[0] != world_size:
-            self._len = (world_size, self.dataset.plan(0, self.num_workers).batches_per_rank)
+        key = (self.dataset.world()[1], json.dumps(self._rest))
+        if self._len is None or self._len[0] != key:
+            self._len = (key, self._offset() + self._plan().batches_per_rank)
         return self._len[1]
 
+    def _offset(self) -> int:
+        """Batches of the epoch taken before this job's plan begins (elastic resume), else 0."""
+        return int(self._rest[-1]["batches"]) if self._rest else 0
+
+    def _plan(self):
+        """This pass's plan: the epoch's, or the rest of it after an elastic resume."""
+        return self.dataset.plan(self._epoch, self.num_workers, self._rest)
+
     def state_dict(self) -> dict[str, Any]:
-        """The position: epoch and batches handed out, with the plan inputs (a few hundred bytes)."""
-        return {"version": STATE_VERSION, "epoch": self._epoch, "batches": self._taken,
-                "inputs": self.dataset.plan_inputs(self.num_workers)}
+        """The position: epoch and batches handed out, with the plan inputs (a few hundred bytes).
+
+        The same on every rank: load any rank's into every rank of a new job, of this world or another.
+        """
+        state = {"version": STATE_VERSION, "epoch": self._epoch, "batches": self._taken,
+                 "inputs": self.dataset.plan_inputs(self.num_workers)}
+        if self._rest:
+            state["rest_of"] = [dict(r) for r in self._rest]
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a position; the next pass (after ``set_epoch`` with the same epoch, or none) continues it."""
-        epoch, taken, inputs = _read_state(state_dict)
+        """Restore a position; the next pass (after ``set_epoch`` with the same epoch, or none) continues it.
+
+        In the world, workers and batch size it was taken under, the rest of the epoch is exactly
+        what the interrupted run would have yielded. Under others (elastic resume), the windows
+        it had not yielded are dealt anew over this job's streams: none is yielded twice, fewer
+        than streams x batch_size are dropped, and every rank yields the same number of batches.
+        """
+        epoch, taken, inputs, rest = _read_state(state_dict)
+        now = self.dataset.plan_inputs(self.num_workers)
+        for run in rest:  # an earlier elastic resume of this epoch: its runs must be of this dataset too
+            check_state({"version": STATE_VERSION, "inputs": run["inputs"]}, now, finished=True)
         try:  # at the end of the epoch of the plan it was taken under (its own batch size, world, workers)?
-            finished = taken >= self.dataset.plan_of(inputs).batches_per_rank
-        except (TypeError, ValueError):  # inputs no plan can have: check_state names them
+            done = int(rest[-1]["batches"]) if rest else 0
+            finished = taken >= done + self.dataset.plan_of(inputs, epoch, rest).batches_per_rank
+        except (TypeError, ValueError, KeyError):  # inputs no plan can have: check_state names them
             finished = False
-        check_state({"version": STATE_VERSION, "inputs": inputs}, self.dataset.plan_inputs(self.num_workers),
-                     finished=finished)
+        check_state({"version": STATE_VERSION, "inputs": inputs}, now, finished=True)  # data, order, windows
         self.close_pass()
-        self._epoch, self._taken = epoch, len(self) if finished else taken  # an epoch's end is the end
-        self._resume, self._epoch_set = True, False
+        self._epoch, self._resume, self._epoch_set = epoch, True, False
+        if finished:  # an epoch's end is the end, in any world
+            self._rest = []
+            self._taken = len(self)
+        elif same_position(inputs, now):
+            self._rest, self._taken = list(rest), taken
+        elif taken == 0 and not rest:  # nothing taken yet: the epoch starts afresh in this world
+            self._restart()
+        else:  # elastic: the rest of the epoch, dealt over this world
+            self._rest, self._taken = [*rest, {"inputs": inputs, "batches": taken}], taken
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> "PassIterator":
@@ -169,15 +214,16 @@ class WindowLoader:
         """Start a pass: the one iterator that moves this loader's cursor (an earlier one stops)."""
         self.close_pass()
         if self._taken >= len(self) > 0 and not self._epoch_set:  # the epoch is done: on to the next one
-            self._epoch, self._taken = self._epoch + 1, 0
+            self._epoch += 1
+            self._restart()
         elif not self._resume:  # a new pass of this epoch (after set_epoch, or after one abandoned midway)
-            self._taken = 0
+            self._restart()
         self._resume = self._epoch_set = False
         world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
         self._log_once(world)
         if self._started is None:
             self._started = time.perf_counter()
-        plan = self.dataset.plan(self._epoch, self.num_workers)
+        plan = self._plan()
         if self.device is not None:
             self._pass = DeviceWorkerPass(self, plan, world) if self.num_workers else DevicePass(self, plan, world)
         elif self.num_workers > 0:
@@ -256,15 +302,19 @@ class WindowLoader:
         return out
 
 
-def _read_state(state: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
-    """(epoch, batches taken, plan inputs) of a state of this version or of the StatefulDataLoader era."""
+def _read_state(state: dict[str, Any]) -> tuple[int, int, dict[str, Any], list[dict[str, Any]]]:
+    """(epoch, batches taken, plan inputs, interrupted runs) of a state of this version or of the
+    StatefulDataLoader era."""
     if isinstance(state, dict) and state.get("version") == STATE_VERSION and "batches" in state:
-        return int(state["epoch"]), int(state["batches"]), state["inputs"]
+        rest = state.get("rest_of") or []
+        if not isinstance(rest, list) or not all(isinstance(r, dict) and {"inputs", "batches"} <= set(r) for r in rest):
+            raise StateMismatchError(f"not a streamwin loader state: rest_of is {str(rest)[:200]}")
+        return int(state["epoch"]), int(state["batches"]), state["inputs"], rest
     meta = state.get("streamwin")
     if isinstance(meta, dict) and meta.get("version") == 1:  # saved by streamwin 0.1 (a StatefulDataLoader)
         streams = list(_stream_states(state))
         taken = sum(int(s["batch"]) for s in streams if s.get("epoch") == meta["epoch"])
-        return int(meta["epoch"]), taken, meta["inputs"]
+        return int(meta["epoch"]), taken, meta["inputs"], []
     check_state(state, {})  # raises, saying what it got
     raise AssertionError("unreachable")
 

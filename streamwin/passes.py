@@ -64,7 +64,8 @@ class Pass:
 
     def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
         self.loader, self.plan, self.world = loader, plan, world
-        self.total = plan.batches_per_rank
+        self.offset = loader._offset()  # batches of the epoch taken before this plan began (elastic resume)
+        self.total = self.offset + plan.batches_per_rank
         self.manifest = loader.dataset.manifest
         self.device_bytes: DeviceBytes | None = None  # device modes: what this pass uploaded
 
@@ -89,6 +90,10 @@ class Pass:
 
     def _next(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def position(self) -> int:
+        """Batches of this plan this rank has taken: the next one is batch ``position()`` of the plan."""
+        return self.loader._taken - self.offset
 
     def local_stats(self) -> np.ndarray:
         return np.zeros(len(STAT_FIELDS), dtype=np.int64)
@@ -117,7 +122,7 @@ class LocalPass(Pass):
         layout = ds.layout()
         pinned = _allocator(loader.pin_memory)
         self.buffers = BufferPool(layout.nbytes, allocate=pinned, fenced=pinned is not None)
-        self.node, self.source = open_stream(ds, plan, world[0], loader._taken, lambda: layout.views(self.buffers.get()))
+        self.node, self.source = open_stream(ds, plan, world[0], self.position(), lambda: layout.views(self.buffers.get()))
 
     def _next(self) -> dict[str, Any]:
         return to_batch(next(self.node), self.manifest)
@@ -151,12 +156,12 @@ class WorkerPass(Pass):
         self.copies = BufferPool(self.layout.nbytes)  # pageable: a copy from it never outlives the call
         self.refs = 2  # references to a slot's array when nobody holds it: pool.bases and getrefcount's argument
         self.events = pool.pinned and torch.cuda.is_available()
-        j = loader._taken
-        pool.start(loader._epoch, [j // n + (w < j % n) for w in range(n)])
+        j = self.position()
+        pool.start(loader._epoch, [j // n + (w < j % n) for w in range(n)], loader._rest)
 
     def _next(self) -> dict[str, Any]:
         pool, n = self.pool, self.loader.num_workers
-        w = self.loader._taken % n
+        w = self.position() % n
         self._recycle()
         slot = pool.take(w, self._recycle)
         held_by_user = sum(1 for h in pool.held if h[0] == w)
@@ -209,7 +214,7 @@ class DevicePass(LocalPass):
 
     def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
         Pass.__init__(self, loader, plan, world)
-        self.node, self.source = open_stream(loader.dataset, plan, world[0], loader._taken, None, prefetch=False,
+        self.node, self.source = open_stream(loader.dataset, plan, world[0], self.position(), None, prefetch=False,
                                              transform=self._upload, gatherer=_device_gatherer(loader))
 
     def _upload(self, block):
@@ -243,16 +248,16 @@ class DeviceWorkerPass(WorkerPass):
         gatherer = _device_gatherer(loader)
         self.readers = [RemoteBlocks(self, w, plan, world[0] * n + w) for w in range(n)]
         self.batchers = [Batcher(r, gatherer, lambda: None) for r in self.readers]
-        j = loader._taken
+        j = self.position()
         for w, b in enumerate(self.batchers):
             b.reset({Batcher.BATCH_KEY: j // n + (w < j % n)})
-        pool.start(loader._epoch, [r.first for r in self.readers])
+        pool.start(loader._epoch, [r.first for r in self.readers], loader._rest)
 
     def _next(self) -> dict[str, Any]:
         self._recycle()
         for r in self.readers:  # take in what has arrived: uploads overlap the training step
             r.pump()
-        return next(self.batchers[self.loader._taken % self.loader.num_workers])
+        return next(self.batchers[self.position() % self.loader.num_workers])
 
     def begin_block(self, nbytes: int, windows: int) -> dict[str, Any]:
         """A device buffer for a block about to arrive: its bytes, then its window table."""

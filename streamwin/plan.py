@@ -219,6 +219,21 @@ def array_views(view_lo: np.ndarray, view_len: np.ndarray) -> Views:
     return lambda seqs: (lo[seqs], steps[seqs])
 
 
+class SliceOrder:
+    """An epoch's window order ``V`` in a fresh plan: the (permuted) slices laid end to end."""
+
+    dropped_before = 0  # windows of the epoch no earlier plan left out
+
+    def __init__(self, slice_lo: np.ndarray, slice_pos: np.ndarray):
+        self.slice_lo, self.slice_pos = slice_lo, slice_pos  # first global window / position in V of each slice
+        self.total = int(slice_pos[-1])
+
+    def at(self, v: np.ndarray) -> np.ndarray:
+        """Global window indices at positions ``v`` of the order."""
+        j = np.searchsorted(self.slice_pos, v, side="right") - 1
+        return self.slice_lo[j] + (v - self.slice_pos[j])
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """One epoch's plan for all streams; cheap to build, arrays shared by every stream."""
@@ -226,14 +241,15 @@ class Plan:
     config: PlanConfig
     epoch: int
     index: WindowIndex  # the dataset's window space (shared by every epoch's plan)
-    slice_lo: np.ndarray  # [P] first global window of each slice, in epoch order
-    slice_pos: np.ndarray  # [P + 1] position in V where each slice begins
+    order: "SliceOrder | RestOrder"  # the epoch's window order V that the streams cut into ranges
     stream_lo: np.ndarray  # [S + 1] range of V owned by each stream
     windows_per_stream: int  # L, a multiple of batch_size
+    generation: int = 0  # elastic resumes this epoch has been through (keys the block shuffle)
 
     @property
     def total_windows(self) -> int:
-        return self.index.total
+        """Windows in this plan's order: the dataset's, or what an interrupted epoch had left."""
+        return self.order.total
 
     @property
     def batches_per_stream(self) -> int:
@@ -245,9 +261,9 @@ class Plan:
 
     @property
     def dropped_windows(self) -> int:
-        """Windows of the dataset not yielded this epoch (equalize="drop")."""
+        """Windows of the epoch not yielded (equalize="drop"; after an elastic resume, by either plan)."""
         owned = np.minimum(np.diff(self.stream_lo), self.windows_per_stream)
-        return self.total_windows - int(owned.sum())
+        return self.order.dropped_before + self.total_windows - int(owned.sum())
 
     @property
     def repeated_windows(self) -> int:
@@ -256,6 +272,16 @@ class Plan:
 
     def num_blocks(self, stream: int) -> int:
         return -(-self.windows_per_stream // self.config.block_windows)
+
+    def owned(self, stream: int) -> int:
+        """Windows of the order that stream ``stream`` owns (those of its positions that are real)."""
+        return int(self.stream_lo[stream + 1] - self.stream_lo[stream])
+
+    def consumed(self, stream: int, batches_per_rank: int) -> int:
+        """Positions of ``stream`` yielded once its rank has taken ``batches_per_rank`` batches (round robin)."""
+        w, n = stream % self.config.workers_per_rank, self.config.workers_per_rank
+        taken = batches_per_rank // n + (w < batches_per_rank % n)
+        return min(taken, self.batches_per_stream) * self.config.batch_size
 
     def block(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray]:
         """(global window indices, real flags) of one block of a stream, in yield order."""
@@ -274,14 +300,12 @@ class Plan:
         if not 0 <= lo < hi:
             raise IndexError(f"stream {stream} has no block {block}")
         positions = np.arange(lo, hi, dtype=np.int64)
-        owned = int(self.stream_lo[stream + 1] - self.stream_lo[stream])
-        real = positions < owned
-        v = (self.stream_lo[stream] + positions) % max(self.total_windows, 1)
-        j = np.searchsorted(self.slice_pos, v, side="right") - 1
-        g = self.slice_lo[j] + (v - self.slice_pos[j])
+        real = positions < self.owned(stream)
+        g = self.order.at((self.stream_lo[stream] + positions) % max(self.total_windows, 1))
         order = None
         if cfg.shuffle:
-            order = np.random.default_rng([cfg.seed, self.epoch, stream, block, 1]).permutation(len(g))
+            key = [cfg.seed, self.epoch, stream, block, 1] + ([self.generation] if self.generation else [])
+            order = np.random.default_rng(key).permutation(len(g))
         return g, real, order
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -291,6 +315,54 @@ class Plan:
     def ends(self, seq: np.ndarray) -> np.ndarray:
         """Step where each sequence's usable data ends (its length, or its view's end under a split)."""
         return self.index.ends(seq)
+
+
+class RestOrder:
+    """What an interrupted epoch had not yielded yet: each old stream's remaining real windows,
+    in the order it would have yielded them, stream after stream (elastic resume deals this anew).
+
+    ``rows`` lists (old stream, old block, positions of the block already yielded) for every
+    block with windows left, and ``row_pos`` where each row's windows begin in the order: one
+    row per block, so it stays small (a 10-million-window epoch in blocks of 10,000: ~1,000 rows).
+    """
+
+    def __init__(self, base: Plan, batches_per_rank: int):
+        self.base, self.taken = base, int(batches_per_rank)
+        self.dropped_before = base.dropped_windows
+        bw, length = base.config.block_windows, base.windows_per_stream
+        rows, counts = [], []
+        for s in range(base.config.num_streams):
+            used, owned = base.consumed(s, self.taken), base.owned(s)
+            for b in range(used // bw, base.num_blocks(s)):
+                lo, hi = b * bw, min((b + 1) * bw, length)
+                skip = max(used - lo, 0)
+                if hi <= owned:  # every window of the block is real
+                    left = hi - lo - skip
+                elif lo >= owned:  # padding only (equalize="pad")
+                    left = 0
+                elif skip == 0:
+                    left = owned - lo
+                else:  # a partly yielded block holding padding: which are real depends on its shuffle
+                    left = int(base.block(s, b)[1][skip:].sum())
+                if left > 0:
+                    rows.append((s, b, skip))
+                    counts.append(left)
+        self.rows = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        self.row_pos = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self.total = int(self.row_pos[-1])
+
+    def at(self, v: np.ndarray) -> np.ndarray:
+        """Global window indices at positions ``v`` of the order."""
+        v = np.asarray(v, dtype=np.int64)
+        r = np.searchsorted(self.row_pos, v, side="right") - 1
+        out = np.empty(len(v), dtype=np.int64)
+        for row in np.unique(r):
+            s, b, skip = (int(x) for x in self.rows[row])
+            g, real = self.base.block(s, b)
+            left = g[skip:][real[skip:]]
+            pick = r == row
+            out[pick] = left[v[pick] - self.row_pos[row]]
+        return out
 
 
 def make_plan(lengths: np.ndarray | None, shard_starts: np.ndarray, config: PlanConfig, epoch: int,
@@ -314,16 +386,32 @@ def make_plan(lengths: np.ndarray | None, shard_starts: np.ndarray, config: Plan
         order = np.random.default_rng([config.seed, epoch, 0]).permutation(len(slice_lo))
         slice_lo, slice_len = slice_lo[order], slice_len[order]
     slice_pos = np.concatenate([[0], np.cumsum(slice_len)]).astype(np.int64)
-    total = index.total
+    return Plan(config, epoch, index, SliceOrder(slice_lo, slice_pos), *_deal(int(slice_pos[-1]), config))
+
+
+def rest_plan(base: Plan, batches_per_rank: int, config: PlanConfig) -> Plan:
+    """The rest of ``base``'s epoch after each rank took ``batches_per_rank`` batches, dealt over ``config``'s world.
+
+    Elastic resume: every window ``base`` had not yielded (and meant to) is dealt once over the
+    new streams, balanced to the window as in a fresh plan; blocks are shuffled anew. What the
+    new streams cannot take as whole batches (fewer than streams * batch_size) is dropped, or
+    with equalize="pad" filled with repeats.
+    """
+    if config.spec != base.config.spec or config.seed != base.config.seed or config.shuffle != base.config.shuffle:
+        raise ValueError("an elastic resume keeps the window spec, seed and shuffle of the interrupted plan")
+    order = RestOrder(base, batches_per_rank)
+    return Plan(config, base.epoch, base.index, order, *_deal(order.total, config), generation=base.generation + 1)
+
+
+def _deal(total: int, config: PlanConfig) -> tuple[np.ndarray, int]:
+    """Cut ``total`` windows into one range per stream (sizes differ by at most one) and the windows each yields."""
     streams = config.num_streams
     stream_lo = (np.arange(streams + 1, dtype=np.int64) * total) // streams
     sizes = np.diff(stream_lo)
     b = config.batch_size
     if config.equalize == "drop":
-        per_stream = b * (int(sizes.min()) // b)
-    else:
-        per_stream = b * -(-int(sizes.max()) // b) if total else 0
-    return Plan(config, epoch, index, slice_lo, slice_pos, stream_lo, per_stream)
+        return stream_lo, b * (int(sizes.min()) // b)
+    return stream_lo, (b * -(-int(sizes.max()) // b) if total else 0)
 
 
 def _cut_slices(shard_window_bounds: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:

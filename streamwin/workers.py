@@ -3,13 +3,14 @@
 Each worker runs one stream of the plan per pass. The trainer and a worker talk over one
 pipe, in fixed 25-byte messages (no pickling per batch):
 
-    trainer -> worker   RUN(run, epoch, first batch) | RELEASE(slot) | STOP
+    trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slot) | STOP
     worker -> trainer   READY | BATCH(run, slot)      | an error, as JSON (rare)
 
 A worker writes a batch only into a slot the trainer has released, so a batch the trainer
 still hands out is never overwritten. ``run`` numbers passes: after a pass is abandoned
 midway (persistent workers), the trainer discards and releases what the old pass still
-sends. A worker ignores SIGINT (the trainer stops it) and exits when the trainer dies.
+sends. After an elastic resume, RUN carries the epoch's interrupted runs as a JSON tail
+(once per pass, a few hundred bytes), from which the worker plans the rest of the epoch. A worker ignores SIGINT (the trainer stops it) and exits when the trainer dies.
 """
 from __future__ import annotations
 
@@ -66,13 +67,21 @@ def _forward_warnings(conn) -> None:
     warnings.showwarning = show
 
 
-def _recv(conn, parent_pid: int) -> tuple[int, int, int, int]:
+def _unpack(data: bytes) -> tuple:
+    """A trainer's message: (tag, a, b, c), and for RUN the epoch's interrupted runs (a list, maybe empty)."""
+    msg = _MSG.unpack(data[: _MSG.size])
+    if msg[0] == RUN:
+        return (*msg, json.loads(data[_MSG.size :]) if len(data) > _MSG.size else [])
+    return msg
+
+
+def _recv(conn, parent_pid: int) -> tuple:
     """The next message to a worker; raises _ParentGone if the trainer died meanwhile."""
     while not conn.poll(1.0):
         if os.getppid() != parent_pid:
             raise _ParentGone
     try:
-        return _MSG.unpack(conn.recv_bytes())
+        return _unpack(conn.recv_bytes())
     except (EOFError, OSError) as e:
         raise _ParentGone from e
 
@@ -96,7 +105,7 @@ def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], share
     counters = slot_layout.counters(arr, worker)
     _send(conn, READY, worker)
     totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
-    plans: dict[int, Any] = {}
+    plans: dict[str, Any] = {}
     cmd = None
     try:
         while True:
@@ -107,12 +116,13 @@ def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], share
             if msg[0] == RELEASE:
                 slots.free.append(msg[1])
                 continue
-            _, run, epoch, first = msg
-            if epoch not in plans:
+            _, run, epoch, first, rest = msg
+            key = json.dumps([epoch, rest])
+            if key not in plans:
                 plans.clear()
-                plans[epoch] = ds.plan(epoch, num_workers)
+                plans[key] = ds.plan(epoch, num_workers, rest)
             stream = world[0] * max(1, num_workers) + worker
-            cmd = _run_pass(ds, plans[epoch], stream, run, first, slots, counters, totals, ship_blocks)
+            cmd = _run_pass(ds, plans[key], stream, run, first, slots, counters, totals, ship_blocks)
     except _ParentGone:
         return
 
@@ -139,7 +149,7 @@ class _Slots:
         """Send the slot taken first, then collect the releases (or a command) that have arrived."""
         _send(self.conn, tag, run, self.taken.pop(0), nbytes)
         while self.conn.poll(0):
-            msg = _MSG.unpack(self.conn.recv_bytes())
+            msg = _unpack(self.conn.recv_bytes())
             if msg[0] != RELEASE:
                 raise _Interrupted(msg)
             self.free.append(msg[1])
@@ -259,11 +269,16 @@ class WorkerPool:
             self.close()
             raise
 
-    def start(self, epoch: int, first_batches: list[int]) -> None:
-        """Begin a pass: worker w yields its stream's batches from ``first_batches[w]`` on."""
+    def start(self, epoch: int, first_batches: list[int], rest_of: list[dict[str, Any]] = ()) -> None:
+        """Begin a pass: worker w yields its stream's batches from ``first_batches[w]`` on.
+
+        ``rest_of``: the epoch's interrupted runs after an elastic resume (the plan is the rest of the epoch).
+        """
         self.run += 1
+        tail = json.dumps(list(rest_of)).encode() if rest_of else b""
         for w, conn in enumerate(self.conns):
-            _send(conn, RUN, self.run, epoch, first_batches[w])
+            with _SEND:
+                conn.send_bytes(_MSG.pack(RUN, self.run, epoch, first_batches[w]) + tail)
 
     def take(self, w: int, on_wait: Callable[[], None]) -> int:
         """The slot holding worker ``w``'s next batch of the current pass; ``on_wait`` runs while waiting."""
