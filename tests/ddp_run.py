@@ -2,7 +2,8 @@
 
 Every step does a real gloo all_reduce, so a rank with fewer batches would hang the others
 (the test bounds that with a timeout). Writes <out>/rank<r>.json; optionally stops after
---stop-after batches saving <out>/state<r>.pt, or resumes from --resume <dir>.
+--stop-after batches saving <out>/state<r>.pt, or resumes from --resume <dir> (each rank its own
+state, or with --state-of-rank R every rank rank R's: elastic resume into another world).
 """
 import argparse
 import datetime
@@ -29,6 +30,7 @@ def main() -> None:
     p.add_argument("--storage-options", default=None, help="JSON file")
     p.add_argument("--stop-after", type=int, default=None)
     p.add_argument("--resume", default=None)
+    p.add_argument("--state-of-rank", type=int, default=None, help="every rank loads this old rank's state")
     a = p.parse_args()
     so = json.load(open(a.storage_options)) if a.storage_options else None
     # built before init_process_group, as users often do: rank is resolved when iteration starts
@@ -39,7 +41,8 @@ def main() -> None:
     loader = sw.WindowLoader(ds, num_workers=a.workers)
     start_epoch = 0
     if a.resume:
-        ckpt = torch.load(os.path.join(a.resume, f"state{rank}.pt"), weights_only=False)
+        which = rank if a.state_of_rank is None else a.state_of_rank
+        ckpt = torch.load(os.path.join(a.resume, f"state{which}.pt"), weights_only=False)
         loader.load_state_dict(ckpt["data"])
         start_epoch = ckpt["epoch"]
     records, steps = [], 0

@@ -94,6 +94,23 @@ def test_resume_under_torchrun_continues_exactly(dataset, runs, tmp_path):
         assert r["records"] == f["records"][stop:]
 
 
+def test_elastic_resume_under_torchrun_two_ranks_to_three(dataset, runs, tmp_path):
+    """Preempted on 2 ranks, requeued on 3: rank 0's state on every rank; the rest of the epoch, once."""
+    url, seqs = dataset
+    full = runs(2, 2)
+    old_dropped = reference_windows(seqs, W, S) - set(windows(full, 0))
+    stop = full[0]["len"] // 2 + 1
+    before = torchrun(2, url, tmp_path / "ckpt", "--workers", "2", "--stop-after", str(stop))
+    after = torchrun(3, url, tmp_path / "resumed", "--workers", "1", "--epochs", "1", "--resume", str(tmp_path / "ckpt"),
+                     "--state-of-rank", "0")
+    steps = {len(r["records"]) for r in after}
+    assert len(steps) == 1 and {r["len"] for r in after} == {stop + steps.pop()}  # lockstep, len = taken + rest
+    seen_before, seen_after = windows(before, 0), windows(after, 0)
+    assert not set(seen_before) & set(seen_after) and len(set(seen_after)) == len(seen_after)
+    missing = reference_windows(seqs, W, S) - set(seen_before) - set(seen_after)
+    assert old_dropped <= missing and len(missing) - len(old_dropped) <= 3 * B
+
+
 def test_s3_dataset_under_torchrun(s3_server, s3_bucket, tmp_path):
     seqs = make_sequences(40, seed=5)
     url = f"{s3_bucket}/corpus"
