@@ -6,13 +6,17 @@
 A plain PyTorch loop, the one you would write anyway, plus the three things streamwin asks:
 
 1. ``loader.set_epoch(epoch)`` before each epoch (the same epoch on every rank);
-2. ``loader.state_dict()`` of *every* rank in the checkpoint (each rank streams its own part
-   of the plan, so rank 1 cannot resume from rank 0's position); here they are gathered with
-   ``all_gather_object`` into one file that rank 0 writes atomically (tmp file + os.replace);
-3. ``loader.load_state_dict(ckpt["loader"][rank])`` on resume, then the usual
+2. ``loader.state_dict()`` in the checkpoint: ranks run in lockstep, so rank 0's says where
+   every rank is (here the ranks' states are gathered and checked equal, and rank 0 writes one
+   file atomically: tmp file + os.replace);
+3. ``loader.load_state_dict(ckpt["loader"])`` on every rank on resume, then the usual
    ``for epoch in range(start_epoch, epochs)``: ``set_epoch`` with the checkpoint's epoch keeps
    the restored mid-epoch position, so the run continues with exactly the batches an
    uninterrupted run would have seen, and every rank still runs the same number of steps.
+   Resumed on another number of processes (a job requeued on fewer nodes), the rest of the
+   epoch is dealt anew over the new ranks (elastic resume): no window of the epoch comes
+   twice, and the next epoch is a normal one of the new world. (The global batch changes with
+   the world: scale the learning rate yourself if your recipe needs it.)
 
 Preemption: SIGTERM or SIGUSR1 (what SLURM sends before a time limit or a preemption, see
 examples/slurm/train.sbatch), the file named by ``--stop-file`` appearing, or ``--stop-after N``
@@ -134,11 +138,13 @@ class StopRequest:
 
 def save_checkpoint(path: str, *, model: nn.Module, opt: torch.optim.Optimizer, loader: sw.WindowLoader,
                     epoch: int, step: int, args: argparse.Namespace) -> None:
-    """Collective: every rank contributes its loader state; rank 0 writes one file atomically."""
+    """Collective: the ranks' loader states must agree (lockstep); rank 0 writes one file atomically."""
     states = [None] * dist.get_world_size()
-    dist.all_gather_object(states, loader.state_dict())  # a few KB per rank: cursors, not data
+    dist.all_gather_object(states, loader.state_dict())  # a few hundred bytes per rank: a cursor, not data
+    if any(s != states[0] for s in states):
+        raise RuntimeError("the ranks' data positions differ: they did not run in lockstep")
     if dist.get_rank() == 0:
-        ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "loader": states, "epoch": epoch,
+        ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "loader": states[0], "epoch": epoch,
                 "step": step, "world_size": dist.get_world_size(), "args": vars(args)}
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
@@ -150,13 +156,10 @@ def save_checkpoint(path: str, *, model: nn.Module, opt: torch.optim.Optimizer, 
     dist.barrier()
 
 
-def load_checkpoint(path: str, world: int) -> dict:
+def load_checkpoint(path: str) -> dict:
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    if ckpt["world_size"] != world:
-        # the plan (which rank reads what) depends on the world size, so the position cannot
-        # carry over; streamwin would refuse it too (StateMismatchError naming world_size)
-        raise SystemExit(f"{path} was written by {ckpt['world_size']} ranks, this run has {world}: "
-                         "resume with the same number of processes, or start a new run")
+    if isinstance(ckpt["loader"], list):  # written by an earlier version of this script: one state per rank
+        ckpt["loader"] = ckpt["loader"][0]  # they are equal (lockstep)
     return ckpt
 
 
@@ -238,13 +241,17 @@ def main(argv: list[str] | None = None) -> int:
 
     step, start_epoch = 0, 0
     if os.path.exists(args.ckpt):
-        ckpt = load_checkpoint(args.ckpt, world)
+        ckpt = load_checkpoint(args.ckpt)
         net.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
-        loader.load_state_dict(ckpt["loader"][rank])  # this rank's own position in the plan
+        loader.load_state_dict(ckpt["loader"])  # one position for every rank, in this world or another
         step, start_epoch = ckpt["step"], ckpt["epoch"]
         if rank == 0:
             log.info("resumed from %s: step %d, epoch %d (every rank's data position restored)", args.ckpt, step, start_epoch)
+            if ckpt["world_size"] != world:
+                log.info("elastic resume: the checkpoint's %d ranks are %d now; the rest of epoch %d is dealt over "
+                         "them (%d batches per rank left)", ckpt["world_size"], world, start_epoch,
+                         len(loader) - loader.state_dict()["batches"])
     recorder = Recorder(args.record, rank, step)
     if rank == 0:
         log.info("%d ranks x %d batches per epoch of %d windows [%d steps -> %d]; device %s",

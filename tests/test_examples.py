@@ -166,8 +166,7 @@ def test_train_ddp_stop_after_checkpoints_every_ranks_position(stopped_run):
     assert "streamwin: {" in out and "'batches_per_rank': 13" in out, "rank 0's streamwin summary is not logged"
     assert "loader.stats()" in out and "windows/s" in out and "loss" in out
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert (saved["step"], saved["epoch"], saved["world_size"], len(saved["loader"])) == (7, 0, 2, 2)
-    assert saved["loader"][0] == saved["loader"][1]  # ranks in lockstep: one position says where all are
+    assert (saved["step"], saved["epoch"], saved["world_size"], saved["loader"]["batches"]) == (7, 0, 2, 7)
     assert not [f for f in os.listdir(os.path.dirname(ckpt)) if ".tmp" in f], "temporary checkpoint left behind"
     assert [len(r) for r in records(stopped_run["rec"])] == [7, 7]
 
@@ -221,6 +220,21 @@ def test_train_ddp_resumes_exactly_under_slurm_sbatch_sigusr1_and_requeue(data, 
     final = torch.load(ckpt, map_location="cpu", weights_only=True)
     # all epochs done: the checkpoint names epoch EPOCHS, so a job requeued again has nothing left to run
     assert (final["step"], final["epoch"]) == (2 * 13, EPOCHS)
+
+
+def test_slurm_requeue_on_fewer_processes_resumes_elastically(data, tmp_path):
+    """Preempted with 2 processes, requeued with 1 (a smaller allocation): the rest of epoch 0 is
+    dealt over the one rank (no window of it trained on twice), then epoch 1 is a normal epoch."""
+    ckpt, rec, rec2 = str(tmp_path / "run.pt"), str(tmp_path / "rec"), str(tmp_path / "rec2")
+    torchrun("train_ddp.py", *ddp_args(data, ckpt, rec), "--stop-after", "5")
+    env = slurm_env(DATA=data, CKPT=ckpt, NPROC_PER_NODE="1", MASTER_PORT=str(free_port()))
+    out = run(["bash", os.path.join(EXAMPLES, "slurm", "train.sbatch"), *TRAIN_ARGS, "--record", rec2], env)
+    assert "step 5, epoch 0" in out and "elastic resume: the checkpoint's 2 ranks are 1 now" in out
+    before = {(k, s) for r in records(rec) for x in r if x["epoch"] == 0 for k, s in zip(x["key"], x["start"])}
+    after = [(k, s) for x in records(rec2, 1)[0] if x["epoch"] == 0 for k, s in zip(x["key"], x["start"])]
+    assert after and not before & set(after) and len(set(after)) == len(after)
+    epoch1 = [(x["key"], x["start"]) for x in records(rec2, 1)[0] if x["epoch"] == 1]
+    assert epoch1 == [(k, s) for e, k, s in reference(data, world=1)[0] if e == 1]
 
 
 # ---- train_lightning.py ------------------------------------------------------------------------

@@ -54,3 +54,13 @@ def test_what_the_readme_and_the_demo_write_is_ignored_by_git(path):
         pytest.skip("not a git checkout")
     r = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, timeout=60)
     assert r.returncode == 0, f"{path} is not ignored by .gitignore"
+
+
+def test_elastic_resume_snippet_runs_as_pasted(tmp_path):
+    blocks = code_blocks(section("Elastic resume"), "python")
+    assert len(blocks) == 1
+    r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(r"batches per rank: \[(\d+), (\d+), (\d+)\] after 10, len (\d+)", r.stdout)
+    assert m and len(set(m.groups()[:3])) == 1 and int(m.group(4)) == 10 + int(m.group(1)) > 10, r.stdout
