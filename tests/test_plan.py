@@ -256,3 +256,56 @@ def test_a_shipped_index_scan_of_another_manifest_is_not_used(tiny, monkeypatch)
     copy = pickle.loads(pickle.dumps(ds))
     copy.__dict__.update(state)
     assert copy.window_index().coarse.tolist() == ds.window_index().coarse.tolist()  # rescanned, not taken
+
+
+def yielded(plan, batches_per_rank):
+    """(sequence, start) of the real windows each rank's streams yield in its first ``batches_per_rank`` batches,
+    taken round robin over the rank's workers, and of the rest, walked from the blocks one window at a time."""
+    cfg = plan.config
+    w, b = cfg.workers_per_rank, cfg.batch_size
+    before, after = [], []
+    for s, rows in enumerate(all_streams(plan)):
+        k = s % w
+        took = (batches_per_rank // w + (k < batches_per_rank % w)) * b
+        for i, (q, st_, real) in enumerate(rows):
+            if real:
+                (before if i < took else after).append((q, st_))
+    return before, after
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_rest_of_an_epoch_dealt_over_another_world_yields_each_left_window_once(data):
+    from streamwin.plan import rest_plan
+
+    lengths, shard_starts = data.draw(manifests())
+    old = data.draw(configs(int(lengths.max(initial=1))))
+    new = dataclasses.replace(old, batch_size=data.draw(st.integers(1, 64)), world_size=data.draw(st.integers(1, 16)),
+                              num_workers=data.draw(st.integers(0, 4)), block_windows=data.draw(st.integers(1, 500)),
+                              equalize=data.draw(st.sampled_from(["drop", "pad"])))
+    base = make_plan(lengths, shard_starts, old, 2)
+    taken = data.draw(st.integers(0, base.batches_per_rank))
+    before, left = yielded(base, taken)
+    rest = rest_plan(base, taken, new)
+    got = [(q, s) for rows in all_streams(rest) for q, s, r in rows if r]
+    repeats = [(q, s) for rows in all_streams(rest) for q, s, r in rows if not r]
+    assert all(len(rows) == rest.windows_per_stream for rows in all_streams(rest))  # equal steps
+    assert rest.windows_per_stream % new.batch_size == 0
+    assert len(got) == len(set(got)) and not set(got) & set(before), "a window twice in one epoch"
+    assert set(got) <= set(left) and set(repeats) <= set(left)
+    if new.equalize == "pad":
+        assert sorted(got) == sorted(left)
+    else:
+        assert not repeats and len(left) - len(got) < new.num_streams * new.batch_size
+    assert rest.total_windows == len(left)
+    again = rest_plan(rest, data.draw(st.integers(0, rest.batches_per_rank)), old)  # and elastic once more
+    assert all(len(rows) == again.windows_per_stream for rows in all_streams(again))
+
+
+def test_rest_plan_refuses_another_order():
+    lengths = np.full(50, 40)
+    cfg = PlanConfig(WindowSpec(10, 5), batch_size=4, world_size=2)
+    base = make_plan(lengths, np.array([0, 25, 50]), cfg, 0)
+    from streamwin.plan import rest_plan
+    with pytest.raises(ValueError, match="window spec, seed and shuffle"):
+        rest_plan(base, 3, dataclasses.replace(cfg, seed=1))
