@@ -26,10 +26,23 @@ def corpus(tmp_path_factory):
     return url, seqs
 
 
+OPEN: list[sw.WindowLoader] = []
+
+
+@pytest.fixture(autouse=True)
+def close_loaders():
+    """Every loader a test made is closed after it: no worker process outlives its test."""
+    yield
+    while OPEN:
+        OPEN.pop().close()
+
+
 def loaders(url, world, workers, batch, **kw):
     args = dict(window=W, stride=S, horizon=H, batch_size=batch, shuffle_buffer=64, seed=7) | kw
-    return [sw.WindowLoader(sw.WindowDataset(url, rank=r, world_size=world, **args), num_workers=workers)
-            for r in range(world)]
+    group = [sw.WindowLoader(sw.WindowDataset(url, rank=r, world_size=world, **args), num_workers=workers)
+             for r in range(world)]
+    OPEN.extend(group)
+    return group
 
 
 def windows(batch) -> list[tuple[str, int]]:
@@ -207,6 +220,7 @@ def test_elastic_resume_in_device_mode_gives_the_same_batches(corpus, workers):
     def rest(**kw):
         group = [sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, horizon=H, batch_size=8, shuffle_buffer=64,
                                                   seed=7, rank=0, world_size=1), num_workers=workers, **kw)]
+        OPEN.extend(group)
         group[0].load_state_dict(states[0])
         return lockstep(group)[0]
 
