@@ -19,7 +19,7 @@ from .batch import BatchLayout, Gatherer
 from .cache import ShardCache
 from .errors import StateMismatchError
 from .manifest import Manifest
-from .mix import MixPlan, ShareOrder, mix_plan, normalized, rest_mix, shares, source_slices
+from .mix import MixPlan, normalized, plan_epoch, rest_mix
 from .nodes import Batcher, BlockReader, MixBatcher, ThreadPrefetcher
 from .plan import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan, rest_plan
 from .read import ReadStats, ShardSource
@@ -338,27 +338,9 @@ class WindowDataset:
         """A whole epoch's plan under ``config``."""
         if not self.sources:
             return make_plan(None, self.manifest.shard_starts, config, epoch, index=self.window_index())
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
-        indexes = [s.window_index() for s in self.sources]
-        windows = [ix.total for ix in indexes]
-        share = self.shares(windows)
-        orders = []
-        for i, (src, index) in enumerate(zip(self.sources, indexes)):
-            if share[i] and not windows[i]:
-                raise ValueError(f"{src.url!r} has no windows of {self.spec} but a share of {share[i]} per epoch")
-            slices = source_slices(index, src.manifest.shard_starts, config)
-            orders.append(ShareOrder(slices, int(share[i]), seed=config.seed, epoch=int(epoch), source=i,
-                                     shuffle=config.shuffle))
-        weights = self.weights if self.weights is not None else windows if sum(windows) else [1.0] * len(windows)
-        return mix_plan(config, int(epoch), weights, orders, indexes)
-
-    def shares(self, windows: Sequence[int] | None = None) -> np.ndarray:
-        """Windows each source gives to an epoch (a mixed dataset), given their window counts."""
-        if windows is None:
-            windows = [s.window_index().total for s in self.sources]
-        total = sum(windows) if self.epoch_windows is None else self.epoch_windows
-        return shares(total, self.weights, windows)
+        return plan_epoch(config, epoch, [src.window_index() for src in self.sources],
+                          [src.manifest.shard_starts for src in self.sources], self.weights, self.epoch_windows,
+                          [src.url for src in self.sources])
 
     def __len__(self) -> int:
         """Batches one rank yields per epoch without worker processes: the same on every rank (cached)."""

@@ -195,6 +195,24 @@ def mix_plan(config: PlanConfig, epoch: int, weights: Sequence[float], orders: S
     return MixPlan(config, epoch, w, plans, quotas, generation)
 
 
+def plan_epoch(config: PlanConfig, epoch: int, indexes: Sequence[WindowIndex], shard_starts: Sequence[np.ndarray],
+               weights: Sequence[float] | None, epoch_windows: int | None, names: Sequence[str]) -> MixPlan:
+    """A mixed epoch's plan from each source's window space and shard boundaries (``names`` for errors)."""
+    if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+    windows = [ix.total for ix in indexes]
+    share = shares(sum(windows) if epoch_windows is None else epoch_windows, weights, windows)
+    orders = []
+    for i, (name, index, starts) in enumerate(zip(names, indexes, shard_starts)):
+        if share[i] and not windows[i]:
+            raise ValueError(f"{name!r} has no windows of {config.spec} but a share of {share[i]} windows per epoch")
+        orders.append(ShareOrder(source_slices(index, starts, config), int(share[i]), seed=config.seed,
+                                 epoch=int(epoch), source=i, shuffle=config.shuffle))
+    if weights is None:
+        weights = windows if sum(windows) else [1.0] * len(windows)
+    return mix_plan(config, int(epoch), weights, orders, indexes)
+
+
 def rest_mix(base: MixPlan, batches_per_rank: int, config: PlanConfig) -> MixPlan:
     """The rest of ``base``'s epoch after each rank took ``batches_per_rank`` batches, dealt over ``config``.
 

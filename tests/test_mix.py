@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import re
 from collections import Counter
 
 import numpy as np
@@ -329,3 +330,18 @@ def test_device_mode_refuses_a_mixed_dataset_clearly(corpora):
     ds = sw.WindowDataset(urls, window=W, weights=WEIGHTS)
     with pytest.raises(NotImplementedError, match="mix"):
         sw.WindowLoader(ds, device="cpu")
+
+
+def test_inspect_of_several_urls_shows_each_sources_windows_share_and_repeats(corpora, capsys):
+    from streamwin.cli import main
+
+    urls, seqs = corpora
+    n = [len(r) for r in references(seqs)]
+    code = main(["inspect", *urls, "--window", str(W), "--stride", str(S), "--batch-size", str(B),
+                 "--weights", "0.25,0.75"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("dataset ") == 2
+    share = [round(0.25 * sum(n)), sum(n) - round(0.25 * sum(n))]
+    for url, windows, sh in zip(urls, n, share):
+        assert re.search(rf"{re.escape(url)}\s+{windows:,}\s+{sh:,}\s+{sh / windows:.3f}\n", out), out
+    assert main(["inspect", *urls, "--weights", "1"]) == 2 and "--weights lists 1 numbers for 2" in capsys.readouterr().err
