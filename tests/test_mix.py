@@ -345,3 +345,25 @@ def test_inspect_of_several_urls_shows_each_sources_windows_share_and_repeats(co
     for url, windows, sh in zip(urls, n, share):
         assert re.search(rf"{re.escape(url)}\s+{windows:,}\s+{sh:,}\s+{sh / windows:.3f}\n", out), out
     assert main(["inspect", *urls, "--weights", "1"]) == 2 and "--weights lists 1 numbers for 2" in capsys.readouterr().err
+
+
+def test_train_ddp_example_mixes_two_datasets_by_weight(corpora, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    urls, seqs = corpora
+    repo = Path(__file__).resolve().parent.parent
+    rec = tmp_path / "rec"
+    cmd = [sys.executable, str(repo / "examples" / "train_ddp.py"), "--data", ",".join(urls), "--weights", "0.7,0.3",
+           "--ckpt", str(tmp_path / "ck.pt"), "--steps", "4", "--window", str(W), "--horizon", "4",
+           "--batch-size", str(B), "--record", str(rec), "--log-every", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in (rec / "rank0.jsonl").read_text().splitlines()]
+    assert len(lines) == 4
+    for line in lines:
+        got = Counter(line["source"])
+        assert sorted(got) == [0, 1] and got[0] == 7 and got[1] == 3, got  # 0.7 * 10 and 0.3 * 10: exact
+        assert all(k in seqs[s] for s, k in zip(line["source"], line["key"]))
