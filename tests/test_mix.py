@@ -367,3 +367,21 @@ def test_train_ddp_example_mixes_two_datasets_by_weight(corpora, tmp_path):
         got = Counter(line["source"])
         assert sorted(got) == [0, 1] and got[0] == 7 and got[1] == 3, got  # 0.7 * 10 and 0.3 * 10: exact
         assert all(k in seqs[s] for s, k in zip(line["source"], line["key"]))
+
+
+def test_readme_mixing_snippet_runs_as_pasted(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "README.md").read_text()
+    m = re.search(r"^### Mixing datasets\n(.*?)(?=^#{1,3} |\Z)", text, flags=re.M | re.S)
+    assert m, "README.md has no 'Mixing datasets' subsection"
+    blocks = re.findall(r"^```python\n(.*?)^```", m.group(1), flags=re.M | re.S)
+    assert len(blocks) == 1, "the subsection has one python block"
+    r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"ecg: \d+ windows", r.stdout) and "[35, 15]" in r.stdout, r.stdout
