@@ -385,3 +385,91 @@ def test_readme_mixing_snippet_runs_as_pasted(tmp_path):
                        env=dict(os.environ, PYTHONPATH=str(repo)))
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"ecg: \d+ windows", r.stdout) and "[35, 15]" in r.stdout, r.stdout
+
+
+# -- the whole mixed plan, simulated for every stream (pure, no I/O) --------------------------------------
+def simulate(plan, batches_per_rank=None):
+    """Per source, the windows every stream yields (of the first ``batches_per_rank`` batches per rank)."""
+    cfg = plan.config
+    out = [Counter() for _ in plan.plans]
+    for s in range(cfg.num_streams):
+        j = plan.batches_per_stream if batches_per_rank is None else plan.taken(s, batches_per_rank)
+        for i, p in enumerate(plan.plans):
+            n = int(plan.quotas[:j, i].sum())
+            blocks = [p.block(s, b) for b in range(p.num_blocks(s))]
+            got = np.concatenate([g[real] for g, real in blocks]) if blocks else np.zeros(0, dtype=np.int64)
+            out[i].update(got[:n].tolist())
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=3), st.lists(st.floats(0.05, 1), min_size=3, max_size=3),
+       st.integers(1, 3), st.integers(0, 3), st.integers(1, 12), st.integers(0, 2), st.booleans())
+def test_a_mixed_plan_gives_each_source_its_share_within_equal_streams(sizes, weights, world, workers, batch, epoch,
+                                                                      shuffle):
+    from streamwin.mix import plan_epoch
+    from streamwin.plan import WindowIndex
+
+    spec = WindowSpec(4, 2)
+    cfg = PlanConfig(spec, batch, world_size=world, num_workers=workers, seed=3, shuffle=shuffle, block_windows=9,
+                     slice_windows=4)
+    lengths = [np.full(n, 4 + 2 * (k + 1)) for k, n in enumerate(sizes)]  # source k: n sequences of k + 2 windows
+    windows = [int(n * (k + 2)) for k, n in enumerate(sizes)]
+    w = weights[: len(sizes)]
+    plan = plan_epoch(cfg, epoch, [WindowIndex(x, spec) for x in lengths],
+                      [np.array([0, len(x) // 2, len(x)]) for x in lengths], w, None, [str(k) for k in range(len(sizes))])
+    total = sum(windows)
+    share = fractions(w) * total
+    got = simulate(plan)
+    streams, j = cfg.num_streams, plan.batches_per_stream
+    assert plan.quotas.shape == (j, len(sizes)) and np.all(plan.quotas.sum(axis=1) == batch)
+    for k in range(len(sizes)):
+        n = sum(got[k].values())
+        assert n == streams * int(plan.quotas[:, k].sum()) <= share[k] + 1
+        assert set(got[k]) <= set(range(windows[k]))
+        assert max(got[k].values(), default=0) <= math.ceil((share[k] + 1) / windows[k])
+    # equal steps: J is the most batches every source fits; one more would overrun some stream of some source
+    more = batch_quotas(batch, w, j + 1).sum(axis=0)
+    per_stream_min = [int(p.stream_lo[1:].__sub__(p.stream_lo[:-1]).min()) for p in plan.plans]
+    assert any(more[k] > per_stream_min[k] for k in range(len(sizes))) or j == 0 and total < streams * batch
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 3), st.integers(0, 2), st.integers(1, 3), st.integers(0, 2),
+       st.integers(1, 8), st.data())
+def test_a_mixed_elastic_rest_yields_nothing_twice_beyond_the_share(n, world, workers, world2, workers2, batch, data):
+    from streamwin.mix import plan_epoch, rest_mix
+    from streamwin.plan import WindowIndex
+
+    spec = WindowSpec(4, 2)
+    cfg = PlanConfig(spec, batch, world_size=world, num_workers=workers, seed=1, block_windows=7, slice_windows=3)
+    lengths = [np.full(6 * n, 10), np.full(n, 8)]  # 4 and 3 windows per sequence: a large and a small source
+    windows = [24 * n, 3 * n]
+    plan = plan_epoch(cfg, 0, [WindowIndex(x, spec) for x in lengths], [np.array([0, len(x)]) for x in lengths],
+                      [0.5, 0.5], None, ["big", "small"])
+    taken = data.draw(st.integers(0, plan.batches_per_rank))
+    before = simulate(plan, taken)
+    cfg2 = PlanConfig(spec, batch, world_size=world2, num_workers=workers2, seed=1, block_windows=5, slice_windows=3)
+    rest = rest_mix(plan, taken, cfg2)
+    after = simulate(rest)
+    share = [sum(windows) / 2] * 2
+    for k in range(2):
+        seen = before[k] + after[k]
+        assert max(seen.values(), default=0) <= math.ceil((share[k] + 1) / windows[k])
+        assert sum(seen.values()) <= share[k] + 1
+    assert max((before[0] + after[0]).values(), default=0) <= 1, "the large source: each window at most once"
+
+
+def test_mixed_padding_yields_each_sources_share_exactly_repeats_weigh_zero(corpora):
+    urls, seqs = corpora
+    refs = references(seqs)
+    total = sum(len(r) for r in refs)
+    group = loaders(urls, 2, 0, equalize="pad")
+    real = Counter()
+    for rank in group:
+        for b in rank:
+            keep = (b["weight"] > 0).tolist()
+            real.update(s for s, k in zip(b["source"].tolist(), keep) if k)
+    # with "pad" nothing is dropped: each source gives exactly its share (largest remainder of 0.5 * E)
+    assert sorted(real.values()) == sorted([total // 2, total - total // 2]), (real, total)
+    assert len(group[0]) == len(group[1])
