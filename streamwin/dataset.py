@@ -93,7 +93,8 @@ def _check_weights(url: Sequence | Mapping, weights: Any) -> None:
             raise ValueError(f"weights must be a dict with the names of url ({sorted(url)}), got {weights!r}")
         values = [weights[k] for k in url]
     else:
-        if isinstance(weights, (str, Mapping)) or not isinstance(weights, Sequence) or len(weights) != len(url):
+        if isinstance(weights, (str, Mapping)) or not isinstance(weights, (Sequence, np.ndarray)) \
+                or np.ndim(weights) != 1 or len(weights) != len(url):
             raise ValueError(f"weights must be a list of {len(url)} numbers, one per URL, got {weights!r}")
         values = list(weights)
     if not all(_is_real(v) for v in values):

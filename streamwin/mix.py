@@ -238,16 +238,17 @@ def _quotas(config: PlanConfig, w: np.ndarray, sizes: list[np.ndarray]) -> np.nd
     low = np.array([s.min() if len(s) else 0 for s in sizes], dtype=np.int64)
     high = np.array([s.max() if len(s) else 0 for s in sizes], dtype=np.int64)
     if config.equalize == "drop":
-        cap = int(low.sum()) // b + 1  # J * B windows never exceed what the streams own
-    else:
-        live = w > 0
-        cap = int(np.max(np.ceil(high[live] / (w[live] * b)), initial=0)) + 2 if high.any() else 0
-    quotas = batch_quotas(b, w, cap)
-    cum = np.cumsum(quotas, axis=0)
-    if config.equalize == "drop":
+        cap = int(low.sum()) // b + 1  # in cap batches some source overruns: J * B never exceeds what streams own
+        cum = np.cumsum(batch_quotas(b, w, cap), axis=0)
         fits = (cum <= low).all(axis=1)
-        j = int(np.argmin(fits)) if not fits.all() else cap
-    else:
+        return batch_quotas(b, w, int(np.argmin(fits)) if not fits.all() else cap)
+    if not high.any():
+        return batch_quotas(b, w, 0)
+    live = w > 0
+    cap = int(np.max(np.ceil(high[live] / (w[live] * b)))) + 2
+    while True:  # the fewest batches whose quotas cover every stream's range of every source
+        cum = np.cumsum(batch_quotas(b, w, cap), axis=0)
         covers = (cum >= high).all(axis=1)
-        j = int(np.argmax(covers)) + 1 if covers.any() else 0
-    return quotas[:j]
+        if covers.any():
+            return batch_quotas(b, w, int(np.argmax(covers)) + 1)
+        cap = 2 * cap

@@ -473,3 +473,17 @@ def test_mixed_padding_yields_each_sources_share_exactly_repeats_weigh_zero(corp
     # with "pad" nothing is dropped: each source gives exactly its share (largest remainder of 0.5 * E)
     assert sorted(real.values()) == sorted([total // 2, total - total // 2]), (real, total)
     assert len(group[0]) == len(group[1])
+
+
+@pytest.mark.parametrize("weights,small", [([0.999, 0.001], 7), ([0.999, 0.001], 4), ([0.998, 0.002], 7),
+                                           ([0.5, 0.5], 7), ([0.01, 0.99], 7)])
+def test_padded_quotas_cover_every_streams_range_even_for_a_tiny_weight(weights, small):
+    from streamwin.mix import _quotas
+
+    cfg = PlanConfig(WindowSpec(4, 2), 100, equalize="pad")
+    sizes = [np.array([3000, 2999]), np.array([small, small - 1])]
+    q = _quotas(cfg, np.asarray(weights), sizes)
+    cum = q.sum(axis=0)
+    assert all(cum[k] >= sizes[k].max() for k in range(2)), cum  # every real window is yielded
+    shorter = q[:-1].sum(axis=0)
+    assert any(shorter[k] < sizes[k].max() for k in range(2)), "the fewest batches that cover"
