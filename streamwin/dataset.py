@@ -4,6 +4,11 @@ A *stream* is one reader of the plan: BlockReader -> Batcher (-> ThreadPrefetche
 the trainer's process or in a worker process of a WindowLoader. The dataset knows nothing
 of processes: the loader says how many streams a rank runs (``num_workers``), so two
 loaders with different worker counts can share one dataset.
+
+A *mixed* dataset (a list or dict of URLs, with weights) holds one WindowDataset per source
+(its manifest, window space and shard reader); its plan is a ``mix.MixPlan`` (one plan per
+source plus the windows of each source in every batch) and its stream a MixBatcher over one
+BlockReader per source. Everything else (window spec, seed, batch size, split) is shared.
 """
 from __future__ import annotations
 

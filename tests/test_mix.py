@@ -449,7 +449,7 @@ def test_a_mixed_elastic_rest_yields_nothing_twice_beyond_the_share(n, world, wo
                       [0.5, 0.5], None, ["big", "small"])
     taken = data.draw(st.integers(0, plan.batches_per_rank))
     before = simulate(plan, taken)
-    cfg2 = PlanConfig(spec, batch, world_size=world2, num_workers=workers2, seed=1, block_windows=5, slice_windows=3)
+    cfg2 = PlanConfig(spec, data.draw(st.integers(1, 8)), world_size=world2, num_workers=workers2, seed=1, block_windows=5, slice_windows=3)
     rest = rest_mix(plan, taken, cfg2)
     after = simulate(rest)
     share = [sum(windows) / 2] * 2
