@@ -3,6 +3,9 @@
     torchrun --nproc_per_node=4 examples/train_ddp.py --data s3://bucket/ecg/ --ckpt ckpt/ecg.pt \
         --window 256 --horizon 32 --epochs 10
 
+Several datasets are mixed into every batch at chosen proportions with ``--data a,b --weights
+0.7,0.3`` (each batch of 64: 45 or 44 windows of a, 19 or 20 of b; ``batch["source"]`` says which).
+
 A plain PyTorch loop, the one you would write anyway, plus the three things streamwin asks:
 
 1. ``loader.set_epoch(epoch)`` before each epoch (the same epoch on every rank);
@@ -181,8 +184,11 @@ class Recorder:
 
     def write(self, step: int, epoch: int, batch: dict, loss: float) -> None:
         if self.f is not None:
-            self.f.write(json.dumps({"step": step, "epoch": epoch, "key": list(batch["key"]),
-                                     "start": batch["start"].tolist(), "loss": loss}) + "\n")
+            line = {"step": step, "epoch": epoch, "key": list(batch["key"]), "start": batch["start"].tolist(),
+                    "loss": loss}
+            if "source" in batch:  # mixed datasets: which one each window came from
+                line["source"] = batch["source"].tolist()
+            self.f.write(json.dumps(line) + "\n")
             self.f.flush()
 
 
@@ -190,7 +196,10 @@ class Recorder:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="dataset URL (local path, s3://, gs://, ...) written by streamwin pack")
+    p.add_argument("--data", required=True, type=lambda text: [u for u in text.split(",") if u],
+                   help="dataset URL (local path, s3://, gs://, ...) written by streamwin pack; a,b,... mixes several")
+    p.add_argument("--weights", type=lambda text: [float(w) for w in text.split(",")], default=None,
+                   help="with several --data URLs: each one's share of every batch and epoch (e.g. 0.7,0.3)")
     p.add_argument("--ckpt", required=True, help="checkpoint file: resumed from if it exists, written every --ckpt-every steps")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--steps", type=int, default=None, help="stop after this many steps in total (default: no limit)")
@@ -213,7 +222,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl with GPUs, else gloo")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--record", default=None, help="write each rank's (step, key, start, loss) to DIR/rank<r>.jsonl")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.weights is not None and len(args.weights) != len(args.data):
+        p.error(f"--weights lists {len(args.weights)} numbers for {len(args.data)} --data URLs")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,11 +237,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cache_dir:  # optional: copy the shards to node-local disk once per node, then read them there
         t = time.perf_counter()
-        fetched = sw.prefetch(args.data, args.cache_dir)
+        fetched = sum(sw.prefetch(url, args.cache_dir) for url in args.data)
         dist.barrier()  # nobody reads before the whole node cache is warm
         log.info("prefetched %d shards into %s in %.1fs", fetched, args.cache_dir, time.perf_counter() - t)
 
-    ds = sw.WindowDataset(args.data, window=args.window, stride=args.stride or max(1, args.window // 2),
+    data = args.data[0] if len(args.data) == 1 else args.data  # one URL, or several mixed by --weights
+    mixing = {} if len(args.data) == 1 else {"weights": args.weights}
+    ds = sw.WindowDataset(data, **mixing, window=args.window, stride=args.stride or max(1, args.window // 2),
                           horizon=args.horizon, batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer,
                           seed=args.seed, cache_dir=args.cache_dir)
     loader = sw.WindowLoader(ds, num_workers=args.workers, pin_memory=device.type == "cuda")

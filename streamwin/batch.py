@@ -45,7 +45,8 @@ class Field:
 class BatchLayout:
     """Where each field of a batch lies in its byte buffer; the same for every batch of a loader."""
 
-    def __init__(self, manifest: Manifest, spec: WindowSpec, batch_size: int, *, with_weight: bool):
+    def __init__(self, manifest: Manifest, spec: WindowSpec, batch_size: int, *, with_weight: bool,
+                 with_source: bool = False):
         step, dt, b = tuple(manifest.step_shape), np.dtype(manifest.dtype), batch_size
         wanted = [("x", dt, (b, spec.window) + step)]
         if spec.horizon:
@@ -58,6 +59,8 @@ class BatchLayout:
         wanted.append(("seq", np.dtype(np.int64), (b,)))
         if with_weight:
             wanted.append(("weight", np.dtype(np.float32), (b,)))
+        if with_source:  # a mixed dataset: which source each window came from
+            wanted.append(("source", np.dtype(np.int64), (b,)))
         self.fields: list[Field] = []
         at = 0
         for name, dtype, shape in wanted:
@@ -79,20 +82,33 @@ class BatchKeys(Sequence):
     """The sequence keys of a batch's windows: a read-only list of str, decoded on first use.
 
     Equal to the list of the same strings; pickles as that list. The trainer never pays for
-    strings a training step does not read.
+    strings a training step does not read. In a mixed batch ``manifest`` lists the sources'
+    manifests and ``source`` says whose index each ``seq`` is.
     """
 
-    __slots__ = ("_manifest", "_seq", "_names")
+    __slots__ = ("_manifest", "_seq", "_source", "_names")
 
-    def __init__(self, names=None, *, manifest: Manifest | None = None, seq: np.ndarray | None = None):
+    def __init__(self, names=None, *, manifest: Manifest | Sequence[Manifest] | None = None,
+                 seq: np.ndarray | None = None, source: np.ndarray | None = None):
         self._names = None if names is None else [str(n) for n in names]
-        self._manifest, self._seq = manifest, seq
+        self._manifest, self._seq, self._source = manifest, seq, source
 
     def _list(self) -> list[str]:
         if self._names is None:
-            self._names = self._manifest.keys(self._seq)
-            self._manifest = self._seq = None
+            self._names = self._decode()
+            self._manifest = self._seq = self._source = None
         return self._names
+
+    def _decode(self) -> list[str]:
+        """The keys of the batch's sequences, each looked up in its own source's manifest."""
+        if self._source is None:
+            return self._manifest.keys(self._seq)
+        names: list[str] = [""] * len(self._seq)
+        for i in np.unique(self._source):
+            rows = np.flatnonzero(self._source == i)
+            for row, key in zip(rows.tolist(), self._manifest[int(i)].keys(self._seq[rows])):
+                names[row] = key
+        return names
 
     def __getitem__(self, i):
         return self._list()[i]

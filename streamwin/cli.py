@@ -2,6 +2,7 @@
 
     streamwin pack data/ecg/ s3://bucket/ecg/ --shard-size 256MB --workers 4
     streamwin inspect s3://bucket/ecg/ --window 512 --stride 256 --batch-size 64 --world-size 8
+    streamwin inspect s3://bucket/ecg/ s3://bucket/eeg/ --weights 0.7,0.3 --window 512
     streamwin bench s3://bucket/ecg/ --window 512 --batches 200
 
 Each subcommand is a thin layer over the library function of the same name; only ``bench``
@@ -26,7 +27,8 @@ from tqdm.auto import tqdm
 from .errors import ManifestError, PackError, ShardError, StreamwinError
 from .index import index_shards, verify
 from .pack import NonFiniteWarning, merge, pack, parse_part, part_indexes
-from .plan import PlanConfig, WindowSpec, make_plan
+from .mix import plan_epoch
+from .plan import PlanConfig, WindowIndex, WindowSpec, make_plan
 from .sources import FORMATS, SOURCE_OPTIONS
 from .storage import load_manifest
 
@@ -47,6 +49,17 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
     return value
+
+
+def _weights(text: str) -> list[float]:
+    """An argparse type: comma-separated weights >= 0, not all 0 (e.g. 0.7,0.3)."""
+    try:
+        values = [float(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not all(np.isfinite(v) and v >= 0 for v in values) or not sum(values) > 0:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, not all 0, got {text!r}")
+    return values
 
 
 def _int_at_least(low: int):
@@ -229,9 +242,55 @@ def _verify(url: str, args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    m = load_manifest(args.url, _storage_options(args.storage_option))
+    if len(args.url) > 1 and args.png:
+        raise StreamwinError("--png draws one dataset's histogram: inspect one URL at a time")
+    if args.weights is not None and len(args.weights) != len(args.url):
+        raise StreamwinError(f"--weights lists {len(args.weights)} numbers for {len(args.url)} URLs")
+    manifests = []
+    for i, url in enumerate(args.url):
+        if i:
+            print()
+        manifests.append(_inspect_one(url, args))
+    if len(args.url) > 1 and args.window is not None:
+        _inspect_mix(args, manifests)
+    return 0
+
+
+def _spec_config(args: argparse.Namespace) -> PlanConfig:
+    """The window spec and plan config the inspect options ask for."""
+    spec = WindowSpec(args.window, args.stride or args.window, args.horizon, args.pad)
+    return PlanConfig(spec=spec, batch_size=args.batch_size, world_size=args.world_size,
+                      num_workers=args.num_workers, seed=args.seed, equalize=args.equalize)
+
+
+def _inspect_mix(args: argparse.Namespace, manifests: list) -> None:
+    """What mixing the datasets makes of an epoch: per source its windows, share and repeat factor."""
+    cfg = _spec_config(args)
+    indexes = [WindowIndex(m.length, cfg.spec) for m in manifests]
+    try:
+        plan = plan_epoch(cfg, 0, indexes, [m.shard_starts for m in manifests], args.weights, args.epoch_windows,
+                          args.url)
+    except ValueError as e:
+        raise StreamwinError(str(e)) from None
+    print()
+    print("mixed        " + ("weights " + ", ".join(f"{w:g}" for w in plan.weights) if args.weights else
+                             "no weights: every window of every source once"))
+    width = max(len(u) for u in args.url)
+    print(f"  {'source':<{width}}  {'windows':>12}  {'share':>12}  {'repeat':>8}")
+    for url, p in zip(args.url, plan.plans):
+        windows, share = p.index.total, p.total_windows
+        repeat = f"{share / windows:.3f}" if windows else "-"
+        print(f"  {url:<{width}}  {windows:>12,}  {share:>12,}  {repeat:>8}")
+    print(f"  per epoch          {plan.total_windows:,}")
+    print(f"  batches per rank   {plan.batches_per_rank:,} (batch size {args.batch_size})")
+    print(f"  dropped windows    {plan.dropped_windows:,} ({100 * plan.dropped_windows / max(plan.total_windows, 1):.2f}%)")
+
+
+def _inspect_one(url: str, args: argparse.Namespace):
+    """One dataset's summary (and its plan for the window spec); returns its manifest."""
+    m = load_manifest(url, _storage_options(args.storage_option))
     lengths = m.length
-    print(f"dataset      {args.url}")
+    print(f"dataset      {url}")
     print(f"shards       {len(m.shards):,}  ({_mb(sum(s.bytes for s in m.shards))})")
     print(f"sequences    {m.num_sequences:,}  (dropped empty at pack time: {m.dropped_empty:,})")
     print(f"steps        {m.num_steps:,}")
@@ -251,9 +310,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for line in length_histogram(lengths):
             print("  " + line)
     if args.window is not None:
-        spec = WindowSpec(args.window, args.stride or args.window, args.horizon, args.pad)
-        cfg = PlanConfig(spec=spec, batch_size=args.batch_size, world_size=args.world_size,
-                         num_workers=args.num_workers, seed=args.seed, equalize=args.equalize)
+        cfg = _spec_config(args)
+        spec = cfg.spec
         plan = make_plan(m.length, m.shard_starts, cfg, 0)
         short = int(((m.length < spec.span) & (m.length > 0)).sum())
         print(f"windows      window {spec.window}, stride {spec.stride}, horizon {spec.horizon}"
@@ -267,9 +325,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.equalize == "pad":
             print(f"  repeated windows   {plan.repeated_windows:,}")
     if args.png:
-        _histogram_png(lengths, args.png, args.url)
+        _histogram_png(lengths, args.png, url)
         print(f"wrote {args.png}")
-    return 0
+    return m
 
 
 def length_histogram(lengths: np.ndarray, bins: int = 12, width: int = 40) -> list[str]:
@@ -409,7 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     storage(p)
 
     p = command("inspect", cmd_inspect, "summarize a dataset, and what a window spec makes of it")
-    p.add_argument("url")
+    p.add_argument("url", nargs="+", help="one dataset, or several: then also what mixing them makes of an epoch")
+    p.add_argument("--weights", type=_weights, help="mixing weights, one per URL (e.g. 0.7,0.3; default: none)")
+    p.add_argument("--epoch-windows", type=_int_at_least(1), help="windows of a mixed epoch (default: all)")
     window(p, required=False)
     p.add_argument("--world-size", type=_int_at_least(1), default=1, help="ranks to plan for (default 1)")
     p.add_argument("--equalize", choices=["drop", "pad"], default="drop", help="how ranks get equal batch counts")
@@ -463,6 +523,8 @@ def _discard_stdout() -> None:
 def _unmerged_parts(args: argparse.Namespace, error: Exception) -> str | None:
     """For a missing index.json where `pack --part` wrote part indexes: what is there and what to run."""
     url = getattr(args, "url", None)
+    if isinstance(url, list):  # inspect of several datasets: the one the error is about
+        url = next((u for u in url if u in str(error)), url[0])
     if url is None or not isinstance(error, ManifestError) or not isinstance(error.__cause__, FileNotFoundError):
         return None
     try:

@@ -4,6 +4,11 @@ A *stream* is one reader of the plan: BlockReader -> Batcher (-> ThreadPrefetche
 the trainer's process or in a worker process of a WindowLoader. The dataset knows nothing
 of processes: the loader says how many streams a rank runs (``num_workers``), so two
 loaders with different worker counts can share one dataset.
+
+A *mixed* dataset (a list or dict of URLs, with weights) holds one WindowDataset per source
+(its manifest, window space and shard reader); its plan is a ``mix.MixPlan`` (one plan per
+source plus the windows of each source in every batch) and its stream a MixBatcher over one
+BlockReader per source. Everything else (window spec, seed, batch size, split) is shared.
 """
 from __future__ import annotations
 
@@ -19,9 +24,10 @@ from .batch import BatchLayout, Gatherer
 from .cache import ShardCache
 from .errors import StateMismatchError
 from .manifest import Manifest
-from .nodes import Batcher, BlockReader, ThreadPrefetcher
+from .mix import MixPlan, normalized, plan_epoch, rest_mix
+from .nodes import Batcher, BlockReader, MixBatcher, ThreadPrefetcher
 from .plan import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan, rest_plan
-from .read import ShardSource
+from .read import ReadStats, ShardSource
 from .split import SplitSpec, split_views
 from .storage import load_manifest
 from .world import resolve
@@ -35,15 +41,14 @@ _INTS = {"window": 1, "stride": 1, "horizon": 0, "shuffle_buffer": 1, "seed": 0,
          "world_size": 1, "slice_windows": 1, "readahead": 0, "prefetch": 0, "retries": 0, "cache_limit": 0,
          "split_seed": 0, "holdout": 0}  # name -> smallest valid value
 _MAY_BE_NONE = {"stride", "rank", "world_size", "slice_windows", "cache_limit", "storage_options", "cache_dir",
-                "split"}
+                "split", "weights", "epoch_windows"}
 _CHOICES = {"equalize": ("drop", "pad"), "on_error": ("raise", "skip"), "split": ("train", "val", "test")}
 
 
 def _check_arguments(args: dict[str, Any]) -> None:
     """Refuse a bad WindowDataset argument with one error that names it and says what is valid."""
     given = {k: v for k, v in args.items() if not (v is None and k in _MAY_BE_NONE)}
-    if not isinstance(given["url"], (str, os.PathLike)):
-        raise TypeError(f"url must be a path or an fsspec URL string, got {given['url']!r}")
+    _check_sources(given)
     for name, low in _INTS.items():
         if name in given:
             _check_int(name, given[name], low)
@@ -65,6 +70,44 @@ def _check_arguments(args: dict[str, Any]) -> None:
     _check_split(given)
     if "rank" in given and "world_size" in given and given["rank"] >= given["world_size"]:
         raise ValueError(f"rank must be < world_size ({given['world_size']}), got {given['rank']!r}")
+
+
+def _check_sources(given: dict[str, Any]) -> None:
+    """One URL, or a list / dict of them (mixing) with weights of the same length / keys and epoch_windows."""
+    url = given["url"]
+    if isinstance(url, (str, os.PathLike)):
+        for name in ("weights", "epoch_windows"):
+            if name in given:
+                raise ValueError(f"{name}={given[name]!r} mixes several datasets: pass url as a list or dict of URLs")
+        return
+    urls = list(url.values()) if isinstance(url, Mapping) else list(url) if isinstance(url, (list, tuple)) else None
+    if not urls or not all(isinstance(u, (str, os.PathLike)) for u in urls):
+        raise TypeError(f"url must be a path or an fsspec URL string, or a non-empty list or dict of them, got {url!r}")
+    if isinstance(url, Mapping) and not all(isinstance(k, str) for k in url):
+        raise TypeError(f"the names of a dict of URLs must be strings, got {list(url)!r}")
+    if "epoch_windows" in given:
+        _check_int("epoch_windows", given["epoch_windows"], 0)
+    if "weights" in given:
+        _check_weights(url, given["weights"])
+
+
+def _check_weights(url: Sequence | Mapping, weights: Any) -> None:
+    """Weights matching the sources: a list as long as the list of URLs, or a dict with the same names."""
+    if isinstance(url, Mapping):
+        if not isinstance(weights, Mapping) or set(weights) != set(url):
+            raise ValueError(f"weights must be a dict with the names of url ({sorted(url)}), got {weights!r}")
+        values = [weights[k] for k in url]
+    else:
+        if isinstance(weights, (str, Mapping)) or not isinstance(weights, (Sequence, np.ndarray)) \
+                or np.ndim(weights) != 1 or len(weights) != len(url):
+            raise ValueError(f"weights must be a list of {len(url)} numbers, one per URL, got {weights!r}")
+        values = list(weights)
+    if not all(_is_real(v) for v in values):
+        raise TypeError(f"weights must be numbers >= 0, got {weights!r}")
+    try:
+        normalized(values)
+    except ValueError:
+        raise ValueError(f"weights must be finite numbers >= 0, not all 0, got {weights!r}") from None
 
 
 def _check_split(given: dict[str, Any]) -> None:
@@ -93,7 +136,16 @@ class WindowDataset:
     """Sliding windows over the sequences of a packed dataset, as batches.
 
     Args:
-        url: dataset root (local path or fsspec URL) holding index.json and the shards.
+        url: dataset root (local path or fsspec URL) holding index.json and the shards; or a list
+            of them, or a dict {name: url}, to mix several datasets (same dtype and feature shape)
+            into every batch: ``batch["source"]`` says which each window came from (its position
+            in the list or dict).
+        weights: with several URLs, each source's share of the epoch and of every batch (a list,
+            or a dict by name; normalized). Source i gives round(w_i * E) windows of an epoch of E
+            (a small source repeats, a large one gives another subset each epoch) and
+            floor(w_i * B) or ceil(w_i * B) windows of every batch. Default: each source all of
+            its windows once, batches mixed in proportion.
+        epoch_windows: with several URLs, the windows of an epoch (default: every source's, summed).
         window: steps per window (``batch["x"]`` is ``[B, window, *features]``).
         stride: steps between window starts (default: ``window``, no overlap).
         horizon: target steps right after the window (``batch["y"]``), 0 for none.
@@ -135,9 +187,15 @@ class WindowDataset:
                  on_error: str = "raise",
                  cache_dir: str | None = None, cache_limit: int | None = None, split: str | None = None,
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_seed: int = 0,
-                 holdout: int = 0):
-        _check_arguments(dict(locals()))  # first: every argument exactly as the user passed it
-        self.url = str(url)
+                 holdout: int = 0, weights: Sequence[float] | Mapping[str, float] | None = None,
+                 epoch_windows: int | None = None):
+        args = dict(locals())
+        _check_arguments(args)  # first: every argument exactly as the user passed it
+        self.sources: list[WindowDataset] = []  # a mixed dataset's sources (one dataset each), else empty
+        if isinstance(url, (str, os.PathLike)):
+            self.url = str(url)
+        else:
+            self._init_sources(args)
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad)
         self.shuffle, self.shuffle_buffer, self.seed = bool(shuffle), int(shuffle_buffer), int(seed)
         self.batch_size, self.equalize = int(batch_size), equalize
@@ -158,15 +216,50 @@ class WindowDataset:
         self._coarse: tuple[str, np.ndarray] | None = None  # (manifest digest, a WindowIndex's scan) for workers
         self._lens: dict[PlanConfig, int] = {}
         self.config(world_size=1)  # validate the arguments now, with a clear message
+        if self.sources:
+            self._check_compatible()
+
+    def _init_sources(self, args: dict[str, Any]) -> None:
+        """One child dataset per URL, sharing every other argument; the names, weights and epoch size."""
+        url, weights = args["url"], args["weights"]
+        urls = list(url.values()) if isinstance(url, Mapping) else list(url)
+        self.names = list(url) if isinstance(url, Mapping) else [str(u) for u in urls]
+        self.url = tuple(str(u) for u in urls)
+        shared = {k: v for k, v in args.items() if k not in ("self", "url", "weights", "epoch_windows")}
+        self.sources = [WindowDataset(u, **shared) for u in urls]
+        if weights is not None:
+            weights = [weights[k] for k in url] if isinstance(url, Mapping) else list(weights)
+        self.weights = None if weights is None else [float(w) for w in weights]
+        self.epoch_windows = None if args["epoch_windows"] is None else int(args["epoch_windows"])
+
+    def _check_compatible(self) -> None:
+        """Mixed sources share dtype and feature shape (one batch holds them all), else name both URLs."""
+        first = self.sources[0]
+        a = first.manifest
+        for other in self.sources[1:]:
+            b = other.manifest
+            for what, x, y in (("dtype", np.dtype(a.dtype), np.dtype(b.dtype)),
+                               ("feature shape", tuple(a.step_shape), tuple(b.step_shape))):
+                if x != y:
+                    raise ValueError(f"mixed datasets must share dtype and feature shape: {first.url!r} has {what} "
+                                     f"{x}, {other.url!r} has {what} {y}")
 
     # -- configuration ---------------------------------------------------------------------------
     @property
     def manifest(self) -> Manifest:
+        """The dataset's manifest (a mixed dataset's first source's: dtype and feature shape are shared)."""
+        if self.sources:
+            return self.sources[0].manifest
         if self._manifest is None:
             cache = self._cache()  # a remote columnar manifest is mapped from the node cache: one copy per node
             self._manifest = load_manifest(self.url, self.storage_options, retries=self.retries,
                                            backoff=self.retry_backoff, fetch_columns=cache.fetch if cache else None)
         return self._manifest
+
+    @property
+    def manifests(self) -> list[Manifest]:
+        """One manifest per source (a batch's keys are looked up in its window's source's)."""
+        return [s.manifest for s in self.sources] if self.sources else [self.manifest]
 
     def _cache(self) -> ShardCache | None:
         """The node cache of remote shards (and columns files), if ``cache_dir`` was given."""
@@ -210,6 +303,8 @@ class WindowDataset:
 
     def window_index(self) -> WindowIndex:
         """The dataset's window space, built once (before a loader forks its workers, who share it)."""
+        if self.sources:
+            raise TypeError("a mixed dataset has one window space per source: use dataset.sources[i].window_index()")
         if self._index is None:
             m = self.manifest
             shipped = self._coarse[1] if self._coarse is not None and self._coarse[0] == m.digest else None
@@ -235,14 +330,23 @@ class WindowDataset:
         """The plan config of a checkpoint's inputs: its world, workers and batch size over this dataset."""
         return replace(self.config(), **{k: inputs[k] for k in POSITION_ONLY if k in inputs})
 
-    def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]]) -> Plan:
+    def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]]) -> Plan | MixPlan:
         if not rest_of:
-            return make_plan(None, self.manifest.shard_starts, config, epoch, index=self.window_index())
+            return self._fresh(config, epoch)
         plan, before = self.plan_of(rest_of[0]["inputs"], epoch), 0
         configs = [self.config_of(r["inputs"]) for r in rest_of[1:]] + [config]
+        rest = rest_mix if self.sources else rest_plan
         for run, nxt in zip(rest_of, configs):
-            plan, before = rest_plan(plan, int(run["batches"]) - before, nxt), int(run["batches"])
+            plan, before = rest(plan, int(run["batches"]) - before, nxt), int(run["batches"])
         return plan
+
+    def _fresh(self, config: PlanConfig, epoch: int) -> Plan | MixPlan:
+        """A whole epoch's plan under ``config``."""
+        if not self.sources:
+            return make_plan(None, self.manifest.shard_starts, config, epoch, index=self.window_index())
+        return plan_epoch(config, epoch, [src.window_index() for src in self.sources],
+                          [src.manifest.shard_starts for src in self.sources], self.weights, self.epoch_windows,
+                          [src.url for src in self.sources])
 
     def __len__(self) -> int:
         """Batches one rank yields per epoch without worker processes: the same on every rank (cached)."""
@@ -258,22 +362,38 @@ class WindowDataset:
         d.update(asdict(cfg.spec))
         d["dataset"] = self.manifest.digest
         d["split"] = None if self.split is None else list(asdict(self.split).values())
+        if self.sources:  # a mixed dataset: every source's data, the names, weights and epoch size
+            d.update(dataset=[s.manifest.digest for s in self.sources], sources=list(self.names),
+                     weights=self.weights, epoch_windows=self.epoch_windows)
         return d
 
     def summary(self, epoch: int = 0, num_workers: int = 0) -> dict[str, Any]:
-        """The numbers users care about for this epoch, for logging."""
-        m, p = self.manifest, self.plan(epoch, num_workers)
-        totals = p.index.totals()  # of what this split uses
-        return {"shards": len(m.shards), "sequences": totals["sequences"], "steps": totals["steps"],
-                "windows_per_epoch": p.total_windows, "dropped_windows": p.dropped_windows,
-                "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,
-                "world_size": self.world()[1], "streams": p.config.num_streams,
-                "short_sequences": totals["short_sequences"], "split": self.split.split if self.split else None}
+        """The numbers users care about for this epoch, for logging (per source too, when mixed)."""
+        p = self.plan(epoch, num_workers)
+        indexes = [q.index for q in p.plans] if self.sources else [p.index]
+        totals = {k: sum(ix.totals()[k] for ix in indexes) for k in ("sequences", "steps", "short_sequences")}
+        out = {"shards": sum(len(m.shards) for m in self.manifests), "sequences": totals["sequences"],
+               "steps": totals["steps"], "windows_per_epoch": p.total_windows, "dropped_windows": p.dropped_windows,
+               "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,
+               "world_size": self.world()[1], "streams": p.config.num_streams,
+               "short_sequences": totals["short_sequences"], "split": self.split.split if self.split else None}
+        if self.sources:
+            out["sources"] = self._source_summary(p)
+        return out
+
+    def _source_summary(self, p: MixPlan) -> list[dict[str, Any]]:
+        """Per source: its windows, its share of the epoch, how often each window repeats, its batch weight."""
+        out = []
+        for name, src, plan, w in zip(self.names, self.sources, p.plans, p.weights):
+            windows, share = plan.index.total, plan.total_windows
+            out.append({"name": name, "url": src.url, "windows": windows, "share": share,
+                        "repeat": round(share / windows, 4) if windows else 0.0, "weight": round(float(w), 6)})
+        return out
 
     def layout(self) -> BatchLayout:
         """The fields, shapes and byte offsets of every batch this dataset yields."""
         return BatchLayout(self.manifest, self.spec, self.batch_size,
-                           with_weight=self.equalize == "pad" or self.on_error == "skip")
+                           with_weight=self.equalize == "pad" or self.on_error == "skip", with_source=bool(self.sources))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -294,12 +414,16 @@ class WindowDataset:
 
 def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
                 next_buffer: Callable[[], dict[str, np.ndarray]] | None, *, prefetch: bool = True,
-                transform: Callable | None = None, gatherer=None) -> tuple[Batcher | ThreadPrefetcher, ShardSource]:
+                transform: Callable | None = None, gatherer=None) -> tuple[Batcher | MixBatcher | ThreadPrefetcher,
+                                                                 "ShardSource | SourceGroup"]:
     """The node yielding stream ``stream``'s batches of ``plan`` from batch ``first_batch`` on, and its source.
 
     ``transform`` runs on each block on the read-ahead thread (device mode uploads it there);
     ``gatherer`` replaces the CPU gather (device mode gathers on the device).
     """
+    if ds.sources:
+        return _open_mixed(ds, plan, stream, first_batch, next_buffer, prefetch=prefetch, transform=transform,
+                           gatherer=gatherer)
     source = open_source(ds)
     reader = BlockReader(source, plan, stream, readahead=ds.readahead, transform=transform)
     gatherer = gatherer or Gatherer(ds.manifest, ds.spec)
@@ -308,6 +432,37 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
         node = ThreadPrefetcher(node, depth=ds.prefetch)
     node.reset({Batcher.BATCH_KEY: first_batch})
     return node, source
+
+
+def _open_mixed(ds: WindowDataset, plan: MixPlan, stream: int, first_batch: int,
+                next_buffer: Callable[[], dict[str, np.ndarray]] | None, *, prefetch: bool, transform: Callable | None,
+                gatherer) -> tuple[MixBatcher | ThreadPrefetcher, "SourceGroup"]:
+    """A mixed dataset's stream: one block reader per source, batches filled by their quotas."""
+    if transform is not None or gatherer is not None:
+        raise NotImplementedError("device mode does not mix datasets yet: use device=None and move batches yourself")
+    sources = [open_source(src) for src in ds.sources]
+    readers = [BlockReader(source, p, stream, readahead=ds.readahead) for source, p in zip(sources, plan.plans)]
+    node: MixBatcher | ThreadPrefetcher = MixBatcher(readers, plan.quotas, Gatherer(ds.manifest, ds.spec),
+                                                     next_buffer or (lambda: None))
+    if prefetch and ds.prefetch > 0:
+        node = ThreadPrefetcher(node, depth=ds.prefetch)
+    node.reset({MixBatcher.BATCH_KEY: first_batch})
+    return node, SourceGroup(sources)
+
+
+class SourceGroup:
+    """The shard readers of a mixed stream's sources; ``stats`` sums theirs."""
+
+    def __init__(self, sources: list[ShardSource]):
+        self.sources = sources
+
+    @property
+    def stats(self) -> ReadStats:
+        out = ReadStats()
+        for source in self.sources:
+            for name, value in vars(source.stats).items():
+                setattr(out, name, getattr(out, name) + value)
+        return out
 
 
 def open_source(ds: WindowDataset) -> ShardSource:
@@ -324,12 +479,10 @@ def open_blocks(ds: WindowDataset, plan: Plan, stream: int, first_block: int) ->
     return reader, source
 
 
-def close_stream(node: Batcher | ThreadPrefetcher | BlockReader | None) -> None:
+def close_stream(node: Batcher | MixBatcher | ThreadPrefetcher | BlockReader | None) -> None:
     """Stop a stream's threads (read-ahead, prefetch)."""
-    if isinstance(node, (ThreadPrefetcher, BlockReader)):
+    if node is not None:
         node.close()
-    elif node is not None:
-        node.reader.close()
 
 
 def check_state(state: dict[str, Any], inputs: dict[str, Any], *, finished: bool = False) -> None:

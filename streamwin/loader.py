@@ -87,6 +87,9 @@ class WindowLoader:
                  multiprocessing_context: str | None = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
+        if device is not None and dataset.sources:
+            raise NotImplementedError("device= does not mix datasets yet: load a mixed WindowDataset with device=None "
+                                      "(pin_memory=True) and move each batch with .to(device, non_blocking=True)")
         if kwargs.get("batch_size") is not None:
             raise ValueError("set batch_size on the WindowDataset: batches are formed inside the streams")
         kwargs.pop("batch_size", None)

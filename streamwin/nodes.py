@@ -102,19 +102,8 @@ class Batcher(BaseNode[dict]):
     def next(self) -> dict:
         if self._batch >= self.plan.batches_per_stream:
             raise StopIteration
-        need = self.plan.config.batch_size
         parts, done = [], []
-        while need:
-            if self._block is None:  # first block after reset: _pos is the offset in it
-                self._block = next(self.reader)
-            elif self._pos >= len(self._block):
-                done.append(self._block)
-                self._block = next(self.reader)
-                self._pos = 0
-            take = min(need, len(self._block) - self._pos)
-            parts.append((self._block, self._pos, self._pos + take))
-            self._pos += take
-            need -= take
+        self._block, self._pos = _take(self.reader, self._block, self._pos, self.plan.config.batch_size, parts, done)
         self._batch += 1
         batch = self.gatherer.gather(parts, self.next_buffer())  # copies: no field is a view of a block buffer
         for block in done:
@@ -123,6 +112,83 @@ class Batcher(BaseNode[dict]):
 
     def get_state(self) -> dict[str, Any]:
         return {self.BATCH_KEY: self._batch}
+
+    def close(self) -> None:
+        """Stop the reader's read-ahead thread."""
+        self.reader.close()
+
+
+def _take(reader: BaseNode, block: Block | None, pos: int, need: int, parts: list, done: list) -> tuple[Block | None, int]:
+    """Append (block, lo, hi) parts of the reader's next ``need`` windows; finished blocks go to ``done``.
+
+    ``block`` is the current block (None right after a reset, ``pos`` then being the offset
+    in the first block read); returns the new (block, pos).
+    """
+    while need:
+        if block is None:  # first block after reset: pos is the offset in it
+            block = next(reader)
+        elif pos >= len(block):
+            done.append(block)
+            block, pos = next(reader), 0
+        take = min(need, len(block) - pos)
+        parts.append((block, pos, pos + take))
+        pos += take
+        need -= take
+    return block, pos
+
+
+class MixBatcher(BaseNode[dict]):
+    """A mixed dataset's stream: batch j takes ``quotas[j, i]`` windows from source i's reader, rows grouped by source.
+
+    The state is the batch count, as for ``Batcher``: source i's position at batch j is
+    ``quotas[:j, i].sum()``, so a reset seeks every reader to its block and offset.
+    """
+
+    BATCH_KEY = Batcher.BATCH_KEY
+
+    def __init__(self, readers: list[BlockReader], quotas: np.ndarray, gatherer: Gatherer,
+                 next_buffer: Callable[[], dict[str, np.ndarray]]):
+        super().__init__()
+        self.readers, self.quotas, self.gatherer, self.next_buffer = readers, quotas, gatherer, next_buffer
+        self.cum = np.zeros((len(quotas) + 1, len(readers)), dtype=np.int64)
+        np.cumsum(quotas, axis=0, out=self.cum[1:])
+        self._batch = 0
+        self._blocks: list[Block | None] = [None] * len(readers)
+        self._pos = [0] * len(readers)
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._batch = int(initial_state[self.BATCH_KEY]) if initial_state is not None else 0
+        j = min(self._batch, len(self.quotas))
+        for i, reader in enumerate(self.readers):
+            k, self._pos[i] = divmod(int(self.cum[j, i]), reader.plan.config.block_windows)
+            reader.reset({BlockReader.BLOCK_KEY: k})
+            self._blocks[i] = None
+
+    def next(self) -> dict:
+        j = self._batch
+        if j >= len(self.quotas):
+            raise StopIteration
+        parts, done = [], []  # done: (reader, block) of the blocks this batch finished
+        for i, reader in enumerate(self.readers):
+            need, finished = int(self.quotas[j, i]), []
+            if need:
+                self._blocks[i], self._pos[i] = _take(reader, self._blocks[i], self._pos[i], need, parts, finished)
+            done += [(reader, block) for block in finished]
+        self._batch += 1
+        batch = self.gatherer.gather(parts, self.next_buffer())  # copies: no field is a view of a block buffer
+        batch["source"][:] = np.repeat(np.arange(len(self.readers), dtype=np.int64), self.quotas[j])
+        for reader, block in done:
+            reader.release(block)
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.BATCH_KEY: self._batch}
+
+    def close(self) -> None:
+        """Stop every source's read-ahead thread."""
+        for reader in self.readers:
+            reader.close()
 
 
 class ThreadPrefetcher(BaseNode[dict]):
@@ -133,7 +199,7 @@ class ThreadPrefetcher(BaseNode[dict]):
     number of batches handed out, not the number produced ahead.
     """
 
-    def __init__(self, source: Batcher, depth: int = 2):
+    def __init__(self, source: "Batcher | MixBatcher", depth: int = 2):
         super().__init__()
         self.source, self.depth = source, depth
         self._queue = None
@@ -191,4 +257,4 @@ class ThreadPrefetcher(BaseNode[dict]):
                 pass
             self._thread.join(timeout=5)
             self._stop = None
-        self.source.reader.close()
+        self.source.close()

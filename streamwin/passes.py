@@ -30,10 +30,13 @@ from .workers import BLOCK, STAT_FIELDS
 WindowLoader = Any  # the loader.WindowLoader driving a pass (it imports this module, not the other way)
 
 
-def to_batch(views: dict[str, np.ndarray], manifest) -> dict[str, Any]:
-    """Tensors over a batch buffer's field views, and keys decoded on first use."""
+def to_batch(views: dict[str, np.ndarray], manifests: list) -> dict[str, Any]:
+    """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed)."""
     out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
-    out["key"] = BatchKeys(manifest=manifest, seq=views["seq"].copy())
+    if "source" in views:
+        out["key"] = BatchKeys(manifest=manifests, seq=views["seq"].copy(), source=views["source"].copy())
+    else:
+        out["key"] = BatchKeys(manifest=manifests[0], seq=views["seq"].copy())
     return out
 
 
@@ -66,7 +69,7 @@ class Pass:
         self.loader, self.plan, self.world = loader, plan, world
         self.offset = loader._offset()  # batches of the epoch taken before this plan began (elastic resume)
         self.total = self.offset + plan.batches_per_rank
-        self.manifest = loader.dataset.manifest
+        self.manifests = loader.dataset.manifests  # one per source (a mixed dataset's keys decode by source)
         self.device_bytes: DeviceBytes | None = None  # device modes: what this pass uploaded
 
     def __iter__(self) -> "Pass":
@@ -125,7 +128,7 @@ class LocalPass(Pass):
         self.node, self.source = open_stream(ds, plan, world[0], self.position(), lambda: layout.views(self.buffers.get()))
 
     def _next(self) -> dict[str, Any]:
-        return to_batch(next(self.node), self.manifest)
+        return to_batch(next(self.node), self.manifests)
 
     def local_stats(self) -> np.ndarray:
         s = self.source.stats
@@ -173,7 +176,7 @@ class WorkerPass(Pass):
         else:
             buf = pool.bases[w][slot]
             pool.held.append([w, slot, None])
-        return to_batch(self.layout.views(buf), self.manifest)
+        return to_batch(self.layout.views(buf), self.manifests)
 
     def _recycle(self) -> None:
         """Give back every slot no one holds any more (and whose queued CUDA copies are done)."""

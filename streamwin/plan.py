@@ -32,7 +32,7 @@ receives the index (pickled, 1.25 MB) never scans the dataset.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -324,18 +324,27 @@ class RestOrder:
     ``rows`` lists (old stream, old block, positions of the block already yielded) for every
     block with windows left, and ``row_pos`` where each row's windows begin in the order: one
     row per block, so it stays small (a 10-million-window epoch in blocks of 10,000: ~1,000 rows).
+    The yielded part is ``batches_per_rank`` batches per rank, or ``used[s]`` windows of each
+    stream ``s`` (a mixed dataset's source takes a varying number of windows per batch).
     """
 
-    def __init__(self, base: Plan, batches_per_rank: int):
-        self.base, self.taken = base, int(batches_per_rank)
+    def __init__(self, base: Plan, batches_per_rank: int | None = None, *, used: Sequence[int] | None = None):
+        if (batches_per_rank is None) == (used is None):
+            raise ValueError("RestOrder needs batches_per_rank or used (windows yielded per stream), not both")
+        streams = base.config.num_streams
+        if used is None:
+            used = [base.consumed(s, int(batches_per_rank)) for s in range(streams)]
+        elif len(used) != streams:
+            raise ValueError(f"used lists {len(used)} streams, the plan has {streams}")
+        self.base, self.used = base, [int(u) for u in used]
         self.dropped_before = base.dropped_windows
         bw, length = base.config.block_windows, base.windows_per_stream
         rows, counts = [], []
-        for s in range(base.config.num_streams):
-            used, owned = base.consumed(s, self.taken), base.owned(s)
-            for b in range(used // bw, base.num_blocks(s)):
+        for s in range(streams):
+            used_s, owned = self.used[s], base.owned(s)
+            for b in range(used_s // bw, base.num_blocks(s)):
                 lo, hi = b * bw, min((b + 1) * bw, length)
-                skip = max(used - lo, 0)
+                skip = max(used_s - lo, 0)
                 if hi <= owned:  # every window of the block is real
                     left = hi - lo - skip
                 elif lo >= owned:  # padding only (equalize="pad")

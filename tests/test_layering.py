@@ -8,7 +8,7 @@ import streamwin
 
 PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it
-ORDER = ["errors", "keys", "manifest", "npyfmt", "storage", "mapped", "plan", "split", "sources", "pack", "index",
+ORDER = ["errors", "keys", "manifest", "npyfmt", "storage", "mapped", "plan", "mix", "split", "sources", "pack", "index",
          "cache", "read", "batch", "nodes", "world", "dataset", "device", "slots", "workers", "passes", "loader", "cli", "__init__"]
 TORCH_ALLOWED = {"batch", "nodes", "world", "dataset", "device", "slots", "workers", "passes", "loader", "cli", "__init__"}
 
