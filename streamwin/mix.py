@@ -190,7 +190,7 @@ def mix_plan(config: PlanConfig, epoch: int, weights: Sequence[float], orders: S
     ranges = [_ranges(o.total, config.num_streams) for o in orders]
     quotas = _quotas(config, w, [np.diff(r) for r in ranges])
     per_stream = quotas.sum(axis=0)
-    plans = tuple(Plan(config, epoch, index, order, r, int(per_stream[i]), generation)
+    plans = tuple(Plan(config, epoch, index, order, r, int(per_stream[i]), generation, source=i)
                   for i, (index, order, r) in enumerate(zip(indexes, orders, ranges)))
     return MixPlan(config, epoch, w, plans, quotas, generation)
 

@@ -245,6 +245,7 @@ class Plan:
     stream_lo: np.ndarray  # [S + 1] range of V owned by each stream
     windows_per_stream: int  # L, a multiple of batch_size
     generation: int = 0  # elastic resumes this epoch has been through (keys the block shuffle)
+    source: int | None = None  # a mixed dataset's source this plan deals (keys the block shuffle)
 
     @property
     def total_windows(self) -> int:
@@ -305,6 +306,8 @@ class Plan:
         order = None
         if cfg.shuffle:
             key = [cfg.seed, self.epoch, stream, block, 1] + ([self.generation] if self.generation else [])
+            if self.source is not None:  # sources' blocks of one stream are shuffled independently
+                key += [2, self.source]
             order = np.random.default_rng(key).permutation(len(g))
         return g, real, order
 

@@ -487,3 +487,19 @@ def test_padded_quotas_cover_every_streams_range_even_for_a_tiny_weight(weights,
     assert all(cum[k] >= sizes[k].max() for k in range(2)), cum  # every real window is yielded
     shorter = q[:-1].sum(axis=0)
     assert any(shorter[k] < sizes[k].max() for k in range(2)), "the fewest batches that cover"
+
+
+def test_sources_blocks_are_shuffled_independently():
+    """Two sources' blocks of one stream get different in-block permutations (not one RNG key for both)."""
+    import numpy as np
+    from streamwin.mix import mix_plan, ShareOrder
+    from streamwin.plan import PlanConfig, SliceOrder, WindowIndex, WindowSpec
+
+    spec = WindowSpec(4, 4)
+    index = WindowIndex(np.full(100, 40), spec)
+    order = lambda i: ShareOrder(SliceOrder(np.arange(0, 1000, 100), np.arange(0, 1001, 100)), 1000, seed=0, epoch=0,
+                                 source=i, shuffle=True)
+    cfg = PlanConfig(spec, batch_size=8, block_windows=64)
+    plan = mix_plan(cfg, 0, [0.5, 0.5], [order(0), order(1)], [index, index])
+    a, b = (p.block_parts(0, 0)[2] for p in plan.plans)
+    assert len(a) == len(b) and not np.array_equal(a, b)
