@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamwin.errors import PackError
-from streamwin.sources import FORMATS, Unit, detect_format, list_units, read_unit
+from streamwin.sources import FORMATS, Batch, Unit, detect_format, list_units, read_batches, read_unit
 
 
 def read_all(source, **kw) -> list[tuple[str, np.ndarray, dict | None]]:
@@ -117,6 +117,60 @@ def test_npz_refuses_object_array_naming_it(tmp_path):
     np.savez(tmp_path / "bad.npz", ok=np.arange(2), bad=np.array([None, 1], dtype=object))
     with pytest.raises(PackError, match=r"bad\.npz, array 'bad'"):
         read_all(tmp_path / "bad.npz")
+
+
+def npz_reference(path) -> list[tuple[str, np.ndarray, None]]:
+    """What numpy itself reads from an .npz, array by array, in archive order."""
+    with np.load(path, allow_pickle=False) as npz:
+        return [(name, npz[name], None) for name in npz.files]
+
+
+def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path):
+    """np.savez members are read as runs of one dtype and step shape, with no zipfile read per member;
+    the arrays are numpy's, whatever their lengths (empty ones too), dtypes and shapes."""
+    rng = np.random.default_rng(3)
+    arrays = {f"s{i:03d}": rng.normal(size=int(rng.integers(0, 40))).astype(np.float32) for i in range(50)}
+    arrays |= {"i8": np.arange(5, dtype=np.int64), "m0": np.ones((3, 2), np.uint8), "m1": np.zeros((0, 2), np.uint8),
+               "m2": np.arange(8, dtype=np.uint8).reshape(4, 2), "x.y": np.arange(3, dtype=np.float16)}
+    np.savez(tmp_path / "a.npz", **arrays)
+    unit, = list_units(tmp_path / "a.npz")
+    got = list(read_batches(unit))
+    assert all(isinstance(g, Batch) for g in got)
+    assert [len(g) for g in got] == [50, 1, 3, 1]  # runs of one dtype and step shape, in archive order
+    items = [item for g in got for item in g.items()]
+    expected = [(k.replace(".", "_"), a, m) for k, a, m in npz_reference(tmp_path / "a.npz")]
+    assert_items(items, expected)
+
+
+@pytest.mark.parametrize("case", ["compressed", "big_endian", "fortran", "bad_crc", "not_npy", "scalar"])
+def test_npz_the_fast_path_does_not_take_reads_as_numpy_does(tmp_path, case):
+    """Members the batch reader cannot take (or a damaged archive) go through numpy's reader, item by item."""
+    path = tmp_path / "a.npz"
+    arrays = {"a": np.arange(6, dtype=np.float32), "b": np.arange(4, dtype=np.float32)}
+    if case == "big_endian":
+        arrays["b"] = arrays["b"].astype(">f4")
+    if case == "fortran":
+        arrays["b"] = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    if case == "scalar":
+        arrays["b"] = np.float32(3)
+    (np.savez_compressed if case == "compressed" else np.savez)(path, **arrays)
+    if case == "not_npy":
+        import zipfile
+        with zipfile.ZipFile(path, "a") as z:
+            z.writestr("notes.txt", "hello")
+    if case == "bad_crc":
+        data = bytearray(path.read_bytes())
+        at = data.index(np.arange(6, dtype=np.float32).tobytes())
+        data[at + 5] ^= 1
+        path.write_bytes(bytes(data))
+    unit, = list_units(path)
+    if case in ("bad_crc", "not_npy", "scalar"):
+        with pytest.raises(PackError, match=r"a\.npz"):
+            list(read_batches(unit))
+        return
+    got = list(read_batches(unit))
+    assert not any(isinstance(g, Batch) for g in got)
+    assert_items(got, npz_reference(path))
 
 
 # ---- parquet ---------------------------------------------------------------------------------
