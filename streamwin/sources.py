@@ -67,6 +67,7 @@ import json
 import os
 import posixpath
 import re
+import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -384,53 +385,87 @@ def _stored_npz_runs(data: bytes) -> list[tuple] | None:
     """(dtype, step shape, names, data starts, data bytes, step bounds) per run of members with one
     dtype and step shape; None when any member needs the general reader (compressed,
     encrypted, not a plain .npy, a bad CRC, a header this fast path does not take)."""
-    try:
-        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
-    except zipfile.BadZipFile:
-        return None
-    names = [i.filename for i in infos]
-    if not infos or len(set(names)) != len(names) or any(
-            i.compress_type != zipfile.ZIP_STORED or i.flag_bits & 1 or not i.filename.endswith(".npy") for i in infos):
+    members = _zip_members(data)
+    if not members or len({m[0] for m in members}) != len(members) or any(
+            method != zipfile.ZIP_STORED or flags & 1 or size != csize or not name.endswith(".npy")
+            for name, flags, method, _, size, csize, _ in members):
         return None
     raw = np.frombuffer(data, dtype=np.uint8)
-    local = np.array([i.header_offset for i in infos], dtype=np.int64)
+    local = np.array([m[6] for m in members], dtype=np.int64)
     if local.max() + 30 > len(raw) or (raw[local] != 0x50).any() or (raw[local + 1] != 0x4B).any():
         return None
     u16 = lambda at: raw[at].astype(np.int64) | raw[at + 1].astype(np.int64) << 8  # noqa: E731
-    starts = (local + 30 + u16(local + 26) + u16(local + 28)).tolist()
+    at = local + 30 + u16(local + 26) + u16(local + 28)  # each member's data: its .npy bytes
+    size = np.array([m[4] for m in members], dtype=np.int64)
+    if (at + size > len(raw)).any() or (size < 10).any() or (raw[np.minimum(at + 6, len(raw) - 1)] != 1).any():
+        return None  # truncated, or not a version 1.0 .npy header
+    hlen = 10 + u16(at + 8)
+    view = memoryview(data)
+    if [zlib.crc32(view[a : a + n]) for a, n in zip(at.tolist(), size.tolist())] != [m[3] for m in members]:
+        return None
+    headers: dict[bytes, tuple | None] = {}
     runs: list[tuple] = []
-    headers: dict[bytes, tuple] = {}
-    for info, at in zip(infos, starts):
-        head = data[at : at + 10]
-        if len(head) < 10 or head[6] != 1 or at + info.file_size > len(data):
-            return None
-        hlen = 10 + int.from_bytes(head[8:10], "little")
-        parsed = headers.get(data[at : at + hlen]) or _plain_npy(data[at : at + hlen], headers)
-        if parsed is None or hlen + parsed[2] != info.file_size or zlib.crc32(
-                memoryview(data)[at : at + info.file_size]) != info.CRC:
+    for (name, *_), a, h, n in zip(members, at.tolist(), hlen.tolist(), size.tolist()):
+        head = data[a : a + h]
+        parsed = headers[head] if head in headers else headers.setdefault(head, _plain_npy(head))
+        if parsed is None or h + parsed[2] != n:
             return None
         dtype, shape, nbytes = parsed
         if not runs or runs[-1][:2] != (dtype, shape[1:]):
             runs.append((dtype, shape[1:], [], [], [], [0]))
         run = runs[-1]
-        run[2].append(info.filename[:-4])
-        run[3].append(at + hlen)
+        run[2].append(name[:-4])
+        run[3].append(a + h)
         run[4].append(nbytes)
         run[5].append(run[5][-1] + shape[0])
     return runs
 
 
-def _plain_npy(head: bytes, cache: dict) -> tuple | None:
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
+_CDIR = struct.Struct("<4s4xHH4xLLLHHH8xL")  # central directory file header, the fields read here
+
+
+def _zip_members(data: bytes) -> list[tuple[str, int, int, int, int, int, int]] | None:
+    """(name, flags, method, crc32, size, compressed size, local header offset) of each member of a
+    zip archive, read from its central directory; a zip64 archive through zipfile; None if not a zip."""
+    end = data.rfind(b"PK\x05\x06", max(0, len(data) - (1 << 16) - _EOCD.size))
+    if end < 0 or end + _EOCD.size > len(data):
+        return None
+    _, _, _, _, count, _, start, _ = _EOCD.unpack_from(data, end)
+    if count == 0xFFFF or start == 0xFFFFFFFF or data[end - 20 : end - 16] == b"PK\x06\x07":
+        return _zipfile_members(data)
+    out, at = [], start
+    for _ in range(count):
+        if at + _CDIR.size > len(data):
+            return None
+        sig, flags, method, crc, csize, size, nlen, elen, clen, local = _CDIR.unpack_from(data, at)
+        if sig != b"PK\x01\x02" or 0xFFFFFFFF in (csize, size, local):
+            return _zipfile_members(data)
+        raw = data[at + _CDIR.size : at + _CDIR.size + nlen]
+        out.append((raw.decode("utf-8" if flags & 0x800 else "cp437"), flags, method, crc, size, csize, local))
+        at += _CDIR.size + nlen + elen + clen
+    return out
+
+
+def _zipfile_members(data: bytes) -> list[tuple[str, int, int, int, int, int, int]] | None:
+    try:
+        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except zipfile.BadZipFile:
+        return None
+    return [(i.filename, i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset)
+            for i in infos]
+
+
+def _plain_npy(head: bytes) -> tuple | None:
     """(dtype, shape, data bytes) of a v1 .npy header of a plain numeric little-endian array of
-    at least one dimension in C order (`npyfmt.parse_npy_header` refuses the others), remembered in ``cache``; None for any other header."""
+    at least one dimension in C order (`npyfmt.parse_npy_header` refuses the others); None for any other."""
     try:
         dtype, shape, _ = npyfmt.parse_npy_header(head)
     except ValueError:
         return None
     if not shape:
         return None
-    cache[head] = (dtype, shape, dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
-    return cache[head]
+    return dtype, shape, dtype.itemsize * int(np.prod(shape, dtype=np.int64))
 
 
 def _read_text(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
