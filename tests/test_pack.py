@@ -747,3 +747,23 @@ def test_pack_memory_does_not_grow_with_the_number_of_sequences(tmp_path):
         peak[n] = int(out.stdout.split()[-1]) * 1024
     per_sequence = (peak[140_000] - peak[20_000]) / 120_000
     assert per_sequence < 80, f"peak RSS grows by {per_sequence:.0f} bytes per sequence"
+
+
+def test_framed_zstd_members_in_records_are_written_as_one_by_one(tmp_path):
+    """zstd members of several frames, encoded into a file's Records, give the bytes and the frames
+    field of the same sequences packed one by one from an iterable."""
+    rng = np.random.default_rng(5)
+    src = tmp_path / "src"
+    src.mkdir()
+    arrays = {f"a{i}": rng.integers(0, 4, size=(100_000 + 30_000 * i, 2)).astype(np.float32) for i in range(3)}
+    for key, arr in arrays.items():
+        np.save(src / f"{key}.npy", arr)
+    m = sw.pack(str(src), str(tmp_path / "dir"), compression="zstd", shard_bytes=300 << 10, progress=False)
+    sw.pack(list(arrays.items()), str(tmp_path / "it"), compression="zstd", shard_bytes=300 << 10, progress=False)
+    assert m.frames is not None and len(m.frames.seq) == 3 and all(m.size < packmod.RECORD_MAX)
+    assert files_of(tmp_path / "dir") == files_of(tmp_path / "it")
+    for i, (key, arr) in enumerate(arrays.items()):  # every frame, decompressed in turn, gives numpy's array
+        data = (tmp_path / "dir" / m.shards[m.shard_of(i)].name).read_bytes()[int(m.offset[i]) : int(m.offset[i] + m.size[i])]
+        ends = [0] + m.frames.ends[m.frames.first[i] : m.frames.first[i + 1]].tolist()
+        whole = b"".join(zstandard.ZstdDecompressor().decompress(data[a:b]) for a, b in zip(ends, ends[1:]))
+        assert m.key(i) == key and np.load(io.BytesIO(whole), allow_pickle=False).tobytes() == arr.tobytes()
