@@ -19,7 +19,10 @@ kept in ``--root`` and reused), then measures, each in a fresh process:
 
 and, once, packing: ``streamwin.pack`` of ``--pack-seqs`` short sequences from 16 ``.npz``
 files with each of ``--pack-workers`` (default 1 and 2; sequences/s, the speed-up over 1
-worker, sequences/s per core used, and whether the shards are byte-identical).
+worker, CPU microseconds per sequence spent in the writing process and in the worker
+processes, and whether the shards are byte-identical). With N workers the writer needs
+its own CPU per sequence and the workers theirs, so on a machine with more cores than 2 the
+rate is bounded by about min(1 / writer, N / workers) sequences per second of CPU time.
 
 Usage:
   python benchmarks/scale.py --quick    # 1M sequences (~2 min on 2 cores)
@@ -266,17 +269,28 @@ def pack_rates(root: Path, n: int, workers: list[int]) -> dict:
     import streamwin as sw
 
     src = npz_source(root / f"npz-{n}", n, n // 16)
-    out, digests = {}, {}
+    out, cpu, digests = {}, {}, {}
     for w in workers:
         dest = root / f"packed-{w}"
         shutil.rmtree(dest, ignore_errors=True)
+        before = _cpu_s()
         t = time.perf_counter()
         m = sw.pack(str(src), str(dest), workers=w, progress=False, shard_bytes=64 << 20)
         out[w] = m.num_sequences / (time.perf_counter() - t)
+        cpu[w] = [(b - a) * 1e6 / m.num_sequences for a, b in zip(before, _cpu_s())]
         digests[w] = [s.sha256 for s in m.shards]
         shutil.rmtree(dest, ignore_errors=True)
-    return {"seq_per_s": out, "identical": len({tuple(d) for d in digests.values()}) == 1,
+    return {"seq_per_s": out, "cpu_us_per_seq": cpu, "identical": len({tuple(d) for d in digests.values()}) == 1,
             "cores": len(os.sched_getaffinity(0))}
+
+
+def _cpu_s() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process (the writer, its hash thread included) and of
+    its finished children (pack's worker processes)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
 
 def child_pack_memory(src: str, dest: str) -> dict:
@@ -365,9 +379,9 @@ def print_table(rows: list[dict], pack: dict, pack_seqs: int) -> None:
     one = rates.get(1)
     shown = ", ".join(f"{w} worker{'s' * (w > 1)}: {v:,.0f}/s" + (f" ({v / one:.2f}x)" if one and w > 1 else "")
                       for w, v in rates.items())
-    per_core = max(v / (1 if w == 1 else min(w + 1, pack["cores"])) for w, v in rates.items())
+    cpu = ", ".join(f"{w}: {a:.1f} in the writer + {b:.1f} in workers" for w, (a, b) in pack["cpu_us_per_seq"].items())
     print(f"\npack, {pack_seqs:,} short sequences from 16 .npz files on {pack['cores']} cores: {shown}; "
-          f"per core used: {per_core:,.0f}/s; shards byte-identical across worker counts: {pack['identical']}")
+          f"CPU us per sequence by worker count: {cpu}; shards byte-identical across worker counts: {pack['identical']}")
     mem = pack["memory"]
     if len(mem) > 1:
         a, b = mem[0], mem[-1]

@@ -39,5 +39,5 @@ def test_pack_rows_report_speed_up_per_core_and_memory(tmp_path, capsys):
     scale.print_table([], pack, 1_600)
     out = capsys.readouterr().out
     assert pack["identical"] and set(pack["seq_per_s"]) == {1, 2}
-    assert "2 workers:" in out and "x)" in out and "per core used" in out
+    assert "2 workers:" in out and "x)" in out and "in the writer" in out
     assert [m["sequences"] for m in pack["memory"]] == [1_000, 3_000] and "growth per sequence" in out
