@@ -643,7 +643,7 @@ def _read_parquet(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     list_cols = opts.get("list_column") or [
         c for c in candidates if c in table.column_names and _is_list(pa, table.schema.field(c).type)]
     if list_cols:
-        yield from _row_sequences(table, list(list_cols), opts, unit, report)
+        yield _row_sequences(table, list(list_cols), opts, unit, report)
     else:
         columns = {c: table.column(c).to_numpy() for c in table.column_names}
         index = [c for c in (table.schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)]
@@ -654,7 +654,7 @@ def _is_list(pa: Any, t: Any) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit, report: Report) -> Iterator[Item]:
+def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit, report: Report) -> Batch:
     """One sequence per row: the row's list(s); several list columns are stacked as features."""
     import pyarrow as pa
 
@@ -662,25 +662,32 @@ def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit, report:
     for name in names + ([id_col] if id_col else []):
         if name not in table.column_names:
             raise PackError(f"{unit.path}: no column {name!r} (columns: {table.column_names})")
-    per_column = [_list_arrays(table, name, unit.path) for name in names]
+    per_column = [_list_values(table, name, unit.path) for name in names]
     if not any(_is_list(pa, table.schema.field(n).type.value_type) for n in names):  # one name per feature
         left_out = [(c, "id column" if c == id_col else "not a list column") for c in table.column_names
                     if c not in names]
         report(Columns(tuple(names), tuple(left_out), unit.path))
-    ids = table.column(id_col).to_pylist() if id_col else None
-    file_key = _file_key(unit)
-    for row in range(table.num_rows):
-        where = f"{unit.path}, row {row}"
-        parts = [arrays[row] for arrays in per_column]
-        if len(parts) > 1 and (any(p.ndim != 1 for p in parts) or len({len(p) for p in parts}) > 1):
-            raise PackError(f"{where}: list columns {names} differ in length or are nested")
-        arr = parts[0] if len(parts) == 1 else np.stack(parts, axis=1)
-        key = _text_key(str(ids[row]) if ids is not None else f"{file_key}_{row}")
-        yield key, _check_array(arr, where), None
+    lengths = per_column[0][1]
+    if len(per_column) > 1:
+        nested = any(values.ndim != 1 for values, _ in per_column)
+        bad = np.flatnonzero(np.logical_or.reduce([np.full(len(lengths), nested)] +
+                                                  [other != lengths for _, other in per_column[1:]]))
+        if len(bad):
+            raise PackError(f"{unit.path}, row {bad[0]}: list columns {names} differ in length or are nested")
+    values = per_column[0][0] if len(per_column) == 1 else np.stack([v for v, _ in per_column], axis=1)
+    if id_col:
+        keys = [_text_key(str(i)) for i in table.column(id_col).to_pylist()]
+    else:
+        file_key = _file_key(unit)
+        keys = [_text_key(f"{file_key}_{row}") for row in range(table.num_rows)]
+    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    return Batch(keys, values, bounds)
 
 
-def _list_arrays(table: Any, name: str, where: str) -> list[np.ndarray]:
-    """Split a list<number> column into [T] arrays, a list<list<number>> column into [T, F]."""
+def _list_values(table: Any, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values end to end, list length per row) of a list<number> column ([N] values) or a
+    list<list<number>> column ([N, F] values)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -690,7 +697,7 @@ def _list_arrays(table: Any, name: str, where: str) -> list[np.ndarray]:
         raise PackError(f"{where}: not a list column (type {col.type})")
     if col.null_count:
         raise PackError(f"{where}: {col.null_count} rows are null")
-    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
     inner = col.flatten()
     if _is_list(pa, inner.type):  # [T, F]: every step must have the same width F
         widths = pc.list_value_length(inner).to_numpy(zero_copy_only=False)
@@ -702,7 +709,7 @@ def _list_arrays(table: Any, name: str, where: str) -> list[np.ndarray]:
         values = inner.to_numpy(zero_copy_only=False)
     if values.dtype.kind not in _NUMERIC_KINDS:
         raise PackError(f"{where}: values are not numeric (dtype {values.dtype})")
-    return np.split(values, np.cumsum(lengths)[:-1]) if len(lengths) else []
+    return values, lengths
 
 
 _READERS = {

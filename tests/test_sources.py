@@ -199,6 +199,8 @@ def test_parquet_row_layout(tmp_path):
     assert_items(got, [(k, np.array(t, dtype=np.int64), None) for k, t in zip(["a_1", "b", "c"], tokens)])
     got = read_all(tmp_path / "p2.pq")  # list-typed column found without options; keys <file>_<row>
     assert_items(got, [("p2_0", np.array([[1.0, 2], [3, 4]]), None), ("p2_1", np.array([[5.0, 6]]), None)])
+    for unit in list_units(tmp_path, list_column="tokens")[:1] + list_units(tmp_path / "p2.pq"):
+        assert [type(g) for g in read_batches(unit)] == [Batch]  # every row at once, not row by row
     assert [u.name for u in list_units(tmp_path, list_column="tokens")] == ["p1.parquet", "p2.pq"]
 
 
