@@ -620,21 +620,22 @@ def _key_hashes(keys: np.ndarray, key_ends: np.ndarray, a: int, b: int) -> np.nd
 
 @dataclass
 class Tally:
-    """What `encode_unit` learns besides the parts: zero-length sequences skipped, a table's value columns."""
+    """What `encode_units` learns besides the parts: zero-length sequences skipped, a table's value columns."""
 
     skipped: int = 0
     columns: Columns | None = None
 
 
-def encode_unit(unit: Unit, cast: str | None, compression: str | None, empty: str, nan: str,
-                tally: Tally) -> Iterator[EncodedSeq | Records]:
-    """The parts of one source file to write, in order: Records of its short sequences (made by
-    `encode_batch`, BATCH_SEQS at a time, where the source gives a Batch), and long ones as
-    EncodedSeq, written from their arrays. Counts skipped sequences and value columns in ``tally``."""
+def encode_units(units: list[Unit], cast: str | None, compression: str | None, empty: str, nan: str,
+                 tally: Tally) -> Iterator[EncodedSeq | Records]:
+    """The parts of some source files (a task: see `tasks_of`) to write, in order: Records of their
+    short sequences (made by `encode_batch`, BATCH_SEQS at a time, where a source gives a Batch),
+    and long ones as EncodedSeq, written from their arrays. Counts skipped sequences and value
+    columns in ``tally``."""
     suffix = ".npy.zst" if compression == "zstd" else ".npy"
     pending: list[EncodedSeq] = []
     found: list[Columns] = []
-    for got in read_batches(unit, found.append):
+    for got in (got for unit in units for got in read_batches(unit, found.append)):
         if found:
             tally.columns = found.pop()
         if isinstance(got, Batch) and compression is None and batch_fits(got):
@@ -678,15 +679,15 @@ def _sub_batches(batch: Batch) -> Iterator[Batch]:
 
 
 def _encode_unit(args: tuple) -> tuple[list[EncodedSeq | Records], int, str | None, list[int], Columns | None]:
-    """Worker-process task: `encode_unit` of one source unit.
+    """Worker-process task: `encode_units` of a task's source units.
 
     Unless the unit is small, the parts' contents travel back through one spill file in
     ``spill_dir`` (RAM-backed /dev/shm where there is one), about twice as fast as through the
     result pipe; the parts then come back empty, with their content sizes in order (see `_unspill`).
     """
-    unit, cast, compression, empty, nan, spill_dir = args
+    units, cast, compression, empty, nan, spill_dir = args
     tally = Tally()
-    parts = list(encode_unit(unit, cast, compression, empty, nan, tally))
+    parts = list(encode_units(units, cast, compression, empty, nan, tally))
     skipped, columns = tally.skipped, tally.columns
     sizes = [p.nbytes if isinstance(p, Records) else p.size for p in parts]
     if sum(sizes) < SPILL_MIN:
@@ -1129,34 +1130,51 @@ def _every_nth(items, i: int, n: int) -> Iterator:
             yield item
 
 
+GROUP_FORMATS = ("npy", "text")  # one sequence per file: files are encoded TASK_FILES at a time
+TASK_FILES = 256
+
+
+def tasks_of(units: list[Unit]) -> list[list[Unit]]:
+    """Units in tasks, in order: runs of up to TASK_FILES one-sequence files, any other unit alone
+    (a table reports its own value columns)."""
+    tasks: list[list[Unit]] = []
+    for unit in units:
+        if tasks and unit.format in GROUP_FORMATS and tasks[-1][-1].format in GROUP_FORMATS and len(tasks[-1]) < TASK_FILES:
+            tasks[-1].append(unit)
+        else:
+            tasks.append([unit])
+    return tasks
+
+
 def _encoded(units: list[Unit], cast: str | None, compression: str | None, empty: str, nan: str,
              workers: int) -> Iterator[tuple[list[EncodedSeq | Records], int, Columns | None]]:
     """(parts to write, zero-length sequences skipped, a table's value columns when first known)
-    per source file (`encode_unit`), or per item of an iterable, in source order."""
-    if workers <= 1 or len(units) <= 1:
-        for unit in units:
-            if unit.format != "iterable":
+    per task of source files (`encode_units`), or per item of an iterable, in source order."""
+    tasks = tasks_of(units)
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            if task[0].format != "iterable":
                 tally = Tally()
-                for part in encode_unit(unit, cast, compression, empty, nan, tally):
+                for part in encode_units(task, cast, compression, empty, nan, tally):
                     yield [part], 0, None
                 yield [], tally.skipped, tally.columns
                 continue
-            for key, arr, meta in read_unit(unit):  # item by item: a huge in-memory iterable is never held whole
+            for key, arr, meta in read_unit(task[0]):  # item by item: a huge in-memory iterable is never held whole
                 enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
                 yield ([enc] if enc is not None else []), int(enc is None), None
         return
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     spill_dir = tempfile.mkdtemp(prefix="streamwin-pack-", dir=shm)
-    tasks = iter([(u, cast, compression, empty, nan, spill_dir) for u in units])
+    args = iter([(t, cast, compression, empty, nan, spill_dir) for t in tasks])
     try:
         with ctx.Pool(workers) as pool:
             # a bounded window of tasks in flight: a slow destination never piles results up in memory
-            pending = collections.deque(pool.apply_async(_encode_unit, (t,)) for _, t in zip(range(2 * workers), tasks))
+            pending = collections.deque(pool.apply_async(_encode_unit, (a,)) for _, a in zip(range(2 * workers), args))
             while pending:
                 parts, skipped, path, sizes, columns = pending.popleft().get()
-                for t in tasks:
-                    pending.append(pool.apply_async(_encode_unit, (t,)))
+                for a in args:
+                    pending.append(pool.apply_async(_encode_unit, (a,)))
                     break
                 yield _unspill(parts, path, sizes), skipped, columns
     finally:

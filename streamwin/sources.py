@@ -61,6 +61,7 @@ structured arrays are refused, and nothing is ever unpickled.
 from __future__ import annotations
 
 import csv
+import functools
 import importlib
 import io
 import json
@@ -340,12 +341,29 @@ def _check_array(arr: Any, where: str) -> np.ndarray:
 
 
 def _read_npy(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
-    if "://" not in unit.path and os.path.isfile(unit.path):  # local: numpy reads the file in one go
-        arr = np.load(unit.path, allow_pickle=False)
+    if "://" not in unit.path and os.path.isfile(unit.path):  # local: read the file in one go
+        with open(unit.path, "rb") as f:
+            data = f.read()
     else:
         with _open(unit) as f:
-            arr = np.load(f, allow_pickle=False)
+            data = f.read()
+    arr = _plain_npy_array(data)
+    if arr is None:  # anything but a plain little-endian C-order array: numpy's reader and errors
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
     yield key_from_name(unit.name), _check_array(arr, unit.path), None
+
+
+def _plain_npy_array(data: bytes) -> np.ndarray | None:
+    """The array of .npy bytes whose v1 header `_plain_npy` takes (headers repeat: they are parsed
+    once each), read-only over ``data``; None for any other."""
+    if len(data) < 10 or data[6] != 1:
+        return None
+    hlen = 10 + int.from_bytes(data[8:10], "little")
+    parsed = _plain_npy_cached(data[:hlen])
+    if parsed is None or len(data) != hlen + parsed[2]:
+        return None
+    dtype, shape, _ = parsed
+    return np.frombuffer(data, dtype=dtype, offset=hlen).reshape(shape)
 
 
 def _read_npz(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
@@ -454,6 +472,11 @@ def _zipfile_members(data: bytes) -> list[tuple[str, int, int, int, int, int, in
         return None
     return [(i.filename, i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset)
             for i in infos]
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_npy_cached(head: bytes) -> tuple | None:
+    return _plain_npy(head)
 
 
 def _plain_npy(head: bytes) -> tuple | None:

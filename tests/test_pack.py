@@ -767,3 +767,12 @@ def test_framed_zstd_members_in_records_are_written_as_one_by_one(tmp_path):
         ends = [0] + m.frames.ends[m.frames.first[i] : m.frames.first[i + 1]].tolist()
         whole = b"".join(zstandard.ZstdDecompressor().decompress(data[a:b]) for a, b in zip(ends, ends[1:]))
         assert m.key(i) == key and np.load(io.BytesIO(whole), allow_pickle=False).tobytes() == arr.tobytes()
+
+
+def test_one_sequence_files_are_encoded_many_per_task():
+    """.npy and text files (one sequence each) go to workers TASK_FILES at a time; other files alone."""
+    npy = [packmod.Unit("npy", f"/d/{i}.npy", f"{i}.npy") for i in range(600)]
+    npz = [packmod.Unit("npz", f"/d/{i}.npz", f"{i}.npz") for i in range(3)]
+    assert [len(t) for t in packmod.tasks_of(npy)] == [256, 256, 88]
+    assert [len(t) for t in packmod.tasks_of(npz)] == [1, 1, 1]
+    assert [u for t in packmod.tasks_of(npy) for u in t] == npy

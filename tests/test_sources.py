@@ -64,6 +64,22 @@ def test_npy_directory(npy_dir):
     assert_deterministic_and_picklable(root)
 
 
+def test_npy_headers_are_parsed_once_per_distinct_header(tmp_path, monkeypatch):
+    """Many .npy files of one dtype and shape: the header is parsed once, the arrays are numpy's."""
+    from streamwin import npyfmt, sources
+
+    sources._plain_npy_cached.cache_clear()
+    calls = []
+    parse = npyfmt.parse_npy_header
+    monkeypatch.setattr(npyfmt, "parse_npy_header", lambda head: calls.append(head) or parse(head))
+    arrays = {f"s{i}": np.arange(i, i + 6, dtype=np.float32).reshape(3, 2) for i in range(5)}
+    arrays["t"] = np.arange(4, dtype=">i4")  # big-endian: numpy's own reader
+    for key, arr in arrays.items():
+        np.save(tmp_path / f"{key}.npy", arr)
+    assert_items(read_all(tmp_path), [(k, a, None) for k, a in arrays.items()])
+    assert len(calls) == 2
+
+
 def test_npy_single_file_and_list(npy_dir):
     root, arrays = npy_dir
     assert_items(read_all(root / "b.npy"), [("b", arrays["b.npy"], None)])
