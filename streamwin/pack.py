@@ -434,11 +434,12 @@ def encode_batch(batch: Batch, *, cast: str | None = None, empty: str = "skip",
         raise PackError(f"sequence {keys[0]!r}: dtype {values.dtype} is not numeric (object and string arrays are refused)")
     if cast is not None:
         if np.dtype(cast).kind not in "fc" and sum(count_nonfinite(values)):
-            i = _first_nonfinite_sequence(values, starts, lengths)
+            nans, infs = _nonfinite_per_sequence(values, starts)
+            i = int(np.flatnonzero(nans + infs)[0])
             _check_cast(keys[i], values[starts[i] : starts[i] + lengths[i]], cast)
         values = values.astype(cast)
     values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<") if values.dtype.byteorder == ">" else None)
-    nans, infs = _nonfinite_per_sequence(values, starts, lengths)
+    nans, infs = _nonfinite_per_sequence(values, starts)
     if nan == "raise" and (nans.any() or infs.any()):
         i = int(np.flatnonzero(nans + infs)[0])
         raise PackError(f"sequence {keys[i]!r} has {nans[i]} NaN and {infs[i]} inf values, the first at step "
@@ -475,8 +476,9 @@ def _nonempty(batch: Batch, empty: str) -> tuple[np.ndarray, list[str], np.ndarr
     return batch.values, keys, batch.bounds[:-1][keep], lengths[keep], int((~keep).sum())
 
 
-def _nonfinite_per_sequence(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(NaN values, inf values) of each sequence: one vectorized pass when all are finite."""
+def _nonfinite_per_sequence(values: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(NaN values, inf values) of each sequence, the sequences starting at ``starts`` and tiling
+    ``values``: one vectorized pass when all are finite."""
     zeros = np.zeros(len(starts), dtype=np.int64)
     if not sum(count_nonfinite(values)):
         return zeros, zeros.copy()
@@ -484,11 +486,6 @@ def _nonfinite_per_sequence(values: np.ndarray, starts: np.ndarray, lengths: np.
     nans = np.add.reduceat(np.isnan(rows).sum(axis=1), starts)
     bad = np.add.reduceat((~np.isfinite(rows)).sum(axis=1), starts)
     return nans.astype(np.int64), (bad - nans).astype(np.int64)
-
-
-def _first_nonfinite_sequence(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> int:
-    nans, infs = _nonfinite_per_sequence(values, starts, lengths)
-    return int(np.flatnonzero(nans + infs)[0])
 
 
 def tar_headers(keys: np.ndarray, key_ends: np.ndarray, suffix: str, sizes: np.ndarray) -> np.ndarray:

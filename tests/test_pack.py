@@ -776,3 +776,17 @@ def test_one_sequence_files_are_encoded_many_per_task():
     assert [len(t) for t in packmod.tasks_of(npy)] == [256, 256, 88]
     assert [len(t) for t in packmod.tasks_of(npz)] == [1, 1, 1]
     assert [u for t in packmod.tasks_of(npy) for u in t] == npy
+
+
+@pytest.mark.parametrize("options", [{"cast": "int32"}, {"nan": "raise"}, {"empty": "error"}])
+def test_batched_sequences_are_refused_as_one_by_one(tmp_path, options):
+    """A NaN that cast= cannot take, nan='raise', empty='error': the same PackError (naming the
+    sequence and the step) from an .npz (batched) as from an iterable (one by one)."""
+    arrays = {"a": np.arange(5, dtype=np.float32), "b": np.array([1, 2, np.nan, 4], np.float32),
+              "c": np.zeros(0, np.float32), "d": np.array([np.inf], np.float32)}
+    np.savez(tmp_path / "x.npz", **arrays)
+    with pytest.raises(PackError) as batched:
+        sw.pack(str(tmp_path / "x.npz"), str(tmp_path / "p"), progress=False, **options)
+    with pytest.raises(PackError) as single:
+        sw.pack(list(arrays.items()), str(tmp_path / "q"), progress=False, **options)
+    assert str(batched.value) == str(single.value) and ("'b'" in str(single.value) or "'c'" in str(single.value))
