@@ -26,6 +26,9 @@ for p in loader._pool.procs:
     parent = int(open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[1])
     maps = open(f"/proc/{parent}/maps").read()
     print(parent, "libtorch" in maps, parent == __import__("os").getpid())
+got = [b["x"].numpy().tobytes() for b in loader]
+want = [b["x"].numpy().tobytes() for b in sw.WindowLoader(ds, num_workers=2, multiprocessing_context="fork")]
+print("same" if got == want and len(got) > 10 else f"differ {len(got)} {len(want)}")
 loader.close()
 """
 
@@ -36,8 +39,8 @@ def test_forkserver_workers_fork_from_a_server_that_imported_torch(tmp_path, met
     out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "ds"), method], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": str(Path(sw.__file__).parent.parent)})
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [line.split() for line in out.stdout.split("\n") if line.strip()]
-    assert len(rows) == 2
+    *rows, same = [line.split() for line in out.stdout.split("\n") if line.strip()]
+    assert len(rows) == 2 and same == ["same"]  # the batches of fork, in order
     if method == "forkserver":  # both forked by one server, not by the trainer, with torch loaded
         assert len({r[0] for r in rows}) == 1 and all(r[1:] == ["True", "False"] for r in rows)
     else:  # spawn is untouched: the trainer starts each worker, a fresh interpreter
