@@ -382,13 +382,18 @@ def _read_npz(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
                 yield _text_key(prefix + name), _check_array(arr, where), None
 
 
+NPZ_READ_WHOLE = 256 << 20  # .npz archives up to this size are read whole and batched
+
+
 def _npz_batches(unit: Unit, opts: dict, report: Report) -> Iterator[Batch | Item]:
     """An .npz whose members are stored (np.savez) as plain little-endian C-order arrays, read as
     runs of one dtype and step shape without a zipfile read per member; else `_read_npz`."""
     with _open(unit) as f:
-        data = f.read()
-    runs = _stored_npz_runs(data)
-    if runs is None:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        data = f.read() if size <= NPZ_READ_WHOLE else b""
+    runs = _stored_npz_runs(data) if data else None
+    if runs is None:  # numpy's reader: member by member, so a huge archive is never held whole
         yield from _read_npz(unit, opts, report)
         return
     prefix = "" if unit.single else posixpath.splitext(unit.name)[0] + "__"

@@ -141,9 +141,11 @@ def npz_reference(path) -> list[tuple[str, np.ndarray, None]]:
         return [(name, npz[name], None) for name in npz.files]
 
 
-def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path):
+def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path, monkeypatch):
     """np.savez members are read as runs of one dtype and step shape, with no zipfile read per member;
     the arrays are numpy's, whatever their lengths (empty ones too), dtypes and shapes."""
+    from streamwin import sources
+
     rng = np.random.default_rng(3)
     arrays = {f"s{i:03d}": rng.normal(size=int(rng.integers(0, 40))).astype(np.float32) for i in range(50)}
     arrays |= {"i8": np.arange(5, dtype=np.int64), "m0": np.ones((3, 2), np.uint8), "m1": np.zeros((0, 2), np.uint8),
@@ -156,6 +158,10 @@ def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path):
     items = [item for g in got for item in g.items()]
     expected = [(k.replace(".", "_"), a, m) for k, a, m in npz_reference(tmp_path / "a.npz")]
     assert_items(items, expected)
+    monkeypatch.setattr(sources, "NPZ_READ_WHOLE", 1000)  # a larger archive is read member by member
+    got = list(read_batches(unit))
+    assert not any(isinstance(g, Batch) for g in got)
+    assert_items(got, expected)
 
 
 @pytest.mark.parametrize("case", ["compressed", "big_endian", "fortran", "bad_crc", "not_npy", "scalar"])
