@@ -408,75 +408,132 @@ def _stored_npz_runs(data: bytes) -> list[tuple] | None:
     """(dtype, step shape, names, data starts, data bytes, step bounds) per run of members with one
     dtype and step shape; None when any member needs the general reader (compressed,
     encrypted, not a plain .npy, a bad CRC, a header this fast path does not take)."""
-    members = _zip_members(data)
-    if not members or len({m[0] for m in members}) != len(members) or any(
-            method != zipfile.ZIP_STORED or flags & 1 or size != csize or not name.endswith(".npy")
-            for name, flags, method, _, size, csize, _ in members):
+    found = _zip_members(data)
+    if found is None or not found[0]:
+        return None
+    names, (flags, method, crc, size, csize, local) = found[0], found[1].T
+    if (len(set(names)) != len(names) or (method != zipfile.ZIP_STORED).any() or (flags & 1).any()
+            or (size != csize).any() or not all(name.endswith(".npy") for name in names)):
         return None
     raw = np.frombuffer(data, dtype=np.uint8)
-    local = np.array([m[6] for m in members], dtype=np.int64)
     if local.max() + 30 > len(raw) or (raw[local] != 0x50).any() or (raw[local + 1] != 0x4B).any():
         return None
-    u16 = lambda at: raw[at].astype(np.int64) | raw[at + 1].astype(np.int64) << 8  # noqa: E731
-    at = local + 30 + u16(local + 26) + u16(local + 28)  # each member's data: its .npy bytes
-    size = np.array([m[4] for m in members], dtype=np.int64)
-    if (at + size > len(raw)).any() or (size < 10).any() or (raw[np.minimum(at + 6, len(raw) - 1)] != 1).any():
+    at = local + 30 + _u16(raw, local + 26) + _u16(raw, local + 28)  # each member's data: its .npy bytes
+    if (at + size > len(raw)).any() or (size < 10).any() or (raw[at + 6] != 1).any():
         return None  # truncated, or not a version 1.0 .npy header
-    hlen = 10 + u16(at + 8)
+    hlen = 10 + _u16(raw, at + 8)
     view = memoryview(data)
-    if [zlib.crc32(view[a : a + n]) for a, n in zip(at.tolist(), size.tolist())] != [m[3] for m in members]:
+    if [zlib.crc32(view[a : a + n]) for a, n in zip(at.tolist(), size.tolist())] != crc.tolist():
         return None
-    headers: dict[bytes, tuple | None] = {}
-    runs: list[tuple] = []
-    for (name, *_), a, h, n in zip(members, at.tolist(), hlen.tolist(), size.tolist()):
-        head = data[a : a + h]
-        parsed = headers[head] if head in headers else headers.setdefault(head, _plain_npy(head))
-        if parsed is None or h + parsed[2] != n:
-            return None
-        dtype, shape, nbytes = parsed
-        if not runs or runs[-1][:2] != (dtype, shape[1:]):
-            runs.append((dtype, shape[1:], [], [], [], [0]))
-        run = runs[-1]
-        run[2].append(name[:-4])
-        run[3].append(a + h)
-        run[4].append(nbytes)
-        run[5].append(run[5][-1] + shape[0])
+    parsed = _headers(raw, at, hlen)
+    if parsed is None:
+        return None
+    kind, steps, nbytes, kinds = parsed
+    if (hlen + nbytes != size).any():
+        return None
+    cuts = [0, *(np.flatnonzero(kind[1:] != kind[:-1]) + 1).tolist(), len(names)]
+    runs = []
+    for a, b in zip(cuts, cuts[1:]):
+        bounds = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(steps[a:b], out=bounds[1:])
+        runs.append((*kinds[int(kind[a])], [n[:-4] for n in names[a:b]], (at + hlen)[a:b].tolist(),
+                     nbytes[a:b].tolist(), bounds))
     return runs
+
+
+def _u16(raw: np.ndarray, at: np.ndarray) -> np.ndarray:
+    return raw[at].astype(np.int64) | raw[at + 1].astype(np.int64) << 8
+
+
+def _headers(raw: np.ndarray, at: np.ndarray, hlen: np.ndarray, chunk: int = 1 << 14) -> tuple | None:
+    """Per member: (kind, steps, data bytes) of its .npy header at ``raw[at:at + hlen]``, and the
+    kinds as (dtype, step shape); each distinct header is parsed once. None if one is not plain.
+    Members are grouped by header with numpy, ``chunk`` at a time (a [chunk, header] matrix)."""
+    seen: dict[bytes, int] = {}  # header -> its number
+    parsed: list[tuple] = []
+    ids = np.empty(len(at), dtype=np.int64)
+    for c in range(0, len(at), chunk):
+        a, h = at[c : c + chunk], hlen[c : c + chunk]
+        width = int(h.max())
+        cols = np.arange(width)
+        rows = np.where(cols < h[:, None], raw[np.minimum(a[:, None] + cols, len(raw) - 1)], 0).astype(np.uint8)
+        first, inverse = np.unique(np.ascontiguousarray(rows).view(f"V{width}").ravel(), return_index=True,
+                                   return_inverse=True)[1:]
+        local = []
+        for i in first.tolist():
+            head = bytes(rows[i, : h[i]])
+            if head not in seen:
+                seen[head] = len(parsed)
+                parsed.append(_plain_npy_cached(head))
+                if parsed[-1] is None:
+                    return None
+            local.append(seen[head])
+        ids[c : c + chunk] = np.array(local, dtype=np.int64)[inverse.ravel()]
+    kinds = list(dict.fromkeys((dtype, shape[1:]) for dtype, shape, _ in parsed))
+    kind = np.array([kinds.index((dtype, shape[1:])) for dtype, shape, _ in parsed])[ids]
+    steps = np.array([shape[0] for _, shape, _ in parsed], dtype=np.int64)[ids]
+    return kind, steps, np.array([n for _, _, n in parsed], dtype=np.int64)[ids], kinds
 
 
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
 _CDIR = struct.Struct("<4s4xHH4xLLLHHH8xL")  # central directory file header, the fields read here
 
 
-def _zip_members(data: bytes) -> list[tuple[str, int, int, int, int, int, int]] | None:
-    """(name, flags, method, crc32, size, compressed size, local header offset) of each member of a
-    zip archive, read from its central directory; a zip64 archive through zipfile; None if not a zip."""
+def _zip_members(data: bytes) -> tuple[list[str], np.ndarray] | None:
+    """(member names, [n, 6] int64: flags, method, crc32, size, compressed size, local header
+    offset) of a zip archive, from its central directory; zip64 through zipfile; None if not a zip."""
     end = data.rfind(b"PK\x05\x06", max(0, len(data) - (1 << 16) - _EOCD.size))
     if end < 0 or end + _EOCD.size > len(data):
         return None
     _, _, _, _, count, _, start, _ = _EOCD.unpack_from(data, end)
     if count == 0xFFFF or start == 0xFFFFFFFF or data[end - 20 : end - 16] == b"PK\x06\x07":
         return _zipfile_members(data)
-    out, at = [], start
+    return _directory(data, start, end, count) or _directory_entries(data, start, count)
+
+
+def _directory(data: bytes, start: int, end: int, count: int) -> tuple[list[str], np.ndarray] | None:
+    """`_zip_members` with numpy: every "PK\\1\\2" in the directory, kept if they chain from its
+    start to its end entry by entry (a name could hold those bytes too: then None)."""
+    raw = np.frombuffer(data, dtype=np.uint8)[start:end]
+    if len(raw) < _CDIR.size:
+        return None
+    sig = np.flatnonzero((raw[:-3] == 0x50) & (raw[1:-2] == 0x4B) & (raw[2:-1] == 1) & (raw[3:] == 2))
+    sig = sig[sig + _CDIR.size <= len(raw)]
+    lens = [_u16(raw, sig + k) for k in (28, 30, 32)]
+    after = sig + _CDIR.size + lens[0] + lens[1] + lens[2]
+    if len(sig) != count or not count or sig[0] != 0 or (after[:-1] != sig[1:]).any() or after[-1] != len(raw):
+        return None
+    u32 = lambda k: _u16(raw, sig + k) | _u16(raw, sig + k + 2) << 16  # noqa: E731
+    cols = np.stack([_u16(raw, sig + 8), _u16(raw, sig + 10), u32(16), u32(24), u32(20), u32(42)], axis=1)
+    if (cols[:, 3:] == 0xFFFFFFFF).any():
+        return None
+    names = [data[start + a : start + a + n].decode("utf-8" if f & 0x800 else "cp437")
+             for a, n, f in zip((sig + _CDIR.size).tolist(), lens[0].tolist(), cols[:, 0].tolist())]
+    return names, cols
+
+
+def _directory_entries(data: bytes, start: int, count: int) -> tuple[list[str], np.ndarray] | None:
+    """`_zip_members` entry by entry."""
+    names, rows, at = [], [], start
     for _ in range(count):
         if at + _CDIR.size > len(data):
             return None
         sig, flags, method, crc, csize, size, nlen, elen, clen, local = _CDIR.unpack_from(data, at)
         if sig != b"PK\x01\x02" or 0xFFFFFFFF in (csize, size, local):
             return _zipfile_members(data)
-        raw = data[at + _CDIR.size : at + _CDIR.size + nlen]
-        out.append((raw.decode("utf-8" if flags & 0x800 else "cp437"), flags, method, crc, size, csize, local))
+        names.append(data[at + _CDIR.size : at + _CDIR.size + nlen].decode("utf-8" if flags & 0x800 else "cp437"))
+        rows.append((flags, method, crc, size, csize, local))
         at += _CDIR.size + nlen + elen + clen
-    return out
+    return names, np.array(rows, dtype=np.int64).reshape(-1, 6)
 
 
-def _zipfile_members(data: bytes) -> list[tuple[str, int, int, int, int, int, int]] | None:
+def _zipfile_members(data: bytes) -> tuple[list[str], np.ndarray] | None:
     try:
         infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
     except zipfile.BadZipFile:
         return None
-    return [(i.filename, i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset)
-            for i in infos]
+    rows = [(i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset) for i in infos]
+    return [i.filename for i in infos], np.array(rows, dtype=np.int64).reshape(-1, 6)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -164,6 +164,38 @@ def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path, monkeypatch):
     assert_items(got, expected)
 
 
+@pytest.mark.parametrize("names", [["a", "b.c", "d"], ["x", "PK\x01\x02y", "z"], [f"s{i}" for i in range(300)]])
+def test_zip_directory_read_with_numpy_matches_zipfile(tmp_path, names):
+    """The central directory read with numpy (or entry by entry, when a name holds the entry
+    signature's bytes) gives zipfile's members and fields."""
+    import zipfile
+
+    from streamwin import sources
+
+    path = tmp_path / "a.npz"
+    np.savez(path, **{n: np.arange(i % 7, dtype=np.int16) for i, n in enumerate(names)})
+    with zipfile.ZipFile(path, "a") as z:
+        z.comment = b"a comment"
+    data = path.read_bytes()
+    with zipfile.ZipFile(path) as z:
+        want = [(i.filename, i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset)
+                for i in z.infolist()]
+    got_names, cols = sources._zip_members(data)
+    assert [(n, *row) for n, row in zip(got_names, cols.tolist())] == want
+    assert (sources._directory(data, *_directory_span(data)) is None) == any("PK" in n for n in names)
+    unit, = list_units(path)
+    assert_items(list(read_unit(unit)), [(sources._text_key(k), a, m) for k, a, m in npz_reference(path)])
+
+
+def _directory_span(data: bytes) -> tuple[int, int, int]:
+    """(start, end, count) of a zip's central directory, read from its end record."""
+    import struct
+
+    end = data.rfind(b"PK\x05\x06")
+    _, _, _, _, count, _, start, _ = struct.unpack_from("<4s4H2LH", data, end)
+    return start, end, count
+
+
 @pytest.mark.parametrize("case", ["compressed", "big_endian", "fortran", "bad_crc", "not_npy", "scalar"])
 def test_npz_the_fast_path_does_not_take_reads_as_numpy_does(tmp_path, case):
     """Members the batch reader cannot take (or a damaged archive) go through numpy's reader, item by item."""
