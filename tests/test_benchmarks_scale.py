@@ -30,3 +30,14 @@ def test_the_synthetic_corpus_verifies_and_reads_back(tmp_path, monkeypatch):
     for key, start, x in zip(batch["key"], batch["start"].tolist(), batch["x"].numpy()):
         i = int(key[1:])
         assert np.allclose(x, (i % 1000) + np.arange(start, start + 8, dtype=np.float32) / 100)
+
+
+def test_pack_rows_report_speed_up_per_core_and_memory(tmp_path, capsys):
+    scale = load_scale()
+    pack = scale.pack_rates(tmp_path, 1_600, [1, 2])
+    pack["memory"] = scale.pack_memory(tmp_path, [1_000, 3_000])
+    scale.print_table([], pack, 1_600)
+    out = capsys.readouterr().out
+    assert pack["identical"] and set(pack["seq_per_s"]) == {1, 2}
+    assert "2 workers:" in out and "x)" in out and "in the writer" in out
+    assert [m["sequences"] for m in pack["memory"]] == [1_000, 3_000] and "growth per sequence" in out

@@ -645,3 +645,148 @@ def test_count_nonfinite_matches_a_value_by_value_count(arr):
     nan = sum(1 for v in values if v != v)
     inf = sum(1 for v in values if v == v and abs(v) == float("inf"))
     assert packmod.count_nonfinite(arr) == (nan, inf)
+
+
+# ---- many short sequences: batched encoding, workers, memory ---------------------------------
+
+def short_npz_dir(root: Path, files: int = 6, per_file: int = 700, seed: int = 11) -> dict[str, np.ndarray]:
+    """``files`` .npz files of short float32 sequences (0..60 steps, some NaN/inf); the arrays by key."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True)
+    expected = {}
+    for f in range(files):
+        arrays = {}
+        for i in range(per_file):
+            arr = rng.normal(size=int(rng.integers(0, 61))).astype(np.float32)
+            if i % 97 == 5 and len(arr) > 2:
+                arr[1], arr[-1] = np.nan, np.inf
+            arrays[f"s{f}_{i:04d}"] = arr
+        np.savez(root / f"f{f}.npz", **arrays)
+        expected |= {f"f{f}__{k}": a for k, a in arrays.items() if len(a)}
+    return expected
+
+
+def test_workers_write_the_same_shards_and_manifest_as_one_process(tmp_path):
+    """Many short sequences (the batched path) packed by 1 and by 2 processes: every file is
+    byte-identical, index.json included, and the arrays are numpy's own."""
+    expected = short_npz_dir(tmp_path / "src")
+    with pytest.warns(packmod.NonFiniteWarning):
+        one = sw.pack(str(tmp_path / "src"), str(tmp_path / "w1"), shard_bytes=256 << 10, workers=1, progress=False)
+    with pytest.warns(packmod.NonFiniteWarning):
+        two = sw.pack(str(tmp_path / "src"), str(tmp_path / "w2"), shard_bytes=256 << 10, workers=2, progress=False)
+    assert files_of(tmp_path / "w1") == files_of(tmp_path / "w2") and len(one.shards) > 5
+    got = read_via_manifest(str(tmp_path / "w2"))
+    assert_same_arrays(got, expected)
+    assert two.dropped_empty == sum(1 for f in (tmp_path / "src").glob("*.npz")
+                                    for a in np.load(f).values() if not len(a))
+    nonfinite = {k: int((~np.isfinite(a)).sum()) for k, a in expected.items()}
+    assert list(two.nonfinite.per_shard) == [
+        sum(nonfinite[two.key(i)] for i in range(int(two.shard_starts[k]), int(two.shard_starts[k + 1])))
+        for k in range(len(two.shards))]
+    assert verify(str(tmp_path / "w1"), progress=False)["sequences"] == len(expected)
+
+
+@pytest.mark.parametrize("dtype,step,cast", [("<f4", (), None), (">f8", (3,), None), ("<i2", (2, 2), None),
+                                             ("<f8", (), "float32"), ("u1", (5,), "int64")])
+def test_encode_batch_is_byte_for_byte_the_one_by_one_encoding(dtype, step, cast):
+    """A batch of sequences (lengths of 1 to 6 digits, keys of 1 to 90 characters, empty ones) encodes
+    to the bytes of `encode_sequence` one by one, and a tar reader finds numpy's arrays in them."""
+    rng = np.random.default_rng(len(step))
+    lengths = [3, 0, 1, 12, 99, 100, 0, 1234, 7, 100_000 if not step else 20_000]
+    keys = ["k", "e", "K" * 90, "a-b_c~1", "x" * 45, "y9", "e2", "z" * 89, "q!", "long"]
+    arrays = [rng.integers(0, 100, size=(t,) + step).astype(dtype) for t in lengths]
+    batch = packmod.Batch(keys, np.concatenate(arrays), np.cumsum([0] + lengths))
+    rec, skipped = packmod.encode_batch(batch, cast=cast)
+    one_by_one = [packmod.encode_sequence(k, a, cast=cast) for k, a in zip(keys, arrays)]
+    ref = packmod.records_of([e for e in one_by_one if e is not None], ".npy")
+    assert skipped == 2 and bytes(rec.data) == bytes(ref.data)
+    for name in ("ends", "content", "key_ends", "length", "size", "hlen", "nan", "inf", "keys"):
+        np.testing.assert_array_equal(getattr(rec, name), getattr(ref, name), err_msg=name)
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(bytes(rec.data) + npyfmt.TAR_END)) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    want = {f"{k}.npy": a.astype(cast or a.dtype.newbyteorder("<")) for k, a in zip(keys, arrays) if len(a)}
+    assert list(members) == list(want)
+    for name, arr in want.items():
+        got = np.load(io.BytesIO(members[name]), allow_pickle=False)
+        assert got.dtype == arr.dtype and got.shape == arr.shape and got.tobytes() == arr.tobytes(), name
+
+
+def test_duplicate_keys_are_found_through_hash_collisions(monkeypatch):
+    keys = ["ab", "b", "abc", "c", "ab0", "b"]
+    blob = np.frombuffer("".join(keys).encode(), dtype=np.uint8)
+    ends = np.cumsum([len(k) for k in keys])
+    assert packmod.duplicate_key(blob, ends) == (1, 5)
+    assert packmod.duplicate_key(blob[:-1], ends[:-1]) is None
+    monkeypatch.setattr(packmod, "_key_hashes", lambda k, e, a, b: np.zeros(b - a, np.uint64))  # every hash collides
+    assert packmod.duplicate_key(blob, ends, chunk=2) == (1, 5)
+    assert packmod.duplicate_key(blob[:-1], ends[:-1], chunk=2) is None
+
+
+MEMORY_PROBE = """
+import sys
+import numpy as np
+import streamwin as sw
+arr = np.ones(4, np.float32)
+sw.pack(((f"k{i:08d}", arr) for i in range(int(sys.argv[1]))), sys.argv[2], progress=False, shard_bytes=1 << 30)
+print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""  # VmHWM: this process's peak RSS (ru_maxrss would start from the RSS of the parent that forked it)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_pack_memory_does_not_grow_with_the_number_of_sequences(tmp_path):
+    """The per-sequence index goes to files as it grows: pack's peak RSS grows by the manifest's
+    ~45 mapped bytes per sequence (page cache, while it is written), not by ~300 (Python lists)."""
+    import subprocess
+    import sys
+
+    peak = {}
+    for n in (20_000, 140_000):
+        out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(n), str(tmp_path / f"d{n}")], check=True,
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(sw.__file__).parent.parent)})
+        peak[n] = int(out.stdout.split()[-1]) * 1024
+    per_sequence = (peak[140_000] - peak[20_000]) / 120_000
+    assert per_sequence < 80, f"peak RSS grows by {per_sequence:.0f} bytes per sequence"
+
+
+def test_framed_zstd_members_in_records_are_written_as_one_by_one(tmp_path):
+    """zstd members of several frames, encoded into a file's Records, give the bytes and the frames
+    field of the same sequences packed one by one from an iterable."""
+    rng = np.random.default_rng(5)
+    src = tmp_path / "src"
+    src.mkdir()
+    arrays = {f"a{i}": rng.integers(0, 4, size=(100_000 + 30_000 * i, 2)).astype(np.float32) for i in range(3)}
+    for key, arr in arrays.items():
+        np.save(src / f"{key}.npy", arr)
+    m = sw.pack(str(src), str(tmp_path / "dir"), compression="zstd", shard_bytes=300 << 10, progress=False)
+    sw.pack(list(arrays.items()), str(tmp_path / "it"), compression="zstd", shard_bytes=300 << 10, progress=False)
+    assert m.frames is not None and len(m.frames.seq) == 3 and all(m.size < packmod.RECORD_MAX)
+    assert files_of(tmp_path / "dir") == files_of(tmp_path / "it")
+    for i, (key, arr) in enumerate(arrays.items()):  # every frame, decompressed in turn, gives numpy's array
+        data = (tmp_path / "dir" / m.shards[m.shard_of(i)].name).read_bytes()[int(m.offset[i]) : int(m.offset[i] + m.size[i])]
+        ends = [0] + m.frames.ends[m.frames.first[i] : m.frames.first[i + 1]].tolist()
+        whole = b"".join(zstandard.ZstdDecompressor().decompress(data[a:b]) for a, b in zip(ends, ends[1:]))
+        assert m.key(i) == key and np.load(io.BytesIO(whole), allow_pickle=False).tobytes() == arr.tobytes()
+
+
+def test_one_sequence_files_are_encoded_many_per_task():
+    """.npy and text files (one sequence each) go to workers TASK_FILES at a time; other files alone."""
+    npy = [packmod.Unit("npy", f"/d/{i}.npy", f"{i}.npy") for i in range(600)]
+    npz = [packmod.Unit("npz", f"/d/{i}.npz", f"{i}.npz") for i in range(3)]
+    assert [len(t) for t in packmod.tasks_of(npy)] == [256, 256, 88]
+    assert [len(t) for t in packmod.tasks_of(npz)] == [1, 1, 1]
+    assert [u for t in packmod.tasks_of(npy) for u in t] == npy
+
+
+@pytest.mark.parametrize("options", [{"cast": "int32"}, {"nan": "raise"}, {"empty": "error"}])
+def test_batched_sequences_are_refused_as_one_by_one(tmp_path, options):
+    """A NaN that cast= cannot take, nan='raise', empty='error': the same PackError (naming the
+    sequence and the step) from an .npz (batched) as from an iterable (one by one)."""
+    arrays = {"a": np.arange(5, dtype=np.float32), "b": np.array([1, 2, np.nan, 4], np.float32),
+              "c": np.zeros(0, np.float32), "d": np.array([np.inf], np.float32)}
+    np.savez(tmp_path / "x.npz", **arrays)
+    with pytest.raises(PackError) as batched:
+        sw.pack(str(tmp_path / "x.npz"), str(tmp_path / "p"), progress=False, **options)
+    with pytest.raises(PackError) as single:
+        sw.pack(list(arrays.items()), str(tmp_path / "q"), progress=False, **options)
+    assert str(batched.value) == str(single.value) and ("'b'" in str(single.value) or "'c'" in str(single.value))

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamwin.errors import PackError
-from streamwin.sources import FORMATS, Unit, detect_format, list_units, read_unit
+from streamwin.sources import FORMATS, Batch, Unit, detect_format, list_units, read_batches, read_unit
 
 
 def read_all(source, **kw) -> list[tuple[str, np.ndarray, dict | None]]:
@@ -62,6 +62,22 @@ def test_npy_directory(npy_dir):
     assert_items(read_all(root), expected)
     assert [u.name for u in list_units(root)] == ["a.npy", "b.npy", "sub/c.v2.npy"]
     assert_deterministic_and_picklable(root)
+
+
+def test_npy_headers_are_parsed_once_per_distinct_header(tmp_path, monkeypatch):
+    """Many .npy files of one dtype and shape: the header is parsed once, the arrays are numpy's."""
+    from streamwin import npyfmt, sources
+
+    sources._plain_npy_cached.cache_clear()
+    calls = []
+    parse = npyfmt.parse_npy_header
+    monkeypatch.setattr(npyfmt, "parse_npy_header", lambda head: calls.append(head) or parse(head))
+    arrays = {f"s{i}": np.arange(i, i + 6, dtype=np.float32).reshape(3, 2) for i in range(5)}
+    arrays["t"] = np.arange(4, dtype=">i4")  # big-endian: numpy's own reader
+    for key, arr in arrays.items():
+        np.save(tmp_path / f"{key}.npy", arr)
+    assert_items(read_all(tmp_path), [(k, a, None) for k, a in arrays.items()])
+    assert len(calls) == 2
 
 
 def test_npy_single_file_and_list(npy_dir):
@@ -119,6 +135,98 @@ def test_npz_refuses_object_array_naming_it(tmp_path):
         read_all(tmp_path / "bad.npz")
 
 
+def npz_reference(path) -> list[tuple[str, np.ndarray, None]]:
+    """What numpy itself reads from an .npz, array by array, in archive order."""
+    with np.load(path, allow_pickle=False) as npz:
+        return [(name, npz[name], None) for name in npz.files]
+
+
+def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path, monkeypatch):
+    """np.savez members are read as runs of one dtype and step shape, with no zipfile read per member;
+    the arrays are numpy's, whatever their lengths (empty ones too), dtypes and shapes."""
+    from streamwin import sources
+
+    rng = np.random.default_rng(3)
+    arrays = {f"s{i:03d}": rng.normal(size=int(rng.integers(0, 40))).astype(np.float32) for i in range(50)}
+    arrays |= {"i8": np.arange(5, dtype=np.int64), "m0": np.ones((3, 2), np.uint8), "m1": np.zeros((0, 2), np.uint8),
+               "m2": np.arange(8, dtype=np.uint8).reshape(4, 2), "x.y": np.arange(3, dtype=np.float16)}
+    np.savez(tmp_path / "a.npz", **arrays)
+    unit, = list_units(tmp_path / "a.npz")
+    got = list(read_batches(unit))
+    assert all(isinstance(g, Batch) for g in got)
+    assert [len(g) for g in got] == [50, 1, 3, 1]  # runs of one dtype and step shape, in archive order
+    items = [item for g in got for item in g.items()]
+    expected = [(k.replace(".", "_"), a, m) for k, a, m in npz_reference(tmp_path / "a.npz")]
+    assert_items(items, expected)
+    monkeypatch.setattr(sources, "NPZ_READ_WHOLE", 1000)  # a larger archive is read member by member
+    got = list(read_batches(unit))
+    assert not any(isinstance(g, Batch) for g in got)
+    assert_items(got, expected)
+
+
+@pytest.mark.parametrize("names", [["a", "b.c", "d"], ["x", "PK\x01\x02y", "z"], [f"s{i}" for i in range(300)]])
+def test_zip_directory_read_with_numpy_matches_zipfile(tmp_path, names):
+    """The central directory read with numpy (or entry by entry, when a name holds the entry
+    signature's bytes) gives zipfile's members and fields."""
+    import zipfile
+
+    from streamwin import sources
+
+    path = tmp_path / "a.npz"
+    np.savez(path, **{n: np.arange(i % 7, dtype=np.int16) for i, n in enumerate(names)})
+    with zipfile.ZipFile(path, "a") as z:
+        z.comment = b"a comment"
+    data = path.read_bytes()
+    with zipfile.ZipFile(path) as z:
+        want = [(i.filename, i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset)
+                for i in z.infolist()]
+    got_names, cols = sources._zip_members(data)
+    assert [(n, *row) for n, row in zip(got_names, cols.tolist())] == want
+    assert (sources._directory(data, *_directory_span(data)) is None) == any("PK" in n for n in names)
+    unit, = list_units(path)
+    assert_items(list(read_unit(unit)), [(sources._text_key(k), a, m) for k, a, m in npz_reference(path)])
+
+
+def _directory_span(data: bytes) -> tuple[int, int, int]:
+    """(start, end, count) of a zip's central directory, read from its end record."""
+    import struct
+
+    end = data.rfind(b"PK\x05\x06")
+    _, _, _, _, count, _, start, _ = struct.unpack_from("<4s4H2LH", data, end)
+    return start, end, count
+
+
+@pytest.mark.parametrize("case", ["compressed", "big_endian", "fortran", "bad_crc", "not_npy", "scalar"])
+def test_npz_the_fast_path_does_not_take_reads_as_numpy_does(tmp_path, case):
+    """Members the batch reader cannot take (or a damaged archive) go through numpy's reader, item by item."""
+    path = tmp_path / "a.npz"
+    arrays = {"a": np.arange(6, dtype=np.float32), "b": np.arange(4, dtype=np.float32)}
+    if case == "big_endian":
+        arrays["b"] = arrays["b"].astype(">f4")
+    if case == "fortran":
+        arrays["b"] = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    if case == "scalar":
+        arrays["b"] = np.float32(3)
+    (np.savez_compressed if case == "compressed" else np.savez)(path, **arrays)
+    if case == "not_npy":
+        import zipfile
+        with zipfile.ZipFile(path, "a") as z:
+            z.writestr("notes.txt", "hello")
+    if case == "bad_crc":
+        data = bytearray(path.read_bytes())
+        at = data.index(np.arange(6, dtype=np.float32).tobytes())
+        data[at + 5] ^= 1
+        path.write_bytes(bytes(data))
+    unit, = list_units(path)
+    if case in ("bad_crc", "not_npy", "scalar"):
+        with pytest.raises(PackError, match=r"a\.npz"):
+            list(read_batches(unit))
+        return
+    got = list(read_batches(unit))
+    assert not any(isinstance(g, Batch) for g in got)
+    assert_items(got, npz_reference(path))
+
+
 # ---- parquet ---------------------------------------------------------------------------------
 
 def test_parquet_long_layout(tmp_path):
@@ -145,6 +253,8 @@ def test_parquet_row_layout(tmp_path):
     assert_items(got, [(k, np.array(t, dtype=np.int64), None) for k, t in zip(["a_1", "b", "c"], tokens)])
     got = read_all(tmp_path / "p2.pq")  # list-typed column found without options; keys <file>_<row>
     assert_items(got, [("p2_0", np.array([[1.0, 2], [3, 4]]), None), ("p2_1", np.array([[5.0, 6]]), None)])
+    for unit in list_units(tmp_path, list_column="tokens")[:1] + list_units(tmp_path / "p2.pq"):
+        assert [type(g) for g in read_batches(unit)] == [Batch]  # every row at once, not row by row
     assert [u.name for u in list_units(tmp_path, list_column="tokens")] == ["p1.parquet", "p2.pq"]
 
 
