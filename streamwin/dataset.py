@@ -27,7 +27,7 @@ from .manifest import Manifest
 from .mix import MixPlan, normalized, plan_epoch, rest_mix
 from .nodes import Batcher, BlockReader, MixBatcher, ThreadPrefetcher
 from .plan import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan, rest_plan
-from .read import ReadStats, ShardSource
+from .read import ReadStats, ShardSource, zstd_slice_windows
 from .split import SplitSpec, split_views
 from .storage import load_manifest
 from .world import resolve
@@ -158,7 +158,9 @@ class WindowDataset:
             (each at least once, repeats marked ``batch["weight"] == 0``).
         rank, world_size: override the detected ones (see streamwin.world).
         storage_options: passed to fsspec (credentials, endpoint_url, ...).
-        slice_windows: windows per read slice (default shuffle_buffer // 8); smaller mixes more.
+        slice_windows: windows per read slice (default shuffle_buffer // 8, or with zstd enough to span a
+            few of the frames or members a read decompresses whole, so that each is read about once
+            an epoch); smaller mixes more.
         readahead: blocks read ahead, on a background thread, of the one being batched (reads
             release the GIL, so this overlaps I/O with batching and training).
         retries: failed attempts in a row allowed per read on transient storage errors.
@@ -199,7 +201,8 @@ class WindowDataset:
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad)
         self.shuffle, self.shuffle_buffer, self.seed = bool(shuffle), int(shuffle_buffer), int(seed)
         self.batch_size, self.equalize = int(batch_size), equalize
-        self.slice_windows = int(slice_windows) if slice_windows else max(1, self.shuffle_buffer // 8)
+        self.slice_windows = int(slice_windows) if slice_windows else None  # None: from the manifest (config)
+        self._slices: int | None = None  # the default, once computed
         self.readahead, self.prefetch, self.retries = int(readahead), int(prefetch), int(retries)
         self.retry_backoff = float(retry_backoff)
         self.storage_options = storage_options
@@ -215,7 +218,7 @@ class WindowDataset:
         self._index: WindowIndex | None = None  # window space: built once, shared by every epoch's plan
         self._coarse: tuple[str, np.ndarray] | None = None  # (manifest digest, a WindowIndex's scan) for workers
         self._lens: dict[PlanConfig, int] = {}
-        self.config(world_size=1)  # validate the arguments now, with a clear message
+        self.config(world_size=1, slice_windows=self.slice_windows or 1)  # validate now, without the manifest
         if self.sources:
             self._check_compatible()
 
@@ -281,13 +284,21 @@ class WindowDataset:
             self._world = world
         return self._world
 
-    def config(self, num_workers: int = 0, world_size: int | None = None) -> PlanConfig:
+    def config(self, num_workers: int = 0, world_size: int | None = None, slice_windows: int | None = None) -> PlanConfig:
         """The plan's inputs besides the data, for a rank running ``num_workers`` streams (0: one, in-process)."""
         return PlanConfig(
             spec=self.spec, batch_size=self.batch_size,
             world_size=self.world()[1] if world_size is None else world_size,
             num_workers=num_workers, seed=self.seed, shuffle=self.shuffle,
-            block_windows=self.shuffle_buffer, slice_windows=self.slice_windows, equalize=self.equalize)
+            block_windows=self.shuffle_buffer, equalize=self.equalize,
+            slice_windows=slice_windows or self.slice_windows or self._default_slices())
+
+    def _default_slices(self) -> int:
+        """Windows per read slice by default: shuffle_buffer // 8, or more for zstd (read.zstd_slice_windows)."""
+        if self._slices is None:
+            zstd = [zstd_slice_windows(m, self.spec.stride) for m in self.manifests]  # mixed: every source's
+            self._slices = max([self.shuffle_buffer // 8, *zstd])
+        return self._slices
 
     def views(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Per-sequence (first step, steps) of this dataset's split, or None for all data (not cached)."""

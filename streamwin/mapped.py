@@ -51,6 +51,23 @@ def available() -> bool:
     return _libc is not False
 
 
+def anonymous(nbytes: int) -> np.ndarray:
+    """``nbytes`` of zeroed private memory, a mapping of its own: given back to the system when the last view goes.
+
+    Not malloc'd, so a freed buffer raises no glibc threshold and leaves no heap behind; huge
+    pages are asked for where the system offers them (a fresh 20 MB buffer is then filled
+    about as fast as a reused one).
+    """
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    mem = mmap.mmap(-1, max(nbytes, 1), flags=flags) if flags else mmap.mmap(-1, max(nbytes, 1))
+    if nbytes >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mem.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(mem, dtype=np.uint8)[:nbytes]
+
+
 def page_floor(offset: int | np.ndarray) -> int | np.ndarray:
     """The page boundary at or before ``offset`` (elementwise for arrays)."""
     return offset - offset % PAGE

@@ -16,11 +16,11 @@ fails is a ShardError naming the shard, the member and the byte offset.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +37,31 @@ OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the 
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
 COMPRESSED_GAP = 4 << 10  # compressed members this close are read as one run (tar headers, json members)
 RAW_BATCH = 8 << 20  # compressed bytes of a block read (and decompressed) at a time
+FRAME_CACHE_BYTES = 4 << 20  # decompressed zstd frames kept per reading thread for the next pieces and blocks
+WHOLE_UNIT_BYTES = 256 << 10  # an unframed zstd member up to this size is cached like a frame (pack's frame size)
+SLICE_UNITS = 8  # a default zstd read slice spans this many frames or members (see zstd_slice_windows)
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
 READABLE = np.iinfo(np.int64).max  # steps readable of a sequence that read without error: all of them
+
+
+def zstd_slice_windows(m: Manifest, stride: int) -> int:
+    """Fewest windows of a default read slice of a zstd dataset (1 for others): SLICE_UNITS of the units a
+    read decompresses whole (a frame of a framed member, else a member), a unit's size weighted by it.
+
+    A slice's edges cut a unit that the blocks of both neighbours read and decompress: with
+    slices of a few windows each unit would be read about once per slice in it (frames of
+    thousands of windows: bytes read 10-100x the shards). A slice SLICE_UNITS times the
+    (size-weighted) unit reads and decompresses about 1 + 1 / SLICE_UNITS of them.
+    """
+    if m.compression is None or not m.num_sequences:
+        return 1
+    rows = m.frames.rows if m.frames is not None else max(1, WHOLE_UNIT_BYTES // max(m.step_bytes, 1))
+    length = m.length.astype(np.float64)
+    if not length.sum():
+        return 1
+    frames, rest = np.divmod(length, rows)  # each member: units of ``rows`` steps and one shorter
+    weighted = float(frames.sum()) * rows * rows + float(np.dot(rest, rest))  # sum over units of steps squared
+    return int(np.ceil(SLICE_UNITS * weighted / float(length.sum()) / stride))
 
 
 @dataclass
@@ -76,6 +99,7 @@ class ReadStats:
     skipped_ranges: int = 0
     skipped_windows: int = 0
     cache_hits: int = 0
+    bytes_decompressed: int = 0  # zstd output (npy headers included): near the members' bytes when frames are used once
 
 
 class ShardSource:
@@ -96,7 +120,6 @@ class ShardSource:
         # local and cached shards are mapped, not read: the gather then copies straight from the page cache
         self.map_files = (self.local or cache is not None) and mapped.available()
         self._pool = None
-        self._free: list[np.ndarray] = []  # released block buffers
         self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
         self.stats = ReadStats()
         self._header_cache: dict[bytes, tuple] = {}
@@ -144,26 +167,17 @@ class ShardSource:
         offs, start, real, valid, inv = (a[into_yield] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, uniq, inv)
 
-    def _buffer(self, nbytes: int) -> np.ndarray:
-        """A block buffer of ``nbytes``, reusing a released one when it is large enough.
-
-        Reuse saves the page faults and zeroing of ~20 MB of fresh memory per block, which cost as
-        much as the reads themselves in a process's first epoch.
-        """
-        with self._lock:
-            for i, base in enumerate(self._free):
-                if len(base) >= nbytes:
-                    return self._free.pop(i)[:nbytes]
-        return np.empty(nbytes + nbytes // 4, dtype=np.uint8)[:nbytes]
-
     def release(self, block: Block) -> None:
-        """Give a block's buffer back for reuse; the caller must hold no view of it any more."""
-        base = block.buf.base if block.buf.base is not None else block.buf
-        with self._lock:
-            if isinstance(base, mapped.MappedBuffer):  # unmapped by the reading thread, off the batch path
+        """Drop a block's buffer (the caller must hold no view of it any more); a mapping is unmapped later.
+
+        Buffers are not kept for reuse: each is its own anonymous mapping, given back to the
+        system when dropped. Reused, they were malloc'd, and a freed one raised glibc's mmap
+        threshold to its size, after which smaller buffers came from heaps that kept them.
+        """
+        base = block.buf.base if block.buf is not None and block.buf.base is not None else block.buf
+        if isinstance(base, mapped.MappedBuffer):  # unmapped by the reading thread, off the batch path
+            with self._lock:
                 self._unmap.append(base)
-            elif len(self._free) < 4 and base.dtype == np.uint8 and base.ndim == 1 and not self.manifest.compression:
-                self._free.append(base)
         block.buf = block.buf_tensor = None
 
     def _name_member(self, err: ShardError, seqs: np.ndarray) -> ShardError:
@@ -274,8 +288,7 @@ class ShardSource:
         """
         pos = np.zeros(len(lo) + 1, dtype=np.int64)
         np.cumsum(hi - lo, out=pos[1:])
-        buf = self._buffer(int(pos[-1]) + tail)  # every byte but the tail is overwritten by the reads
-        buf[len(buf) - tail :] = 0
+        buf = _anonymous(int(pos[-1]) + tail)  # zeroed: the tail too
         runs = [(int(shard[j]), int(lo[j]), memoryview(buf)[pos[j] : pos[j + 1]]) for j in range(len(lo))]
 
         def fill(k: int, a: int, b: int, at: int) -> ShardError | None:
@@ -398,9 +411,11 @@ class ShardSource:
         """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
 
         A member packed as frames (``manifest.frames``) gives each piece the frames holding its
-        steps; any other member is decompressed whole, once for all the pieces of its sequence.
-        The compressed bytes are read first, neighbours in a shard as one run (concurrently on
-        remote storage), then decompressed piece by piece.
+        steps, as does a member small enough to be one unit, each unit decompressed once for the
+        block and kept for the next (see _FrameCache); any other member is decompressed whole,
+        once for all the pieces of its sequence. The compressed bytes are read first, neighbours in a shard as one run
+        (concurrently on remote storage), then decompressed piece by piece, straight into the
+        block buffer or the frame cache.
         """
         m = self.manifest
         sb = m.step_bytes
@@ -413,44 +428,95 @@ class ShardSource:
         buf = _anonymous(int(pos[-1]) + span_bytes)  # zero-filled, given back to the system when dropped
         good = np.full(len(p.seq), READABLE, dtype=np.int64)
         own = np.flatnonzero(~shared)
-        shard = np.searchsorted(m.shard_starts, p.seq[own], side="right") - 1
-        lo, hi = self._compressed_ranges(p.seq[own], a[own], b[own], framed[own])
+        f0, f1 = self._frames_cached(p.seq[own], a[own], b[own], framed[own], buf, pos[own])
+        todo = np.flatnonzero(f0 < f1)  # pieces with frames to read (a member decompressed whole: all of it)
+        seq = p.seq[own[todo]]
+        shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
+        lo, hi = self._compressed_ranges(seq, f0[todo], f1[todo], framed[own[todo]])
         dctx = self._decompressor()
-        failed = np.zeros(len(own), dtype=bool)
-        for n0, n1, raw, at in self._read_compressed_runs(p.seq[own], shard, lo, hi, failed):
+        failed = np.zeros(len(todo), dtype=bool)
+        for n0, n1, raw, at in self._read_compressed_runs(seq, shard, lo, hi, failed):
             for n in range(n0, n1):
-                j, i, k = int(own[n]), int(p.seq[own[n]]), int(shard[n])
+                j, i, k = int(own[todo[n]]), int(seq[n]), int(shard[n])
                 src = memoryview(raw)[at[n - n0] : at[n - n0] + hi[n] - lo[n]]
                 try:
                     if failed[n]:
                         continue
                     if framed[j]:
-                        self._decompress_frames(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(a[j]), int(b[j]))
+                        self._lay_out_frames(dctx, src, buf[pos[j] : pos[j + 1]], i, k, (int(a[j]), int(b[j])),
+                                             (int(f0[todo[n]]), int(f1[todo[n]])))
                     else:
-                        self._decompress(dctx, src, buf[pos[j] : pos[j + 1]], i, k, int(m.offset[i]), 0)
+                        self._decompress_whole(dctx, src, buf[pos[j] : pos[j + 1]], i, k)
                 except ShardError as e:
                     self._skip_or_raise(e)
                     failed[n] = True
-        good[own[failed]] = 0  # what a piece reads is decompressed whole: all of it or nothing
+        good[own[todo[failed]]] = 0  # what a piece reads is decompressed whole: all of it or nothing
         owner = np.maximum.accumulate(np.where(shared, 0, np.arange(len(p.seq))))
         return buf, pos[owner] - a[owner] * sb, good[owner]
 
-    def _compressed_ranges(self, seq: np.ndarray, a: np.ndarray, b: np.ndarray,
+    def _frames_cached(self, seq: np.ndarray, a: np.ndarray, b: np.ndarray, framed: np.ndarray,
+                       buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Lay out the frames at either end of each framed piece that the cache holds; (first, end) frame
+        left to read per piece (a member decompressed whole: (0, 1)).
+
+        Done before any frame of the block is decompressed, so none of these is evicted first.
+        """
+        f0, f1 = np.zeros(len(seq), dtype=np.int64), np.ones(len(seq), dtype=np.int64)
+        cache = self._frame_cache()
+        for n in np.flatnonzero(framed).tolist():
+            i, s0, s1 = int(seq[n]), int(a[n]), int(b[n])
+            rows = self._rows(i)
+            j0, j1 = s0 // rows, -(-s1 // rows)
+            out = buf[pos[n] : pos[n] + (s1 - s0) * self.manifest.step_bytes]
+            while j0 < j1 and self._copy_cached(cache, out, i, j0, s0, s1):
+                j0 += 1
+            while j1 > j0 and self._copy_cached(cache, out, i, j1 - 1, s0, s1):
+                j1 -= 1
+            f0[n], f1[n] = j0, j1
+        return f0, f1
+
+    def _copy_cached(self, cache: "_FrameCache", out: np.ndarray, i: int, j: int, a: int, b: int) -> bool:
+        """Copy the steps of frame j of member i that a piece of steps [a, b) needs into ``out``, if cached."""
+        frame = cache.get((i, j))
+        if frame is not None:
+            self._copy_steps(frame, out, i, j, a, b)
+        return frame is not None
+
+    def _copy_steps(self, frame: np.ndarray, out: np.ndarray, i: int, j: int, a: int, b: int) -> None:
+        """Steps [a, b) of member i that lie in its frame j, from the frame's data into ``out`` (steps from a)."""
+        rows, sb = self._rows(i), self.manifest.step_bytes
+        s0, s1 = max(a, j * rows), min(b, (j + 1) * rows)
+        out[(s0 - a) * sb : (s1 - a) * sb] = frame[(s0 - j * rows) * sb : (s1 - j * rows) * sb]
+
+    def _compressed_ranges(self, seq: np.ndarray, f0: np.ndarray, f1: np.ndarray,
                            framed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Shard byte ranges [lo, hi) to read for steps [a, b) of each member: its frames, or all of it."""
-        m, fr = self.manifest, self.manifest.frames
+        """Shard byte ranges [lo, hi) to read of each member: its frames [f0, f1), or all of it."""
+        m = self.manifest
         lo, hi = m.offset[seq].copy(), m.offset[seq] + m.size[seq]
         for n in np.flatnonzero(framed).tolist():
             ends = self._frame_ends(int(seq[n]))
-            j0, j1 = int(a[n]) // fr.rows, -(-int(b[n]) // fr.rows)
+            j0, j1 = int(f0[n]), int(f1[n])
             hi[n] = lo[n] + ends[j1 - 1]
             lo[n] += ends[j0 - 1] if j0 else 0
         return lo, hi
 
     def _frame_ends(self, i: int) -> np.ndarray:
+        """Where each frame of member i ends in it (a member not listed in the manifest's frames: one unit)."""
+        if not self._listed(i):
+            return self.manifest.size[i : i + 1]
         fr = self.manifest.frames
         at = int(np.searchsorted(fr.seq, i))
         return fr.ends[fr.first[at] : fr.first[at + 1]]
+
+    def _listed(self, i: int) -> bool:
+        """Member i is packed as frames that the manifest lists."""
+        fr = self.manifest.frames
+        at = int(np.searchsorted(fr.seq, i)) if fr is not None else 0
+        return fr is not None and at < len(fr.seq) and int(fr.seq[at]) == i
+
+    def _rows(self, i: int) -> int:
+        """Steps per decompression unit of member i: a listed frame, else the whole member."""
+        return self.manifest.frames.rows if self._listed(i) else int(self.manifest.length[i])
 
     def _read_compressed_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                               failed: np.ndarray):
@@ -491,60 +557,89 @@ class ShardSource:
             local.dctx = zstandard.ZstdDecompressor()
         return local.dctx
 
+    def _frame_cache(self) -> "_FrameCache":
+        """This thread's decompressed frames (blocks are read on one thread; the cache needs no lock)."""
+        local = self._local
+        if getattr(local, "frames", None) is None:
+            local.frames = _FrameCache(FRAME_CACHE_BYTES)
+        return local.frames
+
     def _frame_steps(self, p: "_Pieces") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(first step, end step, framed) that each piece lays out: its own steps, or the whole member."""
+        """(first step, end step, framed) that each piece lays out: its own steps, taken from decompressed
+        units (``framed``: listed frames, or a member small enough to cache whole), else the whole member."""
         m = self.manifest
         a = np.zeros(len(p.seq), dtype=np.int64)
         b = m.length[p.seq].astype(np.int64)
+        framed = b * m.step_bytes <= WHOLE_UNIT_BYTES
         fr = m.frames
-        if fr is None:
-            return a, b, np.zeros(len(p.seq), dtype=bool)
-        at = np.minimum(np.searchsorted(fr.seq, p.seq), max(len(fr.seq) - 1, 0))
-        framed = (fr.seq[at] == p.seq) if len(fr.seq) else np.zeros(len(p.seq), dtype=bool)
+        if fr is not None and len(fr.seq):
+            at = np.minimum(np.searchsorted(fr.seq, p.seq), len(fr.seq) - 1)
+            framed |= fr.seq[at] == p.seq
         return np.where(framed, p.s_lo, a), np.where(framed, p.s_hi, b), framed
 
-    def _decompress_frames(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int, a: int, b: int) -> None:
-        """Steps [a, b) of framed member i into ``out``, from ``raw``, the frames that hold them, one by one."""
-        m, fr = self.manifest, self.manifest.frames
-        sb, rows = m.step_bytes, fr.rows
+    def _lay_out_frames(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int, steps: tuple[int, int],
+                        frames: tuple[int, int]) -> None:
+        """Steps [a, b) of framed member i into ``out``: frames [f0, f1) from ``raw`` (which holds them) or
+        the cache, one by one; frames outside [f0, f1) were laid out from the cache already."""
+        (a, b), (f0, f1) = steps, frames
+        m, rows, cache = self.manifest, self._rows(i), self._frame_cache()
         ends = self._frame_ends(i)
-        j0, j1 = a // rows, -(-b // rows)
-        lo = int(ends[j0 - 1]) if j0 else 0
-        cuts = [0] + (ends[j0:j1] - lo).tolist()
-        length, off = int(m.length[i]), int(m.offset[i]) + lo
-        for j, (f0, f1) in zip(range(j0, j1), zip(cuts, cuts[1:])):
-            s0, s1 = max(a, j * rows), min(b, (j + 1) * rows)  # the steps of this frame the piece needs
-            self._decompress(dctx, raw[f0:f1], out[(s0 - a) * sb : (s1 - a) * sb], i, k, off + f0, j * rows,
-                             min(rows, length - j * rows) * sb, s0)
+        base = int(ends[f0 - 1]) if f0 else 0
+        for j in range(f0, f1):
+            frame = cache.get((i, j))
+            if frame is None:
+                lo, hi = (int(ends[j - 1]) if j else 0) - base, int(ends[j]) - base
+                size = min(rows, int(m.length[i]) - j * rows) * m.step_bytes  # the frame's array bytes
+                frame = cache.slot((i, j), rows * m.step_bytes)
+                self._decompress_frame(dctx, raw[lo:hi], frame[:size], i, k, j, base + lo)
+                cache.keep((i, j), frame)
+            self._copy_steps(frame, out, i, j, a, b)
 
-    def _decompress(self, dctx, raw, out: np.ndarray, i: int, k: int, off: int, first: int,
-                    nbytes: int | None = None, at: int | None = None) -> None:
-        """Decompress ``raw`` (the frames of member i from step ``first``; ``nbytes`` of array data, all of
-        the member's when None) and copy the steps from ``at`` (default ``first``) into ``out``.
+    def _decompress_frame(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int, j: int, at: int) -> None:
+        """Frame j of member i into ``out``, its header checked (frame 0); a member not listed as frames is one
+        unit, which may hold frames of its own."""
+        m = self.manifest
+        head = int(m.hlen[i]) if j == 0 else 0
+        self._inflate(dctx, raw, out, i, k, int(m.offset[i]) + at, head, across=not self._listed(i))
 
-        Frame 0 begins with the npy header, which is checked against the manifest; a frame that
-        cannot be decompressed, or holds other than ``nbytes``, is a ShardError naming the member.
+    def _decompress_whole(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int) -> None:
+        """All of member i (its frames, listed or not) into ``out``, its header checked."""
+        m = self.manifest
+        self._inflate(dctx, raw, out, i, k, int(m.offset[i]), int(m.hlen[i]), across=True)
+
+    def _inflate(self, dctx, raw, out: np.ndarray, i: int, k: int, off: int, head: int, *, across: bool) -> None:
+        """Decompress ``raw`` straight into ``out`` (after a ``head``-byte npy header, checked against the
+        manifest), where its data must end exactly. Errors name member i and offset ``off``.
+
+        No bytes object is made for the output: decompressed into memory of its own, 256 kB
+        frames fragmented the heap as read buffers did.
         """
         import zstandard
 
-        m = self.manifest
-        head = int(m.hlen[i]) if first == 0 else 0
-        nbytes = len(out) if nbytes is None else nbytes
+        done = 0
         try:
-            data = dctx.decompress(raw, max_output_size=head + nbytes)  # the first frame only
-            if len(data) < head + nbytes:  # a member of several frames the manifest does not list
-                with dctx.stream_reader(raw, read_across_frames=True) as src:
-                    data = src.read(head + nbytes + 1)
+            with dctx.stream_reader(raw, read_across_frames=across) as src:
+                if head:
+                    header = bytearray(head)
+                    if _fill(src, memoryview(header)) < head:
+                        raise self._size_error(0, len(out), i, k, off)
+                    self._check_header(bytes(header), i, k)
+                done = _fill(src, memoryview(out).cast("B"))
+                extra = bool(src.read(1)) if done == len(out) else False
         except zstandard.ZstdError as e:
-            raise ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i),
-                             offset=off) from e
-        if head:
-            self._check_header(data[:head], i, k)
-        if len(data) != head + nbytes:
-            raise ShardError(f"member holds {len(data) - head} data bytes here, the manifest implies {nbytes}",
-                             shard=self.shard_url(k), member=self._member(i), offset=off)
-        skip = head + ((at if at is not None else first) - first) * m.step_bytes
-        out[:] = np.frombuffer(data, dtype=np.uint8, count=len(out), offset=skip)
+            raise self._zstd_error(e, i, k, off) from e
+        with self._lock:
+            self.stats.bytes_decompressed += head + done
+        if done < len(out) or extra:
+            raise self._size_error(done, len(out), i, k, off, more=extra)
+
+    def _zstd_error(self, e: Exception, i: int, k: int, off: int) -> ShardError:
+        return ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i), offset=off)
+
+    def _size_error(self, got: int, nbytes: int, i: int, k: int, off: int, more: bool = False) -> ShardError:
+        held = f"more than {nbytes}" if more else str(got)
+        return ShardError(f"member holds {held} data bytes here, the manifest implies {nbytes}",
+                          shard=self.shard_url(k), member=self._member(i), offset=off)
 
     # -- raw reads with retries -----------------------------------------------------------------
     def _read_many(self, runs: list[tuple[int, int, memoryview]]) -> list[ShardError | None]:
@@ -623,10 +718,57 @@ class ShardSource:
 def _anonymous(nbytes: int) -> np.ndarray:
     """``nbytes`` of zeroed memory mapped for this use alone, unmapped when the last view is dropped.
 
-    Compressed blocks vary in size; from malloc, their buffers would leave the heap fragmented
-    and the process's memory growing with the epoch (it did, with the length of a sequence).
+    Blocks vary in size; from malloc, their buffers would leave the heap fragmented and the
+    process's memory growing with the epoch (it did, with the length of a sequence).
     """
-    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=np.uint8)[:nbytes]
+    return mapped.anonymous(nbytes)
+
+
+def _fill(src, out: memoryview) -> int:
+    """Read from stream ``src`` into ``out`` until it is full or the stream ends; the bytes read."""
+    got = 0
+    while got < len(out):
+        n = src.readinto(out[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+class _FrameCache:
+    """Decompressed frames of zstd members (a frame, or a small member whole), the least recently used dropped
+    first, at most ``limit`` bytes.
+
+    Pieces of one block that share a frame, and the blocks that follow one another through a
+    slice (or cut a member in two), take it from here instead of reading and decompressing it
+    again.
+    """
+
+    def __init__(self, limit: int):
+        self.limit, self.nbytes = limit, 0
+        self.entries: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+
+    def get(self, key: tuple[int, int]) -> np.ndarray | None:
+        """The frame's data, if held."""
+        frame = self.entries.get(key)
+        if frame is not None:
+            self.entries.move_to_end(key)
+        return frame
+
+    def slot(self, key: tuple[int, int], size: int) -> np.ndarray:
+        """A ``size``-byte buffer to decompress frame ``key`` into (an evicted one of that size if any);
+        ``keep`` it once filled."""
+        spare = self.entries.pop(key, None)
+        self.nbytes -= len(spare) if spare is not None else 0
+        while self.entries and self.nbytes + size > self.limit:
+            _, evicted = self.entries.popitem(last=False)
+            self.nbytes -= len(evicted)
+            spare = evicted if len(evicted) == size else spare
+        return spare if spare is not None and len(spare) == size else _anonymous(size)
+
+    def keep(self, key: tuple[int, int], frame: np.ndarray) -> None:
+        self.entries[key] = frame
+        self.nbytes += len(frame)
 
 
 def _read_local(path: str, offset: int, out: memoryview) -> int:

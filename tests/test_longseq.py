@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
+from streamwin import read as read_mod
 
 W, S, H, B = 16, 1, 2, 32
 F = 4  # features: 16 bytes per step
@@ -50,11 +51,12 @@ def make(url, num_workers=None, **kw):
     return sw.WindowLoader(sw.WindowDataset(url, **args), num_workers=num_workers)
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
 @pytest.mark.parametrize("name", ["giant", "small", "mixed"])
-def test_epoch_reads_each_byte_about_once_over_http(name, http_server, tmp_path):
+def test_epoch_reads_each_byte_about_once_over_http(name, compression, http_server, tmp_path):
     seqs = layout(name)
     url = str(tmp_path / "ds")
-    sw.pack(list(seqs.items()), url, shard_bytes=1 << 20, progress=False)
+    sw.pack(list(seqs.items()), url, shard_bytes=1 << 20, compression=compression, progress=False)
     srv = http_server(tmp_path)
     loader = make(srv.url_for("ds"))
     assert check_windows(loader, seqs) > 0
@@ -119,14 +121,49 @@ def long_and_short(long_mb: int, seed: int = 0) -> list[tuple[str, np.ndarray]]:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures VmHWM (Linux)")
+@pytest.mark.parametrize("where", ["local", "http"])
 @pytest.mark.parametrize("compression", [None, "zstd"])
-def test_epoch_memory_does_not_grow_with_the_longest_sequence(compression, tmp_path):
+def test_epoch_memory_does_not_grow_with_the_longest_sequence(compression, where, tmp_path, http_server):
+    """Over http too: streamed range reads allocate nothing per socket read (they once grew the heap with the epoch)."""
+    srv = http_server(tmp_path) if where == "http" else None
     grew = {}
     for mb in (16, 64):
         url = str(tmp_path / f"ds{mb}")
         sw.pack(long_and_short(mb), url, shard_bytes=4 << 20, compression=compression, progress=False)
-        grew[mb] = epoch_rss_growth(url)
+        grew[mb] = epoch_rss_growth(url if srv is None else srv.url_for(f"ds{mb}"))
+    print("GREW", compression, where, {k: v >> 20 for k, v in grew.items()})
     assert grew[64] <= 1.15 * grew[16] + (6 << 20), grew
+
+
+def _longseq_bench():
+    """benchmarks/longseq.py as a module (its datasets and its one-epoch child process)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "longseq.py")
+    spec = importlib.util.spec_from_file_location("longseq_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures VmHWM (Linux)")
+def test_http_epoch_memory_does_not_grow_from_64_mb_to_1_gb(tmp_path, http_server):
+    """benchmarks/longseq.py's streamwin cases over the loopback http server: a 64 MB and a 1 GB sequence.
+
+    What grew was the heap, with the bytes an epoch read over http (fragmented by a bytes
+    object per socket read in the concurrent GET threads): not visible in small epochs, and by
+    1 GB +10-40 MB, depending on how the threads ran (plain 96-99 -> 105-139 MB, zstd 81-84 ->
+    104-114 MB). Each epoch runs in a fresh process.
+    """
+    bench = _longseq_bench()
+    for mb in (64, 1024):
+        bench.write_dataset(tmp_path, mb)
+    srv = http_server(tmp_path)
+    for comp in ("plain", "zstd"):
+        grew = {mb: bench.run_case("streamwin", srv.url_for(f"{mb}mb-{comp}")) for mb in (64, 1024)}
+        assert all("error" not in r for r in grew.values()), grew
+        peak = {mb: r["peak_growth"] >> 20 for mb, r in grew.items()}
+        assert peak[1024] <= 1.15 * peak[64], (comp, peak)
 
 
 # -- zstd: long members packed as frames, read frame by frame ---------------------------------------
@@ -143,6 +180,45 @@ def test_zstd_long_member_is_framed_and_windows_are_exact(tmp_path):
     assert np.array_equal(again.frames.ends, m.frames.ends)  # the field survives index.json
     loader = make(url)
     assert check_windows(loader, seqs) == len(loader) * B > 100_000
+
+
+@pytest.mark.parametrize("options", [{}, {"shuffle_buffer": 256}, {"slice_windows": 64, "shuffle": False}],
+                         ids=["default", "small-buffer", "small-slices-in-order"])
+def test_zstd_frames_are_read_and_decompressed_about_once(options, http_server, tmp_path):
+    """Slices of a few windows in 256 kB frames: each frame is still read and decompressed about once an epoch.
+
+    A frame spans 16,384 steps (4,096 windows) here, a default slice was shuffle_buffer // 8
+    windows, and each slice read and decompressed every frame it touched. The long member
+    (10 MB) is larger than the reader's frame cache.
+    """
+    from streamwin.dataset import open_source
+
+    rng = np.random.default_rng(1)
+    seqs = {"long": np.repeat(np.arange(640_000, dtype=np.float32)[:, None], F, axis=1)}
+    seqs |= {f"s{i:03d}": rng.standard_normal((int(t), F)).astype(np.float32) for i, t in
+             enumerate(rng.integers(5, 400, size=300))}
+    url = str(tmp_path / "ds")
+    m = sw.pack(list(seqs.items()), url, shard_bytes=4 << 20, compression="zstd", progress=False)
+    assert m.frames is not None and m.length.max() * m.step_bytes > 2 * read_mod.FRAME_CACHE_BYTES
+    srv = http_server(tmp_path)
+    ds = sw.WindowDataset(srv.url_for("ds"), **(dict(window=W, stride=4, horizon=H, batch_size=B, seed=5) | options))
+    plan, source = ds.plan(), open_source(ds)
+    seen = 0
+    steps = np.arange(W + H)
+    for k in range(plan.num_blocks(0)):
+        block = source.read_block(plan, 0, k)
+        rows = block.buf[: len(block.buf) // 16 * 16].view(np.float32).reshape(-1, F)  # 16-byte steps
+        got = rows[block.offs[:, None] // 16 + steps]
+        for key_at, i in enumerate(block.seq_ids.tolist()):
+            mine = block.key_index == key_at
+            want = seqs[m.key(i)][block.start[mine][:, None] + steps]
+            assert np.array_equal(got[mine], want), (m.key(i), k)
+        seen += len(block)
+        source.release(block)
+    assert seen == plan.windows_per_stream > 150_000
+    member_bytes = int((m.length.astype(np.int64) * m.step_bytes + m.hlen).sum())
+    assert source.stats.bytes_decompressed / member_bytes <= 1.25, (source.stats.bytes_decompressed, member_bytes)
+    assert srv.stats.bytes_served / shard_bytes(url) <= 1.25, (srv.stats.bytes_served, shard_bytes(url))
 
 
 def test_zstd_frames_unlisted_in_the_manifest_still_read(tmp_path):
