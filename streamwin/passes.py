@@ -131,13 +131,19 @@ class LocalPass(Pass):
         return to_batch(next(self.node), self.manifests)
 
     def local_stats(self) -> np.ndarray:
+        if self.source is None:
+            return super().local_stats()
         s = self.source.stats
         return np.array([getattr(s, f) for f in STAT_FIELDS], dtype=np.int64)
 
     def close(self) -> None:
+        if self.source is None:  # closed already
+            return
         close_stream(self.node)
         self.loader._totals += self.local_stats()
-        self.source.stats.__init__()  # counted once
+        # let go of the stream: an iterator kept by the caller (or a reference cycle) must not keep its
+        # last block, its read threads and its buffers until the garbage collector runs
+        self.node = self.source = None
         super().close()
 
 

@@ -38,7 +38,7 @@ _MSG = struct.Struct("<Bqqq")
 READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING, BLOCK, CHUNK = 1, 2, 3, 4, 5, 0, 6, 7, 8
 CHUNK_BYTES = 4 << 20  # slot size when workers ship blocks
 _SEND = threading.Lock()  # the read-ahead thread may send a warning while the main thread sends a batch
-STAT_FIELDS = ("bytes_read", "reads", "retries", "skipped_ranges", "skipped_windows", "cache_hits")
+STAT_FIELDS = ("bytes_read", "reads", "retries", "skipped_ranges", "skipped_windows", "cache_hits", "bytes_decompressed")
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 
 
