@@ -780,13 +780,7 @@ def _read_local(path: str, offset: int, out: memoryview) -> int:
 def _read_file(f, offset: int, out: memoryview) -> int:
     """Read into ``out`` from open file ``f`` at ``offset``; returns the bytes read (short at EOF)."""
     f.seek(offset)
-    got = 0
-    while got < len(out):
-        n = f.readinto(out[got:])
-        if not n:
-            break
-        got += n
-    return got
+    return _fill(f, out)
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,25 @@ def reference_windows(seqs: dict[str, np.ndarray], window: int, stride: int, hor
         if pad and 0 < t < window + horizon:
             out.add((key, 0))
     return out
+
+
+def lockstep(group, summarize, take=None, check=None) -> list[list]:
+    """Step the ranks of one job (their loaders, in one process) together: per rank, ``summarize(batch)`` of
+    each batch. Stops after ``take`` steps, or when the ranks run out, which they must do at the same step."""
+    iters = [iter(x) for x in group]
+    out = [[] for _ in group]
+    while take is None or len(out[0]) < take:
+        got = []
+        for it in iters:
+            try:
+                got.append(next(it))
+            except StopIteration:
+                got.append(None)
+        if all(b is None for b in got):
+            break
+        assert all(b is not None for b in got), "ranks ran out of batches at different steps"
+        for rank, b in enumerate(got):
+            if check:
+                check(b)
+            out[rank].append(summarize(b))
+    return out

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import streamwin as sw
-from conftest import make_sequences, reference_windows
+from conftest import lockstep as step_ranks, make_sequences, reference_windows
 
 W, S, H = 16, 8, 4
 
@@ -53,27 +53,8 @@ def windows(batch) -> list[tuple[str, int]]:
 
 
 def lockstep(group, take=None, check=None):
-    """Step the ranks of one job together: (batches per rank, each a list of batch summaries).
-
-    Stops after ``take`` steps, or when the ranks run out, which they must do at the same step.
-    """
-    iters = [iter(x) for x in group]
-    out = [[] for _ in group]
-    while take is None or len(out[0]) < take:
-        got = []
-        for it in iters:
-            try:
-                got.append(next(it))
-            except StopIteration:
-                got.append(None)
-        if all(b is None for b in got):
-            break
-        assert all(b is not None for b in got), "ranks ran out of batches at different steps"
-        for rank, b in enumerate(got):
-            if check:
-                check(b)
-            out[rank].append((windows(b), b["x"].clone(), len(b["key"])))
-    return out
+    """Per rank, (windows, x, rows) of each batch of one job's ranks stepped together."""
+    return step_ranks(group, lambda b: (windows(b), b["x"].clone(), len(b["key"])), take, check)
 
 
 def flat(per_rank) -> list[tuple[str, int]]:

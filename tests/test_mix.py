@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamwin as sw
-from conftest import make_sequences, reference_windows
+from conftest import lockstep as step_ranks, make_sequences, reference_windows
 from streamwin.mix import ShareOrder, batch_quotas, shares
 from streamwin.plan import PlanConfig, RestOrder, SliceOrder, WindowSpec, make_plan
 
@@ -128,24 +128,10 @@ def loaders(urls, world, workers, batch=B, **kw):
 
 def lockstep(group, take=None, check=None):
     """Step one job's ranks together: per rank, a list of (windows, x, sources) per batch."""
-    iters = [iter(x) for x in group]
-    out = [[] for _ in group]
-    while take is None or len(out[0]) < take:
-        got = []
-        for it in iters:
-            try:
-                got.append(next(it))
-            except StopIteration:
-                got.append(None)
-        if all(b is None for b in got):
-            break
-        assert all(b is not None for b in got), "ranks ran out of batches at different steps"
-        for rank, b in enumerate(got):
-            if check:
-                check(b)
-            src = b["source"].tolist()
-            out[rank].append(([(s, k, t) for s, k, t in zip(src, b["key"], b["start"].tolist())], b["x"].clone(), src))
-    return out
+    def summary(b):
+        src = b["source"].tolist()
+        return [(s, k, t) for s, k, t in zip(src, b["key"], b["start"].tolist())], b["x"].clone(), src
+    return step_ranks(group, summary, take, check)
 
 
 def flat(per_rank):
