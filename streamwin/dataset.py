@@ -381,8 +381,8 @@ class WindowDataset:
     def summary(self, epoch: int = 0, num_workers: int = 0) -> dict[str, Any]:
         """The numbers users care about for this epoch, for logging (per source too, when mixed)."""
         p = self.plan(epoch, num_workers)
-        indexes = [q.index for q in p.plans] if self.sources else [p.index]
-        totals = {k: sum(ix.totals()[k] for ix in indexes) for k in ("sequences", "steps", "short_sequences")}
+        counted = [q.index.totals() for q in p.plans] if self.sources else [p.index.totals()]  # one scan each
+        totals = {k: sum(c[k] for c in counted) for k in ("sequences", "steps", "short_sequences")}
         out = {"shards": sum(len(m.shards) for m in self.manifests), "sequences": totals["sequences"],
                "steps": totals["steps"], "windows_per_epoch": p.total_windows, "dropped_windows": p.dropped_windows,
                "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,

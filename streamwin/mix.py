@@ -27,7 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .plan import Plan, PlanConfig, RestOrder, SliceOrder, WindowIndex, make_plan
+from .plan import (Plan, PlanConfig, RestOrder, SliceOrder, WindowIndex, check_elastic, make_plan, stream_ranges,
+                   worker_batches)
 
 PHI = (5 ** 0.5 - 1) / 2  # the golden ratio's fraction: the offsets j * PHI mod 1 fill [0, 1) evenly
 
@@ -168,8 +169,8 @@ class MixPlan:
 
     def taken(self, stream: int, batches_per_rank: int) -> int:
         """Batches ``stream`` has yielded once its rank took ``batches_per_rank`` (round robin over workers)."""
-        w, n = stream % self.config.workers_per_rank, self.config.workers_per_rank
-        return min(batches_per_rank // n + (w < batches_per_rank % n), self.batches_per_stream)
+        n = self.config.workers_per_rank
+        return min(worker_batches(batches_per_rank, n, stream % n), self.batches_per_stream)
 
     def used(self, batches_per_rank: int) -> np.ndarray:
         """[sources, streams]: windows of each source each stream has yielded after ``batches_per_rank``."""
@@ -187,7 +188,7 @@ def mix_plan(config: PlanConfig, epoch: int, weights: Sequence[float], orders: S
              generation: int = 0) -> MixPlan:
     """Deal each source's order over ``config``'s streams and fix the quotas and batch count J."""
     w = normalized(weights)
-    ranges = [_ranges(o.total, config.num_streams) for o in orders]
+    ranges = [stream_ranges(o.total, config.num_streams) for o in orders]
     quotas = _quotas(config, w, [np.diff(r) for r in ranges])
     per_stream = quotas.sum(axis=0)
     plans = tuple(Plan(config, epoch, index, order, r, int(per_stream[i]), generation, source=i)
@@ -219,17 +220,10 @@ def rest_mix(base: MixPlan, batches_per_rank: int, config: PlanConfig) -> MixPla
     Per source, what each old stream had not yielded (plan.RestOrder over its consumed windows)
     is mixed anew at the same weights over the new streams.
     """
-    old = base.config
-    if config.spec != old.spec or config.seed != old.seed or config.shuffle != old.shuffle:
-        raise ValueError("an elastic resume keeps the window spec, seed and shuffle of the interrupted plan")
+    check_elastic(base.config, config)
     used = base.used(batches_per_rank)
     orders = [RestOrder(p, used=u) for p, u in zip(base.plans, used)]
     return mix_plan(config, base.epoch, base.weights, orders, [p.index for p in base.plans], base.generation + 1)
-
-
-def _ranges(total: int, streams: int) -> np.ndarray:
-    """[S + 1]: stream s owns positions [r[s], r[s + 1]) of an order of ``total`` (sizes differ by at most 1)."""
-    return (np.arange(streams + 1, dtype=np.int64) * total) // streams
 
 
 def _quotas(config: PlanConfig, w: np.ndarray, sizes: list[np.ndarray]) -> np.ndarray:

@@ -25,6 +25,7 @@ from .batch import BatchKeys, BufferPool
 from .dataset import close_stream, open_stream
 from .device import TABLE_BYTES, DeviceBlock, DeviceBytes, DeviceGatherer, Uploader, device_block, table_at
 from .nodes import Batcher, BlockReader
+from .plan import worker_batches
 from .workers import BLOCK, STAT_FIELDS
 
 WindowLoader = Any  # the loader.WindowLoader driving a pass (it imports this module, not the other way)
@@ -166,7 +167,7 @@ class WorkerPass(Pass):
         self.refs = 2  # references to a slot's array when nobody holds it: pool.bases and getrefcount's argument
         self.events = pool.pinned and torch.cuda.is_available()
         j = self.position()
-        pool.start(loader._epoch, [j // n + (w < j % n) for w in range(n)], loader._rest)
+        pool.start(loader._epoch, [worker_batches(j, n, w) for w in range(n)], loader._rest)
 
     def _next(self) -> dict[str, Any]:
         pool, n = self.pool, self.loader.num_workers
@@ -259,7 +260,7 @@ class DeviceWorkerPass(WorkerPass):
         self.batchers = [Batcher(r, gatherer, lambda: None) for r in self.readers]
         j = self.position()
         for w, b in enumerate(self.batchers):
-            b.reset({Batcher.BATCH_KEY: j // n + (w < j % n)})
+            b.reset({Batcher.BATCH_KEY: worker_batches(j, n, w)})
         pool.start(loader._epoch, [r.first for r in self.readers], loader._rest)
 
     def _next(self) -> dict[str, Any]:

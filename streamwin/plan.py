@@ -280,9 +280,8 @@ class Plan:
 
     def consumed(self, stream: int, batches_per_rank: int) -> int:
         """Positions of ``stream`` yielded once its rank has taken ``batches_per_rank`` batches (round robin)."""
-        w, n = stream % self.config.workers_per_rank, self.config.workers_per_rank
-        taken = batches_per_rank // n + (w < batches_per_rank % n)
-        return min(taken, self.batches_per_stream) * self.config.batch_size
+        n = self.config.workers_per_rank
+        return min(worker_batches(batches_per_rank, n, stream % n), self.batches_per_stream) * self.config.batch_size
 
     def block(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray]:
         """(global window indices, real flags) of one block of a stream, in yield order."""
@@ -409,16 +408,30 @@ def rest_plan(base: Plan, batches_per_rank: int, config: PlanConfig) -> Plan:
     new streams cannot take as whole batches (fewer than streams * batch_size) is dropped, or
     with equalize="pad" filled with repeats.
     """
-    if config.spec != base.config.spec or config.seed != base.config.seed or config.shuffle != base.config.shuffle:
-        raise ValueError("an elastic resume keeps the window spec, seed and shuffle of the interrupted plan")
+    check_elastic(base.config, config)
     order = RestOrder(base, batches_per_rank)
     return Plan(config, base.epoch, base.index, order, *_deal(order.total, config), generation=base.generation + 1)
 
 
+def check_elastic(old: PlanConfig, new: PlanConfig) -> None:
+    """Refuse to deal an interrupted epoch's rest under another window spec, seed or shuffle."""
+    if new.spec != old.spec or new.seed != old.seed or new.shuffle != old.shuffle:
+        raise ValueError("an elastic resume keeps the window spec, seed and shuffle of the interrupted plan")
+
+
+def worker_batches(batches_per_rank: int, workers: int, worker: int) -> int:
+    """Batches worker ``worker`` of a rank has yielded once the rank took ``batches_per_rank`` (round robin)."""
+    return batches_per_rank // workers + (worker < batches_per_rank % workers)
+
+
+def stream_ranges(total: int, streams: int) -> np.ndarray:
+    """[S + 1]: stream s owns positions [r[s], r[s + 1]) of an order of ``total`` (sizes differ by at most one)."""
+    return (np.arange(streams + 1, dtype=np.int64) * total) // streams
+
+
 def _deal(total: int, config: PlanConfig) -> tuple[np.ndarray, int]:
     """Cut ``total`` windows into one range per stream (sizes differ by at most one) and the windows each yields."""
-    streams = config.num_streams
-    stream_lo = (np.arange(streams + 1, dtype=np.int64) * total) // streams
+    stream_lo = stream_ranges(total, config.num_streams)
     sizes = np.diff(stream_lo)
     b = config.batch_size
     if config.equalize == "drop":

@@ -10,7 +10,8 @@ A worker writes a batch only into a slot the trainer has released, so a batch th
 still hands out is never overwritten. ``run`` numbers passes: after a pass is abandoned
 midway (persistent workers), the trainer discards and releases what the old pass still
 sends. After an elastic resume, RUN carries the epoch's interrupted runs as a JSON tail
-(once per pass, a few hundred bytes), from which the worker plans the rest of the epoch. A worker ignores SIGINT (the trainer stops it) and exits when the trainer dies.
+(once per pass, a few hundred bytes), from which the worker plans the rest of the epoch.
+A worker ignores SIGINT (the trainer stops it) and exits when the trainer dies.
 """
 from __future__ import annotations
 
