@@ -288,7 +288,7 @@ class ShardSource:
         """
         pos = np.zeros(len(lo) + 1, dtype=np.int64)
         np.cumsum(hi - lo, out=pos[1:])
-        buf = _anonymous(int(pos[-1]) + tail)  # zeroed: the tail too
+        buf = mapped.anonymous(int(pos[-1]) + tail)  # zeroed: the tail too
         runs = [(int(shard[j]), int(lo[j]), memoryview(buf)[pos[j] : pos[j + 1]]) for j in range(len(lo))]
 
         def fill(k: int, a: int, b: int, at: int) -> ShardError | None:
@@ -425,7 +425,7 @@ class ShardSource:
         nbytes = np.where(shared, 0, (b - a) * sb)
         pos = np.zeros(len(p.seq) + 1, dtype=np.int64)
         np.cumsum(nbytes, out=pos[1:])
-        buf = _anonymous(int(pos[-1]) + span_bytes)  # zero-filled, given back to the system when dropped
+        buf = mapped.anonymous(int(pos[-1]) + span_bytes)  # zero-filled, given back to the system when dropped
         good = np.full(len(p.seq), READABLE, dtype=np.int64)
         own = np.flatnonzero(~shared)
         f0, f1 = self._frames_cached(p.seq[own], a[own], b[own], framed[own], buf, pos[own])
@@ -537,7 +537,7 @@ class ShardSource:
             r1 = r0 + max(1, int(np.searchsorted(sizes, RAW_BATCH, side="right")))
             pos = np.zeros(r1 - r0 + 1, dtype=np.int64)
             np.cumsum(run_hi[r0:r1] - run_lo[r0:r1], out=pos[1:])
-            raw = _anonymous(int(pos[-1]))
+            raw = mapped.anonymous(int(pos[-1]))
             runs = [(int(shard[first[r]]), int(run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
                     for r in range(r0, r1)]
             for r, err in zip(range(r0, r1), self._read_many(runs)):
@@ -715,15 +715,6 @@ class ShardSource:
         return self.ranges.read_into(path, offset, out)
 
 
-def _anonymous(nbytes: int) -> np.ndarray:
-    """``nbytes`` of zeroed memory mapped for this use alone, unmapped when the last view is dropped.
-
-    Blocks vary in size; from malloc, their buffers would leave the heap fragmented and the
-    process's memory growing with the epoch (it did, with the length of a sequence).
-    """
-    return mapped.anonymous(nbytes)
-
-
 def _fill(src, out: memoryview) -> int:
     """Read from stream ``src`` into ``out`` until it is full or the stream ends; the bytes read."""
     got = 0
@@ -764,7 +755,7 @@ class _FrameCache:
             _, evicted = self.entries.popitem(last=False)
             self.nbytes -= len(evicted)
             spare = evicted if len(evicted) == size else spare
-        return spare if spare is not None and len(spare) == size else _anonymous(size)
+        return spare if spare is not None and len(spare) == size else mapped.anonymous(size)
 
     def keep(self, key: tuple[int, int], frame: np.ndarray) -> None:
         self.entries[key] = frame
