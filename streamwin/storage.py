@@ -29,15 +29,19 @@ T = TypeVar("T")
 
 
 def url_to_fs(url: str, storage_options: dict[str, Any] | None = None, *,
-              own_retries: bool = False) -> tuple[fsspec.AbstractFileSystem, str]:
+              own_retries: bool = False, fresh: bool = False) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, path inside it) for a URL or a local path.
 
     ``own_retries``: the caller retries transient errors itself (reads do), so the filesystem
     must not retry inside each attempt: for s3, botocore's retries are turned off and s3fs'
     own loop cut to one attempt, unless ``config_kwargs`` sets ``retries``.
+    ``fresh``: for http(s), a filesystem of its own (not fsspec's cached instance), whose
+    aiohttp session reuses no keep-alive connection of an earlier request.
     """
     url = str(url)
     opts = dict(storage_options or {})
+    if fresh and fsspec.core.split_protocol(url)[0] in ("http", "https"):
+        opts["skip_instance_cache"] = True
     quiet = own_retries and fsspec.core.split_protocol(url)[0] in ("s3", "s3a")
     if quiet:
         config = dict(opts.get("config_kwargs") or {})
@@ -168,7 +172,9 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     memory-mapped where it is a local file; a remote one is mapped from the local path
     ``fetch_columns(url, fs, path, entry)`` returns (the node cache), else read into memory.
     """
-    fs, root = url_to_fs(url, storage_options, own_retries=True)
+    # a session of its own: a manifest load through fsspec's shared http session once waited forever on a
+    # pooled keep-alive connection (a loopback server in a process that forks workers; seen in CI)
+    fs, root = url_to_fs(url, storage_options, own_retries=True, fresh=True)
     path = join(root, name)
     where = f"{url.rstrip('/')}/{name}"
     try:
