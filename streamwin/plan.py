@@ -367,12 +367,12 @@ class RestOrder:
         v = np.asarray(v, dtype=np.int64)
         r = np.searchsorted(self.row_pos, v, side="right") - 1
         out = np.empty(len(v), dtype=np.int64)
-        for row in np.unique(r):
-            s, b, skip = (int(x) for x in self.rows[row])
-            g, real = self.base.block(s, b)
-            left = g[skip:][real[skip:]]
-            pick = r == row
-            out[pick] = left[v[pick] - self.row_pos[row]]
+        runs = np.concatenate([[0], np.flatnonzero(np.diff(r)) + 1, [len(v)]]).tolist() if len(v) else []
+        for a, b in zip(runs[:-1], runs[1:]):  # a block asks for consecutive positions: a few runs of one row each
+            row = int(r[a])
+            s, block, skip = self.rows[row].tolist()
+            g, real = self.base.block(s, block)
+            out[a:b] = g[skip:][real[skip:]][v[a:b] - self.row_pos[row]]
         return out
 
 

@@ -287,12 +287,14 @@ def test_rest_of_an_epoch_dealt_over_another_world_yields_each_left_window_once(
     taken = data.draw(st.integers(0, base.batches_per_rank))
     before, left = yielded(base, taken)
     rest = rest_plan(base, taken, new)
-    got = [(q, s) for rows in all_streams(rest) for q, s, r in rows if r]
-    repeats = [(q, s) for rows in all_streams(rest) for q, s, r in rows if not r]
-    assert all(len(rows) == rest.windows_per_stream for rows in all_streams(rest))  # equal steps
+    streams = all_streams(rest)
+    got = [(q, s) for rows in streams for q, s, r in rows if r]
+    repeats = [(q, s) for rows in streams for q, s, r in rows if not r]
+    assert all(len(rows) == rest.windows_per_stream for rows in streams)  # equal steps
     assert rest.windows_per_stream % new.batch_size == 0
     assert len(got) == len(set(got)) and not set(got) & set(before), "a window twice in one epoch"
-    assert set(got) <= set(left) and set(repeats) <= set(left)
+    left_set = set(left)
+    assert set(got) <= left_set and set(repeats) <= left_set
     if new.equalize == "pad":
         assert sorted(got) == sorted(left)
     else:
