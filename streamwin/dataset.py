@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -448,12 +449,15 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
 def _open_mixed(ds: WindowDataset, plan: MixPlan, stream: int, first_batch: int,
                 next_buffer: Callable[[], dict[str, np.ndarray]] | None, *, prefetch: bool, transform: Callable | None,
                 gatherer) -> tuple[MixBatcher | ThreadPrefetcher, "SourceGroup"]:
-    """A mixed dataset's stream: one block reader per source, batches filled by their quotas."""
-    if transform is not None or gatherer is not None:
-        raise NotImplementedError("device mode does not mix datasets yet: use device=None and move batches yourself")
+    """A mixed dataset's stream: one block reader per source, batches filled by their quotas.
+
+    ``transform(block, source=i)`` runs on source i's read-ahead thread (device mode uploads there).
+    """
     sources = [open_source(src) for src in ds.sources]
-    readers = [BlockReader(source, p, stream, readahead=ds.readahead) for source, p in zip(sources, plan.plans)]
-    node: MixBatcher | ThreadPrefetcher = MixBatcher(readers, plan.quotas, Gatherer(ds.manifest, ds.spec),
+    readers = [BlockReader(source, p, stream, readahead=ds.readahead,
+                           transform=None if transform is None else partial(transform, source=i))
+               for i, (source, p) in enumerate(zip(sources, plan.plans))]
+    node: MixBatcher | ThreadPrefetcher = MixBatcher(readers, plan.quotas, gatherer or Gatherer(ds.manifest, ds.spec),
                                                      next_buffer or (lambda: None))
     if prefetch and ds.prefetch > 0:
         node = ThreadPrefetcher(node, depth=ds.prefetch)

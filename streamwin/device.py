@@ -8,7 +8,9 @@ does), so a step pays a few kernel launches, never a copy, and overlapping windo
 (stride < window) cross PCIe once instead of window/stride times.
 
 Batches are bit for bit those of the CPU path. With ``device="cpu"`` the same code runs
-on the CPU (that is how CI tests it). Device memory holds at most the blocks in flight:
+on the CPU (that is how CI tests it). A mixed dataset's blocks carry their source: one
+gather spans several sources' blocks, and ``batch["source"]`` is cut on the device from a
+small id tensor made once (no per-batch upload). Device memory holds at most the blocks in flight:
 the one being batched, ``readahead`` ahead, and one whose last batch may still be in use;
 ``stats()`` reports the peak.
 """
@@ -38,6 +40,7 @@ class DeviceBlock:
     valid_cpu: np.ndarray
     seq: np.ndarray  # manifest index of each window's sequence (for the keys)
     ready: Any = None  # CUDA event: the upload is done
+    source: int = 0  # a mixed dataset's source the block belongs to
     waited: bool = False  # the trainer's stream waits for ``ready`` (once)
     rows: dict = field(default_factory=dict)
 
@@ -61,14 +64,14 @@ def table_at(nbytes: int) -> int:
     return nbytes + (-nbytes % 8)
 
 
-def device_block(dev: torch.Tensor, nbytes: int, table: np.ndarray, ready=None) -> DeviceBlock:
+def device_block(dev: torch.Tensor, nbytes: int, table: np.ndarray, ready=None, source: int = 0) -> DeviceBlock:
     """A DeviceBlock over ``dev`` (bytes, then the table at ``table_at``); ``table`` is the table's CPU copy."""
     w = len(table) // TABLE_BYTES
     t, at = dev[table_at(nbytes) : table_at(nbytes) + len(table)], 8 * w
     cpu = table[: 32 * w].view(np.int64)
     return DeviceBlock(buf=dev[:nbytes], offs=t[:at].view(torch.int64), start=t[at : 2 * at].view(torch.int64),
                        valid=t[2 * at : 3 * at].view(torch.int64), weight=t[4 * at :].view(torch.float32),
-                       valid_cpu=cpu[2 * w : 3 * w], seq=cpu[3 * w : 4 * w], ready=ready)
+                       valid_cpu=cpu[2 * w : 3 * w], seq=cpu[3 * w : 4 * w], ready=ready, source=source)
 
 
 class DeviceBytes:
@@ -92,12 +95,14 @@ class DeviceBytes:
             self.live_bytes -= nbytes
 
 
-class Uploader(DeviceBytes):
-    """Runs on the read-ahead thread: a CPU Block in, a DeviceBlock out (the CPU buffer released)."""
+class Uploader:
+    """Runs on a read-ahead thread: a CPU Block of source ``index`` in, a DeviceBlock out (released to ``source``).
 
-    def __init__(self, device: torch.device, source, staging: int = 2):
-        super().__init__()
-        self.device, self.source = device, source
+    A mixed stream has one per source (each on its reader's thread); ``counter`` may be shared.
+    """
+
+    def __init__(self, device: torch.device, source, counter: DeviceBytes, index: int = 0, staging: int = 2):
+        self.device, self.source, self.counter, self.index = device, source, counter, index
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._staging: list[list] = [[None, None] for _ in range(staging)]  # [pinned tensor, event of its last copy]
@@ -118,8 +123,8 @@ class Uploader(DeviceBytes):
                 ready.record(self.stream)
             self._slot[1] = ready
         self.source.release(block)
-        self.count(dev, total)
-        return device_block(dev, n, table, ready)
+        self.counter.count(dev, total)
+        return device_block(dev, n, table, ready, self.index)
 
     def _upload_buffers(self, total: int) -> tuple[torch.Tensor, np.ndarray]:
         """(the block's device buffer, host memory to fill): on the CPU they are one and the same."""
@@ -145,12 +150,19 @@ class Uploader(DeviceBytes):
 class DeviceGatherer:
     """Cuts a batch's windows out of DeviceBlocks on the device; returns the batch dict."""
 
-    def __init__(self, manifest, spec, device: torch.device, with_weight: bool):
+    def __init__(self, manifest, spec, device: torch.device, with_weight: bool, *, mixed: list | None = None,
+                 batch_size: int = 0):
+        """``mixed``: a mixed dataset's manifests, one per source (batches then get ``source``)."""
         self.manifest, self.spec, self.device, self.with_weight = manifest, spec, device, with_weight
+        self.mixed = mixed
         self.sb = manifest.step_bytes
         self.dtype = torch.from_numpy(np.zeros(0, dtype=manifest.dtype)).dtype
         self.step_shape = tuple(manifest.step_shape)
         self._ranges = {n: torch.arange(n, device=device) for n in {spec.window, spec.horizon} if n}
+        # source i's ids are rows [i * B, (i + 1) * B): a part's source column is a slice, cut on the device
+        self._ids = None if mixed is None else \
+            torch.arange(len(mixed), dtype=torch.int64, device=device).repeat_interleave(batch_size)
+        self._b = batch_size
 
     def gather(self, parts: list[tuple[DeviceBlock, int, int]], out=None) -> dict[str, Any]:
         """The batch of the windows ``lo:hi`` of each part, cut on the device (``out`` is unused)."""
@@ -176,9 +188,16 @@ class DeviceGatherer:
                     batch["y"].masked_fill_(~_expand(batch["y_mask"], batch["y"]), 0)
         batch["start"] = self._cat(parts, "start")
         seq = np.concatenate([b.seq[lo:hi] for b, lo, hi in parts])
-        batch["key"] = BatchKeys(manifest=self.manifest, seq=seq)
+        if self.mixed is None:
+            batch["key"] = BatchKeys(manifest=self.manifest, seq=seq)
+        else:
+            source = np.concatenate([np.full(hi - lo, b.source, dtype=np.int64) for b, lo, hi in parts])
+            batch["key"] = BatchKeys(manifest=self.mixed, seq=seq, source=source)
         if self.with_weight:
             batch["weight"] = self._cat(parts, "weight")
+        if self.mixed is not None:  # a copy even for one part: the id tensor is reused by every batch
+            batch["source"] = torch.cat([self._ids[b.source * self._b : b.source * self._b + hi - lo]
+                                         for b, lo, hi in parts])
         return batch
 
     def _cat(self, parts, name: str) -> torch.Tensor:

@@ -109,9 +109,6 @@ class WindowLoader:
                  multiprocessing_context: str | None = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
-        if device is not None and dataset.sources:
-            raise NotImplementedError("device= does not mix datasets yet: load a mixed WindowDataset with device=None "
-                                      "(pin_memory=True) and move each batch with .to(device, non_blocking=True)")
         if kwargs.get("batch_size") is not None:
             raise ValueError("set batch_size on the WindowDataset: batches are formed inside the streams")
         kwargs.pop("batch_size", None)
@@ -121,6 +118,8 @@ class WindowLoader:
             num_workers = default_workers(multiprocessing_context)
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        if device is not None and dataset.sources and num_workers:
+            raise NotImplementedError("device= mixes datasets in-process only yet: pass num_workers=0")
         pf = 2 if prefetch_factor is None else prefetch_factor
         if isinstance(pf, bool) or not isinstance(pf, (int, np.integer)) or pf < 1:
             raise ValueError(f"prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")

@@ -177,7 +177,8 @@ class MixBatcher(BaseNode[dict]):
             done += [(reader, block) for block in finished]
         self._batch += 1
         batch = self.gatherer.gather(parts, self.next_buffer())  # copies: no field is a view of a block buffer
-        batch["source"][:] = np.repeat(np.arange(len(self.readers), dtype=np.int64), self.quotas[j])
+        if isinstance(batch["source"], np.ndarray):  # the CPU gather leaves it; the device one cuts it from block tags
+            batch["source"][:] = np.repeat(np.arange(len(self.readers), dtype=np.int64), self.quotas[j])
         for reader, block in done:
             reader.release(block)
         return batch

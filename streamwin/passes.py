@@ -220,17 +220,26 @@ class WorkerPass(Pass):
 
 
 class DevicePass(LocalPass):
-    """The rank's one stream in this process, its blocks uploaded once and windows cut on the device."""
+    """The rank's one stream in this process, its blocks uploaded once and windows cut on the device.
+
+    A mixed stream has one reader per source, each uploading on its own read-ahead thread with
+    its own Uploader (which releases the CPU block to that source's reader).
+    """
 
     def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
         Pass.__init__(self, loader, plan, world)
+        self.device_bytes = self._counter = DeviceBytes()  # every source's uploads (kept by uploads after close)
+        self._uploaders: dict[int, Uploader] = {}
         self.node, self.source = open_stream(loader.dataset, plan, world[0], self.position(), None, prefetch=False,
                                              transform=self._upload, gatherer=_device_gatherer(loader))
 
-    def _upload(self, block):
-        if self.device_bytes is None:  # the Uploader is made on the read-ahead thread, where the uploads run
-            self.device_bytes = Uploader(self.loader.device, self.source)
-        return self.device_bytes(block)
+    def _upload(self, block, source: int = 0) -> DeviceBlock:
+        """On source ``source``'s read-ahead thread: upload a block (its Uploader is made there, where uploads run)."""
+        up = self._uploaders.get(source)
+        if up is None:
+            shard_source = getattr(self.source, "sources", [self.source])[source]  # a mixed stream's SourceGroup
+            up = self._uploaders[source] = Uploader(self.loader.device, shard_source, self._counter, source)
+        return up(block)
 
     def _next(self) -> dict[str, Any]:
         return next(self.node)
@@ -238,7 +247,8 @@ class DevicePass(LocalPass):
 
 def _device_gatherer(loader: WindowLoader) -> DeviceGatherer:
     ds = loader.dataset
-    return DeviceGatherer(ds.manifest, ds.spec, loader.device, with_weight=ds.layout().has("weight"))
+    return DeviceGatherer(ds.manifest, ds.spec, loader.device, with_weight=ds.layout().has("weight"),
+                          mixed=ds.manifests if ds.sources else None, batch_size=ds.batch_size)
 
 
 class DeviceWorkerPass(WorkerPass):
