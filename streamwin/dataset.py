@@ -26,7 +26,7 @@ from .cache import ShardCache
 from .errors import StateMismatchError
 from .manifest import Manifest
 from .mix import MixPlan, normalized, plan_epoch, rest_mix
-from .nodes import Batcher, BlockReader, MixBatcher, ThreadPrefetcher
+from .nodes import Batcher, BlockReader, MixBatcher, ShipOrder, ThreadPrefetcher
 from .plan import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan, rest_plan
 from .read import ReadStats, ShardSource, zstd_slice_windows
 from .split import SplitSpec, split_views
@@ -486,15 +486,20 @@ def open_source(ds: WindowDataset) -> ShardSource:
                        backoff=ds.retry_backoff, on_error=ds.on_error, cache=ds._cache())
 
 
-def open_blocks(ds: WindowDataset, plan: Plan, stream: int, first_block: int) -> tuple[BlockReader, ShardSource]:
-    """Stream ``stream``'s blocks of ``plan`` from block ``first_block`` on (device mode ships them whole)."""
-    source = open_source(ds)
-    reader = BlockReader(source, plan, stream, readahead=ds.readahead)
-    reader.reset({BlockReader.BLOCK_KEY: first_block})
-    return reader, source
+def open_blocks(ds: WindowDataset, plan: Plan | MixPlan, stream: int, first_batch: int) -> tuple[ShipOrder,
+                                                                                             "ShardSource | SourceGroup"]:
+    """Every source's blocks of stream ``stream`` that its batches from ``first_batch`` on read, in the
+    order they read them (device mode: workers ship blocks whole)."""
+    if ds.sources:
+        sources, plans, quotas = [open_source(src) for src in ds.sources], plan.plans, plan.quotas
+    else:
+        sources, plans = [open_source(ds)], [plan]
+        quotas = np.full((plan.batches_per_stream, 1), plan.config.batch_size, dtype=np.int64)
+    readers = [BlockReader(source, p, stream, readahead=ds.readahead) for source, p in zip(sources, plans)]
+    return ShipOrder(readers, quotas, first_batch), SourceGroup(sources) if ds.sources else sources[0]
 
 
-def close_stream(node: Batcher | MixBatcher | ThreadPrefetcher | BlockReader | None) -> None:
+def close_stream(node: Batcher | MixBatcher | ThreadPrefetcher | ShipOrder | None) -> None:
     """Stop a stream's threads (read-ahead, prefetch)."""
     if node is not None:
         node.close()

@@ -118,8 +118,6 @@ class WindowLoader:
             num_workers = default_workers(multiprocessing_context)
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
-        if device is not None and dataset.sources and num_workers:
-            raise NotImplementedError("device= mixes datasets in-process only yet: pass num_workers=0")
         pf = 2 if prefetch_factor is None else prefetch_factor
         if isinstance(pf, bool) or not isinstance(pf, (int, np.integer)) or pf < 1:
             raise ValueError(f"prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")

@@ -192,6 +192,52 @@ class MixBatcher(BaseNode[dict]):
             reader.close()
 
 
+def block_order(quotas: np.ndarray, block_windows: int, first_batch: int) -> np.ndarray:
+    """(source, block) rows: the blocks a MixBatcher reset to ``first_batch`` reads, in the order it reads them.
+
+    Block k of source i is read by the first batch whose windows of source i reach past
+    max(k * block_windows, the source's position at ``first_batch``); in one batch, sources go
+    in order, as its parts do. A device worker sends its blocks in this order, so the trainer
+    never waits for a block behind blocks it needs only later. One source: quotas [J, 1] of B.
+    """
+    cum = np.zeros((len(quotas) + 1, quotas.shape[1]), dtype=np.int64)
+    np.cumsum(quotas, axis=0, out=cum[1:])
+    j0 = min(first_batch, len(quotas))
+    rows = [np.zeros((0, 3), dtype=np.int64)]
+    for i in range(quotas.shape[1]):
+        pos, end = int(cum[j0, i]), int(cum[-1, i])
+        if pos >= end:
+            continue
+        k = np.arange(pos // block_windows, -(-end // block_windows), dtype=np.int64)
+        need = np.searchsorted(cum[:, i], np.maximum(k * block_windows, pos), side="right") - 1
+        rows.append(np.stack([need, np.full(len(k), i), k], axis=1))
+    rows = np.concatenate(rows)
+    return rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))][:, 1:]
+
+
+class ShipOrder:
+    """A device worker's blocks of every source, as (source, block), in the order its stream's batcher reads them."""
+
+    def __init__(self, readers: list[BlockReader], quotas: np.ndarray, first_batch: int):
+        self.readers = readers
+        self.order = block_order(quotas, readers[0].plan.config.block_windows, first_batch)
+        for i, reader in enumerate(readers):
+            mine = self.order[self.order[:, 0] == i, 1]
+            reader.reset({BlockReader.BLOCK_KEY: int(mine[0]) if len(mine) else reader.plan.num_blocks(reader.stream)})
+
+    def __iter__(self):
+        for i, _ in self.order:
+            yield int(i), next(self.readers[i])
+
+    def release(self, source: int, block: Block) -> None:
+        self.readers[source].release(block)
+
+    def close(self) -> None:
+        """Stop every source's read-ahead thread."""
+        for reader in self.readers:
+            reader.close()
+
+
 class ThreadPrefetcher(BaseNode[dict]):
     """Runs its source on a background thread, ``depth`` items ahead.
 

@@ -24,7 +24,7 @@ from torchdata.nodes import BaseNode
 from .batch import BatchKeys, BufferPool
 from .dataset import close_stream, open_stream
 from .device import TABLE_BYTES, DeviceBlock, DeviceBytes, DeviceGatherer, Uploader, device_block, table_at
-from .nodes import Batcher, BlockReader
+from .nodes import Batcher, BlockReader, MixBatcher
 from .plan import worker_batches
 from .workers import BLOCK, STAT_FIELDS
 
@@ -254,7 +254,8 @@ def _device_gatherer(loader: WindowLoader) -> DeviceGatherer:
 class DeviceWorkerPass(WorkerPass):
     """Device mode with workers: they read blocks and send them in chunks; this process uploads
     each chunk as it arrives (from its page-locked slot, on a side stream) and cuts the windows
-    on the device. Streams are batched round robin, as in WorkerPass."""
+    on the device. Streams are batched round robin, as in WorkerPass; a mixed stream's blocks
+    arrive in the order its MixBatcher reads them, each tagged with its source."""
 
     def __init__(self, loader: WindowLoader, plan, world: tuple[int, int]):
         Pass.__init__(self, loader, plan, world)
@@ -264,23 +265,29 @@ class DeviceWorkerPass(WorkerPass):
         self.cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
         self.device_bytes = DeviceBytes()
-        self.ahead = max(1, ds.readahead)  # blocks uploaded ahead per stream: device memory stays bounded
+        plans = plan.plans if ds.sources else [plan]
+        # blocks uploaded ahead per worker, counted in the order they are read: device memory stays bounded
+        self.ahead = max(1, ds.readahead) * len(plans)
         gatherer = _device_gatherer(loader)
-        self.readers = [RemoteBlocks(self, w, plan, world[0] * n + w) for w in range(n)]
-        self.batchers = [Batcher(r, gatherer, lambda: None) for r in self.readers]
-        j = self.position()
-        for w, b in enumerate(self.batchers):
-            b.reset({Batcher.BATCH_KEY: worker_batches(j, n, w)})
-        pool.start(loader._epoch, [r.first for r in self.readers], loader._rest)
+        self.inboxes = [Inbox(self, w, len(plans)) for w in range(n)]
+        self.batchers: list[Batcher | MixBatcher] = []
+        for w, inbox in enumerate(self.inboxes):
+            readers = [RemoteBlocks(inbox, i, p, world[0] * n + w) for i, p in enumerate(plans)]
+            self.batchers.append(MixBatcher(readers, plan.quotas, gatherer, lambda: None) if ds.sources
+                                 else Batcher(readers[0], gatherer, lambda: None))
+        first = [worker_batches(self.position(), n, w) for w in range(n)]
+        for batcher, j in zip(self.batchers, first):
+            batcher.reset({Batcher.BATCH_KEY: j})
+        pool.start(loader._epoch, first, loader._rest)
 
     def _next(self) -> dict[str, Any]:
         self._recycle()
-        for r in self.readers:  # take in what has arrived: uploads overlap the training step
-            r.pump()
+        for inbox in self.inboxes:  # take in what has arrived: uploads overlap the training step
+            inbox.pump()
         return next(self.batchers[self.position() % self.loader.num_workers])
 
-    def begin_block(self, nbytes: int, windows: int) -> dict[str, Any]:
-        """A device buffer for a block about to arrive: its bytes, then its window table."""
+    def begin_block(self, nbytes: int, windows: int, source: int) -> dict[str, Any]:
+        """A device buffer for a block of ``source`` about to arrive: its bytes, then its window table."""
         total = table_at(nbytes) + TABLE_BYTES * windows
         if self.cuda:
             with torch.cuda.stream(self.side):
@@ -289,7 +296,7 @@ class DeviceWorkerPass(WorkerPass):
             dev = torch.empty(total, dtype=torch.uint8, device=self.device)
         self.device_bytes.count(dev, total)
         return {"dev": dev, "nbytes": nbytes, "table": np.empty(TABLE_BYTES * windows, dtype=np.uint8), "got": 0,
-                "ready": None}
+                "ready": None, "source": source}
 
     def add_chunk(self, block: dict[str, Any], w: int, slot: int, k: int) -> bool:
         """Upload one chunk (the table comes first, then the bytes); True when the block is complete."""
@@ -313,45 +320,55 @@ class DeviceWorkerPass(WorkerPass):
         return block["got"] == tlen + block["nbytes"]
 
 
-class RemoteBlocks(BaseNode):
-    """Worker ``w``'s blocks, assembled on the device as its chunks arrive (the reader of a Batcher)."""
+class Inbox:
+    """Worker ``w``'s blocks as they arrive: each assembled on the device, then filed under its source."""
 
-    def __init__(self, owner: DeviceWorkerPass, w: int, plan, stream: int):
-        super().__init__()
-        self.owner, self.w, self.plan, self.stream = owner, w, plan, stream
-        self.first = self.k = 0
-        self.ready: deque = deque()
+    def __init__(self, owner: DeviceWorkerPass, w: int, sources: int):
+        self.owner, self.w = owner, w
+        self.ready: list[deque] = [deque() for _ in range(sources)]
         self.partial: dict[str, Any] | None = None
+
+    def take(self, source: int) -> DeviceBlock:
+        """Source ``source``'s next block, waiting for it (blocks arrive in the order they are taken)."""
+        while not self.ready[source]:
+            self.pump(wait=True)
+        return self.ready[source].popleft()
+
+    def pump(self, wait: bool = False) -> None:
+        """Upload what has arrived, up to ``owner.ahead`` blocks; with ``wait``, until one more whole block is in."""
+        owner = self.owner
+        while wait or self.partial is not None or sum(map(len, self.ready)) < owner.ahead:
+            msg = owner.pool.receive(self.w, owner._recycle, wait=wait)
+            if msg is None:
+                return
+            kind, a, b, c = msg
+            if kind == BLOCK:
+                self.partial = owner.begin_block(a, b, c)
+            elif owner.add_chunk(self.partial, self.w, a, b):
+                p, self.partial = self.partial, None
+                self.ready[p["source"]].append(device_block(p["dev"], p["nbytes"], p["table"], p["ready"], p["source"]))
+                if wait:
+                    return
+
+
+class RemoteBlocks(BaseNode):
+    """Source ``source``'s blocks of a worker's stream, from its Inbox (the reader of a Batcher or MixBatcher)."""
+
+    def __init__(self, inbox: Inbox, source: int, plan, stream: int):
+        super().__init__()
+        self.inbox, self.source, self.plan, self.stream = inbox, source, plan, stream
+        self.k = 0
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        self.first = self.k = int(initial_state[BlockReader.BLOCK_KEY]) if initial_state else 0
-        self.ready.clear()
-        self.partial = None
+        self.k = int(initial_state[BlockReader.BLOCK_KEY]) if initial_state else 0
+        self.inbox.ready[self.source].clear()
 
     def next(self) -> DeviceBlock:
         if self.k >= self.plan.num_blocks(self.stream):
             raise StopIteration
-        while not self.ready:
-            self.pump(wait=True)
         self.k += 1
-        return self.ready.popleft()
-
-    def pump(self, wait: bool = False) -> None:
-        """Upload what has arrived; with ``wait``, until a whole block is on the device."""
-        owner = self.owner
-        while wait or self.partial is not None or len(self.ready) < owner.ahead:
-            msg = owner.pool.receive(self.w, owner._recycle, wait=wait)
-            if msg is None:
-                return
-            kind, a, b = msg
-            if kind == BLOCK:
-                self.partial = owner.begin_block(a, b)
-            elif owner.add_chunk(self.partial, self.w, a, b):
-                p, self.partial = self.partial, None
-                self.ready.append(device_block(p["dev"], p["nbytes"], p["table"], p["ready"]))
-                if wait:
-                    return
+        return self.inbox.take(self.source)
 
     def release(self, block) -> None:
         pass  # the device buffer goes when its last batch does

@@ -1,10 +1,15 @@
 """Worker processes that gather batches into shared-memory slots; the trainer receives slot numbers.
 
 Each worker runs one stream of the plan per pass. The trainer and a worker talk over one
-pipe, in fixed 25-byte messages (no pickling per batch):
+pipe, in fixed 33-byte messages (no pickling per batch):
 
     trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slot) | STOP
     worker -> trainer   READY | BATCH(run, slot)      | an error, as JSON (rare)
+    device mode         BLOCK(run, bytes, windows, source), then CHUNK(run, slot, bytes) ...
+
+In device mode a worker ships whole blocks instead of batches, every source's of a mixed
+stream, in the order its batcher will read them (``nodes.block_order``): the trainer files
+each under its source and never waits for a block queued behind ones it needs later.
 
 A worker writes a batch only into a slot the trainer has released, so a batch the trainer
 still hands out is never overwritten. ``run`` numbers passes: after a pass is abandoned
@@ -35,7 +40,7 @@ from . import errors
 from .errors import ShardError, WorkerError
 from .slots import SharedFile, SharedHandle, SlotLayout
 
-_MSG = struct.Struct("<Bqqq")
+_MSG = struct.Struct("<Bqqqq")
 READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING, BLOCK, CHUNK = 1, 2, 3, 4, 5, 0, 6, 7, 8
 CHUNK_BYTES = 4 << 20  # slot size when workers ship blocks
 _SEND = threading.Lock()  # the read-ahead thread may send a warning while the main thread sends a batch
@@ -46,7 +51,7 @@ POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 class _Interrupted(Exception):
     """A command arrived while a pass was running."""
 
-    def __init__(self, msg: tuple[int, int, int, int]):
+    def __init__(self, msg: tuple):
         self.msg = msg
 
 
@@ -54,9 +59,9 @@ class _ParentGone(Exception):
     """The trainer process died."""
 
 
-def _send(conn, tag: int, a: int = 0, b: int = 0, c: int = 0) -> None:
+def _send(conn, tag: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0) -> None:
     with _SEND:
-        conn.send_bytes(_MSG.pack(tag, a, b, c))
+        conn.send_bytes(_MSG.pack(tag, a, b, c, d))
 
 
 def _forward_warnings(conn) -> None:
@@ -69,7 +74,7 @@ def _forward_warnings(conn) -> None:
 
 
 def _unpack(data: bytes) -> tuple:
-    """A trainer's message: (tag, a, b, c), and for RUN the epoch's interrupted runs (a list, maybe empty)."""
+    """A trainer's message: (tag, a, b, c, d), and for RUN the epoch's interrupted runs (a list, maybe empty)."""
     msg = _MSG.unpack(data[: _MSG.size])
     if msg[0] == RUN:
         return (*msg, json.loads(data[_MSG.size :]) if len(data) > _MSG.size else [])
@@ -92,7 +97,8 @@ def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], share
     """A worker process: map the slots, then run the passes the trainer asks for.
 
     ``ship_blocks`` (device mode): instead of gathering batches, stream each block's window
-    table and bytes through the slots in chunks; the trainer uploads them and cuts the windows.
+    table and bytes through the slots in chunks, in the order the trainer's batcher reads
+    them; the trainer uploads them and cuts the windows.
     """
     import torch
 
@@ -117,7 +123,7 @@ def worker_main(ds, num_workers: int, worker: int, world: tuple[int, int], share
             if msg[0] == RELEASE:
                 slots.free.append(msg[1])
                 continue
-            _, run, epoch, first, rest = msg
+            _, run, epoch, first, _, rest = msg
             key = json.dumps([epoch, rest])
             if key not in plans:
                 plans.clear()
@@ -157,15 +163,15 @@ class _Slots:
 
 
 def _run_pass(ds, plan, stream: int, run: int, first: int, slots: _Slots, counters: np.ndarray,
-              totals: np.ndarray, ship_blocks: bool) -> tuple[int, int, int, int] | None:
+              totals: np.ndarray, ship_blocks: bool) -> tuple | None:
     """One pass of a stream into free slots; returns a command that interrupted it, or None."""
     node = source = None
     try:
         if ship_blocks:
             node, source = open_blocks(ds, plan, stream, first)
-            for block in node:
-                _ship(block, slots, run)
-                node.release(block)
+            for i, block in node:
+                _ship(block, slots, run, i)
+                node.release(i, block)
                 counters[: len(STAT_FIELDS)] = totals + _stats(source)
         else:
             node, source = open_stream(ds, plan, stream, first, slots.take, prefetch=False)
@@ -189,10 +195,10 @@ def _run_pass(ds, plan, stream: int, run: int, first: int, slots: _Slots, counte
             counters[: len(STAT_FIELDS)] = totals
 
 
-def _ship(block, slots: _Slots, run: int) -> None:
-    """BLOCK(bytes, windows), then the window table and the bytes in slot-sized CHUNKs."""
+def _ship(block, slots: _Slots, run: int, source: int) -> None:
+    """BLOCK(bytes, windows, source), then the window table and the bytes in slot-sized CHUNKs."""
     table = window_table(block)
-    _send(slots.conn, BLOCK, run, len(block.buf), len(block))
+    _send(slots.conn, BLOCK, run, len(block.buf), len(block), source)
     for part in (table, block.buf):
         for pos in range(0, len(part), len(slots.slots[0])):
             dest = slots.take()
@@ -279,14 +285,14 @@ class WorkerPool:
         tail = json.dumps(list(rest_of)).encode() if rest_of else b""
         for w, conn in enumerate(self.conns):
             with _SEND:
-                conn.send_bytes(_MSG.pack(RUN, self.run, epoch, first_batches[w]) + tail)
+                conn.send_bytes(_MSG.pack(RUN, self.run, epoch, first_batches[w], 0) + tail)
 
     def take(self, w: int, on_wait: Callable[[], None]) -> int:
         """The slot holding worker ``w``'s next batch of the current pass; ``on_wait`` runs while waiting."""
         return self.receive(w, on_wait)[1]
 
-    def receive(self, w: int, on_wait: Callable[[], None], wait: bool = True) -> tuple[int, int, int] | None:
-        """Worker ``w``'s next BATCH(slot, 0), BLOCK(bytes, windows) or CHUNK(slot, bytes) of the current pass.
+    def receive(self, w: int, on_wait: Callable[[], None], wait: bool = True) -> tuple[int, int, int, int] | None:
+        """Worker ``w``'s next BATCH(slot, 0, 0), BLOCK(bytes, windows, source) or CHUNK(slot, bytes, 0) of the current pass.
 
         ``on_wait`` runs while waiting; with ``wait=False``, None when nothing has arrived.
         """
@@ -299,14 +305,14 @@ class WorkerPool:
                 while not conn.poll(POLL_S):
                     self._check_alive(w)
                     on_wait()
-            kind, run, a, b = self._message(w)
+            kind, run, a, b, c = self._message(w)
             if kind in (BATCH, BLOCK, CHUNK):
                 if run == self.run:
-                    return kind, a, b
+                    return kind, a, b, c
                 if kind != BLOCK:
                     self.release(w, a)  # from a pass abandoned midway
 
-    def _message(self, w: int) -> tuple[int, int, int, int]:
+    def _message(self, w: int) -> tuple[int, int, int, int, int]:
         try:
             data = self.conns[w].recv_bytes()
         except (EOFError, OSError):
@@ -318,13 +324,13 @@ class WorkerPool:
             if not (isinstance(category, type) and issubclass(category, Warning)):
                 category = UserWarning
             warnings.warn(f"(in streamwin worker {w}) {payload['message']}", category, stacklevel=2)
-            return WARNING, self.run, -1, 0
+            return WARNING, self.run, -1, 0, 0
         if data[0] == ERROR:
             payload = json.loads(data[1:])
             if payload["run"] == self.run:
                 raise _rebuild_error(payload) from WorkerError(
                     f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{payload['text']}")
-            return ERROR, payload["run"], -1, 0
+            return ERROR, payload["run"], -1, 0, 0
         return _MSG.unpack(data)
 
     def release(self, w: int, slot: int) -> None:
