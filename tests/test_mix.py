@@ -311,13 +311,6 @@ def test_mixing_without_weights_takes_every_window_at_most_once(corpora):
     assert 0 <= dropped < 2 * (B + 2 * (1 + math.log(len(group[0]) + 2)) + 1) * 2
 
 
-def test_device_mode_refuses_a_mixed_dataset_clearly(corpora):
-    urls, _ = corpora
-    ds = sw.WindowDataset(urls, window=W, weights=WEIGHTS)
-    with pytest.raises(NotImplementedError, match="mix"):
-        sw.WindowLoader(ds, device="cpu")
-
-
 def test_inspect_of_several_urls_shows_each_sources_windows_share_and_repeats(corpora, capsys):
     from streamwin.cli import main
 
