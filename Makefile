@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=25
 
 bench: $(STAMP)
 	$(PY) benchmarks/throughput.py

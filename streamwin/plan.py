@@ -32,6 +32,7 @@ receives the index (pickled, 1.25 MB) never scans the dataset.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
@@ -361,6 +362,15 @@ class RestOrder:
         self.rows = np.array(rows, dtype=np.int64).reshape(-1, 3)
         self.row_pos = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         self.total = int(self.row_pos[-1])
+        # blocks smaller than the old ones read one row many times in a row (and a rest of a rest multiplies
+        # that): the last rows' windows are kept, so each old block is shuffled about once per pass
+        self._left = lru_cache(maxsize=32)(self._row_windows)
+
+    def _row_windows(self, row: int) -> np.ndarray:
+        """The windows row ``row`` has left, in the order its old stream would have yielded them."""
+        s, block, skip = self.rows[row].tolist()
+        g, real = self.base.block(s, block)
+        return g[skip:][real[skip:]]
 
     def at(self, v: np.ndarray) -> np.ndarray:
         """Global window indices at positions ``v`` of the order."""
@@ -370,9 +380,7 @@ class RestOrder:
         runs = np.concatenate([[0], np.flatnonzero(np.diff(r)) + 1, [len(v)]]).tolist() if len(v) else []
         for a, b in zip(runs[:-1], runs[1:]):  # a block asks for consecutive positions: a few runs of one row each
             row = int(r[a])
-            s, block, skip = self.rows[row].tolist()
-            g, real = self.base.block(s, block)
-            out[a:b] = g[skip:][real[skip:]][v[a:b] - self.row_pos[row]]
+            out[a:b] = self._left(row)[v[a:b] - self.row_pos[row]]
         return out
 
 

@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from streamwin.plan import PlanConfig, WindowIndex, WindowSpec, make_plan
@@ -284,9 +284,11 @@ def test_rest_of_an_epoch_dealt_over_another_world_yields_each_left_window_once(
                               num_workers=data.draw(st.integers(0, 4)), block_windows=data.draw(st.integers(1, 500)),
                               equalize=data.draw(st.sampled_from(["drop", "pad"])))
     base = make_plan(lengths, shard_starts, old, 2)
+    assume(old.num_streams * base.num_blocks(0) <= 2000)  # the walk below costs ~0.1 ms a block
     taken = data.draw(st.integers(0, base.batches_per_rank))
     before, left = yielded(base, taken)
     rest = rest_plan(base, taken, new)
+    assume(new.num_streams * rest.num_blocks(0) <= 2000)
     streams = all_streams(rest)
     got = [(q, s) for rows in streams for q, s, r in rows if r]
     repeats = [(q, s) for rows in streams for q, s, r in rows if not r]
@@ -311,3 +313,20 @@ def test_rest_plan_refuses_another_order():
     from streamwin.plan import rest_plan
     with pytest.raises(ValueError, match="window spec, seed and shuffle"):
         rest_plan(base, 3, dataclasses.replace(cfg, seed=1))
+
+
+def test_a_rest_read_in_smaller_blocks_shuffles_each_old_block_about_once(monkeypatch):
+    """An elastic resume with a smaller shuffle buffer reads one old block over many new ones: it is shuffled
+    about once per pass, not once per new block (a rest of a rest multiplied that: 68 s for 4,500 windows)."""
+    from streamwin.plan import Plan, rest_plan
+
+    old = PlanConfig(WindowSpec(8, 4), batch_size=4, world_size=2, block_windows=200, seed=3)
+    base = make_plan(np.full(60, 400), np.array([0, 20, 40, 60]), old, 0)
+    rest = rest_plan(base, 5, dataclasses.replace(old, block_windows=7, world_size=3))
+    calls = []
+    block = Plan.block
+    monkeypatch.setattr(Plan, "block", lambda self, s, b: (calls.append(self is base), block(self, s, b))[1])
+    streams = all_streams(rest)
+    old_blocks = sum(base.num_blocks(s) for s in range(old.num_streams))
+    assert sum(len(rows) for rows in streams) > rest.total_windows - 3 * 4  # the rest, read in blocks of 7
+    assert 0 < sum(calls) <= 2 * old_blocks, (sum(calls), old_blocks)
