@@ -84,3 +84,13 @@ def lockstep(group, summarize, take=None, check=None) -> list[list]:
                 check(b)
             out[rank].append(summarize(b))
     return out
+
+
+def two_corpora(root) -> tuple[list[str], list[dict[str, np.ndarray]]]:
+    """(urls, sequences per source) of a mix: a large corpus and a small one with other keys and values."""
+    big = make_sequences(120, seed=3, max_len=500)
+    small = {f"small{k[3:]}": -v - 1 for k, v in make_sequences(24, seed=4, max_len=120).items()}
+    urls = [str(root / "big"), str(root / "small")]
+    for url, seqs in zip(urls, (big, small)):
+        sw.pack(list(seqs.items()), url, shard_bytes=60_000, progress=False)
+    return urls, [big, small]

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamwin as sw
-from conftest import make_sequences
+from conftest import two_corpora
 from streamwin.batch import BatchKeys
 from streamwin import nodes
 from streamwin.slots import leftovers
@@ -30,14 +30,8 @@ OPEN: list[sw.WindowLoader] = []
 
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
-    """(urls, sequences per source): a large corpus and a small one with other keys and values."""
-    big = make_sequences(120, seed=3, max_len=500)
-    small = {f"small{k[3:]}": -v - 1 for k, v in make_sequences(24, seed=4, max_len=120).items()}
-    root = tmp_path_factory.mktemp("devmix")
-    urls = [str(root / "big"), str(root / "small")]
-    for url, seqs in zip(urls, (big, small)):
-        sw.pack(list(seqs.items()), url, shard_bytes=60_000, progress=False)
-    return urls, [big, small]
+    """(urls, sequences per source): a large corpus and a small one (conftest.two_corpora)."""
+    return two_corpora(tmp_path_factory.mktemp("devmix"))
 
 
 def our_children() -> list[psutil.Process]:

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamwin as sw
-from conftest import lockstep as step_ranks, make_sequences, reference_windows
+from conftest import lockstep as step_ranks, make_sequences, reference_windows, two_corpora
 from streamwin.mix import ShareOrder, batch_quotas, shares
 from streamwin.plan import PlanConfig, RestOrder, SliceOrder, WindowSpec, make_plan
 
@@ -110,14 +110,8 @@ def test_rest_order_of_windows_used_per_stream_equals_the_batch_form(world, work
 # -- the loader over a large and a small dataset ------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
-    """(urls, sequences per source): a large corpus and a small one with other keys and values."""
-    big = make_sequences(120, seed=3, max_len=500)
-    small = {f"small{k[3:]}": -v - 1 for k, v in make_sequences(24, seed=4, max_len=120).items()}
-    root = tmp_path_factory.mktemp("mix")
-    urls = [str(root / "big"), str(root / "small")]
-    for url, seqs in zip(urls, (big, small)):
-        sw.pack(list(seqs.items()), url, shard_bytes=60_000, progress=False)
-    return urls, [big, small]
+    """(urls, sequences per source): a large corpus and a small one (conftest.two_corpora)."""
+    return two_corpora(tmp_path_factory.mktemp("mix"))
 
 
 def loaders(urls, world, workers, batch=B, **kw):
