@@ -129,6 +129,13 @@ class ShareOrder:
         return out
 
 
+def quota_positions(quotas: np.ndarray) -> np.ndarray:
+    """[J + 1, sources]: windows of each source a stream has yielded before batch j, given batch quotas [J, sources]."""
+    out = np.zeros((len(quotas) + 1, quotas.shape[1]), dtype=np.int64)
+    np.cumsum(quotas, axis=0, out=out[1:])
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class MixPlan:
     """One epoch's plan of a mixed dataset: a ``plan.Plan`` per source and the batch quotas."""
@@ -143,9 +150,7 @@ class MixPlan:
     @property
     def cum(self) -> np.ndarray:
         """[J + 1, sources]: windows of each source a stream has yielded before batch j."""
-        out = np.zeros((len(self.quotas) + 1, len(self.plans)), dtype=np.int64)
-        np.cumsum(self.quotas, axis=0, out=out[1:])
-        return out
+        return quota_positions(self.quotas)
 
     @property
     def batches_per_stream(self) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from .batch import Gatherer
+from .mix import quota_positions
 from .plan import Plan
 from .read import Block, ShardSource
 
@@ -150,8 +151,7 @@ class MixBatcher(BaseNode[dict]):
                  next_buffer: Callable[[], dict[str, np.ndarray]]):
         super().__init__()
         self.readers, self.quotas, self.gatherer, self.next_buffer = readers, quotas, gatherer, next_buffer
-        self.cum = np.zeros((len(quotas) + 1, len(readers)), dtype=np.int64)
-        np.cumsum(quotas, axis=0, out=self.cum[1:])
+        self.cum = quota_positions(quotas)
         self._batch = 0
         self._blocks: list[Block | None] = [None] * len(readers)
         self._pos = [0] * len(readers)
@@ -200,8 +200,7 @@ def block_order(quotas: np.ndarray, block_windows: int, first_batch: int) -> np.
     in order, as its parts do. A device worker sends its blocks in this order, so the trainer
     never waits for a block behind blocks it needs only later. One source: quotas [J, 1] of B.
     """
-    cum = np.zeros((len(quotas) + 1, quotas.shape[1]), dtype=np.int64)
-    np.cumsum(quotas, axis=0, out=cum[1:])
+    cum = quota_positions(quotas)
     j0 = min(first_batch, len(quotas))
     rows = [np.zeros((0, 3), dtype=np.int64)]
     for i in range(quotas.shape[1]):
