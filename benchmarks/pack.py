@@ -119,7 +119,7 @@ def bench_pack(args: argparse.Namespace, work: Path) -> dict:
 
 def bench_manifest(n: int, repeats: int, work: Path) -> dict:
     import streamwin as sw
-    from streamwin.manifest import ShardEntry, build_manifest
+    from streamwin.formats.manifest import ShardEntry, build_manifest
 
     rng = np.random.default_rng(0)
     lengths = np.exp(rng.uniform(np.log(10), np.log(10_000), size=n)).astype(np.int64)

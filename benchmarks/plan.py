@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from streamwin.plan import PlanConfig, WindowSpec, make_plan
+from streamwin.plan.epoch import PlanConfig, WindowSpec, make_plan
 
 
 def plan_timing(n_seqs: int, world: int, workers: int, repeats: int) -> float:

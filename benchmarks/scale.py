@@ -56,7 +56,7 @@ LOADER = dict(window=8, stride=4, batch_size=256, world_size=RANKS, rank=0)
 
 def _members(first: int, lengths: np.ndarray) -> np.ndarray:
     """[n, MEMBER] bytes: the tar members ``s<8 digits>.npy`` of sequences first.., as pack writes them."""
-    from streamwin import npyfmt
+    from streamwin.formats import npy as npyfmt, tar as tarfmt
 
     n = len(lengths)
     out = np.zeros((n, MEMBER), dtype=np.uint8)
@@ -64,7 +64,7 @@ def _members(first: int, lengths: np.ndarray) -> np.ndarray:
     for t in np.unique(lengths):
         rows = np.flatnonzero(lengths == t)
         npy = npyfmt.npy_header_for(np.dtype("<f4"), (int(t),))
-        head = np.frombuffer(npyfmt.tar_header("s00000000.npy", len(npy) + 4 * int(t)), dtype=np.uint8).copy()
+        head = np.frombuffer(tarfmt.tar_header("s00000000.npy", len(npy) + 4 * int(t)), dtype=np.uint8).copy()
         head[148:156] = ord(" ")
         base = int(head.sum()) - 8 * ord("0")
         block = np.concatenate([head, np.frombuffer(npy, dtype=np.uint8)])
@@ -89,8 +89,9 @@ def _digits(first: int, n: int) -> np.ndarray:
 
 def make_corpus(root: Path, n: int) -> str:
     """A dataset of ``n`` short sequences at ``root`` (reused when its marker matches)."""
-    from streamwin.manifest import Manifest, NonFinite, ShardEntry
-    from streamwin.storage import url_to_fs, write_manifest
+    from streamwin.formats.manifest import Manifest, NonFinite, ShardEntry
+    from streamwin.storage.manifests import write_manifest
+    from streamwin.storage.urls import url_to_fs
 
     marker = root / "corpus.json"
     if marker.exists() and json.loads(marker.read_text()) == {"n": n}:

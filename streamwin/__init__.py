@@ -4,13 +4,13 @@
     sw.pack(sequences, "s3://bucket/corpus/")
     loader = sw.WindowLoader(sw.WindowDataset("s3://bucket/corpus/", window=512, stride=256, batch_size=64))
 """
-from .cache import ShardCache, prefetch
-from .errors import ManifestError, PackError, ShardError, StateMismatchError, StreamwinError
-from .index import index_shards, verify
-from .manifest import Manifest
-from .pack import merge, pack
-from .plan import Plan, PlanConfig, WindowSpec, make_plan
-from .storage import load_manifest
+from streamwin.storage.cache import ShardCache, prefetch
+from streamwin.errors import ManifestError, PackError, ShardError, StateMismatchError, StreamwinError
+from streamwin.packing.scan import index_shards, verify
+from streamwin.formats.manifest import Manifest
+from streamwin.packing.pack import merge, pack
+from streamwin.plan.epoch import Plan, PlanConfig, WindowSpec, make_plan
+from streamwin.storage.manifests import load_manifest
 
 __version__ = "0.1.0"
 
@@ -19,10 +19,10 @@ def __getattr__(name: str):
     """WindowDataset and WindowLoader load torch (seconds): import them only when asked for,
     so that `streamwin pack`, `merge`, `index`, `verify` and `inspect` start at once."""
     if name == "WindowDataset":
-        from .dataset import WindowDataset
+        from streamwin.dataset import WindowDataset
         return WindowDataset
     if name == "WindowLoader":
-        from .loader import WindowLoader
+        from streamwin.loader import WindowLoader
         return WindowLoader
     raise AttributeError(f"module 'streamwin' has no attribute {name!r}")
 __all__ = sorted([

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .manifest import Manifest
-from .plan import WindowSpec
-from .read import Block
+from streamwin.formats.manifest import Manifest
+from streamwin.plan.epoch import WindowSpec
+from streamwin.read.reader import Block
 
 ALIGN = 64  # each field starts on a cache line
 

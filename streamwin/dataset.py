@@ -21,17 +21,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .batch import BatchLayout, Gatherer
-from .cache import ShardCache
-from .errors import StateMismatchError
-from .manifest import Manifest
-from .mix import MixPlan, normalized, plan_epoch, rest_mix
-from .nodes import Batcher, BlockReader, MixBatcher, ShipOrder, ThreadPrefetcher
-from .plan import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan, rest_plan
-from .read import ReadStats, ShardSource, zstd_slice_windows
-from .split import SplitSpec, split_views
-from .storage import load_manifest
-from .world import resolve
+from streamwin.batch import BatchLayout, Gatherer
+from streamwin.storage.cache import ShardCache
+from streamwin.errors import StateMismatchError
+from streamwin.formats.manifest import Manifest
+from streamwin.plan.mix import MixPlan, normalized, plan_epoch, rest_mix
+from streamwin.nodes import Batcher, BlockReader, MixBatcher, ShipOrder, ThreadPrefetcher
+from streamwin.plan.epoch import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan, rest_plan
+from streamwin.read.reader import ReadStats, ShardSource, zstd_slice_windows
+from streamwin.plan.split import SplitSpec, split_views
+from streamwin.storage.manifests import load_manifest
+from streamwin.world import resolve
 
 log = logging.getLogger("streamwin")
 STATE_VERSION = 2

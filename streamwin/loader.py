@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dataset import STATE_VERSION, WindowDataset, check_state, same_position
-from .errors import StateMismatchError
-from .passes import DevicePass, DeviceWorkerPass, LocalPass, Pass, PassIterator, WorkerPass
-from .workers import STAT_FIELDS, WorkerPool
+from streamwin.dataset import STATE_VERSION, WindowDataset, check_state, same_position
+from streamwin.errors import StateMismatchError
+from streamwin.feed.passes import DevicePass, DeviceWorkerPass, LocalPass, Pass, PassIterator, WorkerPass
+from streamwin.feed.workers import STAT_FIELDS, WorkerPool
 
 log = logging.getLogger("streamwin")
 

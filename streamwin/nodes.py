@@ -12,10 +12,10 @@ from typing import Any, Callable
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from .batch import Gatherer
-from .mix import quota_positions
-from .plan import Plan
-from .read import Block, ShardSource
+from streamwin.batch import Gatherer
+from streamwin.plan.mix import quota_positions
+from streamwin.plan.epoch import Plan
+from streamwin.read.reader import Block, ShardSource
 
 
 class BlockReader(BaseNode[Block]):

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-import streamwin.read as sw_read
+import streamwin.read.reader as sw_read
 from conftest import make_sequences
-from streamwin.manifest import INDEX_NAME, parse_manifest
+from streamwin.formats.manifest import INDEX_NAME, parse_manifest
 
 W, S, H, B = 16, 8, 4, 8
 

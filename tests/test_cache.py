@@ -24,8 +24,8 @@ import pytest
 import streamwin as sw
 from conftest import forbid_unpickling, make_sequences
 from servers import FaultPlan
-from streamwin.cache import ShardCache
-from streamwin.manifest import INDEX_NAME, ShardEntry, build_manifest, parse_manifest
+from streamwin.storage.cache import ShardCache
+from streamwin.formats.manifest import INDEX_NAME, ShardEntry, build_manifest, parse_manifest
 
 W, S, H, B = 16, 8, 4, 8
 SHARDS = FaultPlan(path_contains="shard-")  # count shard GETs only (not index.json)

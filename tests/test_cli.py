@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-from streamwin.cli import main, parse_size
+from streamwin.cli.main import main, parse_size
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import streamwin as sw
 from conftest import two_corpora
 from streamwin.batch import BatchKeys
 from streamwin import nodes
-from streamwin.slots import leftovers
+from streamwin.feed.slots import leftovers
 
 W, S, H, B = 16, 8, 4, 10
 OPEN: list[sw.WindowLoader] = []

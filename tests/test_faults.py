@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-import streamwin.read as sw_read
+import streamwin.read.reader as sw_read
 from conftest import make_sequences, reference_windows
 from servers import FaultPlan
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import streamwin as sw
 from conftest import forbid_unpickling, make_sequences
-from streamwin import npyfmt
+from streamwin.formats import npy as npyfmt
 
 W, S, H, B = 8, 4, 2, 4
 FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True,

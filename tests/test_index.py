@@ -16,7 +16,7 @@ import webdataset as wds
 
 import streamwin as sw
 from streamwin.errors import ManifestError, ShardError
-from streamwin.index import index_shards, verify
+from streamwin.packing.scan import index_shards, verify
 
 
 def make_dataset(root: Path, n: int = 30, seed: int = 0, **kw) -> sw.Manifest:

@@ -7,47 +7,88 @@ import pathlib
 import streamwin
 
 PKG = pathlib.Path(streamwin.__file__).parent
-# each module may import only modules listed before it
-ORDER = ["errors", "keys", "manifest", "npyfmt", "storage", "mapped", "plan", "mix", "split", "sources", "pack", "index",
-         "cache", "read", "batch", "nodes", "world", "dataset", "device", "slots", "workers", "passes", "loader", "cli", "__init__"]
-TORCH_ALLOWED = {"batch", "nodes", "world", "dataset", "device", "slots", "workers", "passes", "loader", "cli", "__init__"}
+# each module may import only modules listed before it (a package's __init__ comes after its modules)
+ORDER = [
+    "errors", "world",
+    "formats.keys", "formats.npy", "formats.tar", "formats.manifest", "formats",
+    "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
+    "plan.split", "plan.epoch", "plan.mix", "plan",
+    "packing.inputs", "packing.pack", "packing.scan", "packing",
+    "read.reader", "read",
+    "batch", "nodes", "dataset",
+    "feed.device", "feed.slots", "feed.workers", "feed.passes", "feed",
+    "loader", "cli.main", "cli", "cli.__main__", "__init__",
+]
+PURE = {"errors", "formats", "storage", "plan", "packing", "read"}  # no torch, no torchdata
+READ_SIDE = {"plan", "read", "batch", "nodes", "dataset", "feed", "loader"}
 
 
-def imports(module: str) -> set[str]:
-    tree = ast.parse((PKG / f"{module}.py").read_text())
+def path_of(unit: str) -> pathlib.Path:
+    parts = unit.split(".")
+    if unit == "__init__":
+        return PKG / "__init__.py"
+    if (PKG / pathlib.Path(*parts)).is_dir():
+        return PKG / pathlib.Path(*parts) / "__init__.py"
+    return PKG / pathlib.Path(*parts[:-1]) / f"{parts[-1]}.py"
+
+
+def imports(unit: str) -> set[str]:
+    """Every module ``unit`` imports, as dotted names (streamwin's own without the ``streamwin.`` prefix)."""
+    tree = ast.parse(path_of(unit).read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1:
-                found |= {node.module} if node.module else {a.name for a in node.names}
-            elif node.module:
-                found.add(node.module)
+            assert node.level == 0, f"{unit}: relative import; streamwin's modules import by absolute path"
+            base = node.module or ""
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}  # `from streamwin.formats import npy`
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
     return found
 
 
+def own(unit: str) -> set[str]:
+    """The streamwin units ``unit`` imports (each the longest listed prefix of what it names)."""
+    out = set()
+    for name in imports(unit):
+        if name == "streamwin" or not name.startswith("streamwin."):
+            continue
+        parts = name[len("streamwin."):].split(".")
+        for k in range(len(parts), 0, -1):
+            if ".".join(parts[:k]) in ORDER:
+                out.add(".".join(parts[:k]))
+                break
+    return out
+
+
 def test_every_module_is_in_the_order():
-    assert sorted(p.stem for p in PKG.glob("*.py")) == sorted(ORDER)
+    found = set()
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(PKG).with_suffix("")
+        parts = rel.parts
+        found.add(".".join(parts[:-1]) if parts[-1] == "__init__" and len(parts) > 1 else ".".join(parts))
+    assert sorted(found) == sorted(ORDER)
 
 
 def test_imports_point_down_the_flow():
-    for i, module in enumerate(ORDER):
-        local = {m.split(".")[0] for m in imports(module) if m.split(".")[0] in ORDER}
-        later = local - set(ORDER[:i])
-        assert not later, f"streamwin.{module} imports {later}, which come after it in the data flow"
+    for i, unit in enumerate(ORDER):
+        later = {m for m in own(unit) if m != unit and m not in ORDER[:i]}
+        assert not later, f"streamwin.{unit} imports {later}, which come after it in the data flow"
 
 
 def test_torch_only_where_the_loader_lives():
-    for module in ORDER:
-        heavy = {m for m in imports(module) if m.split(".")[0] in ("torch", "torchdata")}
-        if module not in TORCH_ALLOWED:
-            assert not heavy, f"streamwin.{module} imports {heavy}: pure modules stay free of torch"
-    assert not any("stateful_dataloader" in m for mod in ORDER if mod not in ("loader", "__init__") for m in imports(mod))
+    for unit in ORDER:
+        if unit.split(".")[0] in PURE:
+            heavy = {m for m in imports(unit) if m.split(".")[0] in ("torch", "torchdata")}
+            assert not heavy, f"streamwin.{unit} imports {heavy}: pure modules stay free of torch"
+    assert not any("stateful_dataloader" in m for unit in ORDER if unit not in ("loader", "__init__")
+                   for m in imports(unit))
 
 
-def test_pack_knows_nothing_of_the_read_side():
-    assert not {"read", "batch", "nodes", "dataset", "loader", "plan"} & imports("pack")
+def test_packing_knows_nothing_of_the_read_side():
+    for unit in ORDER:
+        if unit.startswith("packing"):
+            assert not {m.split(".")[0] for m in own(unit)} & READ_SIDE, f"streamwin.{unit} imports the read side"
 
 
 def test_public_names_are_sorted_and_exist():

@@ -230,7 +230,7 @@ def test_state_taken_after_an_epoch_ends_does_not_replay_it(tiny, workers):
 def test_mapped_and_copied_reads_give_identical_epochs(tiny, monkeypatch):
     """Local shards are mapped (no read copy); the read-into-memory path must give the same bits."""
     url, seqs = tiny
-    from streamwin import mapped
+    from streamwin.storage import mapped
 
     assert mapped.available()
     mapped_run = run(make(url, pad=True))
@@ -250,7 +250,7 @@ def test_batches_kept_stay_intact(tiny, workers, prefetch):
     """
     import gc
 
-    from streamwin import mapped
+    from streamwin.storage import mapped
 
     url, seqs = tiny
     loader = make(url, workers, shuffle_buffer=16, prefetch=prefetch)  # small blocks: many mapped and unmapped
@@ -285,7 +285,7 @@ def test_a_refused_mapping_falls_back_to_reading(tiny, monkeypatch):
     """When the system refuses a mapping (out of mappings or address space), the block is read instead."""
     import errno
 
-    from streamwin import mapped
+    from streamwin.storage import mapped
 
     url, seqs = tiny
     expected = run(make(url))

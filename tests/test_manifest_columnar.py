@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-import streamwin.storage
+import streamwin.storage.manifests
 from conftest import make_sequences
 from streamwin.errors import ManifestError
-from streamwin.manifest import INDEX_NAME
+from streamwin.formats.manifest import INDEX_NAME
 
 COLS = "index.columns"
 
@@ -26,11 +26,11 @@ def pack_both(tmp_path, seqs):
     """The same sequences packed twice: inline (version 1) and columnar (version 2)."""
     inline, columnar = str(tmp_path / "inline"), str(tmp_path / "columnar")
     sw.pack(list(seqs.items()), inline, shard_bytes=40_000, progress=False)
-    streamwin.storage.COLUMNAR_FROM, saved = 1, streamwin.storage.COLUMNAR_FROM
+    streamwin.storage.manifests.COLUMNAR_FROM, saved = 1, streamwin.storage.manifests.COLUMNAR_FROM
     try:
         sw.pack(list(seqs.items()), columnar, shard_bytes=40_000, progress=False)
     finally:
-        streamwin.storage.COLUMNAR_FROM = saved
+        streamwin.storage.manifests.COLUMNAR_FROM = saved
     return inline, columnar
 
 
@@ -125,7 +125,7 @@ def test_a_damaged_columns_file_is_named(tmp_path, damage):
 def test_a_version_2_index_alone_says_how_to_load_it(both):
     with open(os.path.join(both[1], INDEX_NAME)) as f:
         with pytest.raises(ManifestError, match="load_manifest"):
-            sw.manifest.parse_manifest(f.read())
+            sw.formats.manifest.parse_manifest(f.read())
 
 
 def test_verify_checks_the_columns_file(tmp_path):
@@ -170,7 +170,7 @@ def test_a_corrupt_remote_columns_file_is_named(tmp_path, http_server):
 
 def test_columnar_parts_merge_into_the_same_manifest_and_repacking_small_drops_the_columns(tmp_path, monkeypatch):
     seqs = list(make_sequences(n=30, seed=9).items())
-    monkeypatch.setattr(streamwin.storage, "COLUMNAR_FROM", 1)
+    monkeypatch.setattr(streamwin.storage.manifests, "COLUMNAR_FROM", 1)
     single, parts = str(tmp_path / "single"), str(tmp_path / "parts")
     sw.pack(seqs, single, progress=False)
     for i in (1, 0):
@@ -182,6 +182,6 @@ def test_columnar_parts_merge_into_the_same_manifest_and_repacking_small_drops_t
     assert sorted(loaded.keys(np.arange(loaded.num_sequences))) == sorted(k for k, _ in seqs)
     assert np.array_equal(loaded.length, merged.length)
     sw.verify(parts, progress=False)
-    monkeypatch.setattr(streamwin.storage, "COLUMNAR_FROM", 10**9)
+    monkeypatch.setattr(streamwin.storage.manifests, "COLUMNAR_FROM", 10**9)
     sw.pack(seqs, single, progress=False)  # the same dataset, now small enough to be inline again
     assert read_json(single)["version"] == 1 and not os.path.exists(os.path.join(single, COLS))

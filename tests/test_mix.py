@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import streamwin as sw
 from conftest import lockstep as step_ranks, make_sequences, reference_windows, two_corpora
-from streamwin.mix import ShareOrder, batch_quotas, shares
-from streamwin.plan import PlanConfig, RestOrder, SliceOrder, WindowSpec, make_plan
+from streamwin.plan.mix import ShareOrder, batch_quotas, shares
+from streamwin.plan.epoch import PlanConfig, RestOrder, SliceOrder, WindowSpec, make_plan
 
 W, S = 16, 8
 B = 10
@@ -380,8 +380,8 @@ def simulate(plan, batches_per_rank=None):
        st.integers(1, 3), st.integers(0, 3), st.integers(1, 12), st.integers(0, 2), st.booleans())
 def test_a_mixed_plan_gives_each_source_its_share_within_equal_streams(sizes, weights, world, workers, batch, epoch,
                                                                       shuffle):
-    from streamwin.mix import plan_epoch
-    from streamwin.plan import WindowIndex
+    from streamwin.plan.mix import plan_epoch
+    from streamwin.plan.epoch import WindowIndex
 
     spec = WindowSpec(4, 2)
     cfg = PlanConfig(spec, batch, world_size=world, num_workers=workers, seed=3, shuffle=shuffle, block_windows=9,
@@ -411,8 +411,8 @@ def test_a_mixed_plan_gives_each_source_its_share_within_equal_streams(sizes, we
 @given(st.integers(2, 40), st.integers(1, 3), st.integers(0, 2), st.integers(1, 3), st.integers(0, 2),
        st.integers(1, 8), st.data())
 def test_a_mixed_elastic_rest_yields_nothing_twice_beyond_the_share(n, world, workers, world2, workers2, batch, data):
-    from streamwin.mix import plan_epoch, rest_mix
-    from streamwin.plan import WindowIndex
+    from streamwin.plan.mix import plan_epoch, rest_mix
+    from streamwin.plan.epoch import WindowIndex
 
     spec = WindowSpec(4, 2)
     cfg = PlanConfig(spec, batch, world_size=world, num_workers=workers, seed=1, block_windows=7, slice_windows=3)
@@ -451,7 +451,7 @@ def test_mixed_padding_yields_each_sources_share_exactly_repeats_weigh_zero(corp
 @pytest.mark.parametrize("weights,small", [([0.999, 0.001], 7), ([0.999, 0.001], 4), ([0.998, 0.002], 7),
                                            ([0.5, 0.5], 7), ([0.01, 0.99], 7)])
 def test_padded_quotas_cover_every_streams_range_even_for_a_tiny_weight(weights, small):
-    from streamwin.mix import _quotas
+    from streamwin.plan.mix import _quotas
 
     cfg = PlanConfig(WindowSpec(4, 2), 100, equalize="pad")
     sizes = [np.array([3000, 2999]), np.array([small, small - 1])]
@@ -465,8 +465,8 @@ def test_padded_quotas_cover_every_streams_range_even_for_a_tiny_weight(weights,
 def test_sources_blocks_are_shuffled_independently():
     """Two sources' blocks of one stream get different in-block permutations (not one RNG key for both)."""
     import numpy as np
-    from streamwin.mix import mix_plan, ShareOrder
-    from streamwin.plan import PlanConfig, SliceOrder, WindowIndex, WindowSpec
+    from streamwin.plan.mix import mix_plan, ShareOrder
+    from streamwin.plan.epoch import PlanConfig, SliceOrder, WindowIndex, WindowSpec
 
     spec = WindowSpec(4, 4)
     index = WindowIndex(np.full(100, 40), spec)

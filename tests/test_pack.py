@@ -21,12 +21,13 @@ from webdataset.gopen import gopen_schemes
 import zstandard
 
 import streamwin as sw
-from streamwin import npyfmt
+from streamwin.formats import npy as npyfmt
+from streamwin.formats import tar as tarfmt
 from streamwin.errors import ManifestError, PackError
-from streamwin.index import verify
+from streamwin.packing.scan import verify
 
 
-packmod = importlib.import_module("streamwin.pack")  # streamwin.pack is also the function
+packmod = importlib.import_module("streamwin.packing.pack")  # streamwin.pack is also the function
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ def test_pack_twice_is_byte_identical(tmp_path, npy_dir):
 def test_fast_headers_match_numpy_and_tarfile():
     for name in ("a.npy", "k" * 90 + ".npy.zst", "x.json"):
         for size in (0, 1, 511, 512, 123_456, 8**11 - 1):
-            assert packmod.tar_header(name, size) == npyfmt.tar_header(name, size), (name, size)
+            assert packmod.tar_header(name, size) == tarfmt.tar_header(name, size), (name, size)
     for dtype in ("<f4", "<i8", "u1", "?", "<c16", "<f2"):
         for step in ((), (3,), (2, 5)):
             for length in (1, 9, 10, 99, 100, 12_345, 10**7):
@@ -549,7 +550,7 @@ def test_old_manifests_load_and_new_ones_keep_the_old_fields(tmp_path):
     assert all(set(s) == {"name", "bytes", "sha256", "num_sequences", "num_steps"} for s in doc["shards"])
     for new_field in ("value_columns", "left_out_columns", "nonfinite"):
         doc.pop(new_field)
-    old = sw.manifest.parse_manifest(json.dumps(doc))
+    old = sw.formats.manifest.parse_manifest(json.dumps(doc))
     assert old.value_columns is None and old.left_out_columns is None and old.nonfinite is None
 
 
@@ -703,7 +704,7 @@ def test_encode_batch_is_byte_for_byte_the_one_by_one_encoding(dtype, step, cast
     for name in ("ends", "content", "key_ends", "length", "size", "hlen", "nan", "inf", "keys"):
         np.testing.assert_array_equal(getattr(rec, name), getattr(ref, name), err_msg=name)
     import tarfile
-    with tarfile.open(fileobj=io.BytesIO(bytes(rec.data) + npyfmt.TAR_END)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(bytes(rec.data) + tarfmt.TAR_END)) as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
     want = {f"{k}.npy": a.astype(cast or a.dtype.newbyteorder("<")) for k, a in zip(keys, arrays) if len(a)}
     assert list(members) == list(want)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from streamwin.plan import PlanConfig, WindowIndex, WindowSpec, make_plan
+from streamwin.plan.epoch import PlanConfig, WindowIndex, WindowSpec, make_plan
 
 
 def naive_windows(lengths, spec):
@@ -276,7 +276,7 @@ def yielded(plan, batches_per_rank):
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_rest_of_an_epoch_dealt_over_another_world_yields_each_left_window_once(data):
-    from streamwin.plan import rest_plan
+    from streamwin.plan.epoch import rest_plan
 
     lengths, shard_starts = data.draw(manifests())
     old = data.draw(configs(int(lengths.max(initial=1))))
@@ -310,7 +310,7 @@ def test_rest_plan_refuses_another_order():
     lengths = np.full(50, 40)
     cfg = PlanConfig(WindowSpec(10, 5), batch_size=4, world_size=2)
     base = make_plan(lengths, np.array([0, 25, 50]), cfg, 0)
-    from streamwin.plan import rest_plan
+    from streamwin.plan.epoch import rest_plan
     with pytest.raises(ValueError, match="window spec, seed and shuffle"):
         rest_plan(base, 3, dataclasses.replace(cfg, seed=1))
 
@@ -318,7 +318,7 @@ def test_rest_plan_refuses_another_order():
 def test_a_rest_read_in_smaller_blocks_shuffles_each_old_block_about_once(monkeypatch):
     """An elastic resume with a smaller shuffle buffer reads one old block over many new ones: it is shuffled
     about once per pass, not once per new block (a rest of a rest multiplied that: 68 s for 4,500 windows)."""
-    from streamwin.plan import Plan, rest_plan
+    from streamwin.plan.epoch import Plan, rest_plan
 
     old = PlanConfig(WindowSpec(8, 4), batch_size=4, world_size=2, block_windows=200, seed=3)
     base = make_plan(np.full(60, 400), np.array([0, 20, 40, 60]), old, 0)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamwin.errors import PackError
-from streamwin.sources import FORMATS, Batch, Unit, detect_format, list_units, read_batches, read_unit
+from streamwin.packing.inputs import FORMATS, Batch, Unit, detect_format, list_units, read_batches, read_unit
 
 
 def read_all(source, **kw) -> list[tuple[str, np.ndarray, dict | None]]:
@@ -66,7 +66,8 @@ def test_npy_directory(npy_dir):
 
 def test_npy_headers_are_parsed_once_per_distinct_header(tmp_path, monkeypatch):
     """Many .npy files of one dtype and shape: the header is parsed once, the arrays are numpy's."""
-    from streamwin import npyfmt, sources
+    from streamwin.formats import npy as npyfmt
+    from streamwin.packing import inputs as sources
 
     sources._plain_npy_cached.cache_clear()
     calls = []
@@ -144,7 +145,7 @@ def npz_reference(path) -> list[tuple[str, np.ndarray, None]]:
 def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path, monkeypatch):
     """np.savez members are read as runs of one dtype and step shape, with no zipfile read per member;
     the arrays are numpy's, whatever their lengths (empty ones too), dtypes and shapes."""
-    from streamwin import sources
+    from streamwin.packing import inputs as sources
 
     rng = np.random.default_rng(3)
     arrays = {f"s{i:03d}": rng.normal(size=int(rng.integers(0, 40))).astype(np.float32) for i in range(50)}
@@ -170,7 +171,7 @@ def test_zip_directory_read_with_numpy_matches_zipfile(tmp_path, names):
     signature's bytes) gives zipfile's members and fields."""
     import zipfile
 
-    from streamwin import sources
+    from streamwin.packing import inputs as sources
 
     path = tmp_path / "a.npz"
     np.savez(path, **{n: np.arange(i % 7, dtype=np.int16) for i, n in enumerate(names)})

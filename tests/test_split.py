@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-from streamwin.split import SplitSpec, key_hashes, split_views
+from streamwin.plan.split import SplitSpec, key_hashes, split_views
 
 W, S, B = 16, 8, 4
 

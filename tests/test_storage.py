@@ -16,9 +16,10 @@ import pytest
 
 import streamwin as sw
 from servers import FaultPlan, s3_storage_options
-from streamwin import storage
-from streamwin.read import ShardSource
-from streamwin.storage import BrokenRead, RangeReader, url_to_fs
+from streamwin.storage import ranged as storage
+from streamwin.read.reader import ShardSource
+from streamwin.storage.ranged import BrokenRead, RangeReader
+from streamwin.storage.urls import url_to_fs
 
 DATA = os.urandom(300_000)
 
@@ -212,7 +213,8 @@ def test_s3_transient_errors_are_retried_by_streamwin_only(s3_server, s3_bucket,
 
 READ_TRACED = """
 import hashlib, sys, tracemalloc
-from streamwin.storage import RangeReader, url_to_fs
+from streamwin.storage.ranged import RangeReader
+from streamwin.storage.urls import url_to_fs
 url, size = sys.argv[1], int(sys.argv[2])
 fs, path = url_to_fs(url)
 r = RangeReader(fs)

@@ -22,7 +22,7 @@ import torch
 import streamwin as sw
 from conftest import reference_windows
 from streamwin.errors import WorkerError
-from streamwin.slots import leftovers
+from streamwin.feed.slots import leftovers
 
 W, S, H, B = 16, 8, 4, 8
 MODES = [(0, None), (1, None), (2, None), (0, "cpu"), (2, "cpu")]

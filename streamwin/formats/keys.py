@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import PackError
+from streamwin.errors import PackError
 
 MAX_KEY_LENGTH = 90
 _VALID = re.compile(r"^[!-~]{1,90}$")  # printable ASCII, no space

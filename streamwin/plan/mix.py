@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .plan import (Plan, PlanConfig, RestOrder, SliceOrder, WindowIndex, check_elastic, make_plan, stream_ranges,
+from streamwin.plan.epoch import (Plan, PlanConfig, RestOrder, SliceOrder, WindowIndex, check_elastic, make_plan, stream_ranges,
                    worker_batches)
 
 PHI = (5 ** 0.5 - 1) / 2  # the golden ratio's fraction: the offsets j * PHI mod 1 fill [0, 1) evenly

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from .batch import BatchKeys, BufferPool
-from .dataset import close_stream, open_stream
-from .device import TABLE_BYTES, DeviceBlock, DeviceBytes, DeviceGatherer, Uploader, device_block, table_at
-from .nodes import Batcher, BlockReader, MixBatcher
-from .plan import worker_batches
-from .workers import BLOCK, STAT_FIELDS
+from streamwin.batch import BatchKeys, BufferPool
+from streamwin.dataset import close_stream, open_stream
+from streamwin.feed.device import TABLE_BYTES, DeviceBlock, DeviceBytes, DeviceGatherer, Uploader, device_block, table_at
+from streamwin.nodes import Batcher, BlockReader, MixBatcher
+from streamwin.plan.epoch import worker_batches
+from streamwin.feed.workers import BLOCK, STAT_FIELDS
 
 WindowLoader = Any  # the loader.WindowLoader driving a pass (it imports this module, not the other way)
 

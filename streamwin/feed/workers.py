@@ -34,11 +34,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .dataset import close_stream, open_blocks, open_stream
-from .device import window_table
-from . import errors
-from .errors import ShardError, WorkerError
-from .slots import SharedFile, SharedHandle, SlotLayout
+from streamwin.dataset import close_stream, open_blocks, open_stream
+from streamwin.feed.device import window_table
+from streamwin import errors
+from streamwin.errors import ShardError, WorkerError
+from streamwin.feed.slots import SharedFile, SharedHandle, SlotLayout
 
 _MSG = struct.Struct("<Bqqqq")
 READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING, BLOCK, CHUNK = 1, 2, 3, 4, 5, 0, 6, 7, 8

@@ -1,21 +1,17 @@
-"""The two byte formats a shard is made of: numpy ``.npy`` members inside ustar tar files.
+"""The ``.npy`` members a shard holds: their headers, written and parsed.
 
 Pure functions, no I/O. Headers are parsed with numpy's own safe parser
 (``allow_pickle`` never enters: object dtypes are refused before any data is read).
-Tar headers are written with fixed fields (mtime 0, uid/gid 0, mode 0644) so the same input
-gives byte-identical shards.
 """
 from __future__ import annotations
 
 import io
 import sys
 import threading
-import tarfile
 from types import SimpleNamespace
 
 import numpy as np
 
-BLOCK = 512
 _MAGIC = b"\x93NUMPY"
 
 
@@ -70,26 +66,6 @@ def parse_npy_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...
 def is_big_endian(dtype: np.dtype) -> bool:
     """Whether ``dtype``'s bytes are big-endian (torch, and streamwin's gather, read native little-endian)."""
     return dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big")
-
-
-def tar_header(name: str, size: int) -> bytes:
-    """A deterministic ustar header block for a regular file member."""
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mtime = 0
-    info.mode = 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.type = tarfile.REGTYPE
-    return info.tobuf(format=tarfile.USTAR_FORMAT, encoding="ascii", errors="strict")
-
-
-def tar_padding(size: int) -> bytes:
-    return b"\0" * (-size % BLOCK)
-
-
-TAR_END = b"\0" * (2 * BLOCK)
-
 
 
 def npy_header_for(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:

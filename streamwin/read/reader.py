@@ -26,11 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from . import mapped, npyfmt
-from .errors import ShardError
-from .manifest import Manifest
-from .plan import Plan
-from .storage import BrokenRead, RangeReader, describe, is_local, join, permanent, url_to_fs
+from streamwin.storage import mapped
+from streamwin.formats import npy as npyfmt
+from streamwin.formats import tar as tarfmt
+from streamwin.errors import ShardError
+from streamwin.formats.manifest import Manifest
+from streamwin.plan.epoch import Plan
+from streamwin.storage.ranged import BrokenRead, RangeReader
+from streamwin.storage.retry import describe, permanent
+from streamwin.storage.urls import is_local, join, url_to_fs
 
 MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
 OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the reads beside them
@@ -184,7 +188,7 @@ class ShardSource:
         """The same error, naming the member whose bytes hold the failing offset."""
         if err.member is not None or err.offset is None or not len(seqs):
             return err
-        starts = self.manifest.offset[seqs] - npyfmt.BLOCK  # each member's tar header
+        starts = self.manifest.offset[seqs] - tarfmt.BLOCK  # each member's tar header
         i = int(seqs[max(int(np.searchsorted(starts, err.offset, side="right")) - 1, 0)])
         named = ShardError(err.reason, shard=err.shard, member=self._member(i), offset=err.offset)
         named.__cause__ = err.__cause__

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ManifestError
+from streamwin.errors import ManifestError
 
 FORMAT = "streamwin"
 VERSION = 1  # per-sequence columns inline, compressed

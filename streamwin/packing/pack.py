@@ -51,12 +51,14 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from . import npyfmt
-from .errors import ManifestError, PackError
-from .keys import check_key
-from .manifest import INDEX_NAME, Frames, Manifest, NonFinite, ShardEntry, build_manifest
-from .sources import Batch, Columns, Unit, list_units, read_batches, read_unit
-from .storage import is_local, join, load_manifest, remove_if_exists, url_to_fs, write_manifest
+from streamwin.formats import npy as npyfmt
+from streamwin.formats import tar as tarfmt
+from streamwin.errors import ManifestError, PackError
+from streamwin.formats.keys import check_key
+from streamwin.formats.manifest import INDEX_NAME, Frames, Manifest, NonFinite, ShardEntry, build_manifest
+from streamwin.packing.inputs import Batch, Columns, Unit, list_units, read_batches, read_unit
+from streamwin.storage.manifests import load_manifest, write_manifest
+from streamwin.storage.urls import is_local, join, remove_if_exists, url_to_fs
 
 SPILL_MIN = 256 << 10  # a worker's output for a unit smaller than this comes back through the pipe
 FRAME_BYTES = 256 << 10  # a longer zstd member is packed as independent frames of about this many bytes of rows
@@ -66,7 +68,7 @@ RECORD_MAX = 1 << 20  # sequences up to this many bytes are copied into a unit's
 BATCH_SEQS = 8192  # sequences per Records at most
 BATCH_BYTES = 16 << 20  # and about this many bytes of values
 _USTAR_MAX_SIZE = 8**11 - 1  # the 11 octal digits of a ustar size field
-_TEMPLATE = bytearray(npyfmt.tar_header("_", 0))
+_TEMPLATE = bytearray(tarfmt.tar_header("_", 0))
 _TEMPLATE[0:100] = bytes(100)
 _TEMPLATE[124:136] = bytes(12)
 _TEMPLATE[148:156] = b" " * 8
@@ -340,7 +342,7 @@ def _zstd():
 
 
 def tar_header(name: str, size: int) -> bytes:
-    """``npyfmt.tar_header(name, size)``, byte for byte, ~20x faster: a template with name, size
+    """``tarfmt.tar_header(name, size)``, byte for byte, ~20x faster: a template with name, size
     and checksum patched in (tests/test_pack.py checks the equality). Members too large for
     ustar get a pax header."""
     raw = name.encode("ascii")
@@ -398,12 +400,12 @@ def records_of(seqs: list[EncodedSeq], suffix: str) -> Records:
     parts, ends, content, at = [], [], [], 0
     for s in seqs:
         head = tar_header(s.key + suffix, s.size)
-        parts += [head, s.head, s.body, npyfmt.tar_padding(s.size)]
-        at += len(head) + s.size + (-s.size % npyfmt.BLOCK)
+        parts += [head, s.head, s.body, tarfmt.tar_padding(s.size)]
+        at += len(head) + s.size + (-s.size % tarfmt.BLOCK)
         if s.meta is not None:
             meta_head = tar_header(f"{s.key}.json", len(s.meta))
-            parts += [meta_head, s.meta, npyfmt.tar_padding(len(s.meta))]
-            at += len(meta_head) + len(s.meta) + (-len(s.meta) % npyfmt.BLOCK)
+            parts += [meta_head, s.meta, tarfmt.tar_padding(len(s.meta))]
+            at += len(meta_head) + len(s.meta) + (-len(s.meta) % tarfmt.BLOCK)
         content.append(len(head))
         ends.append(at)
     col = lambda name: np.array([getattr(s, name) for s in seqs], dtype=np.int64)  # noqa: E731
@@ -451,15 +453,15 @@ def encode_batch(batch: Batch, *, cast: str | None = None, empty: str = "skip",
     heads = [np.frombuffer(npyfmt.npy_header_for(values.dtype, (int(t),) + step_shape), dtype=np.uint8) for t in uniq]
     hlen = np.array([len(h) for h in heads], dtype=np.int64)[which]
     size = hlen + lengths * step_bytes
-    ends = np.cumsum(npyfmt.BLOCK + size + (-size % npyfmt.BLOCK))
+    ends = np.cumsum(tarfmt.BLOCK + size + (-size % tarfmt.BLOCK))
     blob = np.frombuffer("".join(keys).encode("ascii"), dtype=np.uint8)
     key_ends = np.cumsum([len(k) for k in keys], dtype=np.int64)
     out = np.zeros(int(ends[-1]), dtype=np.uint8)
-    first = ends - (npyfmt.BLOCK + size + (-size % npyfmt.BLOCK))
-    out.reshape(-1, npyfmt.BLOCK)[first // npyfmt.BLOCK] = tar_headers(blob, key_ends, ".npy", size)
-    _copy_contents(out, first + npyfmt.BLOCK, heads, which, values.reshape(-1).view(np.uint8),
+    first = ends - (tarfmt.BLOCK + size + (-size % tarfmt.BLOCK))
+    out.reshape(-1, tarfmt.BLOCK)[first // tarfmt.BLOCK] = tar_headers(blob, key_ends, ".npy", size)
+    _copy_contents(out, first + tarfmt.BLOCK, heads, which, values.reshape(-1).view(np.uint8),
                    starts * step_bytes, lengths * step_bytes)
-    return Records(out, ends, np.full(len(keys), npyfmt.BLOCK, dtype=np.int64), blob, key_ends, lengths, size, hlen,
+    return Records(out, ends, np.full(len(keys), tarfmt.BLOCK, dtype=np.int64), blob, key_ends, lengths, size, hlen,
                    nans, infs, values.dtype.str, step_shape), skipped
 
 
@@ -905,13 +907,13 @@ class ShardWriter:
             for part in (chunk if isinstance(chunk, Streamed) else (chunk,)):
                 if len(part):
                     self._write(part)
-        self._write(npyfmt.tar_padding(size))
-        self._pos += size + (-size % npyfmt.BLOCK)
+        self._write(tarfmt.tar_padding(size))
+        self._pos += size + (-size % tarfmt.BLOCK)
         return self._pos - start
 
     def _close_current(self) -> None:
-        self._write(npyfmt.TAR_END)
-        self._pos += len(npyfmt.TAR_END)
+        self._write(tarfmt.TAR_END)
+        self._pos += len(tarfmt.TAR_END)
         f = self._file
         if self._tmp:
             f.flush()

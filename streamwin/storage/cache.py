@@ -19,9 +19,11 @@ import uuid
 
 from filelock import FileLock
 
-from .errors import ShardError
-from .manifest import ShardEntry
-from .storage import describe, join, load_manifest, url_to_fs, with_retries
+from streamwin.errors import ShardError
+from streamwin.formats.manifest import ShardEntry
+from streamwin.storage.manifests import load_manifest
+from streamwin.storage.retry import describe, with_retries
+from streamwin.storage.urls import join, url_to_fs
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
 COPY_CHUNK = 8 << 20

@@ -24,13 +24,13 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .errors import ManifestError, PackError, ShardError, StreamwinError
-from .index import index_shards, verify
-from .pack import NonFiniteWarning, merge, pack, parse_part, part_indexes
-from .mix import plan_epoch
-from .plan import PlanConfig, WindowIndex, WindowSpec, make_plan
-from .sources import FORMATS, SOURCE_OPTIONS
-from .storage import load_manifest
+from streamwin.errors import ManifestError, PackError, ShardError, StreamwinError
+from streamwin.packing.scan import index_shards, verify
+from streamwin.packing.pack import NonFiniteWarning, merge, pack, parse_part, part_indexes
+from streamwin.plan.mix import plan_epoch
+from streamwin.plan.epoch import PlanConfig, WindowIndex, WindowSpec, make_plan
+from streamwin.packing.inputs import FORMATS, SOURCE_OPTIONS
+from streamwin.storage.manifests import load_manifest
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
@@ -366,8 +366,8 @@ def _histogram_png(lengths: np.ndarray, path: str, title: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .dataset import WindowDataset  # torch, seconds to import: only the verb that loads batches pays for it
-    from .loader import WindowLoader
+    from streamwin.dataset import WindowDataset  # torch, seconds to import: only the verb that loads batches pays for it
+    from streamwin.loader import WindowLoader
 
     start = time.perf_counter()
     ds = WindowDataset(args.url, window=args.window, stride=args.stride, horizon=args.horizon, pad=args.pad,

@@ -79,9 +79,9 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from .errors import PackError
-from . import npyfmt
-from .keys import check_key, key_from_name
+from streamwin.errors import PackError
+from streamwin.formats import npy as npyfmt
+from streamwin.formats.keys import check_key, key_from_name
 
 Item = tuple[str, np.ndarray, dict | None]
 FORMATS = ("npy", "npz", "parquet", "csv", "jsonl", "text", "iterable")

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .batch import BatchKeys
-from .read import Block
+from streamwin.batch import BatchKeys
+from streamwin.read.reader import Block
 
 
 @dataclass

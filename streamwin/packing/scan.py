@@ -36,11 +36,12 @@ try:
 except ImportError:  # only .npy.zst members need it
     zstandard = None
 
-from . import npyfmt
-from .errors import ManifestError, ShardError
-from .manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
-from .pack import count_nonfinite
-from .storage import join, load_manifest, url_to_fs, write_manifest
+from streamwin.formats import npy as npyfmt
+from streamwin.errors import ManifestError, ShardError
+from streamwin.formats.manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
+from streamwin.packing.pack import count_nonfinite
+from streamwin.storage.manifests import load_manifest, write_manifest
+from streamwin.storage.urls import join, url_to_fs
 
 _ZSTD_ERRORS = (zstandard.ZstdError,) if zstandard is not None else ()
 CHUNK = 4 << 20  # bytes fetched (and hashed) per read of a shard

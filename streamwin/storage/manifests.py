@@ -1,0 +1,92 @@
+"""The manifest on storage: index.json (and its columns file) written last, read with retries."""
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from typing import Any, Callable
+
+import fsspec
+
+from streamwin.errors import ManifestError
+from streamwin.formats.manifest import (COLUMNAR_FROM, INDEX_NAME, Manifest, ShardEntry, columns_file_entry, columns_name,
+                                        parse_manifest)
+from streamwin.storage.retry import describe, with_retries
+from streamwin.storage.urls import is_local, join, remove_if_exists, url_to_fs, write_atomic
+
+
+def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, name: str = INDEX_NAME,
+                   columnar: bool | None = None) -> None:
+    """Write the index file ``name`` (the commit marker), after its columns file when columnar.
+
+    ``columnar`` None: the columnar form (version 2) from COLUMNAR_FROM sequences on, else
+    the columns inline (version 1, one file).
+    """
+    if columnar is None:
+        columnar = manifest.num_sequences >= COLUMNAR_FROM
+    if not columnar:
+        remove_if_exists(fs, join(root, columns_name(name)))
+        write_atomic(fs, join(root, name), manifest.to_json().encode())
+        return
+    parts, layout = manifest.column_parts()
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    nbytes = sum(len(p) for p in parts)
+    write_atomic(fs, join(root, columns_name(name)), parts)
+    spec = {"name": columns_name(name), "bytes": nbytes, "sha256": digest.hexdigest(), "layout": layout}
+    write_atomic(fs, join(root, name), manifest.to_json(columns_file=spec).encode())
+
+
+def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, retries: int = 5,
+                  backoff: float = 0.2, name: str = INDEX_NAME,
+                  fetch_columns: Callable[[str, Any, str, ShardEntry], str] | None = None) -> Manifest:
+    """Read ``<url>/index.json``; a missing index means the dataset is not (yet) complete.
+
+    Transient storage errors (503, dropped connections, time-outs) are retried with
+    exponential backoff, like every shard read. The columns file of a version 2 manifest is
+    memory-mapped where it is a local file; a remote one is mapped from the local path
+    ``fetch_columns(url, fs, path, entry)`` returns (the node cache), else read into memory.
+    """
+    # a session of its own: a manifest load through fsspec's shared http session once waited forever on a
+    # pooled keep-alive connection (a loopback server in a process that forks workers; seen in CI)
+    fs, root = url_to_fs(url, storage_options, own_retries=True, fresh=True)
+    path = join(root, name)
+    where = f"{url.rstrip('/')}/{name}"
+    try:
+        text = with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
+    except FileNotFoundError as e:
+        raise ManifestError(
+            f"no {INDEX_NAME} at {url}: not a streamwin dataset, or its pack did not finish "
+            "(index.json is written last); rerun the pack, or `streamwin index` existing tar shards"
+        ) from e
+    except PermissionError as e:
+        raise ManifestError(f"cannot read {where}: {e}") from e
+    except Exception as e:
+        raise ManifestError(f"cannot read {where}: {describe(e, retries)}") from e
+    entry = columns_file_entry(text, where)
+    if entry is None:
+        return parse_manifest(text, where=where)
+    columns = _columns_bytes(url, fs, join(root, entry.name), entry, fetch_columns, retries, backoff)
+    return parse_manifest(text, where=where, columns=columns)
+
+
+def _columns_bytes(url: str, fs, path: str, entry: ShardEntry, fetch_columns, retries: int, backoff: float):
+    """The columns file's bytes: a read-only map of a local file, or the bytes read from storage."""
+    where = f"{url.rstrip('/')}/{entry.name}"
+    try:
+        if not is_local(fs) and fetch_columns is not None:
+            path = fetch_columns(where, fs, path, entry)
+        elif not is_local(fs):
+            return with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError as e:
+        raise ManifestError(f"{where} is missing: index.json names it as its columns file; the dataset is damaged "
+                            "(repack, or rerun `streamwin index`)") from e
+    except ManifestError:
+        raise
+    except Exception as e:
+        raise ManifestError(f"cannot read {where}: {type(e).__name__}: {e}") from e

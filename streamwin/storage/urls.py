@@ -1,0 +1,77 @@
+"""URLs to filesystems, and writes that readers see whole or not at all.
+
+Everything that touches a filesystem goes through fsspec, so local paths, file://, s3://,
+gs://, http(s):// and memory:// behave the same.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import uuid
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+
+def url_to_fs(url: str, storage_options: dict[str, Any] | None = None, *,
+              own_retries: bool = False, fresh: bool = False) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path inside it) for a URL or a local path.
+
+    ``own_retries``: the caller retries transient errors itself (reads do), so the filesystem
+    must not retry inside each attempt: for s3, botocore's retries are turned off and s3fs'
+    own loop cut to one attempt, unless ``config_kwargs`` sets ``retries``.
+    ``fresh``: for http(s), a filesystem of its own (not fsspec's cached instance), whose
+    aiohttp session reuses no keep-alive connection of an earlier request.
+    """
+    url = str(url)
+    opts = dict(storage_options or {})
+    if fresh and fsspec.core.split_protocol(url)[0] in ("http", "https"):
+        opts["skip_instance_cache"] = True
+    quiet = own_retries and fsspec.core.split_protocol(url)[0] in ("s3", "s3a")
+    if quiet:
+        config = dict(opts.get("config_kwargs") or {})
+        quiet = "retries" not in config  # the user's own retry settings win
+        if quiet:
+            opts["config_kwargs"] = {**config, "retries": {"total_max_attempts": 1}}
+    fs, path = fsspec.core.url_to_fs(url, **opts)
+    if quiet:
+        fs.retries = 1  # this instance is ours: its options hold the config above
+    return fs, path
+
+
+def join(root: str, name: str) -> str:
+    return posixpath.join(root.rstrip("/"), name) if root else name
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes | list) -> None:
+    """Write ``data`` (bytes, or a list of buffers written in order) so that readers see either nothing or all of it.
+
+    Local files go through a temporary name and os.replace; object stores make a PUT
+    visible only once it is complete, so they are written directly.
+    """
+    parts = data if isinstance(data, list) else [data]
+    if is_local(fs):
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    else:
+        with fs.open(path, "wb") as f:
+            for part in parts:
+                f.write(part)
+
+
+def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    try:
+        if fs.exists(path):
+            fs.rm(path)
+    except FileNotFoundError:
+        pass
