@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from streamwin.plan.epoch import PlanConfig, WindowSpec, make_plan
+from streamwin.plan import PlanConfig, WindowSpec, make_plan
 
 
 def plan_timing(n_seqs: int, world: int, workers: int, repeats: int) -> float:
@@ -47,7 +47,7 @@ def mixing(lengths: np.ndarray, shard_starts: np.ndarray, buffer: int | None, ba
         shuffle = buffer > 0
         cfg = PlanConfig(spec, batch_size=b, shuffle=shuffle, block_windows=max(buffer, b),
                          slice_windows=max(1, buffer // 8) if shuffle else 1250)
-        plan = make_plan(lengths, shard_starts, cfg, epoch=0)
+        plan = make_plan(lengths, shard_starts, cfg, epoch=0).sources[0]
         rows, k = [], 0
         while sum(len(r) for r in rows) < batches * b and k < plan.num_blocks(0):
             g, _ = plan.block(0, k)

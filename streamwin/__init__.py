@@ -9,7 +9,8 @@ from streamwin.errors import ManifestError, PackError, ShardError, StateMismatch
 from streamwin.packing.scan import index_shards, verify
 from streamwin.formats.manifest import Manifest
 from streamwin.packing.pack import merge, pack
-from streamwin.plan.epoch import Plan, PlanConfig, WindowSpec, make_plan
+from streamwin.plan.epoch import Plan, make_plan
+from streamwin.plan.options import PlanConfig, WindowSpec
 from streamwin.storage.manifests import load_manifest
 
 __version__ = "0.1.0"

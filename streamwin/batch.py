@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from streamwin.formats.manifest import Manifest
-from streamwin.plan.epoch import WindowSpec
+from streamwin.plan.options import WindowSpec
 from streamwin.read.reader import Block
 
 ALIGN = 64  # each field starts on a cache line
@@ -82,31 +82,31 @@ class BatchKeys(Sequence):
     """The sequence keys of a batch's windows: a read-only list of str, decoded on first use.
 
     Equal to the list of the same strings; pickles as that list. The trainer never pays for
-    strings a training step does not read. In a mixed batch ``manifest`` lists the sources'
-    manifests and ``source`` says whose index each ``seq`` is.
+    strings a training step does not read. ``manifests`` lists the sources' manifests and
+    ``source`` says whose index each ``seq`` is (None: all of the first).
     """
 
-    __slots__ = ("_manifest", "_seq", "_source", "_names")
+    __slots__ = ("_manifests", "_seq", "_source", "_names")
 
-    def __init__(self, names=None, *, manifest: Manifest | Sequence[Manifest] | None = None,
-                 seq: np.ndarray | None = None, source: np.ndarray | None = None):
+    def __init__(self, names=None, *, manifests: Sequence[Manifest] | None = None, seq: np.ndarray | None = None,
+                 source: np.ndarray | None = None):
         self._names = None if names is None else [str(n) for n in names]
-        self._manifest, self._seq, self._source = manifest, seq, source
+        self._manifests, self._seq, self._source = manifests, seq, source
 
     def _list(self) -> list[str]:
         if self._names is None:
             self._names = self._decode()
-            self._manifest = self._seq = self._source = None
+            self._manifests = self._seq = self._source = None
         return self._names
 
     def _decode(self) -> list[str]:
         """The keys of the batch's sequences, each looked up in its own source's manifest."""
         if self._source is None:
-            return self._manifest.keys(self._seq)
+            return self._manifests[0].keys(self._seq)
         names: list[str] = [""] * len(self._seq)
         for i in np.unique(self._source):
             rows = np.flatnonzero(self._source == i)
-            for row, key in zip(rows.tolist(), self._manifest[int(i)].keys(self._seq[rows])):
+            for row, key in zip(rows.tolist(), self._manifests[int(i)].keys(self._seq[rows])):
                 names[row] = key
         return names
 
@@ -121,7 +121,7 @@ class BatchKeys(Sequence):
 
     def __eq__(self, other) -> bool:
         if isinstance(other, BatchKeys):
-            other = other._list()
+            other = list(other)
         return isinstance(other, (list, tuple)) and self._list() == list(other)
 
     __hash__ = None
@@ -212,8 +212,10 @@ class Gatherer:
         self.spec = spec
         self.sb = manifest.step_bytes
 
-    def gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Fill ``out`` (``layout.views`` of a batch buffer) with the windows ``block.offs[lo:hi]`` of each part."""
+    def gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray],
+               counts: np.ndarray) -> dict[str, np.ndarray]:
+        """Fill ``out`` (``layout.views`` of a batch buffer) with the windows ``block.offs[lo:hi]`` of each part;
+        ``counts[i]``: the batch's windows of source i (its rows come in source order)."""
         spec, sb = self.spec, self.sb
         self._take(parts, 0, spec.window, out["x"])
         if spec.horizon:
@@ -236,6 +238,8 @@ class Gatherer:
             at += hi - lo
         if "weight" in out:
             _cat(parts, "real", out["weight"])
+        if "source" in out:
+            out["source"][:] = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         return out
 
     def _take(self, parts: list[tuple[Block, int, int]], shift: int, steps: int, dest_array: np.ndarray) -> None:

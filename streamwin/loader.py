@@ -7,12 +7,12 @@ Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``se
   read on a background thread, each batch one GIL-free copy on the trainer's thread).
 - ``num_workers=N``: N worker processes each run a stream and gather batches into batch
   slots in shared memory, allocated once; per batch the trainer receives a slot number
-  (workers.py, slots.py). Batches are taken round robin, worker ``j % N`` for batch ``j``.
-  The default is one worker where the machine has a core to spare for it (and ``fork``):
-  0 and 1 workers run the same plan (one stream per rank), so the choice never differs
-  in what a rank yields, only in whose thread gathers it.
+  (feed/worker.py, feed/pool.py). Batches are taken round robin, worker ``j % N`` for batch
+  ``j``. The default is one worker where the machine has a core to spare for it (and
+  ``fork``): 0 and 1 workers run the same plan (one stream per rank), so the choice never
+  differs in what a rank yields, only in whose thread gathers it.
 - ``device="cuda"``: each block's bytes are uploaded once and windows are cut on the device
-  (device.py); workers, if any, read the blocks and send them in chunks through their slots.
+  (feed/device.py); workers, if any, read the blocks and send them in chunks through their slots.
 
 Batch lifetime: a batch's tensors are never overwritten while you hold any of them (or a
 view): memory is reused only once nothing refers to it, and, for page-locked slots, once
@@ -20,65 +20,52 @@ the CUDA work queued before that point has finished. Keep as many batches as you
 you keep so many that workers would run out of slots, the loader copies later batches out
 of shared memory (and warns once).
 
-The position is a cursor: (epoch, batches handed out), plus the plan inputs it must match.
-Ranks run in lockstep, so any one rank's position is every rank's. A position loaded into
-another world, worker count or batch size (elastic resume) makes the rest of that epoch a
-plan of its own: what the interrupted run had not yielded, dealt anew (plan.rest_plan).
+The position (state.Position) is a cursor: epoch and batches handed out, plus the plan inputs
+it must match. Ranks run in lockstep, so any one rank's position is every rank's. A position
+loaded into another world, worker count or batch size (elastic resume) makes the rest of that
+epoch a plan of its own: what the interrupted run had not yielded, dealt anew (plan.rest_plan).
 """
 from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
-import os
-import sys
-import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from streamwin.dataset import STATE_VERSION, WindowDataset, check_state, same_position
-from streamwin.errors import StateMismatchError
-from streamwin.feed.passes import DevicePass, DeviceWorkerPass, LocalPass, Pass, PassIterator, WorkerPass
-from streamwin.feed.workers import STAT_FIELDS, WorkerPool
+from streamwin.dataset import WindowDataset
+from streamwin.feed.device_feeds import DeviceFeed, DeviceWorkerFeed
+from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, WorkerFeed
+from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
+from streamwin.feed.stats import RunStats
+from streamwin.plan.epoch import Plan
+from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
 
 log = logging.getLogger("streamwin")
 
 
-def _default_start_method() -> str | None:
-    """fork where the platform has it (no re-import of the user's script), else Python's default."""
-    return "fork" if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin" else None
+class PassIterator:
+    """What ``iter(loader)`` returns: the pass begins at the first ``next()``.
 
+    Frameworks (Lightning) may call ``iter()`` more than once before iterating one of the
+    results; the epoch, the position and the streams are settled when batches are asked for.
+    """
 
-FORKSERVER_PRELOAD = ("torch", "streamwin.workers")
+    def __init__(self, begin: Callable[[], Feed], length: Callable[[], int]):
+        self.begin, self.length, self.feed = begin, length, None
 
+    def __iter__(self) -> "PassIterator":
+        return self
 
-def _start_context(method: str | None) -> multiprocessing.context.BaseContext:
-    """The start method's context; for forkserver, one whose server imports torch and streamwin
-    before it forks any worker, so a worker starts in milliseconds instead of importing them.
-    The preload list is per process and read when its server starts: a server already running
-    (started without it) is used as it is."""
-    ctx = multiprocessing.get_context(method)
-    if ctx.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
+    def __next__(self) -> dict[str, Any]:
+        if self.feed is None:
+            self.feed = self.begin()
+        return next(self.feed)
 
-        preload = list(getattr(forkserver._forkserver, "_preload_modules", None) or ["__main__"])
-        missing = [m for m in FORKSERVER_PRELOAD if m not in preload]
-        if missing:
-            ctx.set_forkserver_preload(preload + missing)
-    return ctx
-
-
-def default_workers(context: str | None = None) -> int:
-    """1 worker process when a core is free for it and workers can fork, else 0 (in-process)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    method = context or _default_start_method()
-    return 1 if cores >= 2 and method == "fork" else 0
+    def __len__(self) -> int:
+        return self.length()
 
 
 class WindowLoader:
@@ -126,26 +113,22 @@ class WindowLoader:
         self.device = torch.device(device) if device is not None else None
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
-        self.multiprocessing_context = multiprocessing_context or _default_start_method()
+        self.multiprocessing_context = multiprocessing_context or default_start_method()
         self.batch_size = dataset.batch_size
-        self._epoch, self._taken = 0, 0
-        self._rest: list[dict[str, Any]] = []  # elastic resume: the interrupted runs of this epoch, oldest first
+        self.position = Position()
         self._epoch_set = False  # set_epoch called since the last pass began
         self._resume = False  # a loaded position waits for the next pass
-        self._pass: Pass | None = None
+        self._feed: Feed | None = None
         self._pool: WorkerPool | None = None
-        self._len: tuple[int, int] | None = None  # (world size, batches per rank)
+        self._len: tuple[Any, int] | None = None  # ((world size, interrupted runs), batches per rank)
         self._logged = False
-        self._totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
-        self._yielded, self._wait, self._started = 0, 0.0, None
-        self._warned_keep = False
-        self._device_stats: dict[str, int] = {}  # device mode: blocks and bytes uploaded, peak device bytes
+        self._stats = RunStats()
 
     # -- the epoch and the position --------------------------------------------------------------
     @property
     def epoch(self) -> int:
         """The epoch of the current (or next) pass."""
-        return self._epoch
+        return self.position.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch (the same on every rank) before a pass; a new epoch, a new order.
@@ -157,14 +140,10 @@ class WindowLoader:
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
-        if not (self._resume and epoch == self._epoch):
-            self._epoch, self._resume = int(epoch), False
-            self._restart()
+        if not (self._resume and epoch == self.position.epoch):
+            self.position.epoch, self._resume = int(epoch), False
+            self.position.restart()
         self._epoch_set = True
-
-    def _restart(self) -> None:
-        """Back to the start of the epoch, under this world's own plan."""
-        self._taken, self._rest = 0, []
 
     def __len__(self) -> int:
         """Batches each rank yields in the epoch, counted as the cursor counts them: the same on every rank.
@@ -174,29 +153,21 @@ class WindowLoader:
         rest, as this job deals it. Cached per world size: a len() taken before
         ``init_process_group`` is not kept after it.
         """
-        key = (self.dataset.world()[1], json.dumps(self._rest))
+        key = (self.dataset.world()[1], json.dumps(self.position.rest))
         if self._len is None or self._len[0] != key:
-            self._len = (key, self._offset() + self._plan().batches_per_rank)
+            self._len = (key, self.position.offset + self._plan().batches_per_rank)
         return self._len[1]
 
-    def _offset(self) -> int:
-        """Batches of the epoch taken before this job's plan begins (elastic resume), else 0."""
-        return int(self._rest[-1]["batches"]) if self._rest else 0
-
-    def _plan(self):
+    def _plan(self) -> Plan:
         """This pass's plan: the epoch's, or the rest of it after an elastic resume."""
-        return self.dataset.plan(self._epoch, self.num_workers, self._rest)
+        return self.dataset.plan(self.position.epoch, self.num_workers, self.position.rest)
 
     def state_dict(self) -> dict[str, Any]:
         """The position: epoch and batches handed out, with the plan inputs (a few hundred bytes).
 
         The same on every rank: load any rank's into every rank of a new job, of this world or another.
         """
-        state = {"version": STATE_VERSION, "epoch": self._epoch, "batches": self._taken,
-                 "inputs": self.dataset.plan_inputs(self.num_workers)}
-        if self._rest:
-            state["rest_of"] = [dict(r) for r in self._rest]
-        return state
+        return self.position.to_state(self.dataset.plan_inputs(self.num_workers))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a position; the next pass (after ``set_epoch`` with the same epoch, or none) continues it.
@@ -206,7 +177,7 @@ class WindowLoader:
         it had not yielded are dealt anew over this job's streams: none is yielded twice, fewer
         than streams x batch_size are dropped, and every rank yields the same number of batches.
         """
-        epoch, taken, inputs, rest = _read_state(state_dict)
+        epoch, taken, inputs, rest = read_state(state_dict)
         now = self.dataset.plan_inputs(self.num_workers)
         for run in rest:  # an earlier elastic resume of this epoch: its runs must be of this dataset too
             check_state({"version": STATE_VERSION, "inputs": run["inputs"]}, now, finished=True)
@@ -217,48 +188,53 @@ class WindowLoader:
             finished = False
         check_state({"version": STATE_VERSION, "inputs": inputs}, now, finished=True)  # data, order, windows
         self.close_pass()
-        self._epoch, self._resume, self._epoch_set = epoch, True, False
+        self._resume, self._epoch_set = True, False
+        pos = self.position
+        pos.epoch = epoch
         if finished:  # an epoch's end is the end, in any world
-            self._rest = []
-            self._taken = len(self)
+            pos.rest = []
+            pos.taken = len(self)
         elif same_position(inputs, now):
-            self._rest, self._taken = list(rest), taken
+            pos.rest, pos.taken = list(rest), taken
         elif taken == 0 and not rest:  # nothing taken yet: the epoch starts afresh in this world
-            self._restart()
+            pos.restart()
         else:  # elastic: the rest of the epoch, dealt over this world
-            self._rest, self._taken = [*rest, {"inputs": inputs, "batches": taken}], taken
+            pos.rest, pos.taken = [*rest, {"inputs": inputs, "batches": taken}], taken
 
     # -- iteration ---------------------------------------------------------------------------------
-    def __iter__(self) -> "PassIterator":
-        return PassIterator(self)
+    def __iter__(self) -> PassIterator:
+        return PassIterator(self._begin, self.__len__)
 
-    def _begin(self) -> "Pass":
-        """Start a pass: the one iterator that moves this loader's cursor (an earlier one stops)."""
+    def _begin(self) -> Feed:
+        """Start a pass: the one iterator that moves this loader's position (an earlier one stops)."""
         self.close_pass()
-        if self._taken >= len(self) > 0 and not self._epoch_set:  # the epoch is done: on to the next one
-            self._epoch += 1
-            self._restart()
+        pos = self.position
+        if pos.taken >= len(self) > 0 and not self._epoch_set:  # the epoch is done: on to the next one
+            pos.epoch += 1
+            pos.restart()
         elif not self._resume:  # a new pass of this epoch (after set_epoch, or after one abandoned midway)
-            self._restart()
+            pos.restart()
         self._resume = self._epoch_set = False
         world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
         self._log_once(world)
-        if self._started is None:
-            self._started = time.perf_counter()
+        self._stats.start()
         plan = self._plan()
+        ctx = FeedContext(self.dataset, self._stats, self.close_pass, self._worker_pool(world), self.device,
+                          self.pin_memory, self.num_workers)
         if self.device is not None:
-            self._pass = DeviceWorkerPass(self, plan, world) if self.num_workers else DevicePass(self, plan, world)
+            self._feed = DeviceWorkerFeed(ctx, plan, pos, world[0]) if self.num_workers else \
+                DeviceFeed(ctx, plan, pos, world[0])
         elif self.num_workers > 0:
-            self._pass = WorkerPass(self, plan, world)
+            self._feed = WorkerFeed(ctx, plan, pos)
         else:
-            self._pass = LocalPass(self, plan, world)
-        return self._pass
+            self._feed = LocalFeed(ctx, plan, pos, world[0])
+        return self._feed
 
     def close_pass(self) -> None:
         """Stop the current pass (its threads; its workers unless they persist)."""
-        if self._pass is not None:
-            self._pass.close()
-            self._pass = None
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
         if self._pool is not None and not self.persistent_workers:
             self._close_pool()
 
@@ -277,21 +253,24 @@ class WindowLoader:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             pool.close()
-            self._totals += pool.stats()
+            self._stats.reads += pool.stats()
 
-    def _worker_pool(self, world: tuple[int, int]) -> WorkerPool:
+    def _worker_pool(self, world: tuple[int, int]) -> WorkerPool | None:
+        """The worker processes of this loader (started on first use; None without workers)."""
+        if not self.num_workers:
+            return None
         if self._pool is None or self._pool.closed:
-            ctx = _start_context(self.multiprocessing_context)
             to_cuda = self.device is not None and self.device.type == "cuda"
             self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
-                                    pin=self.pin_memory or to_cuda, context=ctx, ship_blocks=self.device is not None)
+                                    pin=self.pin_memory or to_cuda, context=start_context(self.multiprocessing_context),
+                                    ship_blocks=self.device is not None)
         return self._pool
 
     def _log_once(self, world: tuple[int, int]) -> None:
         if self._logged:
             return
         self._logged = True
-        summary = self.dataset.summary(self._epoch, self.num_workers)
+        summary = self.dataset.summary(self.position.epoch, self.num_workers)
         if world[0] == 0:
             log.info("%s", summary)
         if summary["batches_per_rank"] == 0:
@@ -300,52 +279,22 @@ class WindowLoader:
                 f"streamwin: this loader yields 0 batches per rank: {summary['windows_per_epoch']} windows for "
                 f"{summary['streams']} streams of batch_size {ds.batch_size} (window {ds.spec.window} + horizon "
                 f"{ds.spec.horizon} vs. your sequence lengths). Use a smaller window or batch, fewer workers, or "
-                "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=3)
+                "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=4)
 
     def summary(self) -> dict[str, Any]:
         """The dataset's numbers for this loader's plan: windows, dropped, batches per rank, streams."""
-        return self.dataset.summary(self._epoch, self.num_workers)
+        return self.dataset.summary(self.position.epoch, self.num_workers)
 
     def stats(self) -> dict[str, Any]:
         """Run totals since this loader was made: batches, windows, windows/s, data-wait, reads, retries, skips."""
-        totals = self._totals.copy()
+        reads = self._stats.reads.copy()
         if self._pool is not None:
-            totals += self._pool.stats()
-        if self._pass is not None:
-            totals += self._pass.local_stats()
-        elapsed = time.perf_counter() - self._started if self._started else 0.0
-        windows = self._yielded * self.dataset.batch_size
-        out = {"batches": self._yielded, "windows": windows, "windows_per_s": windows / elapsed if elapsed else 0.0,
-               "wait_s": self._wait, "epoch": self._epoch, "batches_in_epoch": self._taken}
-        out.update(zip(STAT_FIELDS, totals.tolist()))
-        out.update(self._device_stats)
-        if self._pass is not None:
-            out.update(self._pass.extra_stats())
-        return out
+            reads += self._pool.stats()
+        device = self._stats.device
+        if self._feed is not None:
+            reads += self._feed.read_counters()
+            device = self._feed.device_totals()
+        out = self._stats.report(self.batch_size, reads, device)
+        return {**{k: out.pop(k) for k in ("batches", "windows", "windows_per_s", "wait_s")},
+                "epoch": self.position.epoch, "batches_in_epoch": self.position.taken, **out}
 
-
-def _read_state(state: dict[str, Any]) -> tuple[int, int, dict[str, Any], list[dict[str, Any]]]:
-    """(epoch, batches taken, plan inputs, interrupted runs) of a state of this version or of the
-    StatefulDataLoader era."""
-    if isinstance(state, dict) and state.get("version") == STATE_VERSION and "batches" in state:
-        rest = state.get("rest_of") or []
-        if not isinstance(rest, list) or not all(isinstance(r, dict) and {"inputs", "batches"} <= set(r) for r in rest):
-            raise StateMismatchError(f"not a streamwin loader state: rest_of is {str(rest)[:200]}")
-        return int(state["epoch"]), int(state["batches"]), state["inputs"], rest
-    meta = state.get("streamwin")
-    if isinstance(meta, dict) and meta.get("version") == 1:  # saved by streamwin 0.1 (a StatefulDataLoader)
-        streams = list(_stream_states(state))
-        taken = sum(int(s["batch"]) for s in streams if s.get("epoch") == meta["epoch"])
-        return int(meta["epoch"]), taken, meta["inputs"], []
-    check_state(state, {})  # raises, saying what it got
-    raise AssertionError("unreachable")
-
-
-def _stream_states(obj: Any):
-    """Every per-stream state inside a StatefulDataLoader state of streamwin 0.1."""
-    if isinstance(obj, dict):
-        if "stream" in obj and "inputs" in obj and "batch" in obj:
-            yield obj
-            return
-        for v in obj.values():
-            yield from _stream_states(v)

@@ -467,4 +467,4 @@ def test_skip_a_shard_that_fails_verification_fetches_it_once_per_block(served, 
                 assert w == 1 and np.array_equal(x[i], seqs[k][s : s + W]), (k, s)
     assert lost == loader.stats()["skipped_windows"] > 0
     plan = loader.dataset.plan()
-    assert 0 < srv.stats.get_requests <= plan.num_blocks(0)  # one fetch per block that needs it
+    assert 0 < srv.stats.get_requests <= plan.sources[0].num_blocks(0)  # one fetch per block that needs it

@@ -12,15 +12,16 @@ ORDER = [
     "errors", "world",
     "formats.keys", "formats.npy", "formats.tar", "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
-    "plan.split", "plan.epoch", "plan.mix", "plan",
+    "plan.options", "plan.split", "plan.space", "plan.order", "plan.streams", "plan.mix", "plan.epoch", "plan",
     "packing.inputs", "packing.pack", "packing.scan", "packing",
     "read.reader", "read",
-    "batch", "nodes", "dataset",
-    "feed.device", "feed.slots", "feed.workers", "feed.passes", "feed",
+    "state", "source", "batch", "nodes", "dataset", "pipeline",
+    "feed.stats", "feed.device", "feed.slots", "feed.protocol", "feed.worker", "feed.pool", "feed.feeds",
+    "feed.device_feeds", "feed",
     "loader", "cli.main", "cli", "cli.__main__", "__init__",
 ]
-PURE = {"errors", "formats", "storage", "plan", "packing", "read"}  # no torch, no torchdata
-READ_SIDE = {"plan", "read", "batch", "nodes", "dataset", "feed", "loader"}
+PURE = {"errors", "formats", "storage", "plan", "packing", "read", "state", "source"}  # no torch, no torchdata
+READ_SIDE = {"plan", "read", "state", "source", "batch", "nodes", "dataset", "pipeline", "feed", "loader"}
 
 
 def path_of(unit: str) -> pathlib.Path:

@@ -307,12 +307,12 @@ def test_a_finished_in_process_pass_lets_go_of_its_stream(tiny):
     loader = make(url, 0)
     it = iter(loader)
     next(it)
-    source = weakref.ref(it._pass.source)
+    source = weakref.ref(it.feed.stream)
     gc.disable()
     try:
         for _ in it:
             pass
-        assert source() is None, "the finished pass still holds its shard reader"
+        assert source() is None, "the finished pass still holds its stream (shard readers, blocks)"
     finally:
         gc.enable()
 

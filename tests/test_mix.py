@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 
 import streamwin as sw
 from conftest import lockstep as step_ranks, make_sequences, reference_windows, two_corpora
-from streamwin.plan.mix import ShareOrder, batch_quotas, shares
-from streamwin.plan.epoch import PlanConfig, RestOrder, SliceOrder, WindowSpec, make_plan
+from streamwin.plan import PlanConfig, WindowSpace, WindowSpec, make_plan, plan_epoch, rest_plan
+from streamwin.plan.mix import batch_quotas, epoch_quotas, shares
+from streamwin.plan.order import ShareOrder
+from streamwin.plan.streams import RestOrder
 
 W, S = 16, 8
 B = 10
@@ -73,14 +75,14 @@ def slices_of(lengths, slice_windows):
     starts = np.concatenate([[0], np.cumsum(lengths)])
     lo = np.arange(0, starts[-1], slice_windows)
     n = np.minimum(lo + slice_windows, starts[-1]) - lo
-    return SliceOrder(lo.astype(np.int64), np.concatenate([[0], np.cumsum(n)]).astype(np.int64))
+    return lo.astype(np.int64), n.astype(np.int64)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 300), st.integers(0, 2000), st.integers(1, 40), st.integers(0, 3), st.booleans())
 def test_a_share_order_repeats_a_small_source_evenly_and_subsets_a_large_one(windows, total, slice_windows, epoch,
                                                                              shuffle):
-    order = ShareOrder(slices_of([windows], slice_windows), total, seed=1, epoch=epoch, source=0, shuffle=shuffle)
+    order = ShareOrder(*slices_of([windows], slice_windows), total, seed=1, epoch=epoch, source=0, shuffle=shuffle)
     got = order.at(np.arange(total))
     counts = np.bincount(got, minlength=windows)
     assert len(counts) == windows and counts.sum() == total
@@ -89,22 +91,25 @@ def test_a_share_order_repeats_a_small_source_evenly_and_subsets_a_large_one(win
 
 def test_a_large_source_gives_another_subset_each_epoch():
     slices = slices_of([5000], 50)
-    subsets = [frozenset(ShareOrder(slices, 1000, seed=3, epoch=e, source=1, shuffle=True).at(np.arange(1000)).tolist())
+    subsets = [frozenset(ShareOrder(*slices, 1000, seed=3, epoch=e, source=1, shuffle=True).at(np.arange(1000)).tolist())
                for e in range(3)]
     assert all(len(s) == 1000 for s in subsets) and len(set(subsets)) == 3
 
 
 @pytest.mark.parametrize("world,workers,batch,taken", [(2, 2, 8, 5), (3, 0, 5, 7), (1, 3, 4, 10)])
 def test_rest_order_of_windows_used_per_stream_equals_the_batch_form(world, workers, batch, taken):
-    """The generalized RestOrder (windows used per stream) keeps the single-source behaviour."""
+    """The windows a plan says each stream used after ``taken`` batches are the batches' windows (round robin)."""
     cfg = PlanConfig(WindowSpec(4, 2), batch, world_size=world, num_workers=workers, seed=5, block_windows=7,
                      slice_windows=5)
     base = make_plan(np.full(40, 30), np.array([0, 13, 27, 40]), cfg, 1)
-    a = RestOrder(base, taken)
-    b = RestOrder(base, used=[base.consumed(s, taken) for s in range(cfg.num_streams)])
-    assert a.total == b.total and np.array_equal(a.at(np.arange(a.total)), b.at(np.arange(b.total)))
+    n = cfg.workers_per_rank
+    want = [min(taken // n + (s % n < taken % n), base.batches_per_stream) * batch for s in range(cfg.num_streams)]
+    assert base.used(taken)[0].tolist() == want
+    src = base.sources[0]
+    a = RestOrder(src, want)  # what each stream would still yield: its real windows after the used ones
+    assert a.total == sum(min(src.owned(s), src.windows_per_stream) for s in range(cfg.num_streams)) - sum(want)
     with pytest.raises(ValueError, match="used"):
-        RestOrder(base, used=[0])
+        RestOrder(base.sources[0], [0])
 
 
 # -- the loader over a large and a small dataset ------------------------------------------------------
@@ -364,10 +369,10 @@ def test_readme_mixing_snippet_runs_as_pasted(tmp_path):
 def simulate(plan, batches_per_rank=None):
     """Per source, the windows every stream yields (of the first ``batches_per_rank`` batches per rank)."""
     cfg = plan.config
-    out = [Counter() for _ in plan.plans]
+    out = [Counter() for _ in plan.sources]
     for s in range(cfg.num_streams):
         j = plan.batches_per_stream if batches_per_rank is None else plan.taken(s, batches_per_rank)
-        for i, p in enumerate(plan.plans):
+        for i, p in enumerate(plan.sources):
             n = int(plan.quotas[:j, i].sum())
             blocks = [p.block(s, b) for b in range(p.num_blocks(s))]
             got = np.concatenate([g[real] for g, real in blocks]) if blocks else np.zeros(0, dtype=np.int64)
@@ -380,16 +385,13 @@ def simulate(plan, batches_per_rank=None):
        st.integers(1, 3), st.integers(0, 3), st.integers(1, 12), st.integers(0, 2), st.booleans())
 def test_a_mixed_plan_gives_each_source_its_share_within_equal_streams(sizes, weights, world, workers, batch, epoch,
                                                                       shuffle):
-    from streamwin.plan.mix import plan_epoch
-    from streamwin.plan.epoch import WindowIndex
-
     spec = WindowSpec(4, 2)
     cfg = PlanConfig(spec, batch, world_size=world, num_workers=workers, seed=3, shuffle=shuffle, block_windows=9,
                      slice_windows=4)
     lengths = [np.full(n, 4 + 2 * (k + 1)) for k, n in enumerate(sizes)]  # source k: n sequences of k + 2 windows
     windows = [int(n * (k + 2)) for k, n in enumerate(sizes)]
     w = weights[: len(sizes)]
-    plan = plan_epoch(cfg, epoch, [WindowIndex(x, spec) for x in lengths],
+    plan = plan_epoch(cfg, epoch, [WindowSpace(x, spec) for x in lengths],
                       [np.array([0, len(x) // 2, len(x)]) for x in lengths], w, None, [str(k) for k in range(len(sizes))])
     total = sum(windows)
     share = fractions(w) * total
@@ -403,7 +405,7 @@ def test_a_mixed_plan_gives_each_source_its_share_within_equal_streams(sizes, we
         assert max(got[k].values(), default=0) <= math.ceil((share[k] + 1) / windows[k])
     # equal steps: J is the most batches every source fits; one more would overrun some stream of some source
     more = batch_quotas(batch, w, j + 1).sum(axis=0)
-    per_stream_min = [int(p.stream_lo[1:].__sub__(p.stream_lo[:-1]).min()) for p in plan.plans]
+    per_stream_min = [int(p.stream_lo[1:].__sub__(p.stream_lo[:-1]).min()) for p in plan.sources]
     assert any(more[k] > per_stream_min[k] for k in range(len(sizes))) or j == 0 and total < streams * batch
 
 
@@ -411,19 +413,16 @@ def test_a_mixed_plan_gives_each_source_its_share_within_equal_streams(sizes, we
 @given(st.integers(2, 40), st.integers(1, 3), st.integers(0, 2), st.integers(1, 3), st.integers(0, 2),
        st.integers(1, 8), st.data())
 def test_a_mixed_elastic_rest_yields_nothing_twice_beyond_the_share(n, world, workers, world2, workers2, batch, data):
-    from streamwin.plan.mix import plan_epoch, rest_mix
-    from streamwin.plan.epoch import WindowIndex
-
     spec = WindowSpec(4, 2)
     cfg = PlanConfig(spec, batch, world_size=world, num_workers=workers, seed=1, block_windows=7, slice_windows=3)
     lengths = [np.full(6 * n, 10), np.full(n, 8)]  # 4 and 3 windows per sequence: a large and a small source
     windows = [24 * n, 3 * n]
-    plan = plan_epoch(cfg, 0, [WindowIndex(x, spec) for x in lengths], [np.array([0, len(x)]) for x in lengths],
+    plan = plan_epoch(cfg, 0, [WindowSpace(x, spec) for x in lengths], [np.array([0, len(x)]) for x in lengths],
                       [0.5, 0.5], None, ["big", "small"])
     taken = data.draw(st.integers(0, plan.batches_per_rank))
     before = simulate(plan, taken)
     cfg2 = PlanConfig(spec, data.draw(st.integers(1, 8)), world_size=world2, num_workers=workers2, seed=1, block_windows=5, slice_windows=3)
-    rest = rest_mix(plan, taken, cfg2)
+    rest = rest_plan(plan, taken, cfg2)
     after = simulate(rest)
     share = [sum(windows) / 2] * 2
     for k in range(2):
@@ -451,11 +450,9 @@ def test_mixed_padding_yields_each_sources_share_exactly_repeats_weigh_zero(corp
 @pytest.mark.parametrize("weights,small", [([0.999, 0.001], 7), ([0.999, 0.001], 4), ([0.998, 0.002], 7),
                                            ([0.5, 0.5], 7), ([0.01, 0.99], 7)])
 def test_padded_quotas_cover_every_streams_range_even_for_a_tiny_weight(weights, small):
-    from streamwin.plan.mix import _quotas
-
     cfg = PlanConfig(WindowSpec(4, 2), 100, equalize="pad")
     sizes = [np.array([3000, 2999]), np.array([small, small - 1])]
-    q = _quotas(cfg, np.asarray(weights), sizes)
+    q = epoch_quotas(cfg, np.asarray(weights), sizes)
     cum = q.sum(axis=0)
     assert all(cum[k] >= sizes[k].max() for k in range(2)), cum  # every real window is yielded
     shorter = q[:-1].sum(axis=0)
@@ -464,15 +461,13 @@ def test_padded_quotas_cover_every_streams_range_even_for_a_tiny_weight(weights,
 
 def test_sources_blocks_are_shuffled_independently():
     """Two sources' blocks of one stream get different in-block permutations (not one RNG key for both)."""
-    import numpy as np
-    from streamwin.plan.mix import mix_plan, ShareOrder
-    from streamwin.plan.epoch import PlanConfig, SliceOrder, WindowIndex, WindowSpec
+    from streamwin.plan.epoch import deal
 
     spec = WindowSpec(4, 4)
-    index = WindowIndex(np.full(100, 40), spec)
-    order = lambda i: ShareOrder(SliceOrder(np.arange(0, 1000, 100), np.arange(0, 1001, 100)), 1000, seed=0, epoch=0,
-                                 source=i, shuffle=True)
+    space = WindowSpace(np.full(100, 40), spec)
+    order = lambda i: ShareOrder(np.arange(0, 1000, 100), np.full(10, 100), 1000, seed=0, epoch=0, source=i,
+                                 shuffle=True)
     cfg = PlanConfig(spec, batch_size=8, block_windows=64)
-    plan = mix_plan(cfg, 0, [0.5, 0.5], [order(0), order(1)], [index, index])
-    a, b = (p.block_parts(0, 0)[2] for p in plan.plans)
+    plan = deal(cfg, 0, [0.5, 0.5], [order(0), order(1)], [space, space])
+    a, b = (p.block_parts(0, 0)[2] for p in plan.sources)
     assert len(a) == len(b) and not np.array_equal(a, b)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from streamwin.plan.epoch import PlanConfig, WindowIndex, WindowSpec, make_plan
+from streamwin.plan import PlanConfig, SourcePlan, WindowSpace, WindowSpec, make_plan
 
 
 def naive_windows(lengths, spec):
@@ -25,7 +25,8 @@ def naive_windows(lengths, spec):
 
 
 def all_streams(plan):
-    """Per stream: list of (sequence, start, real) in yield order."""
+    """Per stream: list of (sequence, start, real) in yield order (of a plan's only source)."""
+    plan = plan.sources[0]
     out = []
     for s in range(plan.config.num_streams):
         rows = []
@@ -75,8 +76,8 @@ def test_coverage_and_equal_steps(data):
 
     streams = all_streams(plan)
     # equal steps: every stream, hence every rank, yields the same whole number of batches
-    assert all(len(rows) == plan.windows_per_stream for rows in streams)
-    assert plan.windows_per_stream % b == 0
+    assert all(len(rows) == plan.sources[0].windows_per_stream for rows in streams)
+    assert plan.sources[0].windows_per_stream % b == 0
     assert plan.batches_per_rank == plan.batches_per_stream * max(1, cfg.num_workers)
 
     real = [(q, st_) for rows in streams for q, st_, r in rows if r]
@@ -130,10 +131,11 @@ def test_4096_ranks_plan_equal_and_fast_enough():
     shard_starts = np.arange(0, 1_000_001, 1000)
     cfg = PlanConfig(WindowSpec(256, 64), batch_size=32, world_size=4096, num_workers=8)
     plan = make_plan(lengths, shard_starts, cfg, 3)
-    sizes = np.diff(plan.stream_lo)
+    src = plan.sources[0]
+    sizes = np.diff(src.stream_lo)
     assert sizes.max() - sizes.min() <= 1
     assert plan.dropped_windows < cfg.num_streams * cfg.batch_size
-    g, real = plan.block(32767, plan.num_blocks(32767) - 1)
+    g, real = src.block(32767, src.num_blocks(32767) - 1)
     assert real.all() and len(g) > 0
 
 
@@ -191,7 +193,7 @@ def test_window_index_numbers_windows_as_the_naive_enumeration(lengths, window, 
     else:
         view_lo, view_len, views = np.zeros_like(lengths), lengths, None
     expected = naive_view_windows(lengths.tolist(), spec, view_lo.tolist(), view_len.tolist())
-    index = WindowIndex(lengths, spec, views, chunk=chunk)
+    index = WindowSpace(lengths, spec, views, chunk=chunk)
     assert index.total == len(expected)
     seq, start = index.locate(np.arange(index.total))
     assert list(zip(seq.tolist(), start.tolist())) == expected
@@ -207,11 +209,13 @@ def test_a_plan_holds_nothing_per_sequence():
     rng = np.random.default_rng(1)
     lengths = rng.integers(0, 5000, size=1_000_000)
     cfg = PlanConfig(WindowSpec(256, 64), batch_size=32, world_size=8, num_workers=8)
-    index = WindowIndex(lengths, cfg.spec)
-    plan = make_plan(None, np.arange(0, 1_000_001, 1000), cfg, 2, index=index)
-    arrays = [v for v in vars(plan).values() if isinstance(v, np.ndarray)] + [index.coarse]
+    space = WindowSpace(lengths, cfg.spec)
+    plan = make_plan(None, np.arange(0, 1_000_001, 1000), cfg, 2, space=space)
+    held = [*vars(plan).values(), *vars(plan.sources[0]).values(), *vars(plan.sources[0].order).values()]
+    arrays = [v for v in held if isinstance(v, np.ndarray)] + [space.coarse]
     assert sum(a.nbytes for a in arrays) < len(lengths)  # under one byte per sequence (was 16)
-    assert make_plan(lengths, np.arange(0, 1_000_001, 1000), cfg, 2).windows_per_stream == plan.windows_per_stream
+    again = make_plan(lengths, np.arange(0, 1_000_001, 1000), cfg, 2)
+    assert again.sources[0].windows_per_stream == plan.sources[0].windows_per_stream
 
 
 def test_a_dataset_builds_its_window_index_once_and_len_once(tiny, monkeypatch):
@@ -220,9 +224,9 @@ def test_a_dataset_builds_its_window_index_once_and_len_once(tiny, monkeypatch):
 
     ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4, split="train")
     a, b = ds.plan(0, 0), ds.plan(3, 4)
-    assert a.index is b.index and a.index is ds.window_index()
+    assert a.sources[0].space is b.sources[0].space and a.sources[0].space is ds.sources[0].space
     n = len(ds)
-    monkeypatch.setattr(streamwin.dataset, "make_plan", lambda *a, **k: pytest.fail("len() planned again"))
+    monkeypatch.setattr(streamwin.dataset, "plan_epoch", lambda *a, **k: pytest.fail("len() planned again"))
     assert len(ds) == n
 
 
@@ -234,13 +238,13 @@ def test_a_pickled_dataset_carries_its_index_scan_not_the_manifest(tiny, monkeyp
     ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4, split="val")
     plan = ds.plan(1, 2)
     copy = pickle.loads(pickle.dumps(ds))
-    assert copy._manifest is None
-    monkeypatch.setattr(WindowIndex, "_scan", lambda self: pytest.fail("a worker rescanned the dataset"))
-    other = copy.plan(1, 2)
+    assert all(s._manifest is None for s in copy.sources)
+    monkeypatch.setattr(WindowSpace, "_scan", lambda self: pytest.fail("a worker rescanned the dataset"))
+    mine, other = plan.sources[0], copy.plan(1, 2).sources[0]
     for s in range(plan.config.num_streams):
-        for k in range(plan.num_blocks(s)):
-            g, _ = plan.block(s, k)
-            assert [x.tolist() for x in plan.locate(g)] == [x.tolist() for x in other.locate(g)]
+        for k in range(mine.num_blocks(s)):
+            g, _ = mine.block(s, k)
+            assert [x.tolist() for x in mine.locate(g)] == [x.tolist() for x in other.locate(g)]
 
 
 def test_a_shipped_index_scan_of_another_manifest_is_not_used(tiny, monkeypatch):
@@ -249,13 +253,14 @@ def test_a_shipped_index_scan_of_another_manifest_is_not_used(tiny, monkeypatch)
     import streamwin as sw
 
     ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4)
-    ds.window_index()
-    state = ds.__getstate__()
+    source = ds.sources[0]
+    assert source.space is not None
+    state = source.__getstate__()
     assert state["_coarse"][0] == ds.manifest.digest
     state["_coarse"] = ("a manifest packed since", state["_coarse"][1] + 1)  # the dataset was rewritten meanwhile
     copy = pickle.loads(pickle.dumps(ds))
-    copy.__dict__.update(state)
-    assert copy.window_index().coarse.tolist() == ds.window_index().coarse.tolist()  # rescanned, not taken
+    copy.sources[0].__dict__.update(state)
+    assert copy.sources[0].space.coarse.tolist() == source.space.coarse.tolist()  # rescanned, not taken
 
 
 def yielded(plan, batches_per_rank):
@@ -284,16 +289,16 @@ def test_rest_of_an_epoch_dealt_over_another_world_yields_each_left_window_once(
                               num_workers=data.draw(st.integers(0, 4)), block_windows=data.draw(st.integers(1, 500)),
                               equalize=data.draw(st.sampled_from(["drop", "pad"])))
     base = make_plan(lengths, shard_starts, old, 2)
-    assume(old.num_streams * base.num_blocks(0) <= 2000)  # the walk below costs ~0.1 ms a block
+    assume(old.num_streams * base.sources[0].num_blocks(0) <= 2000)  # the walk below costs ~0.1 ms a block
     taken = data.draw(st.integers(0, base.batches_per_rank))
     before, left = yielded(base, taken)
     rest = rest_plan(base, taken, new)
-    assume(new.num_streams * rest.num_blocks(0) <= 2000)
+    assume(new.num_streams * rest.sources[0].num_blocks(0) <= 2000)
     streams = all_streams(rest)
     got = [(q, s) for rows in streams for q, s, r in rows if r]
     repeats = [(q, s) for rows in streams for q, s, r in rows if not r]
-    assert all(len(rows) == rest.windows_per_stream for rows in streams)  # equal steps
-    assert rest.windows_per_stream % new.batch_size == 0
+    assert all(len(rows) == rest.sources[0].windows_per_stream for rows in streams)  # equal steps
+    assert rest.sources[0].windows_per_stream % new.batch_size == 0
     assert len(got) == len(set(got)) and not set(got) & set(before), "a window twice in one epoch"
     left_set = set(left)
     assert set(got) <= left_set and set(repeats) <= left_set
@@ -303,7 +308,7 @@ def test_rest_of_an_epoch_dealt_over_another_world_yields_each_left_window_once(
         assert not repeats and len(left) - len(got) < new.num_streams * new.batch_size
     assert rest.total_windows == len(left)
     again = rest_plan(rest, data.draw(st.integers(0, rest.batches_per_rank)), old)  # and elastic once more
-    assert all(len(rows) == again.windows_per_stream for rows in all_streams(again))
+    assert all(len(rows) == again.sources[0].windows_per_stream for rows in all_streams(again))
 
 
 def test_rest_plan_refuses_another_order():
@@ -318,15 +323,15 @@ def test_rest_plan_refuses_another_order():
 def test_a_rest_read_in_smaller_blocks_shuffles_each_old_block_about_once(monkeypatch):
     """An elastic resume with a smaller shuffle buffer reads one old block over many new ones: it is shuffled
     about once per pass, not once per new block (a rest of a rest multiplied that: 68 s for 4,500 windows)."""
-    from streamwin.plan.epoch import Plan, rest_plan
+    from streamwin.plan.epoch import rest_plan
 
     old = PlanConfig(WindowSpec(8, 4), batch_size=4, world_size=2, block_windows=200, seed=3)
     base = make_plan(np.full(60, 400), np.array([0, 20, 40, 60]), old, 0)
     rest = rest_plan(base, 5, dataclasses.replace(old, block_windows=7, world_size=3))
     calls = []
-    block = Plan.block
-    monkeypatch.setattr(Plan, "block", lambda self, s, b: (calls.append(self is base), block(self, s, b))[1])
+    block = SourcePlan.block
+    monkeypatch.setattr(SourcePlan, "block", lambda self, s, b: (calls.append(self is base.sources[0]), block(self, s, b))[1])
     streams = all_streams(rest)
-    old_blocks = sum(base.num_blocks(s) for s in range(old.num_streams))
+    old_blocks = sum(base.sources[0].num_blocks(s) for s in range(old.num_streams))
     assert sum(len(rows) for rows in streams) > rest.total_windows - 3 * 4  # the rest, read in blocks of 7
     assert 0 < sum(calls) <= 2 * old_blocks, (sum(calls), old_blocks)

@@ -168,7 +168,7 @@ def test_s3_shard_read_connection_refused_fails_fast(tmp_path):
     source = ShardSource("s3://bucket/ds", ds.manifest, storage_options=opts, retries=5, backoff=10)
     t0 = time.perf_counter()
     with pytest.raises(sw.ShardError, match="connection refused") as info:
-        source.read_block(ds.plan(), 0, 0)
+        source.read_block(ds.plan().sources[0], 0, 0)
     assert time.perf_counter() - t0 < 10
     assert info.value.shard == f"s3://bucket/ds/{ds.manifest.shards[0].name}" and source.stats.retries == 0
 

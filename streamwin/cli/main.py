@@ -27,8 +27,9 @@ from tqdm.auto import tqdm
 from streamwin.errors import ManifestError, PackError, ShardError, StreamwinError
 from streamwin.packing.scan import index_shards, verify
 from streamwin.packing.pack import NonFiniteWarning, merge, pack, parse_part, part_indexes
-from streamwin.plan.mix import plan_epoch
-from streamwin.plan.epoch import PlanConfig, WindowIndex, WindowSpec, make_plan
+from streamwin.plan.epoch import make_plan, plan_epoch
+from streamwin.plan.options import PlanConfig, WindowSpec
+from streamwin.plan.space import WindowSpace
 from streamwin.packing.inputs import FORMATS, SOURCE_OPTIONS
 from streamwin.storage.manifests import load_manifest
 
@@ -266,9 +267,9 @@ def _spec_config(args: argparse.Namespace) -> PlanConfig:
 def _inspect_mix(args: argparse.Namespace, manifests: list) -> None:
     """What mixing the datasets makes of an epoch: per source its windows, share and repeat factor."""
     cfg = _spec_config(args)
-    indexes = [WindowIndex(m.length, cfg.spec) for m in manifests]
+    spaces = [WindowSpace(m.length, cfg.spec) for m in manifests]
     try:
-        plan = plan_epoch(cfg, 0, indexes, [m.shard_starts for m in manifests], args.weights, args.epoch_windows,
+        plan = plan_epoch(cfg, 0, spaces, [m.shard_starts for m in manifests], args.weights, args.epoch_windows,
                           args.url)
     except ValueError as e:
         raise StreamwinError(str(e)) from None
@@ -277,8 +278,8 @@ def _inspect_mix(args: argparse.Namespace, manifests: list) -> None:
                              "no weights: every window of every source once"))
     width = max(len(u) for u in args.url)
     print(f"  {'source':<{width}}  {'windows':>12}  {'share':>12}  {'repeat':>8}")
-    for url, p in zip(args.url, plan.plans):
-        windows, share = p.index.total, p.total_windows
+    for url, p in zip(args.url, plan.sources):
+        windows, share = p.space.total, p.total_windows
         repeat = f"{share / windows:.3f}" if windows else "-"
         print(f"  {url:<{width}}  {windows:>12,}  {share:>12,}  {repeat:>8}")
     print(f"  per epoch          {plan.total_windows:,}")

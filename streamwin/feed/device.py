@@ -96,13 +96,14 @@ class DeviceBytes:
 
 
 class Uploader:
-    """Runs on a read-ahead thread: a CPU Block of source ``index`` in, a DeviceBlock out (released to ``source``).
+    """Runs on a read-ahead thread: a CPU Block of source ``index`` in, a DeviceBlock out (the CPU block released
+    to its ``reader``).
 
     A mixed stream has one per source (each on its reader's thread); ``counter`` may be shared.
     """
 
-    def __init__(self, device: torch.device, source, counter: DeviceBytes, index: int = 0, staging: int = 2):
-        self.device, self.source, self.counter, self.index = device, source, counter, index
+    def __init__(self, device: torch.device, reader, counter: DeviceBytes, index: int = 0, staging: int = 2):
+        self.device, self.reader, self.counter, self.index = device, reader, counter, index
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._staging: list[list] = [[None, None] for _ in range(staging)]  # [pinned tensor, event of its last copy]
@@ -122,7 +123,7 @@ class Uploader:
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
             self._slot[1] = ready
-        self.source.release(block)
+        self.reader.release(block)
         self.counter.count(dev, total)
         return device_block(dev, n, table, ready, self.index)
 
@@ -150,22 +151,22 @@ class Uploader:
 class DeviceGatherer:
     """Cuts a batch's windows out of DeviceBlocks on the device; returns the batch dict."""
 
-    def __init__(self, manifest, spec, device: torch.device, with_weight: bool, *, mixed: list | None = None,
-                 batch_size: int = 0):
-        """``mixed``: a mixed dataset's manifests, one per source (batches then get ``source``)."""
-        self.manifest, self.spec, self.device, self.with_weight = manifest, spec, device, with_weight
-        self.mixed = mixed
+    def __init__(self, manifests: list, spec, device: torch.device, with_weight: bool, batch_size: int):
+        """``manifests``: one per source (with several, batches get ``source``)."""
+        self.manifests, self.spec, self.device, self.with_weight = manifests, spec, device, with_weight
+        manifest = manifests[0]
         self.sb = manifest.step_bytes
         self.dtype = torch.from_numpy(np.zeros(0, dtype=manifest.dtype)).dtype
         self.step_shape = tuple(manifest.step_shape)
         self._ranges = {n: torch.arange(n, device=device) for n in {spec.window, spec.horizon} if n}
         # source i's ids are rows [i * B, (i + 1) * B): a part's source column is a slice, cut on the device
-        self._ids = None if mixed is None else \
-            torch.arange(len(mixed), dtype=torch.int64, device=device).repeat_interleave(batch_size)
+        self._ids = None if len(manifests) == 1 else \
+            torch.arange(len(manifests), dtype=torch.int64, device=device).repeat_interleave(batch_size)
         self._b = batch_size
 
-    def gather(self, parts: list[tuple[DeviceBlock, int, int]], out=None) -> dict[str, Any]:
-        """The batch of the windows ``lo:hi`` of each part, cut on the device (``out`` is unused)."""
+    def gather(self, parts: list[tuple[DeviceBlock, int, int]], out=None, counts=None) -> dict[str, Any]:
+        """The batch of the windows ``lo:hi`` of each part, cut on the device (``out`` and ``counts`` are unused:
+        the device allocates, and each block knows its source)."""
         spec = self.spec
         for b, _, _ in parts:
             if not b.waited:  # the trainer's stream waits for the upload (on the device, not here)
@@ -188,14 +189,12 @@ class DeviceGatherer:
                     batch["y"].masked_fill_(~_expand(batch["y_mask"], batch["y"]), 0)
         batch["start"] = self._cat(parts, "start")
         seq = np.concatenate([b.seq[lo:hi] for b, lo, hi in parts])
-        if self.mixed is None:
-            batch["key"] = BatchKeys(manifest=self.manifest, seq=seq)
-        else:
-            source = np.concatenate([np.full(hi - lo, b.source, dtype=np.int64) for b, lo, hi in parts])
-            batch["key"] = BatchKeys(manifest=self.mixed, seq=seq, source=source)
+        source = None if self._ids is None else \
+            np.concatenate([np.full(hi - lo, b.source, dtype=np.int64) for b, lo, hi in parts])
+        batch["key"] = BatchKeys(manifests=self.manifests, seq=seq, source=source)
         if self.with_weight:
             batch["weight"] = self._cat(parts, "weight")
-        if self.mixed is not None:  # a copy even for one part: the id tensor is reused by every batch
+        if self._ids is not None:  # a copy even for one part: the id tensor is reused by every batch
             batch["source"] = torch.cat([self._ids[b.source * self._b : b.source * self._b + hi - lo]
                                          for b, lo, hi in parts])
         return batch

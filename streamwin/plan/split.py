@@ -17,9 +17,12 @@ Pure numpy, vectorized over the manifest's key blob (10 million keys in about a 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from streamwin.plan.options import check_int, is_real
 
 SPLITS = ("train", "val", "test")
 _P = np.uint64(0x100000001B3)  # FNV prime: odd, hence invertible modulo 2**64
@@ -27,7 +30,7 @@ _P = np.uint64(0x100000001B3)  # FNV prime: odd, hence invertible modulo 2**64
 
 @dataclass(frozen=True)
 class SplitSpec:
-    """Which part of the data a dataset reads."""
+    """Which part of the data a dataset reads: a key split by ``fractions``, or a temporal ``holdout``."""
 
     split: str
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
@@ -35,12 +38,27 @@ class SplitSpec:
     holdout: int = 0
 
     def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
-        if len(self.fractions) != 3 or min(self.fractions) < 0 or abs(sum(self.fractions) - 1) > 1e-9:
-            raise ValueError(f"split_fractions must be three non-negative numbers summing to 1, got {self.fractions!r}")
-        if self.holdout < 0:
-            raise ValueError(f"holdout must be >= 0 steps, got {self.holdout}")
+        if not isinstance(self.split, str) or self.split not in SPLITS:
+            raise ValueError(f"split must be 'train' or 'val' or 'test' (or None), got {self.split!r}")
+        fractions = self.fractions
+        if (isinstance(fractions, str) or not isinstance(fractions, Sequence) or len(fractions) != 3
+                or not all(is_real(f) and 0 <= f <= 1 for f in fractions) or abs(sum(fractions) - 1) > 1e-9):
+            raise ValueError(f"split_fractions must be three numbers >= 0 summing to 1 (train, val, test), "
+                             f"got {fractions!r}")
+        check_int("split_seed", self.seed, 0)
+        check_int("holdout", self.holdout, 0)
+        object.__setattr__(self, "fractions", tuple(fractions))
+
+
+def split_spec(split: str | None, fractions: Sequence[float], seed: int, holdout: int) -> SplitSpec | None:
+    """The SplitSpec of WindowDataset's split arguments (None: all data), each checked as the user typed it."""
+    if split is None:
+        SplitSpec("train", fractions, seed, holdout)  # check the other arguments all the same
+        if holdout:
+            raise ValueError(f"holdout={holdout!r} needs split='train', 'val' or 'test'")
+        return None
+    return SplitSpec(split, fractions, seed, holdout)
+
 
 
 def key_hashes(key_blob: bytes, key_ends: np.ndarray, seed: int, seqs: np.ndarray | None = None) -> np.ndarray:

@@ -1,0 +1,234 @@
+"""The trainer's side of its worker processes: start them, hand out and take back their slots, stop them.
+
+``num_workers`` processes share one shared-memory file of batch slots (slots.py), ``slots``
+per worker. A slot the trainer hands to the training loop is *held* until nothing refers to
+its memory any more (every view of a slot's array refers to that array, so its reference
+count tells) and, when page-locked, until the CUDA work queued before that point has
+finished; only then does it go back to its worker. A dead worker is named within POLL_S of
+the trainer waiting on it.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from streamwin.errors import WorkerError
+from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, CHUNK_BYTES, ERROR, MSG, RELEASE, RUN, STOP, WARNING,
+                                     raise_warning, rebuild_error, send)
+from streamwin.feed.slots import SharedFile, SlotLayout
+from streamwin.feed.stats import STAT_FIELDS
+from streamwin.feed.worker import worker_main
+
+POLL_S = 0.05  # how often a waiting trainer checks that its workers live
+UNHELD = 2  # references to a slot's array when nobody holds it: the pool's list and getrefcount's argument
+
+
+def default_start_method() -> str | None:
+    """fork where the platform has it (no re-import of the user's script), else Python's default."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin" else None
+
+
+FORKSERVER_PRELOAD = ("torch", "streamwin.feed.worker")
+
+
+def start_context(method: str | None) -> multiprocessing.context.BaseContext:
+    """The start method's context; for forkserver, one whose server imports torch and streamwin
+    before it forks any worker, so a worker starts in milliseconds instead of importing them.
+    The preload list is per process and read when its server starts: a server already running
+    (started without it) is used as it is."""
+    ctx = multiprocessing.get_context(method)
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        # multiprocessing has no public getter of the preload list: read it to keep a user's own entries
+        server = getattr(forkserver, "_forkserver", None)
+        preload = list(getattr(server, "_preload_modules", None) or ["__main__"])
+        missing = [m for m in FORKSERVER_PRELOAD if m not in preload]
+        if missing:
+            ctx.set_forkserver_preload(preload + missing)
+    return ctx
+
+
+def default_workers(context: str | None = None) -> int:
+    """1 worker process when a core is free for it and workers can fork, else 0 (in-process)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    method = context or default_start_method()
+    return 1 if cores >= 2 and method == "fork" else 0
+
+
+class WorkerPool:
+    """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side)."""
+
+    def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
+                 ship_blocks: bool = False, start_timeout: float = 120.0):
+        self.num_workers, self.ship_blocks = num_workers, ship_blocks
+        self.slot_layout = SlotLayout(num_workers, slots, CHUNK_BYTES if ship_blocks else ds.layout().nbytes)
+        self.shm = SharedFile(self.slot_layout.nbytes)
+        self.procs: list = []
+        self.conns: list = []
+        self.run = 0
+        self.closed = False
+        self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
+        try:
+            self.pinned = pin and self.shm.pin()
+            self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
+            arr = self.shm.array()
+            # per slot: a Region (whose reference count tells whether the slot is still held) and its bytes
+            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(slots)] for w in range(num_workers)]
+            self.bases = [[r.array() for r in rs] for rs in self.regions]
+            self.counters = [self.slot_layout.counters(arr, w) for w in range(num_workers)]
+            for w in range(num_workers):
+                mine, theirs = context.Pipe(duplex=True)
+                p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
+                                    args=(ds, num_workers, w, world, self.shm.handle(), self.slot_layout, theirs,
+                                          os.getpid(), ship_blocks))
+                p.start()
+                theirs.close()
+                self.procs.append(p)
+                self.conns.append(mine)
+            deadline = time.monotonic() + start_timeout
+            for w in range(num_workers):
+                while not self.conns[w].poll(POLL_S):
+                    self._check_alive(w)
+                    if time.monotonic() > deadline:
+                        raise WorkerError(f"streamwin worker {w} did not start within {start_timeout:.0f} s")
+                self._message(w)
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self, epoch: int, first_batches: list[int], rest_of: list[dict[str, Any]] = ()) -> None:
+        """Begin a pass: worker w yields its stream's batches from ``first_batches[w]`` on.
+
+        ``rest_of``: the epoch's interrupted runs after an elastic resume (the plan is the rest of the epoch).
+        """
+        self.run += 1
+        tail = json.dumps(list(rest_of)).encode() if rest_of else b""
+        for w, conn in enumerate(self.conns):
+            send(conn, RUN, self.run, epoch, first_batches[w], 0, tail=tail)
+
+    def take(self, w: int) -> int:
+        """The slot holding worker ``w``'s next batch of the current pass (slots are recycled while waiting)."""
+        return self.receive(w)[1]
+
+    def receive(self, w: int, wait: bool = True) -> tuple[int, int, int, int] | None:
+        """Worker ``w``'s next BATCH(slot, 0, 0), BLOCK(bytes, windows, source) or CHUNK(slot, bytes, 0) of the current pass.
+
+        Held slots are recycled while waiting; with ``wait=False``, None when nothing has arrived.
+        """
+        conn = self.conns[w]
+        while True:
+            if not conn.poll(0):
+                if not wait:
+                    return None
+                self.recycle()
+                while not conn.poll(POLL_S):
+                    self._check_alive(w)
+                    self.recycle()
+            kind, run, a, b, c = self._message(w)
+            if kind in (BATCH, BLOCK, CHUNK):
+                if run == self.run:
+                    return kind, a, b, c
+                if kind != BLOCK:
+                    self.release(w, a)  # from a pass abandoned midway
+
+    def _message(self, w: int) -> tuple[int, int, int, int, int]:
+        try:
+            data = self.conns[w].recv_bytes()
+        except (EOFError, OSError):
+            self._check_alive(w, wait=1.0)
+            raise WorkerError(f"streamwin worker {w} (pid {self.procs[w].pid}) closed its pipe")
+        if data[0] == WARNING:
+            raise_warning(json.loads(data[1:]), w)
+            return WARNING, self.run, -1, 0, 0
+        if data[0] == ERROR:
+            payload = json.loads(data[1:])
+            if payload["run"] == self.run:
+                raise rebuild_error(payload) from WorkerError(
+                    f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{payload['text']}")
+            return ERROR, payload["run"], -1, 0, 0
+        return MSG.unpack(data)
+
+    # -- slots the training loop holds -------------------------------------------------------------
+    def hold(self, w: int, slot: int, event=None) -> None:
+        """Slot ``slot`` of worker ``w`` is in use (by the training loop, or by a queued copy: ``event``)."""
+        self.held.append([w, slot, event])
+
+    def held_by_user(self, w: int) -> int:
+        """Slots of worker ``w`` the training loop holds."""
+        return sum(1 for h in self.held if h[0] == w)
+
+    def recycle(self) -> None:
+        """Give back every held slot no one refers to any more (and whose queued CUDA copies are done)."""
+        if not self.held:
+            return
+        bases, keep = self.bases, []
+        for h in self.held:
+            w, slot, event = h
+            if event is None:
+                if sys.getrefcount(bases[w][slot]) > UNHELD:  # every view of a slot refers to its array
+                    keep.append(h)
+                    continue
+                if self.events:  # a non_blocking copy from this slot may still be queued: wait for it
+                    h[2] = event = torch.cuda.Event()
+                    event.record()
+            if event is not None and not event.query():
+                keep.append(h)
+                continue
+            self.release(w, slot)
+        self.held = keep
+
+    def release(self, w: int, slot: int) -> None:
+        """Give slot ``slot`` back to worker ``w``."""
+        try:
+            send(self.conns[w], RELEASE, slot)
+        except (BrokenPipeError, OSError):
+            pass  # a dead worker is reported by take()
+
+    def stats(self) -> np.ndarray:
+        """The workers' read counters, summed (run totals)."""
+        return np.sum([c[: len(STAT_FIELDS)] for c in self.counters], axis=0)
+
+    def _check_alive(self, w: int, wait: float = 0.0) -> None:
+        p = self.procs[w]
+        p.join(wait) if wait else None
+        code = p.exitcode
+        if code is not None:
+            how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exited with code {code}"
+            hint = " (out of memory?)" if code == -signal.SIGKILL else ""
+            raise WorkerError(f"streamwin worker {w} (pid {p.pid}) {how}{hint}")
+
+    def close(self) -> None:
+        """Stop the workers (politely, then by force) and give up the shared memory."""
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self.conns:
+            try:
+                send(conn, STOP)
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.terminate()
+                p.join(2.0)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+        for conn in self.conns:
+            conn.close()
+        self.bases = self.regions = []
+        self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go

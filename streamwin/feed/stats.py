@@ -1,0 +1,50 @@
+"""Run totals of a loader, kept across its passes: batches, data-wait, reads, device uploads."""
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+
+from streamwin.read.reader import ReadStats
+
+STAT_FIELDS = tuple(f.name for f in fields(ReadStats))  # read counters, in the order workers publish them
+
+
+def read_counters(stats: ReadStats) -> np.ndarray:
+    """A reader's counters as an int64 array in STAT_FIELDS order."""
+    return np.array([getattr(stats, f) for f in STAT_FIELDS], dtype=np.int64)
+
+
+class RunStats:
+    """What a loader has done since it was made, summed over its passes (``loader.stats()``)."""
+
+    def __init__(self) -> None:
+        self.reads = np.zeros(len(STAT_FIELDS), dtype=np.int64)  # of finished passes and closed worker pools
+        self.batches = 0
+        self.wait_s = 0.0  # time the trainer waited in next(): the data-wait
+        self.started: float | None = None
+        self.device: dict[str, int] = {}  # device mode: blocks and bytes uploaded, peak device bytes
+        self.warned_keep = False  # the warning about kept batches is given once per loader
+
+    def start(self) -> None:
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def add_device(self, blocks: int, uploaded: int, peak: int) -> dict[str, int]:
+        """The device totals with one pass's uploads added (not stored)."""
+        d = self.device
+        return {"device_blocks": d.get("device_blocks", 0) + blocks,
+                "device_uploaded_bytes": d.get("device_uploaded_bytes", 0) + uploaded,
+                "device_peak_bytes": max(d.get("device_peak_bytes", 0), peak)}
+
+    def report(self, batch_size: int, reads: np.ndarray, device: dict[str, int]) -> dict[str, Any]:
+        """The totals as ``loader.stats()`` prints them, with the live reads and device totals given."""
+        elapsed = time.perf_counter() - self.started if self.started else 0.0
+        windows = self.batches * batch_size
+        out = {"batches": self.batches, "windows": windows, "windows_per_s": windows / elapsed if elapsed else 0.0,
+               "wait_s": self.wait_s}
+        out.update(zip(STAT_FIELDS, reads.tolist()))
+        out.update(device)
+        return out

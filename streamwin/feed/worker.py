@@ -1,0 +1,166 @@
+"""A worker process: it runs one stream of the plan per pass and gathers batches into shared-memory slots.
+
+The trainer and the worker talk over one pipe (protocol.py). A worker writes a batch only
+into a slot the trainer has released, so a batch the trainer still holds is never
+overwritten; per batch it sends the slot's number. In device mode it ships whole blocks
+instead, every source's of its stream, in the order its batcher will read them
+(``nodes.block_order``), through the slots in chunks. A worker ignores SIGINT (the trainer
+stops it) and exits when the trainer dies.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from streamwin.dataset import WindowDataset
+from streamwin.feed.device import window_table
+from streamwin.feed.protocol import BATCH, BLOCK, CHUNK, READY, RELEASE, STOP, forward_warnings, send, send_error, unpack
+from streamwin.feed.slots import SharedFile, SharedHandle, SlotLayout
+from streamwin.feed.stats import STAT_FIELDS, read_counters
+from streamwin.pipeline import open_stream, ship_blocks
+
+
+class Interrupted(Exception):
+    """A command arrived while a pass was running."""
+
+    def __init__(self, msg: tuple):
+        self.msg = msg
+
+
+class ParentGone(Exception):
+    """The trainer process died."""
+
+
+def receive(conn, parent_pid: int) -> tuple:
+    """The next message to a worker; raises ParentGone if the trainer died meanwhile."""
+    while not conn.poll(1.0):
+        if os.getppid() != parent_pid:
+            raise ParentGone
+    try:
+        return unpack(conn.recv_bytes())
+    except (EOFError, OSError) as e:
+        raise ParentGone from e
+
+
+def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[int, int], shared: SharedHandle,
+                slot_layout: SlotLayout, conn, parent_pid: int, ship: bool = False) -> None:
+    """A worker process: map the slots, then run the passes the trainer asks for.
+
+    ``ship`` (device mode): instead of gathering batches, stream each block's window table and
+    bytes through the slots in chunks, in the order the trainer's batcher reads them; the
+    trainer uploads them and cuts the windows.
+    """
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    forward_warnings(conn)
+    arr = SharedFile(slot_layout.nbytes, shared).array()
+    raw = [slot_layout.slot(arr, worker, i) for i in range(slot_layout.slots)]
+    slots = Slots(raw if ship else [ds.layout().views(r) for r in raw], conn, parent_pid)
+    counters = slot_layout.counters(arr, worker)
+    send(conn, READY, worker)
+    totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
+    plans: dict[str, Any] = {}
+    stream = world[0] * max(1, num_workers) + worker
+    cmd = None
+    try:
+        while True:
+            msg = cmd or receive(conn, parent_pid)
+            cmd = None
+            if msg[0] == STOP:
+                return
+            if msg[0] == RELEASE:
+                slots.free.append(msg[1])
+                continue
+            _, run, epoch, first, _, rest = msg
+            key = json.dumps([epoch, rest])
+            if key not in plans:
+                plans.clear()  # the trainer's world: torch.distributed is not initialized here
+                plans[key] = ds.plan(epoch, num_workers, rest, world_size=world[1])
+            cmd = run_pass(ds, plans[key], stream, run, first, slots, counters, totals, ship)
+    except ParentGone:
+        return
+
+
+class Slots:
+    """A worker's view of its slots: which are free, waiting for the trainer to release one."""
+
+    def __init__(self, slots: list, conn, parent_pid: int):
+        self.slots, self.conn, self.parent_pid = slots, conn, parent_pid
+        self.free = deque(range(len(slots)))
+        self.taken: list[int] = []  # popped for output that has not gone out yet
+
+    def take(self):
+        """A free slot (its field views, or its bytes); its number is ``taken[-1]``."""
+        while not self.free:
+            msg = receive(self.conn, self.parent_pid)
+            if msg[0] != RELEASE:
+                raise Interrupted(msg)
+            self.free.append(msg[1])
+        self.taken.append(self.free.popleft())
+        return self.slots[self.taken[-1]]
+
+    def sent(self, tag: int, run: int, nbytes: int = 0) -> None:
+        """Send the slot taken first, then collect the releases (or a command) that have arrived."""
+        send(self.conn, tag, run, self.taken.pop(0), nbytes)
+        while self.conn.poll(0):
+            msg = unpack(self.conn.recv_bytes())
+            if msg[0] != RELEASE:
+                raise Interrupted(msg)
+            self.free.append(msg[1])
+
+    def give_back(self) -> None:
+        """Slots popped for output that never went out are free again."""
+        self.free.extend(self.taken)
+        self.taken.clear()
+
+
+def run_pass(ds: WindowDataset, plan, stream: int, run: int, first: int, slots: Slots, counters: np.ndarray,
+             totals: np.ndarray, ship: bool) -> tuple | None:
+    """One pass of a stream into free slots; returns a command that interrupted it, or None."""
+    running = None
+    try:
+        if ship:
+            running = ship_blocks(ds, plan, stream, first)
+            for i, block in running:
+                ship_block(block, slots, run, i)
+                running.node.release(i, block)
+                counters[: len(STAT_FIELDS)] = totals + read_counters(running.stats())
+        else:
+            running = open_stream(ds, plan, stream, first, slots.take, prefetch=False)
+            for _ in running:
+                counters[: len(STAT_FIELDS)] = totals + read_counters(running.stats())
+                slots.sent(BATCH, run)
+        return None
+    except Interrupted as e:
+        return e.msg
+    except (ParentGone, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # hand the error to the trainer, which raises it
+        send_error(slots.conn, run, e)
+        return None
+    finally:
+        slots.give_back()
+        if running is not None:
+            stats = running.stats()
+            running.shutdown()
+            totals += read_counters(stats)
+            counters[: len(STAT_FIELDS)] = totals
+
+
+def ship_block(block, slots: Slots, run: int, source: int) -> None:
+    """BLOCK(bytes, windows, source), then the window table and the bytes in slot-sized CHUNKs."""
+    table = window_table(block)
+    send(slots.conn, BLOCK, run, len(block.buf), len(block), source)
+    for part in (table, block.buf):
+        for pos in range(0, len(part), len(slots.slots[0])):
+            dest = slots.take()
+            n = min(len(dest), len(part) - pos)
+            np.copyto(dest[:n], part[pos : pos + n])  # page cache -> shared (page-locked) memory, no GIL
+            slots.sent(CHUNK, run, n)

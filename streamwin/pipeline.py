@@ -1,0 +1,91 @@
+"""The pipeline: the one place that wires a stream's stages, top to bottom.
+
+    per source:  ShardReader (bytes)  ->  BlockReader (blocks of the plan, read ahead)
+    then:        Batcher (quotas of every source per batch, gathered into a buffer)
+                 -> torchdata Prefetcher (optional, ``prefetch`` batches ahead on a thread)
+
+A stream is one rank's (or one worker's) share of the plan, started at any batch: its state
+is a cursor, so starting at batch ``k`` seeks every reader to its block and offset. Device
+mode swaps the gather (windows are cut on the device) and, with workers, the bottom of the
+pipeline: a worker ships its blocks (``ship_blocks``) and the trainer batches blocks it
+receives (``batches_of``).
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+from torchdata.nodes import BaseNode, Prefetcher
+
+from streamwin.batch import Gatherer
+from streamwin.dataset import WindowDataset
+from streamwin.nodes import Batcher, BlockReader, ShipOrder
+from streamwin.plan.epoch import Plan
+from streamwin.read.reader import ReadStats, ShardSource
+
+
+class Stream:
+    """A running stream: its top node (batches, or a worker's blocks to ship) and the shard readers under it."""
+
+    def __init__(self, node: Any, batcher: Any, readers: list[ShardSource]):
+        self.node, self.batcher, self.readers = node, batcher, readers
+
+    def __iter__(self):
+        return iter(self.node)
+
+    def __next__(self):
+        return next(self.node)
+
+    def stats(self) -> ReadStats:
+        """Read counters of every source's reader, summed."""
+        out = ReadStats()
+        for reader in self.readers:
+            for f in fields(ReadStats):
+                setattr(out, f.name, getattr(out, f.name) + getattr(reader.stats, f.name))
+        return out
+
+    def shutdown(self) -> None:
+        """Stop the stream's threads: the prefetcher's (dropped: torchdata stops it then), then the readers'."""
+        self.node = None
+        self.batcher.shutdown()
+
+
+def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
+                next_buffer: Callable[[], dict[str, np.ndarray] | None], *, prefetch: bool = True,
+                transform: Callable | None = None, gatherer=None) -> Stream:
+    """Stream ``stream`` of ``plan``, yielding its batches from batch ``first_batch`` on.
+
+    ``transform(block, source=i)`` runs on each of source i's blocks on its read-ahead thread
+    (device mode uploads there); ``gatherer`` replaces the CPU gather (device mode gathers on
+    the device).
+    """
+    readers = [source.reader() for source in ds.sources]
+    blocks = [BlockReader(reader, p, stream, readahead=ds.readahead,
+                          transform=None if transform is None else partial(transform, source=i))
+              for i, (reader, p) in enumerate(zip(readers, plan.sources))]
+    batcher = Batcher(blocks, plan.quotas, plan.config.block_windows, gatherer or Gatherer(ds.manifest, ds.spec),
+                      next_buffer)
+    batcher.reset({Batcher.BATCH_KEY: first_batch})
+    node: BaseNode = batcher
+    if prefetch and ds.prefetch > 0:
+        node = Prefetcher(batcher, prefetch_factor=ds.prefetch)
+        node.reset({"snapshot": batcher.state_dict(), "steps_since_snapshot": 0})
+    return Stream(node, batcher, readers)
+
+
+def ship_blocks(ds: WindowDataset, plan: Plan, stream: int, first_batch: int) -> Stream:
+    """Every source's blocks of stream ``stream`` that its batches from ``first_batch`` on read, in the
+    order they read them (device mode: workers ship blocks whole)."""
+    readers = [source.reader() for source in ds.sources]
+    blocks = [BlockReader(reader, p, stream, readahead=ds.readahead) for reader, p in zip(readers, plan.sources)]
+    order = ShipOrder(blocks, plan.quotas, plan.config.block_windows, first_batch)
+    return Stream(order, order, readers)
+
+
+def batches_of(blocks: list[BaseNode], plan: Plan, gatherer, first_batch: int) -> Batcher:
+    """A batcher over block nodes of every source that some other party reads (device mode with workers)."""
+    batcher = Batcher(blocks, plan.quotas, plan.config.block_windows, gatherer, lambda: None)
+    batcher.reset({Batcher.BATCH_KEY: first_batch})
+    return batcher

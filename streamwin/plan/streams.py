@@ -1,0 +1,163 @@
+"""One source's window order dealt over the streams, cut into shuffled blocks; and the rest of it.
+
+1. The order (``ShareOrder``, or a ``RestOrder`` after an elastic resume) is cut into
+   ``S = world_size * max(1, num_workers)`` ranges whose sizes differ by at most one window.
+   Stream ``s`` (rank ``s // workers``, worker ``s % workers``) takes range ``s``, so the
+   streams are balanced to the window whatever the data.
+2. Every stream yields exactly ``windows_per_stream`` windows of the source (the plan's batch
+   quotas fix that number, see epoch.py): fewer than its range drops the rest
+   (equalize="drop"); more fills with the windows that follow the range in the order
+   (equalize="pad": repeats, each marked not real, weight 0).
+3. A stream's windows are cut into blocks of ``block_windows``; each block is permuted with an
+   RNG keyed by (seed, epoch, stream, block). That is the shuffle; its state is a position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from streamwin.plan.options import PlanConfig
+from streamwin.plan.order import block_key
+from streamwin.plan.space import WindowSpace
+
+
+def stream_ranges(total: int, streams: int) -> np.ndarray:
+    """[S + 1]: stream s owns positions [r[s], r[s + 1]) of an order of ``total`` (sizes differ by at most one)."""
+    return (np.arange(streams + 1, dtype=np.int64) * total) // streams
+
+
+def worker_batches(batches_per_rank: int, workers: int, worker: int) -> int:
+    """Batches worker ``worker`` of a rank has yielded once the rank took ``batches_per_rank`` (round robin)."""
+    return batches_per_rank // workers + (worker < batches_per_rank % workers)
+
+
+@dataclass(frozen=True, eq=False)
+class SourcePlan:
+    """One source's order in one epoch, dealt over every stream; cheap to build, arrays shared by every stream."""
+
+    config: PlanConfig
+    epoch: int
+    space: WindowSpace  # the source's window space (shared by every epoch's plan)
+    order: "object"  # the epoch's window order V (ShareOrder or RestOrder) that the streams cut into ranges
+    stream_lo: np.ndarray  # [S + 1] range of V owned by each stream
+    windows_per_stream: int  # windows of this source each stream yields in the epoch
+    generation: int = 0  # elastic resumes this epoch has been through (keys the block shuffle)
+    source: int | None = None  # the source this plan deals, None for a dataset of one (keys the block shuffle)
+
+    @property
+    def total_windows(self) -> int:
+        """Windows in this plan's order: the source's share, or what an interrupted epoch had left."""
+        return self.order.total
+
+    @property
+    def dropped_windows(self) -> int:
+        """Windows of the epoch not yielded (equalize="drop"; after an elastic resume, by either plan)."""
+        owned = np.minimum(np.diff(self.stream_lo), self.windows_per_stream)
+        return self.order.dropped_before + self.total_windows - int(owned.sum())
+
+    @property
+    def repeated_windows(self) -> int:
+        """Windows yielded a second time to equalize steps (equalize="pad"), marked weight 0."""
+        return int(np.maximum(self.windows_per_stream - np.diff(self.stream_lo), 0).sum())
+
+    def num_blocks(self, stream: int) -> int:
+        return -(-self.windows_per_stream // self.config.block_windows)
+
+    def owned(self, stream: int) -> int:
+        """Windows of the order that stream ``stream`` owns (those of its positions that are real)."""
+        return int(self.stream_lo[stream + 1] - self.stream_lo[stream])
+
+    def block(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """(global window indices, real flags) of one block of a stream, in yield order."""
+        g, real, order = self.block_parts(stream, block)
+        return (g[order], real[order]) if order is not None else (g, real)
+
+    def block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(global window indices, real flags, yield order) of a block: ``g[order]`` is ``block()``'s.
+
+        ``g`` is in stream order, runs of consecutive windows, which the reader finds and
+        groups by sequence faster than a shuffled order; ``order`` is None without shuffle.
+        """
+        cfg = self.config
+        lo = block * cfg.block_windows
+        hi = min(lo + cfg.block_windows, self.windows_per_stream)
+        if not 0 <= lo < hi:
+            raise IndexError(f"stream {stream} has no block {block}")
+        positions = np.arange(lo, hi, dtype=np.int64)
+        real = positions < self.owned(stream)
+        g = self.order.at((self.stream_lo[stream] + positions) % max(self.total_windows, 1))
+        order = None
+        if cfg.shuffle:
+            key = block_key(cfg.seed, self.epoch, stream, block, self.generation, self.source)
+            order = np.random.default_rng(key).permutation(len(g))
+        return g, real, order
+
+    def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sequence index, window start step) of global window indices."""
+        return self.space.locate(g)
+
+    def ends(self, seq: np.ndarray) -> np.ndarray:
+        """Step where each sequence's usable data ends (its length, or its view's end under a split)."""
+        return self.space.ends(seq)
+
+
+class RestOrder:
+    """What an interrupted epoch had not yielded yet of one source: each old stream's remaining real
+    windows, in the order it would have yielded them, stream after stream (elastic resume deals this anew).
+
+    ``rows`` lists (old stream, old block, positions of the block already yielded) for every
+    block with windows left, and ``row_pos`` where each row's windows begin in the order: one
+    row per block, so it stays small (a 10-million-window epoch in blocks of 10,000: ~1,000 rows).
+    ``used[s]`` is how many windows old stream ``s`` had yielded.
+    """
+
+    def __init__(self, base: SourcePlan, used: Sequence[int]):
+        streams = base.config.num_streams
+        if len(used) != streams:
+            raise ValueError(f"used lists {len(used)} streams, the plan has {streams}")
+        self.base, self.used = base, [int(u) for u in used]
+        self.dropped_before = base.dropped_windows
+        bw, length = base.config.block_windows, base.windows_per_stream
+        rows, counts = [], []
+        for s in range(streams):
+            used_s, owned = self.used[s], base.owned(s)
+            for b in range(used_s // bw, base.num_blocks(s)):
+                lo, hi = b * bw, min((b + 1) * bw, length)
+                skip = max(used_s - lo, 0)
+                if hi <= owned:  # every window of the block is real
+                    left = hi - lo - skip
+                elif lo >= owned:  # padding only (equalize="pad")
+                    left = 0
+                elif skip == 0:
+                    left = owned - lo
+                else:  # a partly yielded block holding padding: which are real depends on its shuffle
+                    left = int(base.block(s, b)[1][skip:].sum())
+                if left > 0:
+                    rows.append((s, b, skip))
+                    counts.append(left)
+        self.rows = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        self.row_pos = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self.total = int(self.row_pos[-1])
+        # blocks smaller than the old ones read one row many times in a row (and a rest of a rest multiplies
+        # that): the last rows' windows are kept, so each old block is shuffled about once per pass
+        self._left = lru_cache(maxsize=32)(self._row_windows)
+
+    def _row_windows(self, row: int) -> np.ndarray:
+        """The windows row ``row`` has left, in the order its old stream would have yielded them."""
+        s, block, skip = self.rows[row].tolist()
+        g, real = self.base.block(s, block)
+        return g[skip:][real[skip:]]
+
+    def at(self, v: np.ndarray) -> np.ndarray:
+        """Global window indices at positions ``v`` of the order."""
+        v = np.asarray(v, dtype=np.int64)
+        r = np.searchsorted(self.row_pos, v, side="right") - 1
+        out = np.empty(len(v), dtype=np.int64)
+        runs = np.concatenate([[0], np.flatnonzero(np.diff(r)) + 1, [len(v)]]).tolist() if len(v) else []
+        for a, b in zip(runs[:-1], runs[1:]):  # a block asks for consecutive positions: a few runs of one row each
+            row = int(r[a])
+            out[a:b] = self._left(row)[v[a:b] - self.row_pos[row]]
+        return out

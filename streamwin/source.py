@@ -1,0 +1,79 @@
+"""A source: one dataset of a mix (the whole of an unmixed one), as the loader sees it.
+
+It holds the URL and name, and loads once, when first asked: the manifest (mapping a remote
+columnar one from the node cache, so a node keeps one copy), and the window space of the
+dataset's window spec and split. It opens the shard reader a stream reads blocks with.
+Pickled into a worker process it carries the window space's scan (1/64 of a window-start
+array), never the manifest: the worker maps the manifest itself and does not rescan.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from streamwin.formats.manifest import Manifest
+from streamwin.plan.options import WindowSpec
+from streamwin.plan.space import WindowSpace
+from streamwin.plan.split import SplitSpec, split_views
+from streamwin.read.reader import ShardSource
+from streamwin.storage.cache import ShardCache
+from streamwin.storage.manifests import load_manifest
+
+
+class Source:
+    """One dataset of a mix: its URL, manifest and window space (each loaded once), and its shard reader."""
+
+    def __init__(self, url: str, name: str, spec: WindowSpec, split: SplitSpec | None, read: dict[str, Any]):
+        self.url, self.name, self.spec, self.split, self.read = url, name, spec, split, read
+        self._manifest: Manifest | None = None
+        self._space: WindowSpace | None = None
+        self._coarse: tuple[str, np.ndarray] | None = None  # (manifest digest, a WindowSpace's scan) from the trainer
+
+    @property
+    def manifest(self) -> Manifest:
+        """The source's manifest, loaded on first use."""
+        if self._manifest is None:
+            cache = self.cache()  # a remote columnar manifest is mapped from the node cache: one copy per node
+            self._manifest = load_manifest(self.url, self.read["storage_options"], retries=self.read["retries"],
+                                           backoff=self.read["retry_backoff"],
+                                           fetch_columns=cache.fetch if cache else None)
+        return self._manifest
+
+    def cache(self) -> ShardCache | None:
+        """The node cache of remote shards (and columns files), if ``cache_dir`` was given."""
+        if self.read["cache_dir"] is None:
+            return None
+        return ShardCache(self.read["cache_dir"], limit_bytes=self.read["cache_limit"], retries=self.read["retries"],
+                          backoff=self.read["retry_backoff"])
+
+    @property
+    def space(self) -> WindowSpace:
+        """The source's window space, built once (before a loader forks its workers, who share it)."""
+        if self._space is None:
+            m = self.manifest
+            shipped = self._coarse[1] if self._coarse is not None and self._coarse[0] == m.digest else None
+            self._space = WindowSpace(m.length, self.spec, None if self.split is None else self._views_of,
+                                      coarse=shipped)
+            self._coarse = None
+        return self._space
+
+    def _views_of(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first step, steps) of the split's part of sequences ``seqs``."""
+        m = self.manifest
+        return split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window, span=self.spec.span,
+                           seqs=seqs)
+
+    def reader(self) -> ShardSource:
+        """A reader of the source's shards (with its node cache, retries and error policy)."""
+        return ShardSource(self.url, self.manifest, storage_options=self.read["storage_options"],
+                           retries=self.read["retries"], backoff=self.read["retry_backoff"],
+                           on_error=self.read["on_error"], cache=self.cache())
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_manifest"] = None  # spawned workers reload (map) it; never ship a 100 MB index through a pipe
+        state["_space"] = None  # its coarse scan travels instead (1/64 of a window-start array): no rescan there
+        if self._space is not None:  # the scan of this very manifest: a worker that maps another one rescans
+            state["_coarse"] = (self._manifest.digest, self._space.coarse)
+        return state
