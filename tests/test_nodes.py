@@ -1,0 +1,67 @@
+"""Every stateful stage of the pipeline resumes exactly from its state at every step (tests/resume.py)."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from torchdata.nodes import Prefetcher
+
+import streamwin as sw
+from conftest import make_sequences
+from resume import assert_resumes_identically
+from streamwin.batch import Gatherer
+from streamwin.nodes import Batcher, BlockReader
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nodes")
+    urls = []
+    for name, (n, seed) in {"a": (30, 1), "b": (12, 2)}.items():
+        urls.append(str(root / name))
+        sw.pack(list(make_sequences(n, seed=seed, max_len=200).items()), urls[-1], shard_bytes=20_000, progress=False)
+    return urls
+
+
+def dataset(urls, **kw):
+    return sw.WindowDataset(urls if len(urls) > 1 else urls[0], window=8, stride=4, horizon=2, batch_size=6,
+                            shuffle_buffer=40, seed=3, rank=0, world_size=2, **kw)
+
+
+def batcher(ds, stream=1, workers=2):
+    """Stream ``stream``'s Batcher of epoch 1 over every source of ``ds``, gathering into fresh buffers."""
+    plan = ds.plan(1, workers)
+    readers = [BlockReader(s.reader(), p, stream) for s, p in zip(ds.sources, plan.sources)]
+    layout = ds.layout()
+    return Batcher(readers, plan.quotas, plan.config.block_windows, Gatherer(ds.manifest, ds.spec),
+                   lambda: layout.views(np.empty(layout.nbytes, dtype=np.uint8)))
+
+
+def digest(batch) -> str:
+    return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for _, v in sorted(batch.items()))).hexdigest()
+
+
+def test_block_reader_resumes_at_every_block(two):
+    ds = dataset(two[:1])
+    plan = ds.plan(0, 0).sources[0]
+    source = ds.sources[0]
+    blocks = assert_resumes_identically(
+        lambda: BlockReader(source.reader(), plan, 0, readahead=2),
+        lambda b: (b.offs.tolist(), b.start.tolist(), np.take(b.seq_ids, b.key_index).tolist()))
+    assert len(blocks) == plan.num_blocks(0) > 1
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_batcher_resumes_at_every_batch(two, mixed):
+    ds = dataset(two if mixed else two[:1], **({"weights": [0.7, 0.3]} if mixed else {}))
+    batches = assert_resumes_identically(lambda: batcher(ds), digest)
+    assert len(batches) == ds.plan(1, 2).batches_per_stream > 3
+
+
+def test_torchdatas_prefetcher_over_the_batcher_resumes_at_every_batch(two):
+    ds = dataset(two, equalize="pad")
+    plain = assert_resumes_identically(lambda: batcher(ds), digest)
+    prefetched = assert_resumes_identically(lambda: Prefetcher(batcher(ds), prefetch_factor=2), digest,
+                                            shutdown=lambda node: node.source.shutdown())
+    assert prefetched == plain
