@@ -10,10 +10,11 @@ PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
     "errors", "world",
-    "formats.keys", "formats.npy", "formats.tar", "formats.manifest", "formats",
+    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.split", "plan.epoch", "plan.mix", "plan",
-    "packing.inputs", "packing.pack", "packing.scan", "packing",
+    "packing.inputs", "packing.nonfinite", "packing.encode", "packing.records", "packing.columns", "packing.writer",
+    "packing.tasks", "packing.parallel", "packing.parts", "packing.pack", "packing.scan", "packing",
     "read.reader", "read",
     "batch", "nodes", "dataset",
     "feed.device", "feed.slots", "feed.workers", "feed.passes", "feed",

@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 
 from streamwin.errors import ManifestError, PackError, ShardError, StreamwinError
 from streamwin.packing.scan import index_shards, verify
-from streamwin.packing.pack import NonFiniteWarning, merge, pack, parse_part, part_indexes
+from streamwin.packing.pack import NonFiniteWarning, merge, pack
+from streamwin.packing.parts import parse_part, part_indexes
 from streamwin.plan.mix import plan_epoch
 from streamwin.plan.epoch import PlanConfig, WindowIndex, WindowSpec, make_plan
 from streamwin.packing.inputs import FORMATS, SOURCE_OPTIONS

@@ -39,7 +39,7 @@ except ImportError:  # only .npy.zst members need it
 from streamwin.formats import npy as npyfmt
 from streamwin.errors import ManifestError, ShardError
 from streamwin.formats.manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
-from streamwin.packing.pack import count_nonfinite
+from streamwin.packing.nonfinite import count_nonfinite
 from streamwin.storage.manifests import load_manifest, write_manifest
 from streamwin.storage.urls import join, url_to_fs
 

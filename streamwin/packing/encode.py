@@ -1,0 +1,234 @@
+"""Encode one sequence: validate an array and turn it into the content of its tar member.
+
+``encode_sequence(key, array, meta)`` checks the key, the dtype (numeric only), the shape
+(at least one dimension) and the values (NaN and inf counted, or refused), stores multi-byte
+values little-endian, and returns an `EncodedSeq`: the member's npy header and the array's
+bytes (a view, never copied), or, with zstd, the compressed member and where its frames end.
+The writer appends it to a shard; nothing here does I/O.
+
+An array too large to copy at once (over STREAM_BYTES), or an array-like that reads by
+slices (h5py, zarr), is encoded as a `Streamed` body instead: its rows are read CHUNK_BYTES
+at a time once to count NaN and inf (and, with zstd, to compress frames into a temporary
+file), and again when the writer writes them, so pack's memory does not grow with the
+sequence. A memory-mapped array gives its pages back after each chunk.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import mmap
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from streamwin.errors import PackError
+from streamwin.formats import npy as npyfmt
+from streamwin.formats import zstd
+from streamwin.formats.keys import check_key
+from streamwin.packing.nonfinite import check_cast, count_nonfinite, first_nonfinite_step, refused
+
+STREAM_BYTES = 64 << 20  # a larger array (or any array-like that is not an ndarray) is packed chunk by chunk
+CHUNK_BYTES = 8 << 20  # rows copied from such an array at a time
+
+
+@dataclass(frozen=True)
+class EncodedSeq:
+    """One sequence ready to append to a shard: the member's content plus what the manifest records.
+
+    The content is ``head + body``: the npy header and the array's bytes (a uint8 view, never
+    copied in-process), or, with zstd, empty ``head`` and the compressed member as ``body``.
+    """
+
+    key: str
+    head: bytes
+    body: bytes | np.ndarray
+    meta: bytes | None
+    length: int
+    dtype: str
+    step_shape: tuple[int, ...]
+    hlen: int
+    nan: int = 0  # NaN values in the array
+    inf: int = 0  # +-inf values in the array
+    frame_ends: tuple[int, ...] | None = None  # zstd frames of a long member: where each ends in ``body``
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + len(self.body)
+
+
+class Streamed:
+    """A member's content made chunk by chunk when written (``len`` bytes), for a sequence too large to hold."""
+
+    def __init__(self, nbytes: int, chunks: Callable[[], Iterator[Any]]):
+        self.nbytes, self._chunks = nbytes, chunks
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._chunks()
+
+
+def check_numeric(key: str, dtype: np.dtype) -> None:
+    """PackError unless ``dtype`` is numeric (bool, integer, float, complex)."""
+    if dtype.hasobject or dtype.kind not in "biufc":
+        raise PackError(f"sequence {key!r}: dtype {dtype} is not numeric (object and string arrays are refused)")
+
+
+def check_empty(key: str, empty: str) -> None:
+    """For a zero-length sequence: PackError with ``empty="error"``, else nothing (it is skipped)."""
+    if empty == "error":
+        raise PackError(f"sequence {key!r} has zero length; pass empty='skip' to skip and count such sequences")
+
+
+def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str | None = None,
+                    compression: str | None = None, empty: str = "skip", nan: str = "count") -> EncodedSeq | None:
+    """Validate and encode one sequence; None for a zero-length one when ``empty="skip"``.
+
+    Multi-byte dtypes are stored little-endian (values unchanged), so a big-endian input
+    array packs together with little-endian ones. NaN and inf values are counted, or refused
+    with ``nan="raise"``.
+    """
+    check_key(key)
+    arr = array if isinstance(array, np.ndarray) or _slices(array) else np.asarray(array)
+    if not isinstance(arr, np.ndarray) or arr.nbytes > STREAM_BYTES:
+        return _encode_streamed(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
+    check_numeric(key, arr.dtype)
+    _check_shape(key, arr.shape)
+    if cast is not None:
+        check_cast(key, arr, cast)
+        arr = arr.astype(cast)
+    if arr.shape[0] == 0:
+        check_empty(key, empty)
+        return None
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else None)
+    head = npyfmt.npy_header_for(arr.dtype, arr.shape)
+    body = arr.reshape(-1).view(np.uint8)
+    hlen = len(head)
+    frame_ends = None
+    if compression == "zstd":
+        body, frame_ends = zstd.compress_member(head, body, int(arr.shape[0]))
+        head = b""
+    meta_bytes = _meta_bytes(key, meta)
+    nans, infs = count_nonfinite(arr)
+    if nan == "raise" and nans + infs:
+        raise refused(key, nans, infs, first_nonfinite_step(arr))
+    return EncodedSeq(key, head, body, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), hlen,
+                      nans, infs, frame_ends)
+
+
+def _check_shape(key: str, shape: tuple[int, ...]) -> None:
+    if len(shape) == 0:
+        raise PackError(f"sequence {key!r}: a 0-d array is not a sequence; give shape [T] or [T, F, ...]")
+
+
+def _meta_bytes(key: str, meta: dict | None) -> bytes | None:
+    if meta is None:
+        return None
+    try:
+        return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+        raise PackError(f"sequence {key!r}: metadata is not JSON-serializable: {e}") from e
+
+
+def _slices(array: Any) -> bool:
+    """True for a large array-like that reads by slices (h5py, zarr, ...): it is packed chunk by chunk.
+
+    Small ones, pandas objects and ones whose dtype numpy does not know (torch) are converted whole.
+    """
+    if isinstance(array, np.generic) or hasattr(array, "iloc") or not all(
+            hasattr(array, a) for a in ("shape", "dtype", "__getitem__")):
+        return False
+    try:
+        itemsize = np.dtype(array.dtype).itemsize
+    except TypeError:
+        return False
+    return itemsize * int(np.prod(array.shape, dtype=np.int64)) > STREAM_BYTES
+
+
+def _encode_streamed(key: str, arr: Any, meta: dict | None, *, cast: str | None, compression: str | None,
+                     empty: str, nan: str) -> EncodedSeq | None:
+    """`encode_sequence` for a large or lazy array: rows are copied a chunk at a time, never all at once.
+
+    One pass counts NaN and inf (and, with zstd, compresses frames into a temporary file); the
+    member is then written from the input again (or from that file). A memory-mapped input
+    gives its pages back after each chunk, so pack's memory does not grow with the sequence.
+    """
+    src = np.dtype(arr.dtype)
+    check_numeric(key, src)
+    _check_shape(key, arr.shape)
+    length = int(arr.shape[0])
+    if length == 0:
+        check_empty(key, empty)
+        return None
+    dtype = np.dtype(cast) if cast is not None else src.newbyteorder("<") if src.byteorder == ">" else src
+    shape = (length,) + tuple(int(d) for d in arr.shape[1:])
+    head = npyfmt.npy_header_for(dtype, shape)
+    hlen = len(head)
+    step = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    rows = zstd.frame_rows(step) if compression == "zstd" else max(1, CHUNK_BYTES // max(step, 1))
+    chunks = functools.partial(_row_chunks, arr, dtype, rows, key, cast)
+    nans = infs = 0
+    first_bad = None
+    spill, ends = (tempfile.TemporaryFile(), []) if compression == "zstd" else (None, None)
+    for a, chunk in chunks():
+        n, i = count_nonfinite(chunk)
+        if n + i and first_bad is None:
+            first_bad = a + first_nonfinite_step(chunk)
+        nans, infs = nans + n, infs + i
+        if spill is not None:
+            data = chunk.reshape(-1).view(np.uint8)
+            spill.write(zstd.compress_frame(head + data.tobytes() if a == 0 else data))
+            ends.append(spill.tell())
+    if nan == "raise" and nans + infs:
+        raise refused(key, nans, infs, first_bad)
+    if spill is not None:
+        body = Streamed(ends[-1], functools.partial(_file_chunks, spill))
+        frame_ends = tuple(ends) if len(ends) > 1 else None
+        head = b""
+    else:
+        body = Streamed(length * step, lambda: (c.reshape(-1).view(np.uint8) for _, c in chunks()))
+        frame_ends = None
+    return EncodedSeq(key, head, body, _meta_bytes(key, meta), length, dtype.str, shape[1:], hlen, nans, infs,
+                      frame_ends)
+
+
+def _row_chunks(arr: Any, dtype: np.dtype, rows: int, key: str, cast: str | None) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, contiguous little-endian copy of ``rows`` rows) of ``arr``; a memory map lets go of each."""
+    pages = _mapped_pages(arr)
+    for a in range(0, int(arr.shape[0]), rows):
+        part = np.asarray(arr[a : a + rows])
+        if cast is not None:
+            check_cast(key, part, cast)
+        yield a, np.array(part, dtype=dtype, order="C", copy=True)
+        if pages is not None:
+            pages(a + len(part))
+
+
+def _mapped_pages(arr: Any) -> Callable[[int], None] | None:
+    """For an ndarray on a shared (not copy-on-write) numpy memmap: ``f(row)`` drops the map's pages
+    before that row from this process (the page cache keeps them); else None."""
+    mm = arr
+    while mm is not None and not (isinstance(mm, np.memmap) and getattr(mm, "_mmap", None) is not None):
+        mm = getattr(mm, "base", None)
+    if mm is None or mm.mode in ("c", "copyonwrite") or not hasattr(mm._mmap, "madvise") or arr.strides[0] <= 0:
+        return None
+    origin = np.frombuffer(mm._mmap, dtype=np.uint8).ctypes.data
+    start = arr.__array_interface__["data"][0] - origin
+    done = [0]  # bytes of the map given back so far
+
+    def let_go(row: int) -> None:
+        end = (start + row * arr.strides[0]) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > done[0]:
+            mm._mmap.madvise(mmap.MADV_DONTNEED, done[0], end - done[0])
+            done[0] = end
+    return let_go
+
+
+def _file_chunks(f) -> Iterator[bytes]:
+    """The content of open file ``f`` from its start, CHUNK_BYTES at a time."""
+    f.seek(0)
+    while chunk := f.read(CHUNK_BYTES):
+        yield chunk
