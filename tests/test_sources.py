@@ -67,9 +67,9 @@ def test_npy_directory(npy_dir):
 def test_npy_headers_are_parsed_once_per_distinct_header(tmp_path, monkeypatch):
     """Many .npy files of one dtype and shape: the header is parsed once, the arrays are numpy's."""
     from streamwin.formats import npy as npyfmt
-    from streamwin.packing import inputs as sources
+    from streamwin.packing.inputs import npy as npy_inputs
 
-    sources._plain_npy_cached.cache_clear()
+    npy_inputs.plain_npy_cached.cache_clear()
     calls = []
     parse = npyfmt.parse_npy_header
     monkeypatch.setattr(npyfmt, "parse_npy_header", lambda head: calls.append(head) or parse(head))
@@ -145,7 +145,7 @@ def npz_reference(path) -> list[tuple[str, np.ndarray, None]]:
 def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path, monkeypatch):
     """np.savez members are read as runs of one dtype and step shape, with no zipfile read per member;
     the arrays are numpy's, whatever their lengths (empty ones too), dtypes and shapes."""
-    from streamwin.packing import inputs as sources
+    from streamwin.packing.inputs import npy as npy_inputs
 
     rng = np.random.default_rng(3)
     arrays = {f"s{i:03d}": rng.normal(size=int(rng.integers(0, 40))).astype(np.float32) for i in range(50)}
@@ -159,7 +159,7 @@ def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path, monkeypatch):
     items = [item for g in got for item in g.items()]
     expected = [(k.replace(".", "_"), a, m) for k, a, m in npz_reference(tmp_path / "a.npz")]
     assert_items(items, expected)
-    monkeypatch.setattr(sources, "NPZ_READ_WHOLE", 1000)  # a larger archive is read member by member
+    monkeypatch.setattr(npy_inputs, "NPZ_READ_WHOLE", 1000)  # a larger archive is read member by member
     got = list(read_batches(unit))
     assert not any(isinstance(g, Batch) for g in got)
     assert_items(got, expected)
@@ -171,7 +171,8 @@ def test_zip_directory_read_with_numpy_matches_zipfile(tmp_path, names):
     signature's bytes) gives zipfile's members and fields."""
     import zipfile
 
-    from streamwin.packing import inputs as sources
+    from streamwin.packing.inputs import zipdir
+    from streamwin.packing.inputs.base import text_key
 
     path = tmp_path / "a.npz"
     np.savez(path, **{n: np.arange(i % 7, dtype=np.int16) for i, n in enumerate(names)})
@@ -181,11 +182,11 @@ def test_zip_directory_read_with_numpy_matches_zipfile(tmp_path, names):
     with zipfile.ZipFile(path) as z:
         want = [(i.filename, i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset)
                 for i in z.infolist()]
-    got_names, cols = sources._zip_members(data)
+    got_names, cols = zipdir.zip_members(data)
     assert [(n, *row) for n, row in zip(got_names, cols.tolist())] == want
-    assert (sources._directory(data, *_directory_span(data)) is None) == any("PK" in n for n in names)
+    assert (zipdir.read_directory(data, *_directory_span(data)) is None) == any("PK" in n for n in names)
     unit, = list_units(path)
-    assert_items(list(read_unit(unit)), [(sources._text_key(k), a, m) for k, a, m in npz_reference(path)])
+    assert_items(list(read_unit(unit)), [(text_key(k), a, m) for k, a, m in npz_reference(path)])
 
 
 def _directory_span(data: bytes) -> tuple[int, int, int]:

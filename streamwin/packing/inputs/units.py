@@ -1,0 +1,180 @@
+"""List an input's units, detect its format, and read a unit with its format's reader.
+
+A unit is one input file (or, for an in-memory Python iterable, the iterable itself). Files
+of a directory are listed recursively, sorted by relative path, hidden files and folders
+(names starting with ``.``) skipped; the entries of a list keep their order, and keys are
+derived from paths relative to the deepest folder that holds them all. The format comes
+from the file suffixes unless ``format=`` names it; the options are checked against the
+ones the format accepts (an unknown option is an error).
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import fsspec
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from streamwin.errors import PackError
+from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Item, Report, Unit
+from streamwin.packing.inputs.csv import read_csv
+from streamwin.packing.inputs.iterable import read_iterable
+from streamwin.packing.inputs.jsonl import read_jsonl
+from streamwin.packing.inputs.npy import read_npy, read_npz
+from streamwin.packing.inputs.parquet import read_parquet
+from streamwin.packing.inputs.tables import LONG_OPTIONS
+from streamwin.packing.inputs.text import read_text
+
+FORMATS = ("npy", "npz", "parquet", "csv", "jsonl", "text", "iterable")
+
+_OPTIONS: dict[str, tuple[str, ...]] = {
+    "npy": (), "npz": (), "parquet": (*LONG_OPTIONS, "list_column"), "csv": LONG_OPTIONS,
+    "jsonl": ("field", "key_field", "dtype", "meta_fields"), "text": ("suffixes",), "iterable": (),
+}
+SOURCE_OPTIONS = tuple(sorted({name for names in _OPTIONS.values() for name in names}))  # every format's options
+_SUFFIXES = {
+    "npy": (".npy",), "npz": (".npz",), "parquet": (".parquet", ".pq"), "csv": (".csv", ".csv.gz"),
+    "jsonl": (".jsonl", ".jsonl.gz", ".ndjson"), "text": (".txt",),
+}
+_NAME_LISTS = ("suffixes", "value_columns", "list_column", "meta_fields")  # options that take one name or a list
+_READERS = {
+    "npy": read_npy, "npz": read_npz, "parquet": read_parquet, "csv": read_csv,
+    "jsonl": read_jsonl, "text": read_text, "iterable": read_iterable,
+}
+
+
+# ---- listing ---------------------------------------------------------------------------------
+
+def detect_format(source: Any) -> str:
+    """Name the format of ``source``: "iterable" for Python objects, else from file suffixes."""
+    if _is_paths(source):
+        return _detect(_find_files(source), source)
+    if isinstance(source, Iterable):
+        return "iterable"
+    raise PackError(f"source of type {type(source).__name__} is not a path, URL or iterable")
+
+
+def list_units(source: Any, *, format: str | None = None, **options: Any) -> list[Unit]:
+    """Deterministic list of the independent work units of ``source`` (one per input file).
+
+    Files of a directory are sorted by relative path; entries of a list keep their order.
+    An in-memory iterable becomes a single unit that carries it (read in-process; a
+    generator can be read only once).
+    """
+    if format is not None and format not in FORMATS:
+        raise PackError(f"unknown format {format!r}; known formats: {', '.join(FORMATS)}")
+    if not _is_paths(source):
+        if format not in (None, "iterable") or not isinstance(source, Iterable):
+            raise PackError(f"source of type {type(source).__name__} is not a path, URL or iterable")
+        return [Unit("iterable", "<iterable>", "", _check_options("iterable", options), data=source)]
+    files = _find_files(source)
+    fmt = format or _detect(files, source)
+    if fmt == "iterable":
+        raise PackError(f"format 'iterable' needs a Python iterable, not the path {source!r}")
+    opts = _check_options(fmt, options)
+    suffixes = dict(opts).get("suffixes") if fmt == "text" else _SUFFIXES[fmt]
+    single = not isinstance(source, (list, tuple))
+    units = [Unit(fmt, url, rel, opts, single and named) for url, rel, named in files
+             if named or suffixes is None or rel.lower().endswith(suffixes)]
+    if not units:
+        raise PackError(f"no {fmt} files in {source!r} (suffixes {suffixes})")
+    return units
+
+
+def _is_paths(source: Any) -> bool:
+    if isinstance(source, (str, os.PathLike)):
+        return True
+    return isinstance(source, (list, tuple)) and bool(source) and all(
+        isinstance(s, (str, os.PathLike)) for s in source)
+
+
+def _find_files(source: Any) -> list[tuple[str, str, bool]]:
+    """(url, path relative to the root, named directly) of every file of a path source."""
+    entries = [os.fspath(s) for s in source] if isinstance(source, (list, tuple)) else [os.fspath(source)]
+    located = [fsspec.core.url_to_fs(e) for e in entries]
+    fs = located[0][0]
+    if any(type(other) is not type(fs) for other, _ in located):
+        raise PackError(f"all paths of a list source must be on one filesystem: {entries}")
+    dirs = []
+    for entry, (_, path) in zip(entries, located):
+        if not fs.exists(path):
+            raise PackError(f"no such file or directory: {entry}")
+        dirs.append(fs.isdir(path))
+    root = posixpath.commonpath([p if d else posixpath.dirname(p) for (_, p), d in zip(located, dirs)])
+    found = []
+    for (_, path), is_dir in zip(located, dirs):
+        if not is_dir:
+            found.append((_url(fs, path), posixpath.relpath(path, root), True))
+            continue
+        inside = [p for p in fs.find(path) if not any(
+            part.startswith(".") for part in posixpath.relpath(p, path).split("/"))]
+        found += sorted((_url(fs, p), posixpath.relpath(p, root), False) for p in inside)
+    return found
+
+
+def _url(fs: Any, path: str) -> str:
+    return path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
+
+
+def _detect(files: list[tuple[str, str, bool]], source: Any) -> str:
+    found = {fmt for _, rel, _ in files for fmt, suffixes in _SUFFIXES.items() if rel.lower().endswith(suffixes)}
+    data = found - {"text"}
+    if len(data) == 1:
+        return data.pop()
+    if not data and found:
+        return "text"
+    raise PackError(f"cannot tell the format of {source!r} (found: {sorted(found) or 'no known suffix'}); "
+                    f"pass format= one of {', '.join(FORMATS)}")
+
+
+def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Refuse unknown options; return the given ones as sorted, hashable pairs."""
+    accepted = _OPTIONS[fmt]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise PackError(f"unknown option(s) {unknown} for format {fmt!r}; accepted: {list(accepted) or 'none'}")
+    opts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items() if v is not None}
+    for name in _NAME_LISTS:  # one name given as a string is one name, not a list of letters
+        if isinstance(opts.get(name), str):
+            opts[name] = (opts[name],)
+    if "dtype" in opts:
+        try:
+            opts["dtype"] = np.dtype(opts["dtype"]).name
+        except TypeError as e:
+            raise PackError(f"jsonl option dtype={options['dtype']!r} is not a numpy dtype") from e
+        if np.dtype(opts["dtype"]).kind not in NUMERIC_KINDS:
+            raise PackError(f"jsonl option dtype={opts['dtype']!r} is not numeric")
+    if fmt == "csv" and "id_column" not in opts:
+        raise PackError("csv sources are long format: pass id_column= (the column naming each sequence)")
+    return tuple(sorted(opts.items()))
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+def _ignore(columns: Columns) -> None:
+    pass
+
+
+def read_batches(unit: Unit, report: Report | None = None) -> Iterator[Batch | Item]:
+    """The sequences of one unit in a deterministic order: Batches where the format allows
+    (.npz, long-layout tables), else ``(key, array, meta)`` items.
+
+    A table (parquet, csv) calls ``report`` once, before its first sequence, with the
+    `Columns` its values come from.
+    """
+    reader = _READERS[unit.format]
+    try:
+        yield from reader(unit, dict(unit.options), report or _ignore)
+    except PackError:
+        raise
+    except Exception as e:
+        raise PackError(f"cannot read {unit.path}: {type(e).__name__}: {e}") from e
+
+
+def read_unit(unit: Unit, report: Report | None = None) -> Iterator[Item]:
+    """Yield the sequences ``(key, array, meta)`` of one unit, in a deterministic order (`read_batches`, item by item)."""
+    for got in read_batches(unit, report):
+        yield from got.items() if isinstance(got, Batch) else (got,)
