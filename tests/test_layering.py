@@ -16,7 +16,7 @@ ORDER = [
     "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.tables",
     "packing.inputs.parquet", "packing.inputs.csv", "packing.inputs.jsonl", "packing.inputs.text",
     "packing.inputs.iterable", "packing.inputs.units", "packing.inputs", "packing.nonfinite", "packing.encode", "packing.records", "packing.columns", "packing.writer",
-    "packing.tasks", "packing.parallel", "packing.parts", "packing.pack", "packing.scan", "packing",
+    "packing.tasks", "packing.parallel", "packing.parts", "packing.pack", "packing.scanner", "packing.scan", "packing",
     "read.reader", "read",
     "batch", "nodes", "dataset",
     "feed.device", "feed.slots", "feed.workers", "feed.passes", "feed",
