@@ -20,7 +20,8 @@ ORDER = [
     "read.reader", "read",
     "batch", "nodes", "dataset",
     "feed.device", "feed.slots", "feed.workers", "feed.passes", "feed",
-    "loader", "cli.main", "cli", "cli.__main__", "__init__",
+    "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
+    "__init__",
 ]
 PURE = {"errors", "formats", "storage", "plan", "packing", "read"}  # no torch, no torchdata
 READ_SIDE = {"plan", "read", "batch", "nodes", "dataset", "feed", "loader"}
