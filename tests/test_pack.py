@@ -12,6 +12,7 @@ import io
 import json
 import os
 import tarfile
+import warnings
 from pathlib import Path
 
 import fsspec
@@ -26,7 +27,7 @@ from streamwin.formats import npy as npyfmt
 from streamwin.formats import tar as tarfmt
 from streamwin.errors import ManifestError, PackError
 from streamwin.packing import columns, encode, nonfinite, parallel, records, tasks
-from streamwin.packing.inputs import Batch, Unit
+from streamwin.packing.inputs import Batch, InputUnit
 from streamwin.packing.scan import verify
 
 
@@ -422,6 +423,24 @@ def test_bad_options(tmp_path):
             sw.pack(seqs, str(tmp_path / "x"), progress=False, **kw)
 
 
+def test_inputs_is_the_first_parameter_and_source_still_works_with_a_warning(tmp_path):
+    """pack(inputs, dest): inputs= by keyword packs the same files; the old keyword source= too, with one
+    DeprecationWarning; both at once is a TypeError."""
+    seqs = make_sequences(5, seed=2)
+    sw.pack(seqs, str(tmp_path / "positional"), progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sw.pack(inputs=seqs, dest=str(tmp_path / "keyword"), progress=False)
+    with pytest.warns(DeprecationWarning, match="called inputs") as caught:
+        sw.pack(source=seqs, dest=str(tmp_path / "old"), progress=False)
+    assert len(caught) == 1 and caught[0].filename == __file__  # points at the caller
+    assert files_of(tmp_path / "positional") == files_of(tmp_path / "keyword") == files_of(tmp_path / "old")
+    with pytest.raises(TypeError, match="both inputs and source="):
+        sw.pack(seqs, str(tmp_path / "both"), source=seqs, progress=False)
+    with pytest.raises(PackError, match="input of type NoneType"):
+        sw.pack(None, str(tmp_path / "none"), progress=False)
+
+
 # ---- parts and merge ---------------------------------------------------------------------------
 
 def test_parts_then_merge_equals_single_pack(tmp_path, npy_dir):
@@ -788,8 +807,8 @@ def test_framed_zstd_members_in_records_are_written_as_one_by_one(tmp_path):
 
 def test_one_sequence_files_are_encoded_many_per_task():
     """.npy and text files (one sequence each) go to workers TASK_FILES at a time; other files alone."""
-    npy = [Unit("npy", f"/d/{i}.npy", f"{i}.npy") for i in range(600)]
-    npz = [Unit("npz", f"/d/{i}.npz", f"{i}.npz") for i in range(3)]
+    npy = [InputUnit("npy", f"/d/{i}.npy", f"{i}.npy") for i in range(600)]
+    npz = [InputUnit("npz", f"/d/{i}.npz", f"{i}.npz") for i in range(3)]
     assert [len(t) for t in tasks.tasks_of(npy)] == [256, 256, 88]
     assert [len(t) for t in tasks.tasks_of(npz)] == [1, 1, 1]
     assert [u for t in tasks.tasks_of(npy) for u in t] == npy

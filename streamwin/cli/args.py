@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from streamwin.errors import PackError, StreamwinError
-from streamwin.packing.inputs import SOURCE_OPTIONS
+from streamwin.packing.inputs import INPUT_OPTIONS
 from streamwin.packing.parts import parse_part
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
@@ -120,12 +120,12 @@ _OPTION_OF = {"shard_bytes": "--shard-size", "format": "--format", "workers": "-
               "compression": "--compression", "cast": "--cast", "empty": "--empty", "part": "--part", "nan": "--nan",
               "storage_options": "--storage-option"}
 _KEYWORD = re.compile(r"(?<![\w-])(%s)=('[^']*'|\"[^\"]*\"|[^\s,;)]*)"
-                      % "|".join(sorted({*_OPTION_OF, *SOURCE_OPTIONS}, key=len, reverse=True)))
+                      % "|".join(sorted({*_OPTION_OF, *INPUT_OPTIONS}, key=len, reverse=True)))
 
 
 def cli_words(message: str) -> str:
     """A library message in this command line's words: ``empty='skip'`` -> ``--empty skip``,
-    ``cast=`` -> ``--cast``, a source option ``id_column=`` -> ``--option id_column=``."""
+    ``cast=`` -> ``--cast``, an input option ``id_column=`` -> ``--option id_column=``."""
     def option(m: re.Match) -> str:
         name, value = m.group(1), m.group(2).strip("'\"")
         if name in _OPTION_OF:

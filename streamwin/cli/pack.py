@@ -90,22 +90,22 @@ def _verify(url: str, args: argparse.Namespace) -> int:
 
 def add_pack_commands(sub: Any) -> None:
     """The subcommands pack, merge, index and verify, with their options."""
-    p = add_command(sub, "pack", cmd_pack, "pack a source (directory, file or URL) into tar shards and index.json")
+    p = add_command(sub, "pack", cmd_pack, "pack an input (directory, file or URL) into tar shards and index.json")
     p.add_argument("src", help="directory or file of .npy/.npz/parquet/csv/jsonl/text, or a URL")
     p.add_argument("dest", help="dataset root: local path or fsspec URL (s3://, gs://, memory://, ...)")
     p.add_argument("--shard-size", type=parse_size, default=256 << 20, metavar="SIZE",
                    help="close a shard once it holds this many bytes (default 256MiB)")
-    p.add_argument("--workers", type=int_at_least(1), default=1, help="processes reading and encoding source files (default 1)")
-    p.add_argument("--format", choices=[f for f in FORMATS if f != "iterable"], help="source format (default: detected)")
+    p.add_argument("--workers", type=int_at_least(1), default=1, help="processes reading and encoding input files (default 1)")
+    p.add_argument("--format", choices=[f for f in FORMATS if f != "iterable"], help="input format (default: detected)")
     p.add_argument("--compression", choices=["none", "zstd"], default="none", help="per-member compression")
     p.add_argument("--cast", type=dtype_arg, metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
     p.add_argument("--empty", choices=["skip", "error"], default="skip",
                    help="zero-length sequences: skip and count them (default) or fail")
     p.add_argument("--nan", choices=["count", "raise"], default="count",
                    help="NaN and inf values: count them in index.json (default) or fail, naming the first")
-    p.add_argument("--part", type=part_arg, metavar="I/N", help="pack part I of N of the source files (then: streamwin merge DEST)")
+    p.add_argument("--part", type=part_arg, metavar="I/N", help="pack part I of N of the input files (then: streamwin merge DEST)")
     p.add_argument("--option", action="append", type=key_value, metavar="KEY=VALUE",
-                   help="source option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
+                   help="input option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
     p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_storage(p)

@@ -29,7 +29,7 @@ class SequenceColumns:
     def __init__(self):
         self._flushed = 0
         self._key_bytes = 0
-        self._dir = tempfile.mkdtemp(prefix="streamwin-index-")
+        self._dir = tempfile.mkdtemp(prefix="streamwin-columns-")
         self._files = {name: open(os.path.join(self._dir, name), "wb") for name in self.COLUMNS}
         self._rows: list[tuple[bytes, int, int, int, int]] = []
 

@@ -24,9 +24,10 @@ worker processes; ``writer`` appends parts to shards and records the manifest's 
 """
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -76,41 +77,58 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | None = None,
+def _accepts_source(func: Callable[..., Manifest]) -> Callable[..., Manifest]:
+    """pack's first parameter was called ``source``: a call that names it still works, with a
+    DeprecationWarning (``inspect.signature`` and ``help`` show the new signature)."""
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Manifest:
+        if "source" in kwargs:
+            if args or "inputs" in kwargs:
+                raise TypeError("pack() got both inputs and source=, the old name of inputs")
+            warnings.warn("pack(source=...) is deprecated: the parameter is called inputs now (pass it first, "
+                          "or inputs=...)", DeprecationWarning, stacklevel=2)
+            kwargs["inputs"] = kwargs.pop("source")
+        return func(*args, **kwargs)
+    return call
+
+
+@_accepts_source
+def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | None = None,
          workers: int = 1, compression: str | None = None, cast: str | None = None,
          empty: str = "skip", nan: str = "count", part: str | tuple[int, int] | None = None,
-         storage_options: dict | None = None, progress: bool = True, **source_options: Any) -> Manifest:
-    """Pack a source of sequences into tar shards and an index.json at ``dest`` (any fsspec URL).
+         storage_options: dict | None = None, progress: bool = True, **input_options: Any) -> Manifest:
+    """Pack inputs (files of sequences, or an iterable) into tar shards and an index.json at ``dest`` (any fsspec URL).
 
     Args:
-        source: a directory or file (.npy dir, .npz, parquet, csv, jsonl, text), or an iterable of
-            ``(key, array)`` / ``(key, array, meta)``.
+        inputs: a directory or file (.npy dir, .npz, parquet, csv, jsonl, text), a list of them,
+            or an iterable of ``(key, array)`` / ``(key, array, meta)``. (Called ``source``
+            before: ``source=`` still works, with a DeprecationWarning.)
         dest: the dataset root. A dataset already there is replaced (its index.json is removed
             first, so a crash in between leaves no dataset rather than a wrong one).
         shard_bytes: a shard is closed once it holds at least this many bytes.
-        format: the source format when it cannot be detected (see ``streamwin.sources.FORMATS``).
-        workers: processes that read and encode source files in parallel (output is identical).
+        format: the input format when it cannot be detected (see ``streamwin.packing.inputs.FORMATS``).
+        workers: processes that read and encode input files in parallel (output is identical).
         compression: None or "zstd" (per member, ``<key>.npy.zst``; byte ranges stay addressable).
         cast: convert every array to this dtype instead of refusing a dtype mismatch.
         empty: "skip" zero-length sequences (counted in ``manifest.dropped_empty``; the
             default) or "error" (PackError naming the first one).
         nan: "count" NaN and inf values (``manifest.nonfinite``: in all and per shard; the
             default) or "raise" (PackError naming the sequence and the step of the first one).
-        part: ``"i/n"`` packs the i-th of n disjoint parts of the source (contiguous runs of its
-            files; every n-th item of an iterable) into its own shard range and part index;
+        part: ``"i/n"`` packs the i-th of n disjoint parts of the inputs (contiguous runs of
+            their files; every n-th item of an iterable) into its own shard range and part index;
             `merge` then writes the combined index.json.
         storage_options: fsspec options for ``dest`` (credentials, endpoint_url, ...).
         progress: show a tqdm bar on stderr (bytes, MB/s, sequences, shards).
-        source_options: passed to the source reader (e.g. ``id_column=``, ``field=``). The value
-            columns a table's values came from are recorded (``manifest.value_columns``), and the
-            ones left out with the reason (``manifest.left_out_columns``).
+        input_options: passed to the input format's reader (e.g. ``id_column=``, ``field=``). The
+            value columns a table's values came from are recorded (``manifest.value_columns``), and
+            the ones left out with the reason (``manifest.left_out_columns``).
 
     Returns:
         The manifest written to ``dest``.
     """
     _check_options(shard_bytes, compression, empty, cast, workers, nan)
     part_ = parse_part(part)
-    units = part_units(list_units(source, format=format, **source_options), part_)
+    units = part_units(list_units(inputs, format=format, **input_options), part_)
     fs, root = url_to_fs(dest, storage_options)
     fs.makedirs(root, exist_ok=True)
     index_name = INDEX_NAME if part_ is None else part_index_name(*part_)
@@ -147,7 +165,7 @@ def pack(source: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     if manifest.nonfinite.nan or manifest.nonfinite.inf:
         warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
                       f"into {dest} (manifest.nonfinite counts them; nan='raise' refuses them)",
-                      NonFiniteWarning, stacklevel=2)
+                      NonFiniteWarning, stacklevel=3)  # the caller of pack, past _accepts_source
     return manifest
 
 

@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from streamwin.packing.encode import EncodedSeq, Streamed, encode_sequence
-from streamwin.packing.inputs import Columns, Unit, read_unit
+from streamwin.packing.inputs import Columns, InputUnit, read_unit
 from streamwin.packing.records import Records
 from streamwin.packing.tasks import Tally, encode_units, tasks_of
 
@@ -29,7 +29,7 @@ SPILL_MIN = 256 << 10  # a worker's output for a task smaller than this comes ba
 
 
 def encode_task(args: tuple) -> tuple[list[EncodedSeq | Records], int, str | None, list[int], Columns | None]:
-    """Worker-process task: `encode_units` of a task's source units.
+    """Worker-process task: `encode_units` of a task's input units.
 
     Unless the unit is small, the parts' contents travel back through one spill file in
     ``spill_dir`` (RAM-backed /dev/shm where there is one), about twice as fast as through the
@@ -65,10 +65,10 @@ def unspill(parts: list[EncodedSeq | Records], path: str | None, sizes: list[int
             for p, a, b in zip(parts, bounds, bounds[1:])]
 
 
-def encoded(units: list[Unit], cast: str | None, compression: str | None, empty: str, nan: str,
+def encoded(units: list[InputUnit], cast: str | None, compression: str | None, empty: str, nan: str,
             workers: int) -> Iterator[tuple[list[EncodedSeq | Records], int, Columns | None]]:
     """(parts to write, zero-length sequences skipped, a table's value columns when first known)
-    per task of source files (`encode_units`), or per item of an iterable, in source order."""
+    per task of input files (`encode_units`), or per item of an iterable, in input order."""
     tasks = tasks_of(units)
     if workers <= 1 or len(tasks) <= 1:
         for task in tasks:

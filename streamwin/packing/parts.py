@@ -16,7 +16,7 @@ import numpy as np
 
 from streamwin.errors import ManifestError, PackError
 from streamwin.formats.manifest import Manifest, NonFinite, build_manifest
-from streamwin.packing.inputs import Unit
+from streamwin.packing.inputs import InputUnit
 from streamwin.storage.manifests import load_manifest, write_manifest
 from streamwin.storage.urls import join, url_to_fs
 
@@ -47,17 +47,17 @@ def part_indexes(dest: str, *, storage_options: dict | None = None) -> list[str]
     return sorted(p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
 
 
-def part_units(units: list[Unit], part: tuple[int, int] | None) -> list[Unit]:
+def part_units(units: list[InputUnit], part: tuple[int, int] | None) -> list[InputUnit]:
     """The units of part i of n: a contiguous run of files, or every n-th item of an iterable."""
     if part is None:
         return units
     i, n = part
     if len(units) == 1 and units[0].format == "iterable":
         u = units[0]
-        return [Unit(u.format, u.path, u.name, u.options, data=_every_nth(u.data, i, n))]
+        return [InputUnit(u.format, u.path, u.name, u.options, data=_every_nth(u.data, i, n))]
     mine = units[i * len(units) // n : (i + 1) * len(units) // n]
     if not mine:
-        raise PackError(f"part {i}/{n} is empty: the source has only {len(units)} file(s); use at most that many parts")
+        raise PackError(f"part {i}/{n} is empty: the input has only {len(units)} file(s); use at most that many parts")
     return mine
 
 

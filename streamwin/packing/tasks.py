@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from streamwin.packing.encode import EncodedSeq, Streamed, encode_sequence
-from streamwin.packing.inputs import Batch, Columns, Unit, read_batches
+from streamwin.packing.inputs import Batch, Columns, InputUnit, read_batches
 from streamwin.packing.records import RECORD_MAX, Records, batch_fits, encode_batch, records_of
 
 BATCH_SEQS = 8192  # sequences per Records at most
@@ -32,10 +32,10 @@ class Tally:
     columns: Columns | None = None
 
 
-def tasks_of(units: list[Unit]) -> list[list[Unit]]:
+def tasks_of(units: list[InputUnit]) -> list[list[InputUnit]]:
     """Units in tasks, in order: runs of up to TASK_FILES one-sequence files, any other unit alone
     (a table reports its own value columns)."""
-    tasks: list[list[Unit]] = []
+    tasks: list[list[InputUnit]] = []
     for unit in units:
         if tasks and unit.format in GROUP_FORMATS and tasks[-1][-1].format in GROUP_FORMATS and len(tasks[-1]) < TASK_FILES:
             tasks[-1].append(unit)
@@ -44,10 +44,10 @@ def tasks_of(units: list[Unit]) -> list[list[Unit]]:
     return tasks
 
 
-def encode_units(units: list[Unit], cast: str | None, compression: str | None, empty: str, nan: str,
+def encode_units(units: list[InputUnit], cast: str | None, compression: str | None, empty: str, nan: str,
                  tally: Tally) -> Iterator[EncodedSeq | Records]:
-    """The parts of some source files (a task: see `tasks_of`) to write, in order: Records of their
-    short sequences (made by `encode_batch`, BATCH_SEQS at a time, where a source gives a Batch),
+    """The parts of some input files (a task: see `tasks_of`) to write, in order: Records of their
+    short sequences (made by `encode_batch`, BATCH_SEQS at a time, where an input gives a Batch),
     and long ones as EncodedSeq, written from their arrays. Counts skipped sequences and value
     columns in ``tally``."""
     suffix = ".npy.zst" if compression == "zstd" else ".npy"

@@ -79,7 +79,7 @@ class ShardWriter:
         self.fs, self.root, self.shard_bytes, self.prefix = fs, root, shard_bytes, prefix
         self.suffix = ".npy.zst" if compression == "zstd" else ".npy"
         self.shards: list[ShardEntry] = []
-        self.index = SequenceColumns()
+        self.sequences = SequenceColumns()
         self.dtype: str | None = None
         self.step_shape: tuple[int, ...] | None = None
         self.nan = self.inf = 0
@@ -97,7 +97,7 @@ class ShardWriter:
     @property
     def count(self) -> int:
         """Sequences written so far."""
-        return len(self.index)
+        return len(self.sequences)
 
     def add(self, part: EncodedSeq | Records, *, borrowed: bool = False) -> int:
         """Append one sequence, or many (Records); returns the bytes written. ``borrowed``: the
@@ -135,7 +135,7 @@ class ShardWriter:
             stop = min(int(np.searchsorted(rec.ends, self.shard_bytes - self._pos + base)) + 1, len(rec))
             end = int(rec.ends[stop - 1])
             self._write(rec.data[base:end])
-            self._index_rows(rec, i, stop, self._pos - base)
+            self._record_rows(rec, i, stop, self._pos - base)
             self._pos += end - base
             written += end - base
             if self._pos >= self.shard_bytes:
@@ -143,7 +143,7 @@ class ShardWriter:
             i = stop
         return written
 
-    def _index_rows(self, rec: Records, i: int, stop: int, shift: int) -> None:
+    def _record_rows(self, rec: Records, i: int, stop: int, shift: int) -> None:
         """Record sequences i..stop-1 of ``rec``, whose records start ``shift`` bytes into the shard."""
         first = self.count
         for k, ends in rec.frames:
@@ -152,7 +152,7 @@ class ShardWriter:
                 self.frame_ends.extend(ends)
         k0 = int(rec.key_ends[i - 1]) if i else 0
         begin = (rec.ends - np.diff(rec.ends, prepend=0))[i:stop]
-        self.index.extend(rec.keys[k0 : int(rec.key_ends[stop - 1])], rec.key_ends[i:stop] - k0,
+        self.sequences.extend(rec.keys[k0 : int(rec.key_ends[stop - 1])], rec.key_ends[i:stop] - k0,
                           length=rec.length[i:stop], offset=shift + begin + rec.content[i:stop],
                           size=rec.size[i:stop], hlen=rec.hlen[i:stop])
         nan, inf = int(rec.nan[i:stop].sum()), int(rec.inf[i:stop].sum())
@@ -169,7 +169,7 @@ class ShardWriter:
     def abort(self) -> None:
         """Drop the shard being written: a temporary file is removed, an upload is discarded."""
         self._hash_pool.shutdown(cancel_futures=True)
-        self.index.discard()
+        self.sequences.discard()
         f, self._file = self._file, None
         if f is None:
             return
@@ -214,7 +214,7 @@ class ShardWriter:
             if record.frame_ends:
                 self.framed.append(self.count)
                 self.frame_ends.extend(record.frame_ends)
-            self.index.append(record.key, record.length, self._pos, size, record.hlen)
+            self.sequences.append(record.key, record.length, self._pos, size, record.hlen)
             self._count += 1
             self._steps += record.length
             self._nonfinite += record.nan + record.inf
@@ -243,8 +243,8 @@ class ShardWriter:
 
     def manifest(self, compression: str | None, dropped_empty: int, columns: Columns | None) -> Manifest:
         if self.dtype is None:
-            raise PackError(f"the source yielded no non-empty sequence ({dropped_empty} empty ones): nothing to pack")
-        cols = self.index.columns()
+            raise PackError(f"the input yielded no non-empty sequence ({dropped_empty} empty ones): nothing to pack")
+        cols = self.sequences.columns()
         keys, key_ends = cols.pop("keys"), cols.pop("key_ends")
         twice = duplicate_key(keys, key_ends)
         if twice is not None:

@@ -10,7 +10,7 @@ can hand to worker processes, and a way to read one unit. So an input is read in
 
 In: a local path (file or directory), a list of paths, an fsspec URL (``s3://bucket/dir``,
 ``memory://x``), or an iterable of ``(key, array)`` / ``(key, array, meta)`` tuples, with
-the format's options. Out: `Unit` s, and per unit its sequences, as items or, where the
+the format's options. Out: `InputUnit` s, and per unit its sequences, as items or, where the
 format allows, as a `Batch` of many sequences end to end (``read_batches``), which the
 packer encodes without a Python object per sequence; a table also reports the `Columns`
 its values came from.
@@ -27,8 +27,8 @@ Everything unreadable or malformed raises PackError naming the file (and line, r
 column), raised from the original exception. Arrays must be numeric: object, string and
 structured arrays are refused, and nothing is ever unpickled.
 """
-from streamwin.packing.inputs.base import Batch, Columns, Item, Report, Unit
-from streamwin.packing.inputs.units import FORMATS, SOURCE_OPTIONS, detect_format, list_units, read_batches, read_unit
+from streamwin.packing.inputs.base import Batch, Columns, Item, Report, InputUnit
+from streamwin.packing.inputs.units import FORMATS, INPUT_OPTIONS, detect_format, list_units, read_batches, read_unit
 
-__all__ = ["FORMATS", "SOURCE_OPTIONS", "Batch", "Columns", "Item", "Report", "Unit", "detect_format", "list_units",
+__all__ = ["FORMATS", "INPUT_OPTIONS", "Batch", "Columns", "InputUnit", "Item", "Report", "detect_format", "list_units",
            "read_batches", "read_unit"]

@@ -1,6 +1,6 @@
 """What every input reader shares: the unit it reads, what it yields, and how it makes keys.
 
-A reader takes one `Unit` (one input file, or an in-memory iterable) with its format's
+A reader takes one `InputUnit` (one input file, or an in-memory iterable) with its format's
 options and yields the unit's sequences in a deterministic order, either one at a time as
 ``(key, array, meta)`` items or many at a time as a `Batch`. A table reader also reports the
 `Columns` its values came from. Keys are made here, the same way for every format: from a
@@ -25,15 +25,15 @@ NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
 
 
 @dataclass(frozen=True)
-class Unit:
-    """One independent piece of a source, cheap to pickle and send to a worker.
+class InputUnit:
+    """One independent piece of an input, cheap to pickle and send to a worker.
 
     Args:
         format: one of FORMATS.
         path: what fsspec opens: a local path or a URL ("<iterable>" for iterables).
-        name: the path relative to the source root; keys are derived from it.
+        name: the path relative to the input root; keys are derived from it.
         options: the format's options, sorted (key, value) pairs with lists made tuples.
-        single: the source named this one file (npz keys are then the bare array names).
+        single: the input named this one file (npz keys are then the bare array names).
         data: the Python iterable of an "iterable" unit, else None.
     """
 
@@ -77,7 +77,7 @@ class Batch:
             yield key, self.values[a:b], None
 
 
-def open_unit(unit: Unit, mode: str = "rb") -> Any:
+def open_unit(unit: InputUnit, mode: str = "rb") -> Any:
     """The unit's file, opened through fsspec (``.gz`` decompressed; text mode is UTF-8)."""
     encoding = "utf-8" if "t" in mode else None
     return fsspec.open(unit.path, mode, compression="infer", encoding=encoding)
@@ -93,7 +93,7 @@ def text_key(text: str) -> str:
     return key_from_name(text + ".")  # key_from_name strips only the last suffix, here the empty one
 
 
-def file_key(unit: Unit) -> str:
+def file_key(unit: InputUnit) -> str:
     """The key part of a file name: ``dir/b.jsonl.gz`` -> ``dir__b``."""
     name = unit.name[:-3] if unit.name.endswith(".gz") else unit.name
     return key_from_name(name)

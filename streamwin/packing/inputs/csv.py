@@ -14,11 +14,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs.base import Batch, Report, Unit, open_unit
+from streamwin.packing.inputs.base import Batch, Report, InputUnit, open_unit
 from streamwin.packing.inputs.tables import arrow_owned, long_sequences
 
 
-def read_csv(unit: Unit, opts: dict, report: Report) -> Iterator[Batch]:
+def read_csv(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch]:
     """The sequences of one CSV file, as one Batch."""
     with open_unit(unit) as f:
         try:

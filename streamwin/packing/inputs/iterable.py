@@ -12,10 +12,10 @@ import numpy as np
 
 from streamwin.errors import PackError
 from streamwin.formats.keys import check_key
-from streamwin.packing.inputs.base import Item, Report, Unit, check_array
+from streamwin.packing.inputs.base import Item, Report, InputUnit, check_array
 
 
-def read_iterable(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
+def read_iterable(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
     """The items of the unit's iterable, each checked."""
     for i, item in enumerate(unit.data):
         where = f"iterable item {i}"

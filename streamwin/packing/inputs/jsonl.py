@@ -13,10 +13,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs.base import Item, Report, Unit, check_array, file_key, open_unit, text_key
+from streamwin.packing.inputs.base import Item, Report, InputUnit, check_array, file_key, open_unit, text_key
 
 
-def read_jsonl(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
+def read_jsonl(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
     """One sequence per non-blank line of a JSON Lines file."""
     field_name = opts.get("field", "tokens")
     with open_unit(unit, "rt") as f:

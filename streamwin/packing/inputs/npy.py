@@ -27,13 +27,13 @@ import numpy as np
 from streamwin.errors import PackError
 from streamwin.formats import npy as npyfmt
 from streamwin.formats.keys import key_from_name
-from streamwin.packing.inputs.base import Batch, Item, Report, Unit, check_array, open_unit, text_key
+from streamwin.packing.inputs.base import Batch, Item, Report, InputUnit, check_array, open_unit, text_key
 from streamwin.packing.inputs.zipdir import u16, zip_members
 
 NPZ_READ_WHOLE = 256 << 20  # .npz archives up to this size are read whole and batched
 
 
-def read_npy(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
+def read_npy(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
     """The one array of a ``.npy`` file."""
     if "://" not in unit.path and os.path.isfile(unit.path):  # local: read the file in one go
         with open(unit.path, "rb") as f:
@@ -60,7 +60,7 @@ def _plain_npy_array(data: bytes) -> np.ndarray | None:
     return np.frombuffer(data, dtype=dtype, offset=hlen).reshape(shape)
 
 
-def _read_npz(unit: Unit) -> Iterator[Item]:
+def _read_npz(unit: InputUnit) -> Iterator[Item]:
     """Every array of an ``.npz``, member by member through numpy's reader."""
     prefix = "" if unit.single else posixpath.splitext(unit.name)[0] + "__"
     with open_unit(unit) as f:
@@ -77,7 +77,7 @@ def _read_npz(unit: Unit) -> Iterator[Item]:
                 yield text_key(prefix + name), check_array(arr, where), None
 
 
-def read_npz(unit: Unit, opts: dict, report: Report) -> Iterator[Batch | Item]:
+def read_npz(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch | Item]:
     """An .npz whose members are stored (np.savez) as plain little-endian C-order arrays, read as
     runs of one dtype and step shape without a zipfile read per member; else `_read_npz`."""
     with open_unit(unit) as f:

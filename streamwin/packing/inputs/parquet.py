@@ -14,10 +14,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Report, Unit, file_key, open_unit, text_key
+from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Report, InputUnit, file_key, open_unit, text_key
 from streamwin.packing.inputs.tables import arrow_owned, long_sequences
 
-def read_parquet(unit: Unit, opts: dict, report: Report) -> Iterator[Batch]:
+def read_parquet(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch]:
     """The sequences of one parquet file, as one Batch."""
     try:
         import pyarrow as pa
@@ -42,7 +42,7 @@ def _is_list(pa: Any, t: Any) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _row_sequences(table: Any, names: list[str], opts: dict, unit: Unit, report: Report) -> Batch:
+def _row_sequences(table: Any, names: list[str], opts: dict, unit: InputUnit, report: Report) -> Batch:
     """One sequence per row: the row's list(s); several list columns are stacked as features."""
     import pyarrow as pa
 

@@ -10,10 +10,10 @@ from typing import Iterator
 
 import numpy as np
 
-from streamwin.packing.inputs.base import Item, Report, Unit, open_unit, text_key
+from streamwin.packing.inputs.base import Item, Report, InputUnit, open_unit, text_key
 
 
-def read_text(unit: Unit, opts: dict, report: Report) -> Iterator[Item]:
+def read_text(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
     """The bytes of one file."""
     with open_unit(unit) as f:
         data = f.read()

@@ -19,7 +19,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Item, Report, Unit
+from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Item, Report, InputUnit
 from streamwin.packing.inputs.csv import read_csv
 from streamwin.packing.inputs.iterable import read_iterable
 from streamwin.packing.inputs.jsonl import read_jsonl
@@ -34,7 +34,7 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "npy": (), "npz": (), "parquet": (*LONG_OPTIONS, "list_column"), "csv": LONG_OPTIONS,
     "jsonl": ("field", "key_field", "dtype", "meta_fields"), "text": ("suffixes",), "iterable": (),
 }
-SOURCE_OPTIONS = tuple(sorted({name for names in _OPTIONS.values() for name in names}))  # every format's options
+INPUT_OPTIONS = tuple(sorted({name for names in _OPTIONS.values() for name in names}))  # every format's options
 _SUFFIXES = {
     "npy": (".npy",), "npz": (".npz",), "parquet": (".parquet", ".pq"), "csv": (".csv", ".csv.gz"),
     "jsonl": (".jsonl", ".jsonl.gz", ".ndjson"), "text": (".txt",),
@@ -48,17 +48,17 @@ _READERS = {
 
 # ---- listing ---------------------------------------------------------------------------------
 
-def detect_format(source: Any) -> str:
-    """Name the format of ``source``: "iterable" for Python objects, else from file suffixes."""
-    if _is_paths(source):
-        return _detect(_find_files(source), source)
-    if isinstance(source, Iterable):
+def detect_format(inputs: Any) -> str:
+    """Name the format of ``inputs``: "iterable" for Python objects, else from file suffixes."""
+    if _is_paths(inputs):
+        return _detect(_find_files(inputs), inputs)
+    if isinstance(inputs, Iterable):
         return "iterable"
-    raise PackError(f"source of type {type(source).__name__} is not a path, URL or iterable")
+    raise PackError(f"input of type {type(inputs).__name__} is not a path, URL or iterable")
 
 
-def list_units(source: Any, *, format: str | None = None, **options: Any) -> list[Unit]:
-    """Deterministic list of the independent work units of ``source`` (one per input file).
+def list_units(inputs: Any, *, format: str | None = None, **options: Any) -> list[InputUnit]:
+    """Deterministic list of the independent work units of ``inputs`` (one per input file).
 
     Files of a directory are sorted by relative path; entries of a list keep their order.
     An in-memory iterable becomes a single unit that carries it (read in-process; a
@@ -66,38 +66,38 @@ def list_units(source: Any, *, format: str | None = None, **options: Any) -> lis
     """
     if format is not None and format not in FORMATS:
         raise PackError(f"unknown format {format!r}; known formats: {', '.join(FORMATS)}")
-    if not _is_paths(source):
-        if format not in (None, "iterable") or not isinstance(source, Iterable):
-            raise PackError(f"source of type {type(source).__name__} is not a path, URL or iterable")
-        return [Unit("iterable", "<iterable>", "", _check_options("iterable", options), data=source)]
-    files = _find_files(source)
-    fmt = format or _detect(files, source)
+    if not _is_paths(inputs):
+        if format not in (None, "iterable") or not isinstance(inputs, Iterable):
+            raise PackError(f"input of type {type(inputs).__name__} is not a path, URL or iterable")
+        return [InputUnit("iterable", "<iterable>", "", _check_options("iterable", options), data=inputs)]
+    files = _find_files(inputs)
+    fmt = format or _detect(files, inputs)
     if fmt == "iterable":
-        raise PackError(f"format 'iterable' needs a Python iterable, not the path {source!r}")
+        raise PackError(f"format 'iterable' needs a Python iterable, not the path {inputs!r}")
     opts = _check_options(fmt, options)
     suffixes = dict(opts).get("suffixes") if fmt == "text" else _SUFFIXES[fmt]
-    single = not isinstance(source, (list, tuple))
-    units = [Unit(fmt, url, rel, opts, single and named) for url, rel, named in files
+    single = not isinstance(inputs, (list, tuple))
+    units = [InputUnit(fmt, url, rel, opts, single and named) for url, rel, named in files
              if named or suffixes is None or rel.lower().endswith(suffixes)]
     if not units:
-        raise PackError(f"no {fmt} files in {source!r} (suffixes {suffixes})")
+        raise PackError(f"no {fmt} files in {inputs!r} (suffixes {suffixes})")
     return units
 
 
-def _is_paths(source: Any) -> bool:
-    if isinstance(source, (str, os.PathLike)):
+def _is_paths(inputs: Any) -> bool:
+    if isinstance(inputs, (str, os.PathLike)):
         return True
-    return isinstance(source, (list, tuple)) and bool(source) and all(
-        isinstance(s, (str, os.PathLike)) for s in source)
+    return isinstance(inputs, (list, tuple)) and bool(inputs) and all(
+        isinstance(s, (str, os.PathLike)) for s in inputs)
 
 
-def _find_files(source: Any) -> list[tuple[str, str, bool]]:
-    """(url, path relative to the root, named directly) of every file of a path source."""
-    entries = [os.fspath(s) for s in source] if isinstance(source, (list, tuple)) else [os.fspath(source)]
+def _find_files(inputs: Any) -> list[tuple[str, str, bool]]:
+    """(url, path relative to the root, named directly) of every file of a path or a list of paths."""
+    entries = [os.fspath(s) for s in inputs] if isinstance(inputs, (list, tuple)) else [os.fspath(inputs)]
     located = [fsspec.core.url_to_fs(e) for e in entries]
     fs = located[0][0]
     if any(type(other) is not type(fs) for other, _ in located):
-        raise PackError(f"all paths of a list source must be on one filesystem: {entries}")
+        raise PackError(f"all paths of a list of inputs must be on one filesystem: {entries}")
     dirs = []
     for entry, (_, path) in zip(entries, located):
         if not fs.exists(path):
@@ -119,14 +119,14 @@ def _url(fs: Any, path: str) -> str:
     return path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
 
 
-def _detect(files: list[tuple[str, str, bool]], source: Any) -> str:
+def _detect(files: list[tuple[str, str, bool]], inputs: Any) -> str:
     found = {fmt for _, rel, _ in files for fmt, suffixes in _SUFFIXES.items() if rel.lower().endswith(suffixes)}
     data = found - {"text"}
     if len(data) == 1:
         return data.pop()
     if not data and found:
         return "text"
-    raise PackError(f"cannot tell the format of {source!r} (found: {sorted(found) or 'no known suffix'}); "
+    raise PackError(f"cannot tell the format of {inputs!r} (found: {sorted(found) or 'no known suffix'}); "
                     f"pass format= one of {', '.join(FORMATS)}")
 
 
@@ -148,7 +148,7 @@ def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], 
         if np.dtype(opts["dtype"]).kind not in NUMERIC_KINDS:
             raise PackError(f"jsonl option dtype={opts['dtype']!r} is not numeric")
     if fmt == "csv" and "id_column" not in opts:
-        raise PackError("csv sources are long format: pass id_column= (the column naming each sequence)")
+        raise PackError("csv inputs are long format: pass id_column= (the column naming each sequence)")
     return tuple(sorted(opts.items()))
 
 
@@ -158,7 +158,7 @@ def _ignore(columns: Columns) -> None:
     pass
 
 
-def read_batches(unit: Unit, report: Report | None = None) -> Iterator[Batch | Item]:
+def read_batches(unit: InputUnit, report: Report | None = None) -> Iterator[Batch | Item]:
     """The sequences of one unit in a deterministic order: Batches where the format allows
     (.npz, long-layout tables), else ``(key, array, meta)`` items.
 
@@ -174,7 +174,7 @@ def read_batches(unit: Unit, report: Report | None = None) -> Iterator[Batch | I
         raise PackError(f"cannot read {unit.path}: {type(e).__name__}: {e}") from e
 
 
-def read_unit(unit: Unit, report: Report | None = None) -> Iterator[Item]:
+def read_unit(unit: InputUnit, report: Report | None = None) -> Iterator[Item]:
     """Yield the sequences ``(key, array, meta)`` of one unit, in a deterministic order (`read_batches`, item by item)."""
     for got in read_batches(unit, report):
         yield from got.items() if isinstance(got, Batch) else (got,)

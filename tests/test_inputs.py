@@ -1,4 +1,4 @@
-"""sources: every format yields the sequences an independent reading of the input expects,
+"""inputs: every format yields the sequences an independent reading of the input expects,
 in a deterministic order, from picklable units; bad input is a PackError naming the file."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs import FORMATS, Batch, Unit, detect_format, list_units, read_batches, read_unit
+from streamwin.packing.inputs import FORMATS, Batch, InputUnit, detect_format, list_units, read_batches, read_unit
 
 
 def read_all(source, **kw) -> list[tuple[str, np.ndarray, dict | None]]:
@@ -438,7 +438,7 @@ def test_unknown_options_and_formats(tmp_path, npy_dir):
         list_units(root, field="x")
     with pytest.raises(PackError, match=r"accepted: \['field', 'key_field', 'dtype', 'meta_fields'\]"):
         list_units(root, format="jsonl", id_column="x")
-    with pytest.raises(PackError, match="not a path, URL or iterable"):
+    with pytest.raises(PackError, match="input of type int is not a path, URL or iterable"):
         detect_format(42)
     with pytest.raises(PackError, match="unknown format"):
         list_units(root, format="hdf5")
@@ -456,7 +456,7 @@ def test_unknown_options_and_formats(tmp_path, npy_dir):
 def test_units_are_plain_values(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(3))
     (unit,) = list_units(tmp_path)
-    assert unit == Unit("npy", str(tmp_path / "a.npy"), "a.npy", (), single=False)
+    assert unit == InputUnit("npy", str(tmp_path / "a.npy"), "a.npy", (), single=False)
     assert hash(unit) == hash(pickle.loads(pickle.dumps(unit)))
     (unit,) = list_units(tmp_path, format="text", suffixes=[".npy"])
     assert unit.options == (("suffixes", (".npy",)),)
