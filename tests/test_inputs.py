@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs import FORMATS, Batch, InputUnit, detect_format, list_units, read_batches, read_unit
+from streamwin.packing.inputs import (FORMATS, INPUT_OPTIONS, Batch, InputUnit, detect_format, format_of, list_units,
+                                     read_batches, read_unit)
 
 
 def read_all(source, **kw) -> list[tuple[str, np.ndarray, dict | None]]:
@@ -431,6 +432,14 @@ def test_iterable_errors(item, message):
 
 
 # ---- listing, detection, options -------------------------------------------------------------
+
+def test_every_format_and_option_is_listed():
+    """The formats' modules declare them; units lists them all, and the options any of them accepts."""
+    assert FORMATS == ("npy", "npz", "parquet", "csv", "jsonl", "text", "iterable")
+    assert INPUT_OPTIONS == ("dtype", "field", "id_column", "key_field", "list_column", "meta_fields", "order_column",
+                             "squeeze", "suffixes", "value_columns")
+    assert [format_of(u).name for u in list_units([("k", np.ones(2))])] == ["iterable"]
+
 
 def test_unknown_options_and_formats(tmp_path, npy_dir):
     root, _ = npy_dir

@@ -15,13 +15,12 @@ from typing import Iterator
 import numpy as np
 
 from streamwin.packing.encode import EncodedSeq, Streamed, encode_sequence
-from streamwin.packing.inputs import Batch, Columns, InputUnit, read_batches
+from streamwin.packing.inputs import Batch, Columns, InputUnit, format_of, read_batches
 from streamwin.packing.records import RECORD_MAX, Records, batch_fits, encode_batch, records_of
 
 BATCH_SEQS = 8192  # sequences per Records at most
 BATCH_BYTES = 16 << 20  # and about this many bytes of values
-GROUP_FORMATS = ("npy", "text")  # one sequence per file: files are encoded TASK_FILES at a time
-TASK_FILES = 256
+TASK_FILES = 256  # files of one sequence each (npy, text) per task
 
 
 @dataclass
@@ -37,7 +36,8 @@ def tasks_of(units: list[InputUnit]) -> list[list[InputUnit]]:
     (a table reports its own value columns)."""
     tasks: list[list[InputUnit]] = []
     for unit in units:
-        if tasks and unit.format in GROUP_FORMATS and tasks[-1][-1].format in GROUP_FORMATS and len(tasks[-1]) < TASK_FILES:
+        grouped = tasks and format_of(tasks[-1][-1]).one_per_file and len(tasks[-1]) < TASK_FILES
+        if grouped and format_of(unit).one_per_file:
             tasks[-1].append(unit)
         else:
             tasks.append([unit])

@@ -16,7 +16,8 @@ packer encodes without a Python object per sequence; a table also reports the `C
 its values came from.
 
 One module per format, each saying what it reads, the options it accepts and how keys are
-made: ``npy`` (.npy and .npz; ``zipdir`` reads an .npz's zip directory), ``parquet`` and
+made, and declaring its `InputFormat` (name, suffixes, options, reader), which ``units`` lists:
+``npy`` (.npy and .npz; ``zipdir`` reads an .npz's zip directory), ``parquet`` and
 ``csv`` (``tables``: the long layout they share), ``jsonl``, ``text``, ``iterable``. ``base``
 holds what they share; ``units`` lists units, detects formats and checks options.
 
@@ -27,8 +28,9 @@ Everything unreadable or malformed raises PackError naming the file (and line, r
 column), raised from the original exception. Arrays must be numeric: object, string and
 structured arrays are refused, and nothing is ever unpickled.
 """
-from streamwin.packing.inputs.base import Batch, Columns, Item, Report, InputUnit
-from streamwin.packing.inputs.units import FORMATS, INPUT_OPTIONS, detect_format, list_units, read_batches, read_unit
+from streamwin.packing.inputs.base import Batch, Columns, InputFormat, InputUnit, Item, Report
+from streamwin.packing.inputs.units import (FORMATS, INPUT_OPTIONS, detect_format, format_of, list_units, read_batches,
+                                           read_unit)
 
-__all__ = ["FORMATS", "INPUT_OPTIONS", "Batch", "Columns", "InputUnit", "Item", "Report", "detect_format", "list_units",
-           "read_batches", "read_unit"]
+__all__ = ["FORMATS", "INPUT_OPTIONS", "Batch", "Columns", "InputFormat", "InputUnit", "Item", "Report", "detect_format",
+           "format_of", "list_units", "read_batches", "read_unit"]

@@ -1,6 +1,7 @@
 """What every input reader shares: the unit it reads, what it yields, and how it makes keys.
 
-A reader takes one `InputUnit` (one input file, or an in-memory iterable) with its format's
+Each format's module declares an `InputFormat`: its name, suffixes, options and reader. A
+reader takes one `InputUnit` (one input file, or an in-memory iterable) with its format's
 options and yields the unit's sequences in a deterministic order, either one at a time as
 ``(key, array, meta)`` items or many at a time as a `Batch`. A table reader also reports the
 `Columns` its values came from. Keys are made here, the same way for every format: from a
@@ -56,6 +57,29 @@ class Columns:
 
 
 Report = Callable[[Columns], None]
+Reader = Callable[["InputUnit", dict, Report], Iterator["Batch | Item"]]
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """One input format, as its module declares it; ``units`` lists every format.
+
+    Args:
+        name: what ``format=`` and ``InputUnit.format`` call it.
+        read: ``read(unit, options, report)`` yields the unit's sequences, items or Batches, in
+            a deterministic order (options: the given ones, as a dict).
+        suffixes: the file suffixes that select this format (lower case, matched case-insensitively).
+        options: the options it accepts (an unknown option is an error).
+        one_per_file: each file is one sequence, so files are encoded many per task.
+        check: checks the given options together (PackError), after each is known to be accepted.
+    """
+
+    name: str
+    read: Reader
+    suffixes: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+    one_per_file: bool = False
+    check: Callable[[dict], None] | None = None
 
 
 @dataclass(frozen=True, eq=False)

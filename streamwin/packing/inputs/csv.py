@@ -14,8 +14,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs.base import Batch, Report, InputUnit, open_unit
-from streamwin.packing.inputs.tables import arrow_owned, long_sequences
+from streamwin.packing.inputs.base import Batch, InputFormat, InputUnit, Report, open_unit
+from streamwin.packing.inputs.tables import LONG_OPTIONS, arrow_owned, long_sequences
 
 
 def read_csv(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch]:
@@ -29,6 +29,14 @@ def read_csv(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch]:
             table = pacsv.read_csv(arrow_owned(f.read()))
             columns = {c: table.column(c).to_numpy() for c in table.column_names}
     yield long_sequences(columns, opts, unit.path, report)
+
+
+def _needs_id_column(opts: dict) -> None:
+    if "id_column" not in opts:
+        raise PackError("csv inputs are long format: pass id_column= (the column naming each sequence)")
+
+
+CSV = InputFormat("csv", read_csv, suffixes=(".csv", ".csv.gz"), options=LONG_OPTIONS, check=_needs_id_column)
 
 
 def _csv_columns_stdlib(f: Any, where: str) -> dict[str, np.ndarray]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from streamwin.errors import PackError
 from streamwin.formats.keys import check_key
-from streamwin.packing.inputs.base import Item, Report, InputUnit, check_array
+from streamwin.packing.inputs.base import InputFormat, InputUnit, Item, Report, check_array
 
 
 def read_iterable(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
@@ -33,3 +33,6 @@ def read_iterable(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]
         except Exception as e:
             raise PackError(f"{where} (key {key!r}): cannot make an array: {e}") from e
         yield key, check_array(arr, f"{where} (key {key!r})"), meta
+
+
+ITERABLE = InputFormat("iterable", read_iterable)

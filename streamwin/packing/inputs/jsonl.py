@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs.base import Item, Report, InputUnit, check_array, file_key, open_unit, text_key
+from streamwin.packing.inputs.base import InputFormat, InputUnit, Item, Report, check_array, file_key, open_unit, text_key
 
 
 def read_jsonl(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
@@ -39,6 +39,10 @@ def read_jsonl(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
                 raise PackError(f"{where}: no key field {key_field!r}")
             arr = _json_array(obj[field_name], opts.get("dtype"), f"{where}, field {field_name!r}")
             yield key, arr, _json_meta(obj, {field_name, key_field}, opts.get("meta_fields"))
+
+
+JSONL = InputFormat("jsonl", read_jsonl, suffixes=(".jsonl", ".jsonl.gz", ".ndjson"),
+                    options=("field", "key_field", "dtype", "meta_fields"))
 
 
 def _json_array(value: Any, dtype: str | None, where: str) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 from streamwin.errors import PackError
 from streamwin.formats import npy as npyfmt
 from streamwin.formats.keys import key_from_name
-from streamwin.packing.inputs.base import Batch, Item, Report, InputUnit, check_array, open_unit, text_key
+from streamwin.packing.inputs.base import Batch, InputFormat, InputUnit, Item, Report, check_array, open_unit, text_key
 from streamwin.packing.inputs.zipdir import u16, zip_members
 
 NPZ_READ_WHOLE = 256 << 20  # .npz archives up to this size are read whole and batched
@@ -94,6 +94,10 @@ def read_npz(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch | It
         values = np.frombuffer(b"".join([buf[a : a + n] for a, n in zip(starts, nbytes)]), dtype=dtype)
         keys = [text_key(prefix + name) for name in names]
         yield Batch(keys, values.reshape((-1,) + step), np.asarray(bounds, dtype=np.int64))
+
+
+NPY = InputFormat("npy", read_npy, suffixes=(".npy",), one_per_file=True)
+NPZ = InputFormat("npz", read_npz, suffixes=(".npz",))
 
 
 def _stored_npz_runs(data: bytes) -> list[tuple] | None:

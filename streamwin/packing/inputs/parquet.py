@@ -14,8 +14,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Report, InputUnit, file_key, open_unit, text_key
-from streamwin.packing.inputs.tables import arrow_owned, long_sequences
+from streamwin.packing.inputs.base import (NUMERIC_KINDS, Batch, Columns, InputFormat, InputUnit, Report, file_key, open_unit,
+                                           text_key)
+from streamwin.packing.inputs.tables import LONG_OPTIONS, arrow_owned, long_sequences
 
 def read_parquet(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch]:
     """The sequences of one parquet file, as one Batch."""
@@ -36,6 +37,9 @@ def read_parquet(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch]
         columns = {c: table.column(c).to_numpy() for c in table.column_names}
         index = [c for c in (table.schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)]
         yield long_sequences(columns, opts, unit.path, report, index)
+
+
+PARQUET = InputFormat("parquet", read_parquet, suffixes=(".parquet", ".pq"), options=(*LONG_OPTIONS, "list_column"))
 
 
 def _is_list(pa: Any, t: Any) -> bool:

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from streamwin.packing.inputs.base import Item, Report, InputUnit, open_unit, text_key
+from streamwin.packing.inputs.base import InputFormat, InputUnit, Item, Report, open_unit, text_key
 
 
 def read_text(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
@@ -18,3 +18,7 @@ def read_text(unit: InputUnit, opts: dict, report: Report) -> Iterator[Item]:
     with open_unit(unit) as f:
         data = f.read()
     yield text_key(unit.name), np.frombuffer(data, dtype=np.uint8), None
+
+
+# any file can be text: ".txt" selects text only where no other format's suffix is found
+TEXT = InputFormat("text", read_text, suffixes=(".txt",), options=("suffixes",), one_per_file=True)

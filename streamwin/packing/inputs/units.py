@@ -19,31 +19,25 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Item, Report, InputUnit
-from streamwin.packing.inputs.csv import read_csv
-from streamwin.packing.inputs.iterable import read_iterable
-from streamwin.packing.inputs.jsonl import read_jsonl
-from streamwin.packing.inputs.npy import read_npy, read_npz
-from streamwin.packing.inputs.parquet import read_parquet
-from streamwin.packing.inputs.tables import LONG_OPTIONS
-from streamwin.packing.inputs.text import read_text
+from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, InputFormat, InputUnit, Item, Report
+from streamwin.packing.inputs.csv import CSV
+from streamwin.packing.inputs.iterable import ITERABLE
+from streamwin.packing.inputs.jsonl import JSONL
+from streamwin.packing.inputs.npy import NPY, NPZ
+from streamwin.packing.inputs.parquet import PARQUET
+from streamwin.packing.inputs.text import TEXT
 
-FORMATS = ("npy", "npz", "parquet", "csv", "jsonl", "text", "iterable")
-
-_OPTIONS: dict[str, tuple[str, ...]] = {
-    "npy": (), "npz": (), "parquet": (*LONG_OPTIONS, "list_column"), "csv": LONG_OPTIONS,
-    "jsonl": ("field", "key_field", "dtype", "meta_fields"), "text": ("suffixes",), "iterable": (),
-}
-INPUT_OPTIONS = tuple(sorted({name for names in _OPTIONS.values() for name in names}))  # every format's options
-_SUFFIXES = {
-    "npy": (".npy",), "npz": (".npz",), "parquet": (".parquet", ".pq"), "csv": (".csv", ".csv.gz"),
-    "jsonl": (".jsonl", ".jsonl.gz", ".ndjson"), "text": (".txt",),
-}
+# every input format, in the order errors list them; a new format is a module declaring one, added here
+_FORMATS = (NPY, NPZ, PARQUET, CSV, JSONL, TEXT, ITERABLE)
+_BY_NAME = {f.name: f for f in _FORMATS}
+FORMATS = tuple(_BY_NAME)
+INPUT_OPTIONS = tuple(sorted({name for f in _FORMATS for name in f.options}))  # every format's options
 _NAME_LISTS = ("suffixes", "value_columns", "list_column", "meta_fields")  # options that take one name or a list
-_READERS = {
-    "npy": read_npy, "npz": read_npz, "parquet": read_parquet, "csv": read_csv,
-    "jsonl": read_jsonl, "text": read_text, "iterable": read_iterable,
-}
+
+
+def format_of(unit: InputUnit) -> InputFormat:
+    """The format a unit is read with."""
+    return _BY_NAME[unit.format]
 
 
 # ---- listing ---------------------------------------------------------------------------------
@@ -75,7 +69,8 @@ def list_units(inputs: Any, *, format: str | None = None, **options: Any) -> lis
     if fmt == "iterable":
         raise PackError(f"format 'iterable' needs a Python iterable, not the path {inputs!r}")
     opts = _check_options(fmt, options)
-    suffixes = dict(opts).get("suffixes") if fmt == "text" else _SUFFIXES[fmt]
+    spec = _BY_NAME[fmt]
+    suffixes = dict(opts).get("suffixes") if "suffixes" in spec.options else spec.suffixes
     single = not isinstance(inputs, (list, tuple))
     units = [InputUnit(fmt, url, rel, opts, single and named) for url, rel, named in files
              if named or suffixes is None or rel.lower().endswith(suffixes)]
@@ -120,8 +115,8 @@ def _url(fs: Any, path: str) -> str:
 
 
 def _detect(files: list[tuple[str, str, bool]], inputs: Any) -> str:
-    found = {fmt for _, rel, _ in files for fmt, suffixes in _SUFFIXES.items() if rel.lower().endswith(suffixes)}
-    data = found - {"text"}
+    found = {f.name for _, rel, _ in files for f in _FORMATS if f.suffixes and rel.lower().endswith(f.suffixes)}
+    data = found - {TEXT.name}
     if len(data) == 1:
         return data.pop()
     if not data and found:
@@ -132,7 +127,8 @@ def _detect(files: list[tuple[str, str, bool]], inputs: Any) -> str:
 
 def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Refuse unknown options; return the given ones as sorted, hashable pairs."""
-    accepted = _OPTIONS[fmt]
+    spec = _BY_NAME[fmt]
+    accepted = spec.options
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise PackError(f"unknown option(s) {unknown} for format {fmt!r}; accepted: {list(accepted) or 'none'}")
@@ -144,11 +140,11 @@ def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], 
         try:
             opts["dtype"] = np.dtype(opts["dtype"]).name
         except TypeError as e:
-            raise PackError(f"jsonl option dtype={options['dtype']!r} is not a numpy dtype") from e
+            raise PackError(f"{fmt} option dtype={options['dtype']!r} is not a numpy dtype") from e
         if np.dtype(opts["dtype"]).kind not in NUMERIC_KINDS:
-            raise PackError(f"jsonl option dtype={opts['dtype']!r} is not numeric")
-    if fmt == "csv" and "id_column" not in opts:
-        raise PackError("csv inputs are long format: pass id_column= (the column naming each sequence)")
+            raise PackError(f"{fmt} option dtype={opts['dtype']!r} is not numeric")
+    if spec.check is not None:
+        spec.check(opts)
     return tuple(sorted(opts.items()))
 
 
@@ -165,9 +161,9 @@ def read_batches(unit: InputUnit, report: Report | None = None) -> Iterator[Batc
     A table (parquet, csv) calls ``report`` once, before its first sequence, with the
     `Columns` its values come from.
     """
-    reader = _READERS[unit.format]
+    read = _BY_NAME[unit.format].read
     try:
-        yield from reader(unit, dict(unit.options), report or _ignore)
+        yield from read(unit, dict(unit.options), report or _ignore)
     except PackError:
         raise
     except Exception as e:
