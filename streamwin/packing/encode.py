@@ -210,21 +210,29 @@ def _row_chunks(arr: Any, dtype: np.dtype, rows: int, key: str, cast: str | None
 def _mapped_pages(arr: Any) -> Callable[[int], None] | None:
     """For an ndarray on a shared (not copy-on-write) numpy memmap: ``f(row)`` drops the map's pages
     before that row from this process (the page cache keeps them); else None."""
-    mm = arr
-    while mm is not None and not (isinstance(mm, np.memmap) and getattr(mm, "_mmap", None) is not None):
-        mm = getattr(mm, "base", None)
-    if mm is None or mm.mode in ("c", "copyonwrite") or not hasattr(mm._mmap, "madvise") or arr.strides[0] <= 0:
+    mapping, memmap = _mapping_of(arr)
+    if mapping is None or memmap.mode in ("c", "copyonwrite") or not hasattr(mapping, "madvise") or arr.strides[0] <= 0:
         return None
-    origin = np.frombuffer(mm._mmap, dtype=np.uint8).ctypes.data
+    origin = np.frombuffer(mapping, dtype=np.uint8).ctypes.data
     start = arr.__array_interface__["data"][0] - origin
     done = [0]  # bytes of the map given back so far
 
     def let_go(row: int) -> None:
         end = (start + row * arr.strides[0]) // mmap.PAGESIZE * mmap.PAGESIZE
         if end > done[0]:
-            mm._mmap.madvise(mmap.MADV_DONTNEED, done[0], end - done[0])
+            mapping.madvise(mmap.MADV_DONTNEED, done[0], end - done[0])
             done[0] = end
     return let_go
+
+
+def _mapping_of(arr: Any) -> tuple[mmap.mmap | None, np.memmap | None]:
+    """(the mmap under ``arr``, the numpy memmap made on it), found through ``.base``; (None, None) if none."""
+    owner, memmap = arr, None
+    while owner is not None and not isinstance(owner, mmap.mmap):
+        if isinstance(owner, np.memmap):
+            memmap = owner
+        owner = getattr(owner, "base", None)
+    return (owner, memmap) if memmap is not None else (None, None)
 
 
 def _file_chunks(f) -> Iterator[bytes]:
