@@ -418,7 +418,9 @@ def test_bad_options(tmp_path):
     seqs = [("a", np.ones(2))]
     for kw, pattern in [({"shard_bytes": 0}, "shard_bytes"), ({"compression": "gzip"}, "compression"),
                         ({"empty": "pad"}, "empty"), ({"workers": 0}, "workers"), ({"part": "3/3"}, "part"),
-                        ({"part": "x"}, "i/n")]:
+                        ({"part": "x"}, "i/n"), ({"nan": "drop"}, "nan must be 'count' or 'raise'"),
+                        ({"cast": "nonsense"}, "cast='nonsense' is not a numpy dtype"),
+                        ({"cast": "object"}, "only numeric dtypes")]:
         with pytest.raises(PackError, match=pattern):
             sw.pack(seqs, str(tmp_path / "x"), progress=False, **kw)
 

@@ -58,6 +58,50 @@ class EncodedSeq:
         return len(self.head) + len(self.body)
 
 
+@dataclass(frozen=True)
+class EncodeOptions:
+    """How every sequence of a pack is encoded; checked when made (PackError naming the argument).
+
+    Args:
+        cast: convert every array to this numeric dtype (None: keep each array's dtype).
+        compression: None, or "zstd" (members ``<key>.npy.zst``, long ones in frames).
+        empty: "skip" zero-length sequences (counted) or "error".
+        nan: "count" NaN and inf values or "raise".
+    """
+
+    cast: str | None = None
+    compression: str | None = None
+    empty: str = "skip"
+    nan: str = "count"
+
+    def __post_init__(self) -> None:
+        if self.nan not in ("count", "raise"):
+            raise PackError(f"nan must be 'count' or 'raise', got {self.nan!r}")
+        if self.compression not in (None, "zstd"):
+            raise PackError(f"compression must be None or 'zstd', got {self.compression!r}")
+        if self.compression == "zstd":
+            zstd.compressor()  # PackError now, not at the first sequence, when zstandard is missing
+        if self.empty not in ("skip", "error"):
+            raise PackError(f"empty must be 'skip' or 'error', got {self.empty!r}")
+        if self.cast is not None:
+            try:
+                dt = np.dtype(self.cast)
+            except TypeError as e:
+                raise PackError(f"cast={self.cast!r} is not a numpy dtype") from e
+            if dt.hasobject or dt.kind not in "biufc":
+                raise PackError(f"cast={self.cast!r}: only numeric dtypes can be packed")
+
+    @property
+    def suffix(self) -> str:
+        """The extension of the members: ".npy", or ".npy.zst" with zstd."""
+        return ".npy.zst" if self.compression == "zstd" else ".npy"
+
+    def encode(self, key: str, array: Any, meta: dict | None = None) -> EncodedSeq | None:
+        """`encode_sequence` with these options."""
+        return encode_sequence(key, array, meta, cast=self.cast, compression=self.compression, empty=self.empty,
+                               nan=self.nan)
+
+
 class Streamed:
     """A member's content made chunk by chunk when written (``len`` bytes), for a sequence too large to hold."""
 

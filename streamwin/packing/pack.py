@@ -27,18 +27,18 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from streamwin.errors import PackError
-from streamwin.formats import zstd
 from streamwin.formats.manifest import INDEX_NAME, Manifest
-from streamwin.packing.encode import EncodedSeq
+from streamwin.packing.encode import EncodedSeq, EncodeOptions
 from streamwin.packing.inputs import Columns, list_units
 from streamwin.packing.parallel import encoded
 from streamwin.packing.parts import merge, parse_part, part_index_name, part_units
+from streamwin.packing.records import Records
 from streamwin.packing.writer import ShardWriter
 from streamwin.storage.manifests import write_manifest
 from streamwin.storage.urls import join, remove_if_exists, url_to_fs
@@ -50,27 +50,11 @@ class NonFiniteWarning(UserWarning):
     """pack wrote NaN or inf values (counted in ``manifest.nonfinite``)."""
 
 
-def _check_options(shard_bytes: int, compression: str | None, empty: str, cast: str | None, workers: int,
-                   nan: str) -> None:
+def _check_sizes(shard_bytes: int, workers: int) -> None:
     if not _is_int(shard_bytes) or shard_bytes <= 0:
         raise PackError(f"shard_bytes must be a positive integer, got {shard_bytes!r}")
-    if nan not in ("count", "raise"):
-        raise PackError(f"nan must be 'count' or 'raise', got {nan!r}")
-    if compression not in (None, "zstd"):
-        raise PackError(f"compression must be None or 'zstd', got {compression!r}")
-    if compression == "zstd":
-        zstd.compressor()
-    if empty not in ("skip", "error"):
-        raise PackError(f"empty must be 'skip' or 'error', got {empty!r}")
     if not _is_int(workers) or workers < 1:
         raise PackError(f"workers must be an integer >= 1, got {workers!r}")
-    if cast is not None:
-        try:
-            dt = np.dtype(cast)
-        except TypeError as e:
-            raise PackError(f"cast={cast!r} is not a numpy dtype") from e
-        if dt.hasobject or dt.kind not in "biufc":
-            raise PackError(f"cast={cast!r}: only numeric dtypes can be packed")
 
 
 def _is_int(value: Any) -> bool:
@@ -126,25 +110,45 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     Returns:
         The manifest written to ``dest``.
     """
-    _check_options(shard_bytes, compression, empty, cast, workers, nan)
+    _check_sizes(shard_bytes, workers)
+    options = EncodeOptions(cast=cast, compression=compression, empty=empty, nan=nan)
     part_ = parse_part(part)
     units = part_units(list_units(inputs, format=format, **input_options), part_)
     fs, root = url_to_fs(dest, storage_options)
-    fs.makedirs(root, exist_ok=True)
-    index_name = INDEX_NAME if part_ is None else part_index_name(*part_)
-    # from here on the destination is "not finished": a part rewrites shards a merged index may name
-    remove_if_exists(fs, join(root, index_name))
-    if part_ is not None:
-        remove_if_exists(fs, join(root, INDEX_NAME))
-
+    index_name = _unpublish(fs, root, part_)
     prefix = "shard-" if part_ is None else f"part{part_[0]:05d}-shard-"
     writer = ShardWriter(fs, root, shard_bytes=shard_bytes, prefix=prefix, compression=compression)
+    borrowed = any(u.format == "iterable" for u in units)  # a generator may reuse its arrays
+    manifest = _write(writer, encoded(units, options, workers), borrowed, f"pack {dest}", progress)
+    write_manifest(fs, root, manifest, index_name)
+    writer.remove_leftovers()
+    if manifest.nonfinite.nan or manifest.nonfinite.inf:
+        warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
+                      f"into {dest} (manifest.nonfinite counts them; nan='raise' refuses them)",
+                      NonFiniteWarning, stacklevel=3)  # the caller of pack, past _accepts_source
+    return manifest
+
+
+def _unpublish(fs, root: str, part: tuple[int, int] | None) -> str:
+    """Remove the index this pack will write, so that from now on the destination reads as "not
+    finished"; a part also removes index.json, which names shards the part rewrites. Returns its name."""
+    fs.makedirs(root, exist_ok=True)
+    index_name = INDEX_NAME if part is None else part_index_name(*part)
+    remove_if_exists(fs, join(root, index_name))
+    if part is not None:
+        remove_if_exists(fs, join(root, INDEX_NAME))
+    return index_name
+
+
+def _write(writer: ShardWriter, tasks: Iterator[tuple[list[EncodedSeq | Records], int, Columns | None]],
+           borrowed: bool, desc: str, progress: bool) -> Manifest:
+    """Append every part to the shards and return the manifest; on any error the shard being
+    written is discarded."""
     dropped, shown, columns = 0, 0, None
-    bar = tqdm(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+    bar = tqdm(desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
     try:
-        borrowed = any(u.format == "iterable" for u in units)  # a generator may reuse its arrays
-        for parts, skipped, found in encoded(units, cast, compression, empty, nan, workers):
+        for parts, skipped, found in tasks:
             dropped += skipped
             columns = _same_columns(columns, found)
             for part in parts:
@@ -154,19 +158,12 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
                 # strings: tqdm would print 10000 as 1e+4
                 bar.set_postfix(sequences=f"{shown:,}", shards=f"{writer.open_shards:,}", refresh=False)
         writer.close()
-        manifest = writer.manifest(compression, dropped, columns)
+        return writer.manifest(dropped, columns)
     except BaseException:
         writer.abort()
         raise
     finally:
         bar.close()
-    write_manifest(fs, root, manifest, index_name)
-    writer.remove_leftovers()
-    if manifest.nonfinite.nan or manifest.nonfinite.inf:
-        warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
-                      f"into {dest} (manifest.nonfinite counts them; nan='raise' refuses them)",
-                      NonFiniteWarning, stacklevel=3)  # the caller of pack, past _accepts_source
-    return manifest
 
 
 def _same_columns(current: Columns | None, found: Columns | None) -> Columns | None:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from streamwin.packing.encode import EncodedSeq, Streamed, encode_sequence
+from streamwin.packing.encode import EncodedSeq, EncodeOptions, Streamed
 from streamwin.packing.inputs import Columns, InputUnit, read_unit
 from streamwin.packing.records import Records
 from streamwin.packing.tasks import Tally, encode_units, tasks_of
@@ -35,9 +35,9 @@ def encode_task(args: tuple) -> tuple[list[EncodedSeq | Records], int, str | Non
     ``spill_dir`` (RAM-backed /dev/shm where there is one), about twice as fast as through the
     result pipe; the parts then come back empty, with their content sizes in order (see `unspill`).
     """
-    units, cast, compression, empty, nan, spill_dir = args
+    units, options, spill_dir = args
     tally = Tally()
-    parts = list(encode_units(units, cast, compression, empty, nan, tally))
+    parts = list(encode_units(units, options, tally))
     skipped, columns = tally.skipped, tally.columns
     sizes = [p.nbytes if isinstance(p, Records) else p.size for p in parts]
     if sum(sizes) < SPILL_MIN:
@@ -65,8 +65,7 @@ def unspill(parts: list[EncodedSeq | Records], path: str | None, sizes: list[int
             for p, a, b in zip(parts, bounds, bounds[1:])]
 
 
-def encoded(units: list[InputUnit], cast: str | None, compression: str | None, empty: str, nan: str,
-            workers: int) -> Iterator[tuple[list[EncodedSeq | Records], int, Columns | None]]:
+def encoded(units: list[InputUnit], options: EncodeOptions, workers: int) -> Iterator[tuple[list[EncodedSeq | Records], int, Columns | None]]:
     """(parts to write, zero-length sequences skipped, a table's value columns when first known)
     per task of input files (`encode_units`), or per item of an iterable, in input order."""
     tasks = tasks_of(units)
@@ -74,18 +73,18 @@ def encoded(units: list[InputUnit], cast: str | None, compression: str | None, e
         for task in tasks:
             if task[0].format != "iterable":
                 tally = Tally()
-                for part in encode_units(task, cast, compression, empty, nan, tally):
+                for part in encode_units(task, options, tally):
                     yield [part], 0, None
                 yield [], tally.skipped, tally.columns
                 continue
             for key, arr, meta in read_unit(task[0]):  # item by item: a huge in-memory iterable is never held whole
-                enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
+                enc = options.encode(key, arr, meta)
                 yield ([enc] if enc is not None else []), int(enc is None), None
         return
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     spill_dir = tempfile.mkdtemp(prefix="streamwin-pack-", dir=shm)
-    args = iter([(t, cast, compression, empty, nan, spill_dir) for t in tasks])
+    args = iter([(t, options, spill_dir) for t in tasks])
     try:
         with ctx.Pool(workers) as pool:
             # a bounded window of tasks in flight: a slow destination never piles results up in memory

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-from streamwin.packing.encode import EncodedSeq, Streamed, encode_sequence
+from streamwin.packing.encode import EncodedSeq, EncodeOptions, Streamed
 from streamwin.packing.inputs import Batch, Columns, InputUnit, format_of, read_batches
 from streamwin.packing.records import RECORD_MAX, Records, batch_fits, encode_batch, records_of
 
@@ -44,30 +44,29 @@ def tasks_of(units: list[InputUnit]) -> list[list[InputUnit]]:
     return tasks
 
 
-def encode_units(units: list[InputUnit], cast: str | None, compression: str | None, empty: str, nan: str,
-                 tally: Tally) -> Iterator[EncodedSeq | Records]:
+def encode_units(units: list[InputUnit], options: EncodeOptions, tally: Tally) -> Iterator[EncodedSeq | Records]:
     """The parts of some input files (a task: see `tasks_of`) to write, in order: Records of their
     short sequences (made by `encode_batch`, BATCH_SEQS at a time, where an input gives a Batch),
     and long ones as EncodedSeq, written from their arrays. Counts skipped sequences and value
     columns in ``tally``."""
-    suffix = ".npy.zst" if compression == "zstd" else ".npy"
+    suffix = options.suffix
     pending: list[EncodedSeq] = []
     found: list[Columns] = []
     for got in (got for unit in units for got in read_batches(unit, found.append)):
         if found:
             tally.columns = found.pop()
-        if isinstance(got, Batch) and compression is None and batch_fits(got):
+        if isinstance(got, Batch) and options.compression is None and batch_fits(got):
             if pending:
                 yield records_of(pending, suffix)
                 pending = []
             for part in _sub_batches(got):
-                rec, empties = encode_batch(part, cast=cast, empty=empty, nan=nan)
+                rec, empties = encode_batch(part, cast=options.cast, empty=options.empty, nan=options.nan)
                 tally.skipped += empties
                 if rec is not None:
                     yield rec
             continue
         for key, arr, meta in got.items() if isinstance(got, Batch) else (got,):
-            enc = encode_sequence(key, arr, meta, cast=cast, compression=compression, empty=empty, nan=nan)
+            enc = options.encode(key, arr, meta)
             if enc is None:
                 tally.skipped += 1
                 continue

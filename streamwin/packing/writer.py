@@ -77,6 +77,7 @@ class ShardWriter:
 
     def __init__(self, fs, root: str, *, shard_bytes: int, prefix: str = "shard-", compression: str | None = None):
         self.fs, self.root, self.shard_bytes, self.prefix = fs, root, shard_bytes, prefix
+        self.compression = compression
         self.suffix = ".npy.zst" if compression == "zstd" else ".npy"
         self.shards: list[ShardEntry] = []
         self.sequences = SequenceColumns()
@@ -241,7 +242,8 @@ class ShardWriter:
         self.shards.append(ShardEntry(self._name, self._pos, self._hash.hexdigest(), self._count, self._steps))
         self.shard_nonfinite.append(self._nonfinite)
 
-    def manifest(self, compression: str | None, dropped_empty: int, columns: Columns | None) -> Manifest:
+    def manifest(self, dropped_empty: int, columns: Columns | None) -> Manifest:
+        """The manifest of what was written (after `close`): PackError if nothing was, or a key twice."""
         if self.dtype is None:
             raise PackError(f"the input yielded no non-empty sequence ({dropped_empty} empty ones): nothing to pack")
         cols = self.sequences.columns()
@@ -257,7 +259,7 @@ class ShardWriter:
         if self.framed:
             step = np.dtype(self.dtype).itemsize * int(np.prod(self.step_shape, dtype=np.int64))
             frames = Frames.make(frame_rows(step), np.asarray(self.framed), np.asarray(self.frame_ends), cols["length"])
-        return Manifest(dtype=np.dtype(self.dtype), step_shape=tuple(self.step_shape), compression=compression,
+        return Manifest(dtype=np.dtype(self.dtype), step_shape=tuple(self.step_shape), compression=self.compression,
                         shards=tuple(self.shards), key_blob=memoryview(keys), key_ends=key_ends,
                         dropped_empty=dropped_empty, value_columns=columns.taken if columns else None,
                         left_out_columns=dict(columns.left_out) if columns else None,
