@@ -214,18 +214,7 @@ def _encode_streamed(key: str, arr: Any, meta: dict | None, *, cast: str | None,
     step = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
     rows = zstd.frame_rows(step) if compression == "zstd" else max(1, CHUNK_BYTES // max(step, 1))
     chunks = functools.partial(_row_chunks, arr, dtype, rows, key, cast)
-    nans = infs = 0
-    first_bad = None
-    spill, ends = (tempfile.TemporaryFile(), []) if compression == "zstd" else (None, None)
-    for a, chunk in chunks():
-        n, i = count_nonfinite(chunk)
-        if n + i and first_bad is None:
-            first_bad = a + first_nonfinite_step(chunk)
-        nans, infs = nans + n, infs + i
-        if spill is not None:
-            data = chunk.reshape(-1).view(np.uint8)
-            spill.write(zstd.compress_frame(head + data.tobytes() if a == 0 else data))
-            ends.append(spill.tell())
+    nans, infs, first_bad, spill, ends = _first_pass(chunks, head if compression == "zstd" else None)
     if nan == "raise" and nans + infs:
         raise refused(key, nans, infs, first_bad)
     if spill is not None:
@@ -237,6 +226,25 @@ def _encode_streamed(key: str, arr: Any, meta: dict | None, *, cast: str | None,
         frame_ends = None
     return EncodedSeq(key, head, body, _meta_bytes(key, meta), length, dtype.str, shape[1:], hlen, nans, infs,
                       frame_ends)
+
+
+def _first_pass(chunks: Callable[[], Iterator[tuple[int, np.ndarray]]],
+                zstd_head: bytes | None) -> tuple[int, int, int | None, Any, list[int] | None]:
+    """One pass over the rows: (NaN values, inf values, the first step holding one, and with zstd
+    (``zstd_head``: the npy header frame 0 starts with) the frames in a temporary file and their ends)."""
+    nans = infs = 0
+    first_bad = None
+    spill, ends = (tempfile.TemporaryFile(), []) if zstd_head is not None else (None, None)
+    for a, chunk in chunks():
+        n, i = count_nonfinite(chunk)
+        if n + i and first_bad is None:
+            first_bad = a + first_nonfinite_step(chunk)
+        nans, infs = nans + n, infs + i
+        if spill is not None:
+            data = chunk.reshape(-1).view(np.uint8)
+            spill.write(zstd.compress_frame(zstd_head + data.tobytes() if a == 0 else data))
+            ends.append(spill.tell())
+    return nans, infs, first_bad, spill, ends
 
 
 def _row_chunks(arr: Any, dtype: np.dtype, rows: int, key: str, cast: str | None) -> Iterator[tuple[int, np.ndarray]]:

@@ -74,6 +74,31 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
     step shape or compression, a key is in two parts, or a shard a part names is missing.
     """
     fs, root = url_to_fs(dest, storage_options)
+    expected = _finished_parts(dest, storage_options)
+    parts = [load_manifest(dest, storage_options, name=name) for name in expected]
+    _check_parts_agree(dest, expected, parts, {p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)})
+    keys = [k for m in parts for k in m.keys(np.arange(m.num_sequences))]
+    if len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        dup = next(k for k in keys if k in seen or seen.add(k))
+        raise ManifestError(f"cannot merge {dest}: key {dup!r} appears in more than one part")
+    cols = {c: np.concatenate([getattr(m, c) for m in parts]) for c in ("length", "offset", "size", "hlen")}
+    counted = all(m.nonfinite is not None for m in parts)
+    nonfinite = NonFinite(sum(m.nonfinite.nan for m in parts), sum(m.nonfinite.inf for m in parts),
+                          tuple(n for m in parts for n in m.nonfinite.per_shard)) if counted else None
+    left_out = {k: v for m in parts for k, v in (m.left_out_columns or {}).items()}
+    first = parts[0]
+    manifest = build_manifest(first.dtype, first.step_shape, first.compression,
+                              [s for m in parts for s in m.shards], keys, cols,
+                              sum(m.dropped_empty for m in parts), value_columns=first.value_columns,
+                              left_out_columns=left_out if first.value_columns is not None else None,
+                              nonfinite=nonfinite, frames=_merged_frames(parts))
+    write_manifest(fs, root, manifest)
+    return manifest
+
+
+def _finished_parts(dest: str, storage_options: dict | None) -> list[str]:
+    """The names of all n part indexes at ``dest`` (ManifestError when none, some, or two counts are there)."""
     names = part_indexes(dest, storage_options=storage_options)
     if not names:
         raise ManifestError(f"no part indexes (index.partIIIII-of-NNNNN.json) at {dest}: run pack with --part i/n first")
@@ -85,35 +110,22 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
     missing = [name for name in expected if name not in names]
     if missing:
         raise ManifestError(f"cannot merge {dest}: {len(missing)} of {n} parts are not finished: {', '.join(missing[:5])}")
-    parts = [load_manifest(dest, storage_options, name=name) for name in expected]
+    return expected
+
+
+def _check_parts_agree(dest: str, names: list[str], parts: list[Manifest], present: set[str]) -> None:
+    """ManifestError unless every part has the first one's dtype, step shape, compression and value
+    columns, and every shard a part names is ``present``."""
     first = parts[0]
-    for name, m in zip(expected, parts):
+    for name, m in zip(names, parts):
         if (m.dtype, m.step_shape, m.compression) != (first.dtype, first.step_shape, first.compression):
             raise ManifestError(f"{name} has dtype {m.dtype}, step shape {m.step_shape}, compression {m.compression}; "
-                                f"{expected[0]} has {first.dtype}, {first.step_shape}, {first.compression}")
+                                f"{names[0]} has {first.dtype}, {first.step_shape}, {first.compression}")
         if m.value_columns != first.value_columns:
-            raise ManifestError(f"{name} has value columns {m.value_columns}, {expected[0]} has {first.value_columns}")
-    present = {p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
+            raise ManifestError(f"{name} has value columns {m.value_columns}, {names[0]} has {first.value_columns}")
     absent = [s.name for m in parts for s in m.shards if s.name not in present]
     if absent:
         raise ManifestError(f"cannot merge {dest}: {len(absent)} shard(s) named by the part indexes are missing: {', '.join(absent[:5])}")
-    keys = [k for m in parts for k in m.keys(np.arange(m.num_sequences))]
-    if len(set(keys)) != len(keys):
-        seen: set[str] = set()
-        dup = next(k for k in keys if k in seen or seen.add(k))
-        raise ManifestError(f"cannot merge {dest}: key {dup!r} appears in more than one part")
-    cols = {c: np.concatenate([getattr(m, c) for m in parts]) for c in ("length", "offset", "size", "hlen")}
-    counted = all(m.nonfinite is not None for m in parts)
-    nonfinite = NonFinite(sum(m.nonfinite.nan for m in parts), sum(m.nonfinite.inf for m in parts),
-                          tuple(n for m in parts for n in m.nonfinite.per_shard)) if counted else None
-    left_out = {k: v for m in parts for k, v in (m.left_out_columns or {}).items()}
-    manifest = build_manifest(first.dtype, first.step_shape, first.compression,
-                              [s for m in parts for s in m.shards], keys, cols,
-                              sum(m.dropped_empty for m in parts), value_columns=first.value_columns,
-                              left_out_columns=left_out if first.value_columns is not None else None,
-                              nonfinite=nonfinite, frames=_merged_frames(parts))
-    write_manifest(fs, root, manifest)
-    return manifest
 
 
 def _merged_frames(parts: list[Manifest]) -> tuple[int, np.ndarray, np.ndarray] | None:

@@ -126,17 +126,7 @@ def _npy_member(tf: tarfile.TarFile, info: tarfile.TarInfo, key: str, compressed
             raise ShardError("reading .npy.zst members needs the zstandard package: pip install 'streamwin[zstd]'", **where)
         src = zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)
     try:
-        head = _read_upto(src, 12)
-        if len(head) < 10 or head[:6] != b"\x93NUMPY":
-            raise ShardError("member is not a .npy array (bad magic bytes or too short)", **where)
-        hlen = (10 + int.from_bytes(head[8:10], "little")) if head[6] == 1 else (12 + int.from_bytes(head[8:12], "little"))
-        head += _read_upto(src, min(hlen, 1 << 20) - len(head))
-        try:
-            dtype, shape, hlen = npyfmt.parse_npy_header(head)
-        except ValueError as e:
-            raise ShardError(str(e), **where) from e
-        if not shape:
-            raise ShardError("member holds a 0-d array, not a sequence", **where)
+        head, dtype, shape, hlen = _read_header(src, where)
         data_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         counter = _NonFiniteCounter(dtype)
         counter.feed(head[hlen:])
@@ -157,6 +147,23 @@ def _npy_member(tf: tarfile.TarFile, info: tarfile.TarInfo, key: str, compressed
                          f"declares {data_bytes}", **where)
     return NpyMember(info.name, key, info.offset_data, info.size, compressed, dtype, shape, hlen,
                      counter.nan, counter.inf)
+
+
+def _read_header(src, where: dict) -> tuple[bytes, np.dtype, tuple[int, ...], int]:
+    """(bytes read, dtype, shape, header length) of the npy header at the start of ``src``; ShardError
+    naming ``where`` if it is not one of a plain numeric array of at least one dimension."""
+    head = _read_upto(src, 12)
+    if len(head) < 10 or head[:6] != b"\x93NUMPY":
+        raise ShardError("member is not a .npy array (bad magic bytes or too short)", **where)
+    hlen = (10 + int.from_bytes(head[8:10], "little")) if head[6] == 1 else (12 + int.from_bytes(head[8:12], "little"))
+    head += _read_upto(src, min(hlen, 1 << 20) - len(head))
+    try:
+        dtype, shape, hlen = npyfmt.parse_npy_header(head)
+    except ValueError as e:
+        raise ShardError(str(e), **where) from e
+    if not shape:
+        raise ShardError("member holds a 0-d array, not a sequence", **where)
+    return head, dtype, shape, hlen
 
 
 def _read_upto(f, n: int) -> bytes:
