@@ -19,6 +19,7 @@ from streamwin.errors import StreamwinError
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """Load up to ``--batches`` batches on one rank and print the throughput."""
     from streamwin.dataset import WindowDataset  # torch, seconds to import: only the verb that loads batches pays for it
     from streamwin.loader import WindowLoader
 

@@ -24,6 +24,7 @@ from streamwin.storage.manifests import load_manifest
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    """Summarize each dataset, then what mixing them makes of an epoch."""
     if len(args.url) > 1 and args.png:
         raise StreamwinError("--png draws one dataset's histogram: inspect one URL at a time")
     if args.weights is not None and len(args.weights) != len(args.url):

@@ -22,6 +22,7 @@ from streamwin.packing.scan import index_shards, verify
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
+    """Pack SRC into DEST and say what was written (then verify it with ``--verify``)."""
     part = args.part
     options = {k: option_value(v) for k, v in args.option or []}
     start = time.perf_counter()
@@ -54,6 +55,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    """Merge the part indexes at DEST into index.json."""
     m = merge(args.dest, storage_options=storage_options(args.storage_option))
     print(f"merged {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}), "
           f"{mb(sum(s.bytes for s in m.shards))}, into {args.dest.rstrip('/')}/index.json")
@@ -61,6 +63,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
+    """Write index.json for the tar shards at URL."""
     start = time.perf_counter()
     m = index_shards(args.url, pattern=args.pattern, storage_options=storage_options(args.storage_option),
                      progress=not args.no_progress)
@@ -71,6 +74,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every shard at URL against index.json."""
     return _verify(args.url, args)
 
 

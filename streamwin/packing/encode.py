@@ -55,6 +55,7 @@ class EncodedSeq:
 
     @property
     def size(self) -> int:
+        """Bytes of the member's content."""
         return len(self.head) + len(self.body)
 
 

@@ -57,9 +57,11 @@ class Records:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of every record."""
         return int(self.ends[-1]) if len(self.ends) else 0
 
     def key(self, i: int) -> str:
+        """Sequence i's key."""
         start = int(self.key_ends[i - 1]) if i else 0
         return bytes(self.keys[start : int(self.key_ends[i])]).decode("ascii")
 

@@ -157,6 +157,7 @@ class _Indexer:
         self.shard_nonfinite: list[int] = []
 
     def add(self, k: int, scan: ShardScan | ShardError) -> None:
+        """Take shard k's members as the next sequences (raise the error a shard's scan gave)."""
         if isinstance(scan, ShardError):
             raise scan
         shard_url = f"{self.url}/{scan.name}"
@@ -189,6 +190,7 @@ class _Indexer:
                 f"{first.name} in {first_url}; a dataset has one dtype, step shape and compression", **where)
 
     def manifest(self) -> Manifest:
+        """The manifest of every shard added; ManifestError when none held an npy member."""
         if self.first is None:
             raise ManifestError(f"no .npy or .npy.zst members in the shards at {self.url}: nothing to index")
         first = self.first[1]

@@ -17,7 +17,7 @@ import sys
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -75,6 +75,7 @@ class _HashingReader:
         self._at = 0
 
     def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (the rest of the current chunk at most), as a file's read."""
         if self._at >= len(self._chunk):
             data = self.f.read(CHUNK)
             if not data:
@@ -104,6 +105,7 @@ class _NonFiniteCounter:
         self._rest = b""
 
     def feed(self, data: bytes) -> None:
+        """Count the values of the next bytes (a value split across calls is counted once whole)."""
         if self.dtype is None or not data:
             return
         data = self._rest + data
@@ -195,7 +197,7 @@ def _walk(tf: tarfile.TarFile, shard: str, members: list[NpyMember], current: li
                          f"byte {tf.offset} (no end-of-archive marker)", shard=shard, offset=tf.offset)
 
 
-def scan_shard(fs, path: str, name: str, url: str, on_bytes: Callable[[int], None] = lambda n: None) -> ShardScan:
+def scan_shard(fs: Any, path: str, name: str, url: str, on_bytes: Callable[[int], None] = lambda n: None) -> ShardScan:
     """Read one shard front to back: its size, sha256 and ``.npy`` members (ShardError if malformed)."""
     try:
         f = fs.open(path, "rb")
@@ -218,7 +220,7 @@ def scan_shard(fs, path: str, name: str, url: str, on_bytes: Callable[[int], Non
     return ShardScan(name, reader.nbytes, reader.hash.hexdigest(), members)
 
 
-def scan_all(fs, root: str, url: str, names: list[str], total: int, progress: bool, desc: str,
+def scan_all(fs: Any, root: str, url: str, names: list[str], total: int, progress: bool, desc: str,
               on_done: Callable[[int, ShardScan | ShardError], None]) -> None:
     """Scan shards on a few threads; call ``on_done(k, scan or error)`` in shard order."""
     bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,

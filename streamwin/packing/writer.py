@@ -46,7 +46,8 @@ class _Hasher:
         self._size = 0
         self._running: Future | None = None
 
-    def update(self, chunk) -> None:
+    def update(self, chunk: bytes | np.ndarray | memoryview) -> None:
+        """Queue the next bytes of the shard (they must not change until hashed)."""
         self._chunks.append(chunk)
         self._size += len(chunk)
         if self._size >= self._batch:
@@ -59,10 +60,12 @@ class _Hasher:
         self._running = self._pool.submit(_hash_chunks, self._hash, chunks)
 
     def wait(self) -> None:
+        """Return once every queued chunk is hashed."""
         self._submit()
         self._running.result()
 
     def hexdigest(self) -> str:
+        """The sha256 of everything queued."""
         self.wait()
         return self._hash.hexdigest()
 
@@ -93,6 +96,7 @@ class ShardWriter:
 
     @property
     def open_shards(self) -> int:
+        """Shards finished or being written."""
         return len(self.shards) + (self._file is not None)
 
     @property
@@ -163,6 +167,7 @@ class ShardWriter:
         self.nan, self.inf = self.nan + nan, self.inf + inf
 
     def close(self) -> None:
+        """Finish the shard being written and stop the hash thread."""
         if self._file is not None:
             self._close_current()
         self._hash_pool.shutdown()
