@@ -17,7 +17,8 @@ from streamwin.cli.args import (add_command, add_storage, dtype_arg, int_at_leas
 from streamwin.cli.report import layout, mb, nonfinite_shards, value_columns
 from streamwin.errors import ShardError
 from streamwin.packing.inputs import FORMATS
-from streamwin.packing.pack import NonFiniteWarning, merge, pack
+from streamwin.packing.pack import NonFiniteWarning, pack
+from streamwin.packing.parts import merge
 from streamwin.packing.scan import index_shards, verify
 
 

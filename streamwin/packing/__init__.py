@@ -1,7 +1,10 @@
 """Packing: inputs in the formats users have -> tar shards + index.json (written last).
 
 In: a directory of .npy/.npz, parquet, csv, jsonl, text files, or any iterable of (key, array).
-Out: a dataset at any fsspec URL, and its Manifest. Knows nothing of the read side.
+Out: a dataset at any fsspec URL, and its Manifest. Knows nothing of the read side. The
+public functions: ``pack.pack``, ``parts.merge``, ``scan.verify`` and ``scan.index_shards``
+(``streamwin`` re-exports them; this package does not, so ``streamwin.packing.pack`` stays
+the module).
 
 The stages, in import order: ``inputs`` reads each input file as sequences; ``nonfinite``
 counts NaN and inf; ``encode`` turns one sequence into its tar member, ``records`` many short
