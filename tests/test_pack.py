@@ -247,6 +247,24 @@ def test_fast_headers_match_numpy_and_tarfile():
     assert len(big) > 512 and len(big) % 512 == 0
 
 
+@pytest.mark.parametrize("length", [1, 16383, 16384, 16385, 40_000])
+def test_zstd_frames_decompress_one_by_one_to_the_npy_bytes(length):
+    """A member of 16 bytes per step: one frame up to FRAME_BYTES of rows, else frames of that many
+    rows, each decompressing on its own; frame 0 starts with the npy header."""
+    from streamwin.formats import zstd as zstdfmt
+
+    arr = np.arange(length * 4, dtype="<f4").reshape(length, 4)
+    head = npyfmt.npy_header_for(arr.dtype, arr.shape)
+    member, ends = zstdfmt.compress_member(head, arr.reshape(-1).view(np.uint8), length)
+    rows = zstdfmt.FRAME_BYTES // 16
+    assert zstdfmt.frame_rows(16) == rows
+    bounds = [0] + list(ends or [len(member)])
+    assert len(bounds) - 1 == -(-length // rows) and (ends is None) == (length <= rows)
+    frames = [zstandard.ZstdDecompressor().decompress(member[a:b]) for a, b in zip(bounds, bounds[1:])]
+    assert frames[0][: len(head)] == head and b"".join(frames) == head + arr.tobytes()
+    assert all(len(f) == rows * 16 for f in frames[1:-1])
+
+
 def test_a_generator_may_reuse_its_buffer(tmp_path):
     """Shards are hashed on a thread; an array the source reuses must still be hashed as written."""
     buf = np.zeros((50_000, 4), np.float32)  # 800 kB: several hash batches per shard
