@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-from streamwin.cli.main import main, parse_size
+from streamwin.cli.args import parse_size
+from streamwin.cli.main import main
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -334,7 +334,7 @@ def test_streamed_packing_writes_the_same_shards(compression, tmp_path, monkeypa
     """Packed chunk by chunk (as a large or lazy array is), the shards and manifest are byte for byte the same."""
     import importlib
 
-    pack_mod = importlib.import_module("streamwin.packing.pack")
+    pack_mod = importlib.import_module("streamwin.packing.encode")
 
     rng = np.random.default_rng(3)
     seqs = [("a", rng.standard_normal((70_000, 4)).astype(">f4")),  # big-endian, over a frame
@@ -401,7 +401,7 @@ def test_array_likes_that_slice_are_encoded_chunk_by_chunk(monkeypatch):
             self.sliced += 1
             return self.arr[index]
 
-    pack_mod = importlib.import_module("streamwin.packing.pack")
+    pack_mod = importlib.import_module("streamwin.packing.encode")
     monkeypatch.setattr(pack_mod, "STREAM_BYTES", 1000)
     monkeypatch.setattr(pack_mod, "CHUNK_BYTES", 4000)
     arr = np.arange(6000, dtype=np.float32).reshape(3000, 2)

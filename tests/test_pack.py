@@ -11,6 +11,8 @@ import importlib
 import io
 import json
 import os
+import tarfile
+import warnings
 from pathlib import Path
 
 import fsspec
@@ -24,6 +26,8 @@ import streamwin as sw
 from streamwin.formats import npy as npyfmt
 from streamwin.formats import tar as tarfmt
 from streamwin.errors import ManifestError, PackError
+from streamwin.packing import columns, encode, nonfinite, parallel, records, tasks
+from streamwin.packing.inputs import Batch, InputUnit
 from streamwin.packing.scan import verify
 
 
@@ -135,7 +139,7 @@ def test_round_trip_iterable_local(tmp_path):
 def test_round_trip_npy_directory_two_workers(npy_dir, tmp_path, monkeypatch, spill):
     root, expected = npy_dir
     dest = tmp_path / "ds"
-    monkeypatch.setattr(packmod, "SPILL_MIN", 0 if spill else 1 << 40)  # how worker output comes back
+    monkeypatch.setattr(parallel, "SPILL_MIN", 0 if spill else 1 << 40)  # how worker output comes back
     m = sw.pack(str(root), str(dest), shard_bytes=16 << 10, workers=2, progress=False)
     assert m.dropped_empty == 1 and m.dtype == np.int16 and m.step_shape == (2,)
     assert_same_arrays(read_via_manifest(str(dest)), expected)
@@ -204,19 +208,32 @@ def test_pack_twice_is_byte_identical(tmp_path, npy_dir):
     assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
     root, _ = npy_dir
     sw.pack(str(root), str(tmp_path / "w1"), shard_bytes=16 << 10, workers=1, progress=False)
-    packmod.SPILL_MIN, saved = 0, packmod.SPILL_MIN
+    parallel.SPILL_MIN, saved = 0, parallel.SPILL_MIN
     try:
         sw.pack(str(root), str(tmp_path / "w2"), shard_bytes=16 << 10, workers=2, progress=False)
     finally:
-        packmod.SPILL_MIN = saved
+        parallel.SPILL_MIN = saved
     one, two = files_of(tmp_path / "w1"), files_of(tmp_path / "w2")
     assert len(one) > 3 and one == two
 
 
+def tarfile_header(name: str, size: int) -> bytes:
+    """The reference: the ustar header tarfile writes for a member with pack's fixed fields."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
+    return info.tobuf(format=tarfile.USTAR_FORMAT, encoding="ascii", errors="strict")
+
+
 def test_fast_headers_match_numpy_and_tarfile():
-    for name in ("a.npy", "k" * 90 + ".npy.zst", "x.json"):
-        for size in (0, 1, 511, 512, 123_456, 8**11 - 1):
-            assert packmod.tar_header(name, size) == tarfmt.tar_header(name, size), (name, size)
+    names = ("a.npy", "k" * 90 + ".npy.zst", "x.json", "K" * 100)
+    sizes = (0, 1, 511, 512, 123_456, 8**11 - 1)
+    for name in names:
+        for size in sizes:
+            assert tarfmt.tar_header(name, size) == tarfile_header(name, size), (name, size)
+    keys = ["a", "k" * 90, "b~c", "z" * 96]  # every header at once: the same bytes, names up to 100 bytes
+    batched = tarfmt.tar_headers(np.frombuffer("".join(keys).encode(), np.uint8), np.cumsum([len(k) for k in keys]),
+                                 ".npy", np.array(sizes[2:], np.int64))
+    assert [bytes(h) for h in batched] == [tarfile_header(k + ".npy", s) for k, s in zip(keys, sizes[2:])]
     for dtype in ("<f4", "<i8", "u1", "?", "<c16", "<f2"):
         for step in ((), (3,), (2, 5)):
             for length in (1, 9, 10, 99, 100, 12_345, 10**7):
@@ -226,8 +243,26 @@ def test_fast_headers_match_numpy_and_tarfile():
                 np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
                                                            "fortran_order": False, "shape": fake.shape})
                 assert npyfmt.npy_header_for(fake.dtype, fake.shape) == buf.getvalue(), (dtype, fake.shape)
-    big = packmod.tar_header("huge.npy", 8**11)  # past ustar's size field: a pax header
+    big = tarfmt.tar_header("huge.npy", 8**11)  # past ustar's size field: a pax header
     assert len(big) > 512 and len(big) % 512 == 0
+
+
+@pytest.mark.parametrize("length", [1, 16383, 16384, 16385, 40_000])
+def test_zstd_frames_decompress_one_by_one_to_the_npy_bytes(length):
+    """A member of 16 bytes per step: one frame up to FRAME_BYTES of rows, else frames of that many
+    rows, each decompressing on its own; frame 0 starts with the npy header."""
+    from streamwin.formats import zstd as zstdfmt
+
+    arr = np.arange(length * 4, dtype="<f4").reshape(length, 4)
+    head = npyfmt.npy_header_for(arr.dtype, arr.shape)
+    member, ends = zstdfmt.compress_member(head, arr.reshape(-1).view(np.uint8), length)
+    rows = zstdfmt.FRAME_BYTES // 16
+    assert zstdfmt.frame_rows(16) == rows
+    bounds = [0] + list(ends or [len(member)])
+    assert len(bounds) - 1 == -(-length // rows) and (ends is None) == (length <= rows)
+    frames = [zstandard.ZstdDecompressor().decompress(member[a:b]) for a, b in zip(bounds, bounds[1:])]
+    assert frames[0][: len(head)] == head and b"".join(frames) == head + arr.tobytes()
+    assert all(len(f) == rows * 16 for f in frames[1:-1])
 
 
 def test_a_generator_may_reuse_its_buffer(tmp_path):
@@ -307,8 +342,8 @@ def test_crash_in_a_worker_process(tmp_path, npy_dir, monkeypatch):
     root, _ = npy_dir
     (root / "a" / "seq0013.npy").write_bytes(b"\x93NUMPY garbage")
     dest = tmp_path / "d"
-    monkeypatch.setattr(packmod, "SPILL_MIN", 0)
-    monkeypatch.setattr(packmod.tempfile, "tempdir", str(tmp_path))  # spill files go here when there is no /dev/shm
+    monkeypatch.setattr(parallel, "SPILL_MIN", 0)
+    monkeypatch.setattr(parallel.tempfile, "tempdir", str(tmp_path))  # spill files go here when there is no /dev/shm
     spills = lambda: sorted(p.name for d in (Path("/dev/shm"), tmp_path) if d.is_dir() for p in d.glob("streamwin-pack-*"))
     before = spills()
     with pytest.raises(PackError, match="seq0013.npy"):
@@ -401,9 +436,29 @@ def test_bad_options(tmp_path):
     seqs = [("a", np.ones(2))]
     for kw, pattern in [({"shard_bytes": 0}, "shard_bytes"), ({"compression": "gzip"}, "compression"),
                         ({"empty": "pad"}, "empty"), ({"workers": 0}, "workers"), ({"part": "3/3"}, "part"),
-                        ({"part": "x"}, "i/n")]:
+                        ({"part": "x"}, "i/n"), ({"nan": "drop"}, "nan must be 'count' or 'raise'"),
+                        ({"cast": "nonsense"}, "cast='nonsense' is not a numpy dtype"),
+                        ({"cast": "object"}, "only numeric dtypes")]:
         with pytest.raises(PackError, match=pattern):
             sw.pack(seqs, str(tmp_path / "x"), progress=False, **kw)
+
+
+def test_inputs_is_the_first_parameter_and_source_still_works_with_a_warning(tmp_path):
+    """pack(inputs, dest): inputs= by keyword packs the same files; the old keyword source= too, with one
+    DeprecationWarning; both at once is a TypeError."""
+    seqs = make_sequences(5, seed=2)
+    sw.pack(seqs, str(tmp_path / "positional"), progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sw.pack(inputs=seqs, dest=str(tmp_path / "keyword"), progress=False)
+    with pytest.warns(DeprecationWarning, match="called inputs") as caught:
+        sw.pack(source=seqs, dest=str(tmp_path / "old"), progress=False)
+    assert len(caught) == 1 and caught[0].filename == __file__  # points at the caller
+    assert files_of(tmp_path / "positional") == files_of(tmp_path / "keyword") == files_of(tmp_path / "old")
+    with pytest.raises(TypeError, match="both inputs and source="):
+        sw.pack(seqs, str(tmp_path / "both"), source=seqs, progress=False)
+    with pytest.raises(PackError, match="input of type NoneType"):
+        sw.pack(None, str(tmp_path / "none"), progress=False)
 
 
 # ---- parts and merge ---------------------------------------------------------------------------
@@ -645,7 +700,7 @@ def test_count_nonfinite_matches_a_value_by_value_count(arr):
     values = arr.ravel().tolist()
     nan = sum(1 for v in values if v != v)
     inf = sum(1 for v in values if v == v and abs(v) == float("inf"))
-    assert packmod.count_nonfinite(arr) == (nan, inf)
+    assert nonfinite.count_nonfinite(arr) == (nan, inf)
 
 
 # ---- many short sequences: batched encoding, workers, memory ---------------------------------
@@ -696,10 +751,10 @@ def test_encode_batch_is_byte_for_byte_the_one_by_one_encoding(dtype, step, cast
     lengths = [3, 0, 1, 12, 99, 100, 0, 1234, 7, 100_000 if not step else 20_000]
     keys = ["k", "e", "K" * 90, "a-b_c~1", "x" * 45, "y9", "e2", "z" * 89, "q!", "long"]
     arrays = [rng.integers(0, 100, size=(t,) + step).astype(dtype) for t in lengths]
-    batch = packmod.Batch(keys, np.concatenate(arrays), np.cumsum([0] + lengths))
-    rec, skipped = packmod.encode_batch(batch, cast=cast)
-    one_by_one = [packmod.encode_sequence(k, a, cast=cast) for k, a in zip(keys, arrays)]
-    ref = packmod.records_of([e for e in one_by_one if e is not None], ".npy")
+    batch = Batch(keys, np.concatenate(arrays), np.cumsum([0] + lengths))
+    rec, skipped = records.encode_batch(batch, cast=cast)
+    one_by_one = [encode.encode_sequence(k, a, cast=cast) for k, a in zip(keys, arrays)]
+    ref = records.records_of([e for e in one_by_one if e is not None], ".npy")
     assert skipped == 2 and bytes(rec.data) == bytes(ref.data)
     for name in ("ends", "content", "key_ends", "length", "size", "hlen", "nan", "inf", "keys"):
         np.testing.assert_array_equal(getattr(rec, name), getattr(ref, name), err_msg=name)
@@ -717,11 +772,11 @@ def test_duplicate_keys_are_found_through_hash_collisions(monkeypatch):
     keys = ["ab", "b", "abc", "c", "ab0", "b"]
     blob = np.frombuffer("".join(keys).encode(), dtype=np.uint8)
     ends = np.cumsum([len(k) for k in keys])
-    assert packmod.duplicate_key(blob, ends) == (1, 5)
-    assert packmod.duplicate_key(blob[:-1], ends[:-1]) is None
-    monkeypatch.setattr(packmod, "_key_hashes", lambda k, e, a, b: np.zeros(b - a, np.uint64))  # every hash collides
-    assert packmod.duplicate_key(blob, ends, chunk=2) == (1, 5)
-    assert packmod.duplicate_key(blob[:-1], ends[:-1], chunk=2) is None
+    assert columns.duplicate_key(blob, ends) == (1, 5)
+    assert columns.duplicate_key(blob[:-1], ends[:-1]) is None
+    monkeypatch.setattr(columns, "key_hashes", lambda k, e, a, b: np.zeros(b - a, np.uint64))  # every hash collides
+    assert columns.duplicate_key(blob, ends, chunk=2) == (1, 5)
+    assert columns.duplicate_key(blob[:-1], ends[:-1], chunk=2) is None
 
 
 MEMORY_PROBE = """
@@ -761,7 +816,7 @@ def test_framed_zstd_members_in_records_are_written_as_one_by_one(tmp_path):
         np.save(src / f"{key}.npy", arr)
     m = sw.pack(str(src), str(tmp_path / "dir"), compression="zstd", shard_bytes=300 << 10, progress=False)
     sw.pack(list(arrays.items()), str(tmp_path / "it"), compression="zstd", shard_bytes=300 << 10, progress=False)
-    assert m.frames is not None and len(m.frames.seq) == 3 and all(m.size < packmod.RECORD_MAX)
+    assert m.frames is not None and len(m.frames.seq) == 3 and all(m.size < records.RECORD_MAX)
     assert files_of(tmp_path / "dir") == files_of(tmp_path / "it")
     for i, (key, arr) in enumerate(arrays.items()):  # every frame, decompressed in turn, gives numpy's array
         data = (tmp_path / "dir" / m.shards[m.shard_of(i)].name).read_bytes()[int(m.offset[i]) : int(m.offset[i] + m.size[i])]
@@ -772,11 +827,11 @@ def test_framed_zstd_members_in_records_are_written_as_one_by_one(tmp_path):
 
 def test_one_sequence_files_are_encoded_many_per_task():
     """.npy and text files (one sequence each) go to workers TASK_FILES at a time; other files alone."""
-    npy = [packmod.Unit("npy", f"/d/{i}.npy", f"{i}.npy") for i in range(600)]
-    npz = [packmod.Unit("npz", f"/d/{i}.npz", f"{i}.npz") for i in range(3)]
-    assert [len(t) for t in packmod.tasks_of(npy)] == [256, 256, 88]
-    assert [len(t) for t in packmod.tasks_of(npz)] == [1, 1, 1]
-    assert [u for t in packmod.tasks_of(npy) for u in t] == npy
+    npy = [InputUnit("npy", f"/d/{i}.npy", f"{i}.npy") for i in range(600)]
+    npz = [InputUnit("npz", f"/d/{i}.npz", f"{i}.npz") for i in range(3)]
+    assert [len(t) for t in tasks.tasks_of(npy)] == [256, 256, 88]
+    assert [len(t) for t in tasks.tasks_of(npz)] == [1, 1, 1]
+    assert [u for t in tasks.tasks_of(npy) for u in t] == npy
 
 
 @pytest.mark.parametrize("options", [{"cast": "int32"}, {"nan": "raise"}, {"empty": "error"}])

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Pack a source into tar shards + index.json: the same as ``streamwin pack SRC DEST [options]``.
+"""Pack an input into tar shards + index.json: the same as ``streamwin pack SRC DEST [options]``.
 
     python tools/pack_shards.py data/ecg/ s3://bucket/ecg/ --shard-size 256MB --workers 4
 

@@ -23,7 +23,7 @@ def check_key(key: str) -> str:
         raise PackError(
             f"invalid sequence key {key!r}: keys are 1..{MAX_KEY_LENGTH} printable ASCII characters "
             "without '.', '/', '\\' or spaces (webdataset splits member names at the first dot); "
-            "use streamwin.keys.key_from_name() to derive one from a file name"
+            "use streamwin.formats.keys.key_from_name() to derive one from a file name"
         )
     return key
 

@@ -1,4 +1,4 @@
-"""sources: every format yields the sequences an independent reading of the input expects,
+"""inputs: every format yields the sequences an independent reading of the input expects,
 in a deterministic order, from picklable units; bad input is a PackError naming the file."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamwin.errors import PackError
-from streamwin.packing.inputs import FORMATS, Batch, Unit, detect_format, list_units, read_batches, read_unit
+from streamwin.packing.inputs import (FORMATS, INPUT_OPTIONS, Batch, InputUnit, detect_format, format_of, list_units,
+                                     read_batches, read_unit)
 
 
 def read_all(source, **kw) -> list[tuple[str, np.ndarray, dict | None]]:
@@ -67,9 +68,9 @@ def test_npy_directory(npy_dir):
 def test_npy_headers_are_parsed_once_per_distinct_header(tmp_path, monkeypatch):
     """Many .npy files of one dtype and shape: the header is parsed once, the arrays are numpy's."""
     from streamwin.formats import npy as npyfmt
-    from streamwin.packing import inputs as sources
+    from streamwin.packing.inputs import npy as npy_inputs
 
-    sources._plain_npy_cached.cache_clear()
+    npy_inputs.plain_npy_cached.cache_clear()
     calls = []
     parse = npyfmt.parse_npy_header
     monkeypatch.setattr(npyfmt, "parse_npy_header", lambda head: calls.append(head) or parse(head))
@@ -145,7 +146,7 @@ def npz_reference(path) -> list[tuple[str, np.ndarray, None]]:
 def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path, monkeypatch):
     """np.savez members are read as runs of one dtype and step shape, with no zipfile read per member;
     the arrays are numpy's, whatever their lengths (empty ones too), dtypes and shapes."""
-    from streamwin.packing import inputs as sources
+    from streamwin.packing.inputs import npy as npy_inputs
 
     rng = np.random.default_rng(3)
     arrays = {f"s{i:03d}": rng.normal(size=int(rng.integers(0, 40))).astype(np.float32) for i in range(50)}
@@ -159,7 +160,7 @@ def test_stored_npz_is_read_in_batches_equal_to_numpy(tmp_path, monkeypatch):
     items = [item for g in got for item in g.items()]
     expected = [(k.replace(".", "_"), a, m) for k, a, m in npz_reference(tmp_path / "a.npz")]
     assert_items(items, expected)
-    monkeypatch.setattr(sources, "NPZ_READ_WHOLE", 1000)  # a larger archive is read member by member
+    monkeypatch.setattr(npy_inputs, "NPZ_READ_WHOLE", 1000)  # a larger archive is read member by member
     got = list(read_batches(unit))
     assert not any(isinstance(g, Batch) for g in got)
     assert_items(got, expected)
@@ -171,7 +172,8 @@ def test_zip_directory_read_with_numpy_matches_zipfile(tmp_path, names):
     signature's bytes) gives zipfile's members and fields."""
     import zipfile
 
-    from streamwin.packing import inputs as sources
+    from streamwin.packing.inputs import zipdir
+    from streamwin.packing.inputs.base import text_key
 
     path = tmp_path / "a.npz"
     np.savez(path, **{n: np.arange(i % 7, dtype=np.int16) for i, n in enumerate(names)})
@@ -181,11 +183,11 @@ def test_zip_directory_read_with_numpy_matches_zipfile(tmp_path, names):
     with zipfile.ZipFile(path) as z:
         want = [(i.filename, i.flag_bits, i.compress_type, i.CRC, i.file_size, i.compress_size, i.header_offset)
                 for i in z.infolist()]
-    got_names, cols = sources._zip_members(data)
+    got_names, cols = zipdir.zip_members(data)
     assert [(n, *row) for n, row in zip(got_names, cols.tolist())] == want
-    assert (sources._directory(data, *_directory_span(data)) is None) == any("PK" in n for n in names)
+    assert (zipdir.read_directory(data, *_directory_span(data)) is None) == any("PK" in n for n in names)
     unit, = list_units(path)
-    assert_items(list(read_unit(unit)), [(sources._text_key(k), a, m) for k, a, m in npz_reference(path)])
+    assert_items(list(read_unit(unit)), [(text_key(k), a, m) for k, a, m in npz_reference(path)])
 
 
 def _directory_span(data: bytes) -> tuple[int, int, int]:
@@ -431,13 +433,21 @@ def test_iterable_errors(item, message):
 
 # ---- listing, detection, options -------------------------------------------------------------
 
+def test_every_format_and_option_is_listed():
+    """The formats' modules declare them; units lists them all, and the options any of them accepts."""
+    assert FORMATS == ("npy", "npz", "parquet", "csv", "jsonl", "text", "iterable")
+    assert INPUT_OPTIONS == ("dtype", "field", "id_column", "key_field", "list_column", "meta_fields", "order_column",
+                             "squeeze", "suffixes", "value_columns")
+    assert [format_of(u).name for u in list_units([("k", np.ones(2))])] == ["iterable"]
+
+
 def test_unknown_options_and_formats(tmp_path, npy_dir):
     root, _ = npy_dir
     with pytest.raises(PackError, match=r"unknown option\(s\) \['field'\] for format 'npy'; accepted: none"):
         list_units(root, field="x")
     with pytest.raises(PackError, match=r"accepted: \['field', 'key_field', 'dtype', 'meta_fields'\]"):
         list_units(root, format="jsonl", id_column="x")
-    with pytest.raises(PackError, match="not a path, URL or iterable"):
+    with pytest.raises(PackError, match="input of type int is not a path, URL or iterable"):
         detect_format(42)
     with pytest.raises(PackError, match="unknown format"):
         list_units(root, format="hdf5")
@@ -455,7 +465,7 @@ def test_unknown_options_and_formats(tmp_path, npy_dir):
 def test_units_are_plain_values(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(3))
     (unit,) = list_units(tmp_path)
-    assert unit == Unit("npy", str(tmp_path / "a.npy"), "a.npy", (), single=False)
+    assert unit == InputUnit("npy", str(tmp_path / "a.npy"), "a.npy", (), single=False)
     assert hash(unit) == hash(pickle.loads(pickle.dumps(unit)))
     (unit,) = list_units(tmp_path, format="text", suffixes=[".npy"])
     assert unit.options == (("suffixes", (".npy",)),)

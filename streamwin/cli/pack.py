@@ -1,0 +1,131 @@
+"""The verbs that write or check a dataset: ``pack``, ``merge``, ``index`` and ``verify``.
+
+Each is a thin layer over the library function of the same name that prints what it did in
+one or two lines; ``pack --verify`` re-reads the shards it wrote. A verify failure lists every
+failing shard on stderr and exits with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from typing import Any
+
+from streamwin.cli.args import (add_command, add_storage, dtype_arg, int_at_least, key_value, option_value, parse_size,
+                                part_arg, storage_options)
+from streamwin.cli.report import layout, mb, nonfinite_shards, value_columns
+from streamwin.errors import ShardError
+from streamwin.packing.inputs import FORMATS
+from streamwin.packing.pack import NonFiniteWarning, pack
+from streamwin.packing.parts import merge
+from streamwin.packing.scan import index_shards, verify
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    """Pack SRC into DEST and say what was written (then verify it with ``--verify``)."""
+    part = args.part
+    options = {k: option_value(v) for k, v in args.option or []}
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteWarning)  # said below, in this command line's words
+        m = pack(args.src, args.dest, shard_bytes=args.shard_size, format=args.format, workers=args.workers,
+                 compression=None if args.compression == "none" else args.compression, cast=args.cast,
+                 empty=args.empty, nan=args.nan, part=part, storage_options=storage_options(args.storage_option),
+                 progress=not args.no_progress, **options)
+    seconds = time.perf_counter() - start
+    nbytes = sum(s.bytes for s in m.shards)
+    what = f"part {part[0]}/{part[1]}: " if part else ""
+    print(f"{what}packed {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}) into "
+          f"{len(m.shards):,} shards, {mb(nbytes)}, at {args.dest} in {seconds:.1f} s ({nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
+    if m.dropped_empty:
+        print(f"skipped {m.dropped_empty:,} empty (zero-length) sequences")
+    if m.value_columns is not None:
+        print(f"value columns: {value_columns(m)}; to choose: --option value_columns=NAME or "
+              """--option 'value_columns=["A","B"]'""")
+    if m.nonfinite.nan or m.nonfinite.inf:
+        print(f"NaN/inf: {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values, in {nonfinite_shards(m)} "
+              "(pass --nan raise to refuse them)")
+    if part:
+        print(f"when all {part[1]} parts are done: streamwin merge {args.dest}"
+              + (f"; then streamwin verify {args.dest}" if args.verify else ""))
+        return 0
+    if args.verify:
+        return _verify(args.dest, args)
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """Merge the part indexes at DEST into index.json."""
+    m = merge(args.dest, storage_options=storage_options(args.storage_option))
+    print(f"merged {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}), "
+          f"{mb(sum(s.bytes for s in m.shards))}, into {args.dest.rstrip('/')}/index.json")
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """Write index.json for the tar shards at URL."""
+    start = time.perf_counter()
+    m = index_shards(args.url, pattern=args.pattern, storage_options=storage_options(args.storage_option),
+                     progress=not args.no_progress)
+    print(f"indexed {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}), "
+          f"{mb(sum(s.bytes for s in m.shards))}, in {time.perf_counter() - start:.1f} s; "
+          f"wrote {args.url.rstrip('/')}/index.json")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every shard at URL against index.json."""
+    return _verify(args.url, args)
+
+
+def _verify(url: str, args: argparse.Namespace) -> int:
+    try:
+        r = verify(url, storage_options=storage_options(args.storage_option), progress=not args.no_progress)
+    except ShardError as e:
+        failures = getattr(e, "failures", [e])
+        print(f"streamwin verify: FAILED: {len(failures)} shard(s) disagree with the manifest", file=sys.stderr)
+        for f in failures:
+            print(f"  {f}", file=sys.stderr)
+        return 2
+    print(f"verified {r['shards']:,} shards, {r['sequences']:,} sequences, {r['steps']:,} steps, {mb(r['bytes'])}: "
+          f"sizes, checksums, members and headers match the manifest ({r['mb_per_s']:,.1f} MB/s)")
+    return 0
+
+
+def add_pack_commands(sub: Any) -> None:
+    """The subcommands pack, merge, index and verify, with their options."""
+    p = add_command(sub, "pack", cmd_pack, "pack an input (directory, file or URL) into tar shards and index.json")
+    p.add_argument("src", help="directory or file of .npy/.npz/parquet/csv/jsonl/text, or a URL")
+    p.add_argument("dest", help="dataset root: local path or fsspec URL (s3://, gs://, memory://, ...)")
+    p.add_argument("--shard-size", type=parse_size, default=256 << 20, metavar="SIZE",
+                   help="close a shard once it holds this many bytes (default 256MiB)")
+    p.add_argument("--workers", type=int_at_least(1), default=1, help="processes reading and encoding input files (default 1)")
+    p.add_argument("--format", choices=[f for f in FORMATS if f != "iterable"], help="input format (default: detected)")
+    p.add_argument("--compression", choices=["none", "zstd"], default="none", help="per-member compression")
+    p.add_argument("--cast", type=dtype_arg, metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
+    p.add_argument("--empty", choices=["skip", "error"], default="skip",
+                   help="zero-length sequences: skip and count them (default) or fail")
+    p.add_argument("--nan", choices=["count", "raise"], default="count",
+                   help="NaN and inf values: count them in index.json (default) or fail, naming the first")
+    p.add_argument("--part", type=part_arg, metavar="I/N", help="pack part I of N of the input files (then: streamwin merge DEST)")
+    p.add_argument("--option", action="append", type=key_value, metavar="KEY=VALUE",
+                   help="input option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
+    p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_storage(p)
+
+    p = add_command(sub, "merge", cmd_merge, "write index.json from the part indexes of `pack --part i/n`")
+    p.add_argument("dest")
+    add_storage(p)
+
+    p = add_command(sub, "index", cmd_index, "write index.json for existing tar shards with .npy members (e.g. from webdataset)")
+    p.add_argument("url")
+    p.add_argument("--pattern", default="*.tar", help="shard file glob under URL (default *.tar)")
+    p.add_argument("--no-progress", action="store_true")
+    add_storage(p)
+
+    p = add_command(sub, "verify", cmd_verify, "re-read every shard and check sizes, checksums, members and headers against index.json")
+    p.add_argument("url")
+    p.add_argument("--no-progress", action="store_true")
+    add_storage(p)

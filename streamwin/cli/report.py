@@ -1,0 +1,35 @@
+"""How the command line describes a dataset: sizes, dtype and step shape, value columns, NaN/inf.
+
+Shared by the verbs that print a manifest (pack, merge, index, inspect), so each says it the
+same way.
+"""
+from __future__ import annotations
+
+from streamwin.formats.manifest import Manifest
+
+
+def mb(nbytes: float) -> str:
+    """``12,345,678`` -> ``"12.3 MB"``."""
+    return f"{nbytes / 1e6:,.1f} MB"
+
+
+def layout(m: Manifest) -> str:
+    """``"float32 [T, 3], zstd"``: the dtype, step shape and compression of a dataset."""
+    shape = ", ".join(["T", *map(str, m.step_shape)])
+    return f"{m.dtype.name} [{shape}]" + (", zstd" if m.compression else "")
+
+
+def _name(column: str) -> str:
+    """A column name as typed: quoted when it is empty or holds spaces or commas."""
+    return column if column and column.isprintable() and not set(column) & set(" ,'\"") else repr(column)
+
+
+def value_columns(m: Manifest) -> str:
+    """``a, b  (left out: c (id column), ...)``: the value columns and the ones left out."""
+    left_out = ", ".join(f"{_name(c)} ({why})" for c, why in (m.left_out_columns or {}).items())
+    return ", ".join(map(_name, m.value_columns)) + (f"  (left out: {left_out})" if left_out else "")
+
+
+def nonfinite_shards(m: Manifest) -> str:
+    """``"2 of 7 shards"``: the shards holding NaN or inf values."""
+    return f"{sum(1 for n in m.nonfinite.per_shard if n):,} of {len(m.shards):,} shards"

@@ -1,0 +1,94 @@
+"""Tables (parquet, csv) in the long layout: one row per time step, rows grouped into sequences.
+
+``id_column`` names each row's sequence, ``order_column`` (optional) sorts its rows (stable:
+file order on ties, and file order without one), and the value columns are stacked to
+[T, F] ([T] for one column when ``squeeze``, the default). Without ``value_columns`` every
+numeric column is taken but the id, the order and a pandas index (``__index_level_0__``,
+``Unnamed: 0``, an unnamed column, the index named in parquet's pandas metadata). Sequences
+come in order of their id's first row; a sequence must lie within one file. The reader
+reports the `Columns` it took (one name per feature) and the ones it left out, and why.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from streamwin.errors import PackError
+from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Report, text_key
+
+LONG_OPTIONS = ("id_column", "order_column", "value_columns", "squeeze")
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__|Unnamed: \d+|")  # what pandas writes for its index; "" too
+
+
+def choose_columns(kinds: dict[str, str], opts: dict, where: str, index_columns: Iterable[str] = ()) -> Columns:
+    """Which columns hold the values: ``value_columns`` when given, else every numeric column
+    (numpy dtype ``kinds``) but the id and order columns and a pandas index."""
+    id_col, order_col, chosen = opts.get("id_column"), opts.get("order_column"), opts.get("value_columns")
+    index = set(index_columns)
+    left_out = []
+    for name, kind in kinds.items():
+        if chosen is not None and name in chosen:
+            continue
+        why = ("id column" if name == id_col else "order column" if name == order_col
+               else "not in value_columns" if chosen is not None
+               else "pandas index" if name in index or _PANDAS_INDEX.fullmatch(name)
+               else "not numeric" if kind not in NUMERIC_KINDS else None)
+        if why is not None:
+            left_out.append((name, why))
+    out = {name for name, _ in left_out}
+    taken = tuple(chosen) if chosen is not None else tuple(n for n in kinds if n not in out)
+    return Columns(taken, tuple(left_out), where)
+
+
+def long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, report: Report,
+                   index_columns: Iterable[str] = ()) -> Batch:
+    """One sequence per id: its rows, sorted by the order column (stable: file order on ties);
+    ids in order of first appearance in the file."""
+    id_col, order_col = opts.get("id_column"), opts.get("order_column")
+    if id_col is None:
+        raise PackError(f"{where}: long layout needs id_column= (or list columns for one row per sequence)")
+    for name in filter(None, (id_col, order_col)):
+        if name not in columns:
+            raise PackError(f"{where}: no column {name!r} (columns: {list(columns)})")
+    chosen = choose_columns({c: a.dtype.kind for c, a in columns.items()}, opts, where, index_columns)
+    values = _value_matrix(columns, chosen.taken, opts, where)
+    report(chosen)
+    uniq, first, inverse = np.unique(columns[id_col], return_index=True, return_inverse=True)
+    order = np.argsort(first)  # group ranks: by first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    row_rank = rank[inverse.reshape(-1)]
+    sort_keys = (row_rank,) if order_col is None else (columns[order_col], row_rank)
+    rows = np.lexsort(sort_keys)  # grouped by rank (last key is primary), then by order, stable
+    bounds = np.zeros(len(uniq) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row_rank, minlength=len(uniq)), out=bounds[1:])
+    return Batch([text_key(str(uniq[g])) for g in order.tolist()], values[rows], bounds)
+
+
+def _value_matrix(columns: dict[str, np.ndarray], names: tuple[str, ...], opts: dict, where: str) -> np.ndarray:
+    """The value columns stacked to [N, F], or [N] for one column when squeeze (default True)."""
+    if not names:
+        raise PackError(f"{where}: no numeric value columns (columns: {list(columns)})")
+    for name in names:
+        if name not in columns:
+            raise PackError(f"{where}: no column {name!r} (columns: {list(columns)})")
+        if columns[name].dtype.kind not in NUMERIC_KINDS:
+            raise PackError(f"{where}: column {name!r} is not numeric (dtype {columns[name].dtype})")
+    if len(names) == 1 and opts.get("squeeze", True):
+        return columns[names[0]]
+    return np.column_stack([columns[n] for n in names])
+
+
+def arrow_owned(data: bytes) -> Any:
+    """A reader over a copy of ``data`` in memory pyarrow allocated. pyarrow's threaded readers
+    (csv, parquet) release their input on one of their own threads after the read returns; if
+    that input is a Python object (a file, bytes) and the interpreter is exiting by then, the
+    process aborts ("terminate called without an active exception")."""
+    import pyarrow as pa
+
+    buf = pa.allocate_buffer(len(data))
+    memoryview(buf).cast("B")[:] = data
+    return pa.BufferReader(buf)

@@ -1,0 +1,95 @@
+"""Tasks: the inputs cut into pieces of work, and what encoding one piece yields.
+
+pack lists its input units (one per file) and groups them into tasks (`tasks_of`): runs of
+up to TASK_FILES one-sequence files (.npy, text), any other unit alone. `encode_units`
+reads a task's units and yields the parts the writer appends, in order: Records of short
+sequences (a Batch of an input, encoded BATCH_SEQS at a time; sequences read one by one,
+gathered up to BATCH_SEQS), and each long sequence on its own as an EncodedSeq, written from
+its array. The same tasks give the same parts in one process or in many (see `parallel`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from streamwin.packing.encode import EncodedSeq, EncodeOptions, Streamed
+from streamwin.packing.inputs import Batch, Columns, InputUnit, format_of, read_batches
+from streamwin.packing.records import RECORD_MAX, Records, batch_fits, encode_batch, records_of
+
+BATCH_SEQS = 8192  # sequences per Records at most
+BATCH_BYTES = 16 << 20  # and about this many bytes of values
+TASK_FILES = 256  # files of one sequence each (npy, text) per task
+
+
+@dataclass
+class Tally:
+    """What `encode_units` learns besides the parts: zero-length sequences skipped, a table's value columns."""
+
+    skipped: int = 0
+    columns: Columns | None = None
+
+
+def tasks_of(units: list[InputUnit]) -> list[list[InputUnit]]:
+    """Units in tasks, in order: runs of up to TASK_FILES one-sequence files, any other unit alone
+    (a table reports its own value columns)."""
+    tasks: list[list[InputUnit]] = []
+    for unit in units:
+        grouped = tasks and format_of(tasks[-1][-1]).one_per_file and len(tasks[-1]) < TASK_FILES
+        if grouped and format_of(unit).one_per_file:
+            tasks[-1].append(unit)
+        else:
+            tasks.append([unit])
+    return tasks
+
+
+def encode_units(units: list[InputUnit], options: EncodeOptions, tally: Tally) -> Iterator[EncodedSeq | Records]:
+    """The parts of some input files (a task: see `tasks_of`) to write, in order: Records of their
+    short sequences (made by `encode_batch`, BATCH_SEQS at a time, where an input gives a Batch),
+    and long ones as EncodedSeq, written from their arrays. Counts skipped sequences and value
+    columns in ``tally``."""
+    suffix = options.suffix
+    pending: list[EncodedSeq] = []
+    found: list[Columns] = []
+    for got in (got for unit in units for got in read_batches(unit, found.append)):
+        if found:
+            tally.columns = found.pop()
+        if isinstance(got, Batch) and options.compression is None and batch_fits(got):
+            if pending:
+                yield records_of(pending, suffix)
+                pending = []
+            for part in _sub_batches(got):
+                rec, empties = encode_batch(part, cast=options.cast, empty=options.empty, nan=options.nan)
+                tally.skipped += empties
+                if rec is not None:
+                    yield rec
+            continue
+        for key, arr, meta in got.items() if isinstance(got, Batch) else (got,):
+            enc = options.encode(key, arr, meta)
+            if enc is None:
+                tally.skipped += 1
+                continue
+            small = not isinstance(enc.body, Streamed) and enc.size <= RECORD_MAX
+            # one dtype per Records (the writer then names the first sequence of another); bounded buffers
+            if pending and (not small or (enc.dtype, enc.step_shape) != (pending[0].dtype, pending[0].step_shape)
+                            or len(pending) >= BATCH_SEQS):
+                yield records_of(pending, suffix)
+                pending = []
+            if small:
+                pending.append(enc)
+            else:
+                yield enc
+    if pending:
+        yield records_of(pending, suffix)
+
+
+def _sub_batches(batch: Batch) -> Iterator[Batch]:
+    """The batch in pieces of at most BATCH_SEQS sequences and about BATCH_BYTES of values."""
+    rows = max(1, BATCH_BYTES // max(1, batch.values[:1].nbytes))
+    bounds, i = batch.bounds, 0
+    while i < len(batch):
+        j = min(len(batch), i + BATCH_SEQS, int(np.searchsorted(bounds, bounds[i] + rows, side="right")) - 1)
+        j = max(j, i + 1)
+        yield Batch(batch.keys[i:j], batch.values[bounds[i] : bounds[j]], bounds[i : j + 1] - bounds[i])
+        i = j
