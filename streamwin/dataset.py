@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
@@ -27,7 +28,7 @@ from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
-from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_int, is_real
+from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_int, check_packing, is_real
 from streamwin.plan.split import split_spec
 from streamwin.read.reader import zstd_slice_windows
 from streamwin.source import Source
@@ -85,6 +86,20 @@ class WindowDataset:
         prefetch: batches gathered ahead on another thread. Off by default: the gather holds the
             GIL, so on few cores a third thread only adds hand-offs (measured: 460k -> 130-310k
             windows/s); it can help when the training step leaves the GIL free for long.
+        jitter: move each window's start by a random offset in [0, stride) (staying inside its
+            sequence), drawn afresh each epoch from (seed, epoch, window); windows per sequence
+            stay the grid's.
+        min_window, window_multiple: draw each crop's length among the multiples of
+            ``window_multiple`` in [min_window, window] (patch-aligned); batches stay ``window``
+            long, right-padded with zeros, with ``batch["length"]`` and ``batch["mask"]``.
+        windows_per_sequence: k crops per sequence per epoch at stratified random starts (fewer
+            when a sequence has fewer than k distinct starts) instead of the stride grid.
+        pack_length: rows of this many steps, each holding whole crops: ``x`` [B, L, ...],
+            ``segment_ids`` and ``positions`` [B, L] (int32, 0 = padding), and per crop, flat in
+            row-major order, ``key``, ``start``, ``length``, ``row`` (``source`` when mixed).
+            A batch is B rows; needs horizon=0 and equalize="drop".
+        missing: None, or "mask": ``batch["observed"]`` (bool, like x) says where x holds a finite
+            value, and NaN and inf in x become 0.
     """
 
     def __init__(self, url: str, window: int, stride: int | None = None, horizon: int = 0, *, pad: bool = False,
@@ -96,9 +111,13 @@ class WindowDataset:
                  cache_dir: str | None = None, cache_limit: int | None = None, split: str | None = None,
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_seed: int = 0,
                  holdout: int = 0, weights: Sequence[float] | Mapping[str, float] | None = None,
-                 epoch_windows: int | None = None):
+                 epoch_windows: int | None = None, jitter: bool = False, min_window: int | None = None,
+                 window_multiple: int = 1, windows_per_sequence: int | None = None, pack_length: int | None = None,
+                 missing: str | None = None):
         names, urls, self.weights, self.epoch_windows = mix_of(url, weights, epoch_windows)
-        self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad)
+        self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad, jitter, min_window,
+                               window_multiple, windows_per_sequence)
+        self.pack_length, self.missing = pretraining(self.spec, pack_length, equalize, missing)
         self.shuffle_spec = ShuffleSpec(shuffle, shuffle_buffer, seed, slice_windows)
         check_int("batch_size", batch_size, 1)
         _check_choice("equalize", equalize, EQUALIZE)
@@ -116,6 +135,7 @@ class WindowDataset:
         self._world: tuple[int, int] | None = None
         self._slices: int | None = None  # the default slice_windows, once computed
         self._lens: dict[PlanConfig, int] = {}
+        self._warned_nonfinite = False
         self._check_compatible()
 
     def _check_compatible(self) -> None:
@@ -162,7 +182,18 @@ class WindowDataset:
         """The fields, shapes and byte offsets of every batch this dataset yields."""
         return BatchLayout(self.manifest, self.spec, self.batch_size,
                            with_weight=self.equalize == "pad" or self.on_error == "skip",
-                           with_source=len(self.sources) > 1)
+                           with_source=len(self.sources) > 1, pack_length=self.pack_length, missing=self.missing)
+
+    def warn_nonfinite(self) -> None:
+        """Warn (once) that NaN/inf counted by pack reach training as they are, unless missing="mask"."""
+        counts = [(s.url, s.manifest.nonfinite) for s in self.sources]
+        bad = [(url, n.nan, n.inf) for url, n in counts if n is not None and n.nan + n.inf]
+        if bad and not self.missing and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            what = "; ".join(f"{url}: {nan} NaN, {inf} inf" for url, nan, inf in bad)
+            warnings.warn(f"streamwin: the data holds non-finite values ({what}); they reach batch['x'] as they "
+                          "are (loss nan). Pass missing='mask' for batch['observed'] with them set to 0.",
+                          RuntimeWarning, stacklevel=4)
 
     # -- the plan ----------------------------------------------------------------------------------
     def config(self, num_workers: int = 0, world_size: int | None = None) -> PlanConfig:
@@ -171,7 +202,8 @@ class WindowDataset:
         return PlanConfig(spec=self.spec, batch_size=self.batch_size,
                           world_size=self.world()[1] if world_size is None else world_size,
                           num_workers=num_workers, seed=s.seed, shuffle=bool(s.shuffle), block_windows=s.shuffle_buffer,
-                          equalize=self.equalize, slice_windows=s.slice_windows or self._default_slices())
+                          equalize=self.equalize, slice_windows=s.slice_windows or self._default_slices(),
+                          pack_length=self.pack_length)
 
     def _default_slices(self) -> int:
         """Windows per read slice by default: shuffle_buffer // 8, or more for zstd (read.zstd_slice_windows)."""
@@ -219,8 +251,8 @@ class WindowDataset:
     def plan_inputs(self, num_workers: int = 0) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed exactly (the state format of version 2)."""
         cfg = self.config(num_workers)
-        d = {k: v for k, v in asdict(cfg).items() if k != "spec"}
-        d.update(asdict(cfg.spec))
+        d = {k: v for k, v in asdict(cfg).items() if k != "spec" and (k != "pack_length" or v is not None)}
+        d.update(cfg.spec.plain())
         digests = [s.manifest.digest for s in self.sources]
         d["dataset"] = digests[0] if isinstance(self.url, str) else digests
         d["split"] = None if self.split is None else list(asdict(self.split).values())
@@ -238,6 +270,9 @@ class WindowDataset:
                "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,
                "world_size": self.world()[1], "streams": p.config.num_streams,
                "short_sequences": totals["short_sequences"], "split": self.split.split if self.split else None}
+        if self.pack_length:  # rows: every rank's batches times batch_size; rows the streams leave to stay equal
+            out.update(pack_length=self.pack_length, rows_per_rank=p.batches_per_rank * self.batch_size,
+                       dropped_rows=p.dropped_rows)
         if len(self.sources) > 1:
             out["sources"] = [{"name": s.name, "url": s.url, "windows": q.space.total, "share": q.total_windows,
                                "repeat": round(q.total_windows / q.space.total, 4) if q.space.total else 0.0,
@@ -311,6 +346,15 @@ def read_options(storage_options: Any, retries: Any, retry_backoff: Any, on_erro
         check_int("cache_limit", cache_limit, 0)
     return {"storage_options": storage_options, "retries": int(retries), "retry_backoff": float(retry_backoff),
             "on_error": on_error, "cache_dir": cache_dir, "cache_limit": cache_limit}
+
+
+def pretraining(spec: WindowSpec, pack_length: Any, equalize: Any, missing: Any) -> tuple[int | None, str | None]:
+    """(pack_length, missing) checked against the window spec, named as the user typed them."""
+    if isinstance(equalize, str) and equalize in EQUALIZE:  # a bad equalize is named by its own check
+        check_packing(spec, pack_length, equalize)
+    if missing not in (None, "mask"):
+        raise ValueError(f"missing must be None or 'mask', got {missing!r}")
+    return None if pack_length is None else int(pack_length), missing
 
 
 def _explicit_world(rank: Any, world_size: Any) -> tuple[int | None, int | None]:

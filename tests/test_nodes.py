@@ -34,7 +34,7 @@ def batcher(ds, stream=1, workers=2):
     plan = ds.plan(1, workers)
     readers = [BlockReader(s.reader(), p, stream) for s, p in zip(ds.sources, plan.sources)]
     layout = ds.layout()
-    return Batcher(readers, plan.quotas, plan.config.block_windows, Gatherer(ds.manifest, ds.spec),
+    return Batcher(readers, plan.quotas, Gatherer(ds.manifest, ds.spec),
                    lambda: layout.views(np.empty(layout.nbytes, dtype=np.uint8)))
 
 

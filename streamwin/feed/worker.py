@@ -155,9 +155,9 @@ def run_pass(ds: WindowDataset, plan, stream: int, run: int, first: int, slots: 
 
 
 def ship_block(block, slots: Slots, run: int, source: int) -> None:
-    """BLOCK(bytes, windows, source), then the window table and the bytes in slot-sized CHUNKs."""
+    """BLOCK(bytes, table bytes, source), then the window table and the bytes in slot-sized CHUNKs."""
     table = window_table(block)
-    send(slots.conn, BLOCK, run, len(block.buf), len(block), source)
+    send(slots.conn, BLOCK, run, len(block.buf), len(table), source)
     for part in (table, block.buf):
         for pos in range(0, len(part), len(slots.slots[0])):
             dest = slots.take()
