@@ -21,6 +21,7 @@ first ``crops`` of a capacity fixed by the shortest crop). ``missing="mask"`` ad
 """
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from streamwin.formats.manifest import Manifest
-from streamwin.packer import CropBlock, crop_rows, patch_index, segments
+from streamwin.packer import CropBlock, crop_rows, segments
 from streamwin.plan.crops import units
 from streamwin.plan.options import WindowSpec
 from streamwin.read.reader import Block
@@ -50,7 +51,7 @@ class Field:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 class BatchLayout:
@@ -76,6 +77,7 @@ class BatchLayout:
             self.fields.append(f)
             at += -(-f.nbytes // ALIGN) * ALIGN
         self.nbytes = at
+        self._spans = [(f.name, f.offset, f.offset + f.nbytes, f.dtype, f.shape) for f in self.fields]
 
     def has(self, name: str) -> bool:
         """Whether batches have field ``name``."""
@@ -83,7 +85,7 @@ class BatchLayout:
 
     def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
         """The fields as numpy arrays over ``buf`` (``nbytes`` bytes, uint8); each view keeps ``buf`` alive."""
-        return {f.name: buf[f.offset : f.offset + f.nbytes].view(f.dtype).reshape(f.shape) for f in self.fields}
+        return {name: buf[lo:hi].view(dtype).reshape(shape) for name, lo, hi, dtype, shape in self._spans}
 
 
 def _window_fields(spec: WindowSpec, b: int, step: tuple, dt: np.dtype, missing: bool) -> list:
@@ -249,6 +251,7 @@ class Gatherer:
     def __init__(self, manifest: Manifest, spec: WindowSpec, pack_length: int | None = None, missing: bool = False):
         self.spec, self.pack_length, self.missing = spec, pack_length, missing
         self.sb = manifest.step_bytes
+        self._zeros: np.ndarray | None = None  # packed: a row of zero bytes, the source of padding
 
     def gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray],
                counts: np.ndarray) -> dict[str, np.ndarray]:
@@ -308,44 +311,50 @@ class Gatherer:
 
     def _gather_rows(self, parts: list[tuple[CropBlock, int, int]], out: dict[str, np.ndarray],
                      counts: np.ndarray) -> dict[str, np.ndarray]:
-        """Packed rows: every row's patches in one copy per part, then segments, positions and the crop table."""
-        spec, sb, steps = self.spec, self.sb, self.pack_length
-        p = spec.window_multiple
-        b, per_row = out["x"].shape[0], steps // p
-        patches = torch.from_numpy(out["x"].reshape(b * per_row, -1).view(np.uint8))
+        """Packed rows: each part's rows laid end to end (its crops' bytes and zeros), then segments, positions
+        and the crop table."""
+        steps, p = self.pack_length, self.spec.window_multiple
+        flat, row_bytes = out["x"].reshape(-1).view(np.uint8), steps * self.sb
+        if self._zeros is None:
+            self._zeros = np.zeros(row_bytes, dtype=np.uint8)
         sources = np.cumsum(counts)
         row_at = crop_at = 0
-        firsts, lengths, ranks = [], [], []
+        tables = []
         for blk, lo, hi in parts:
+            self._lay_rows(blk, lo, hi, flat[row_at * row_bytes : (row_at + hi - lo) * row_bytes])
             c0, c1 = blk.crops(lo, hi)
             row, rank = crop_rows(blk, lo, hi)
             row += row_at - lo
-            size, offset = units(spec, blk.length[c0:c1]), blk.offset[c0:c1]
-            index = patch_index(blk.offs[c0:c1], (row - row_at) * per_row + offset, size, p * sb,
-                                (hi - lo) * per_row, len(blk.buf) - spec.span * sb)
-            torch.index_select(_byte_rows(blk, p * sb), 0, torch.from_numpy(index),
-                               out=patches[row_at * per_row : (row_at + hi - lo) * per_row])
-            n = c1 - c0
+            source = int(np.searchsorted(sources, row_at, side="right"))
             for name, value in (("start", blk.start[c0:c1]), ("length", blk.length[c0:c1]), ("row", row),
-                                ("seq", blk.seq[c0:c1]), ("weight", blk.real[c0:c1]),
-                                ("source", int(np.searchsorted(sources, row_at, side="right")))):
+                                ("seq", blk.seq[c0:c1]), ("weight", blk.real[c0:c1]), ("source", source)):
                 if name in out:
-                    out[name][crop_at : crop_at + n] = value
-            firsts.append(row * steps + offset * p)
-            lengths.append(blk.length[c0:c1])
-            ranks.append(rank)
-            row_at, crop_at = row_at + hi - lo, crop_at + n
-        length = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+                    out[name][crop_at : crop_at + c1 - c0] = value
+            tables.append((row * steps + blk.offset[c0:c1] * p, blk.length[c0:c1], rank))
+            row_at, crop_at = row_at + hi - lo, crop_at + c1 - c0
+        first, length, rank = (np.concatenate(t) for t in zip(*tables))
         seg = out["segment_ids"]
-        segments(np.concatenate(firsts) if firsts else length, length, np.concatenate(ranks) if ranks else length,
-                 seg.reshape(-1), out["positions"].reshape(-1))
-        inside = seg > 0
-        if (length % p).any():  # a crop shorter than its last patch: zero the rest of the patch
-            out["x"][~inside] = 0
+        segments(first, length, rank, seg.reshape(-1), out["positions"].reshape(-1))
+        if (length % p).any():  # copied by patch: zero the rest of a short crop's last patch
+            out["x"][seg == 0] = 0
         if self.missing:
-            _observe(out["x"], inside, out["observed"])
+            _observe(out["x"], seg > 0, out["observed"])
         out["crops"][0] = crop_at
         return out
+
+    def _lay_rows(self, blk: CropBlock, lo: int, hi: int, dest: np.ndarray) -> None:
+        """Rows lo:hi of a packed block into ``dest`` (their bytes): one ``index_select`` of their patches, or (small
+        patches) one concatenation of their runs."""
+        if blk.patches is not None:
+            per_row, patch = len(blk.patches) // len(blk), self.sb * self.spec.window_multiple
+            index = torch.from_numpy(blk.patches[lo * per_row : hi * per_row])
+            torch.index_select(_byte_rows(blk, patch), 0, index, out=torch.from_numpy(dest.reshape(-1, patch)))
+            return
+        src, size, row_run = blk.runs
+        a, z = int(row_run[lo]), int(row_run[hi])
+        buf, zeros = blk.buf, self._zeros
+        np.concatenate([buf[s : s + n] if s >= 0 else zeros[:n] for s, n in zip(src[a:z].tolist(), size[a:z].tolist())],
+                       out=dest)
 
     def _take(self, parts: list[tuple[Block, int, int]], shift: int, steps: int, dest_array: np.ndarray,
               shifts: list[np.ndarray] | None = None) -> None:

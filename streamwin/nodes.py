@@ -74,7 +74,7 @@ class BlockReader(BaseNode[Block]):
     def _read(self, k: int):
         block = self.reader.read_block(self.plan, self.stream, k)
         if self.cut:
-            block = cut(block, self.plan, self.stream, k)
+            block = cut(block, self.plan, self.stream, k, self.reader.manifest.step_bytes)
         return self.transform(block) if self.transform is not None else block
 
     def release(self, block) -> None:

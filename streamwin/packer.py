@@ -28,6 +28,8 @@ from streamwin.plan.rows import pack
 from streamwin.plan.streams import SourcePlan
 from streamwin.read.reader import Block
 
+PATCH_COPY = 4  # patches of at least this many steps are copied by index (a row is few patches), else in runs
+
 
 @dataclass
 class CropBlock:
@@ -47,6 +49,8 @@ class CropBlock:
     length: np.ndarray
     row_ptr: np.ndarray | None = None
     offset: np.ndarray | None = None
+    runs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # packed, small patches: ``row_runs``
+    patches: np.ndarray | None = None  # packed, else: ``patch_index`` of its rows
     buf_tensor: Any = None  # the gatherer's tensor views of buf, made once
 
     @property
@@ -70,8 +74,8 @@ def needs_cut(plan: SourcePlan) -> bool:
     return plan.config.spec.variable or plan.rows is not None
 
 
-def cut(block: Block, plan: SourcePlan, stream: int, k: int) -> CropBlock:
-    """Block ``k`` of ``stream`` as crops (packed into its rows when ``plan`` packs)."""
+def cut(block: Block, plan: SourcePlan, stream: int, k: int, step_bytes: int) -> CropBlock:
+    """Block ``k`` of ``stream`` as crops (packed into its rows when ``plan`` packs); ``step_bytes``: of one step."""
     g, planned = plan.block(stream, k)  # yield order, as the block's windows
     length = plan.crop_lengths(g)
     seq = np.take(block.seq_ids, block.key_index)
@@ -81,8 +85,53 @@ def cut(block: Block, plan: SourcePlan, stream: int, k: int) -> CropBlock:
     order, row_ptr, offset = pack(units(plan.config.spec, length[mine]), plan.rows.rows(stream, k),
                                   plan.rows.row_units)
     pick = mine[order]
-    return CropBlock(block, block.offs[pick], block.start[pick], block.real[pick], block.valid[pick], seq[pick],
-                     length[pick], row_ptr, offset)
+    out = CropBlock(block, block.offs[pick], block.start[pick], block.real[pick], block.valid[pick], seq[pick],
+                    length[pick], row_ptr, offset)
+    spec, steps = plan.config.spec, plan.config.pack_length
+    p = spec.window_multiple
+    if p >= PATCH_COPY:
+        row = np.repeat(np.arange(len(row_ptr) - 1, dtype=np.int64), np.diff(row_ptr))
+        out.patches = patch_index(out.offs, row * (steps // p) + offset, units(spec, out.length), p * step_bytes,
+                                  (len(row_ptr) - 1) * (steps // p), len(block.buf) - spec.span * step_bytes)
+    else:
+        out.runs = row_runs(out.offs, out.length, offset * p, row_ptr, steps, step_bytes)
+    return out
+
+
+def patch_index(offs: np.ndarray, first: np.ndarray, size: np.ndarray, patch_bytes: int, total: int,
+                zero: int) -> np.ndarray:
+    """Byte offset (into the block's bytes) of each of ``total`` patches of some rows: crop i's ``size[i]``
+    patches from patch ``first[i]`` on come from its bytes at ``offs[i]``, every other one from ``zero`` (the
+    block's zero tail). Rows lo:hi of a block are then one ``index_select`` of patches."""
+    out = np.full(total, zero, dtype=np.int64)
+    within = np.arange(int(size.sum()), dtype=np.int64) - np.repeat(np.cumsum(size) - size, size)
+    out[np.repeat(first, size) + within] = np.repeat(offs, size) + within * patch_bytes
+    return out
+
+
+def row_runs(offs: np.ndarray, length: np.ndarray, first: np.ndarray, row_ptr: np.ndarray, row_steps: int,
+             step_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(source byte, bytes, rows' first run) of the runs that lay a block's rows end to end: each crop's bytes
+    (from ``offs``), then zeros (source -1) up to the next crop or the row's end; an empty row is one run of zeros.
+
+    ``first``: the step where each crop begins in its row. A batch of rows lo:hi is runs
+    ``row_run[lo]:row_run[hi]`` concatenated: the CPU gather of packed rows, at memcpy speed.
+    """
+    rows = len(row_ptr) - 1
+    counts = np.diff(row_ptr)
+    row = np.repeat(np.arange(rows, dtype=np.int64), counts)
+    end = first + length
+    nxt = np.full(len(first), row_steps, dtype=np.int64)
+    same = row[1:] == row[:-1]
+    nxt[:-1][same] = first[1:][same]
+    empty = np.flatnonzero(counts == 0)
+    src = np.concatenate([np.stack([offs, np.full(len(offs), -1)], axis=1).ravel(), np.full(len(empty), -1)])
+    size = np.concatenate([np.stack([length, nxt - end], axis=1).ravel(), np.full(len(empty), row_steps)])
+    of = np.concatenate([np.repeat(row, 2), empty])
+    keep = np.flatnonzero(size > 0)
+    keep = keep[np.argsort(of[keep], kind="stable")]  # row by row; a row's runs in order
+    row_run = np.searchsorted(of[keep], np.arange(rows + 1), side="left").astype(np.int64)
+    return src[keep].astype(np.int64), size[keep].astype(np.int64) * step_bytes, row_run
 
 
 def release_of(block: Any) -> Block | None:
@@ -100,16 +149,6 @@ def crop_rows(block: CropBlock, lo: int, hi: int) -> tuple[np.ndarray, np.ndarra
     ptr = block.row_ptr[lo : hi + 1]
     counts = np.diff(ptr)
     return np.repeat(np.arange(lo, hi, dtype=np.int64), counts), np.arange(ptr[0], ptr[-1]) - np.repeat(ptr[:-1], counts)
-
-
-def patch_index(offs: np.ndarray, first: np.ndarray, size: np.ndarray, patch_bytes: int, total: int,
-                zero: int) -> np.ndarray:
-    """Byte offset (into the block's bytes) of each of ``total`` patches of some rows: crop i's ``size[i]``
-    patches from patch ``first[i]`` on come from its bytes at ``offs[i]``, every other patch from ``zero``."""
-    out = np.full(total, zero, dtype=np.int64)
-    within = np.arange(int(size.sum()), dtype=np.int64) - np.repeat(np.cumsum(size) - size, size)
-    out[np.repeat(first, size) + within] = np.repeat(offs, size) + within * patch_bytes
-    return out
 
 
 def segments(first: np.ndarray, length: np.ndarray, rank: np.ndarray, seg: np.ndarray, pos: np.ndarray) -> None:
@@ -130,7 +169,7 @@ def segments(first: np.ndarray, length: np.ndarray, rank: np.ndarray, seg: np.nd
     ids = np.zeros(2 * n + 1, dtype=np.int32)
     ids[1::2] = rank + 1
     seg[:] = np.repeat(ids, runs)
-    base = np.empty(2 * n + 1, dtype=np.int64)
-    base[1::2], base[0], base[2::2] = first, 0, end
-    np.subtract(np.arange(total, dtype=np.int64), np.repeat(base, runs), out=pos, casting="unsafe")
+    base = np.zeros(2 * n + 1, dtype=np.int32)  # int32 throughout: half the bytes, no casting loop
+    base[1::2], base[2::2] = first, end
+    np.subtract(np.arange(total, dtype=np.int32), np.repeat(base, runs), out=pos)
     pos[seg == 0] = 0

@@ -97,24 +97,46 @@ def pack(size: np.ndarray, rows: int, row_units: int) -> tuple[np.ndarray, np.nd
 
 
 def _best_fit_decreasing(size: np.ndarray, rows: int, row_units: int, row_of: np.ndarray) -> None:
-    """Fill ``row_of`` (-1: left out): largest crops first, each into the row with the least room that fits it."""
-    free = {row_units: list(range(rows - 1, -1, -1))}  # room -> rows with that room (popped lowest first)
+    """Fill ``row_of`` (-1: left out): largest crops first, each into the row with the least room that fits it.
+
+    Crops of one size go together: the tightest row that fits one takes as many as fit in a
+    row (it stays the tightest), then the next row of that room, so a step places a row's share
+    of a size, not one crop (the same rows as one crop at a time, several times faster).
+    """
+    free = {row_units: list(range(rows - 1, -1, -1))}  # room -> rows with that room (popped from the end)
     rooms = [row_units]  # the distinct rooms some row has, sorted
     by_size = np.argsort(-size, kind="stable")
-    for i, s in zip(by_size.tolist(), size[by_size].tolist()):
-        k = bisect_left(rooms, s)
-        if k == len(rooms):
-            continue  # fits in no row: left out
-        room = rooms[k]
-        holders = free[room]
-        row = holders.pop()
-        if not holders:
-            del free[room]
-            del rooms[k]
-        row_of[i] = row
-        left = room - s
-        if left in free:
-            free[left].append(row)
-        else:
-            free[left] = [row]
-            insort(rooms, left)
+    ordered = size[by_size]
+    edges = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(size)]
+    order, placed = by_size.tolist(), [-1] * len(size)
+    for a, z in zip(edges[:-1], edges[1:]):
+        s, at = int(ordered[a]), a
+        while at < z:
+            k = bisect_left(rooms, s)
+            if k == len(rooms):
+                break  # the rest of this size fits in no row: left out
+            room = rooms[k]
+            holders, each = free[room], room // s
+            take = min(-(-(z - at) // each), len(holders))
+            got = holders[-take:][::-1]  # the rows one crop at a time would pop, in that order
+            del holders[-take:]
+            if not holders:
+                del free[room]
+                del rooms[k]
+            n = min(take * each, z - at)
+            for j, row in enumerate(got):
+                part = min(each, n - j * each)
+                for i in order[at + j * each : at + j * each + part]:
+                    placed[i] = row
+                _give(free, rooms, room - part * s, row)
+            at += n
+    row_of[:] = placed
+
+
+def _give(free: dict, rooms: list, room: int, row: int) -> None:
+    """Row ``row`` now has ``room`` left."""
+    if room in free:
+        free[room].append(row)
+    else:
+        free[room] = [row]
+        insort(rooms, room)

@@ -17,7 +17,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
 
@@ -54,6 +54,7 @@ class SourcePlan:
     source: int | None = None  # the source this plan deals, None for a dataset of one (keys the block shuffle)
     rows: RowPlan | None = None  # packed (pack_length): every stream's rows per block
     rows_per_stream: int = 0  # packed: rows of this source each stream yields in the epoch
+    _recent: dict = field(default_factory=dict, init=False, repr=False)  # the last blocks' parts (read, then cut)
 
     @property
     def items_per_stream(self) -> int:
@@ -114,6 +115,15 @@ class SourcePlan:
         ``g`` is in stream order, runs of consecutive windows, which the reader finds and
         groups by sequence faster than a shuffled order; ``order`` is None without shuffle.
         """
+        parts = self._recent.get((stream, block))
+        if parts is None:
+            parts = self._block_parts(stream, block)
+            if len(self._recent) >= 4:
+                self._recent.clear()
+            self._recent[(stream, block)] = parts
+        return parts
+
+    def _block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         cfg = self.config
         lo = block * cfg.block_windows
         hi = min(lo + cfg.block_windows, self.windows_per_stream)
@@ -126,6 +136,9 @@ class SourcePlan:
         if cfg.shuffle:
             key = block_key(cfg.seed, self.epoch, stream, block, self.generation, self.source)
             order = np.random.default_rng(key).permutation(len(g))
+        for a in (g, real, order):
+            if a is not None:
+                a.flags.writeable = False  # shared by the callers of the same block
         return g, real, order
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
