@@ -83,7 +83,7 @@ def cut(block: Block, plan: SourcePlan, stream: int, k: int, step_bytes: int) ->
         return CropBlock(block, block.offs, block.start, block.real, block.valid, seq, length)
     mine = np.flatnonzero(planned)  # the rows were planned from these crops (read errors do not move rows)
     order, row_ptr, offset = pack(units(plan.config.spec, length[mine]), plan.rows.rows(stream, k),
-                                  plan.rows.row_units)
+                                  plan.rows.row_units, plan.row_key(stream, k))
     pick = mine[order]
     out = CropBlock(block, block.offs[pick], block.start[pick], block.real[pick], block.valid[pick], seq[pick],
                     length[pick], row_ptr, offset)

@@ -8,6 +8,11 @@ epoch, lengths in range, rows full. Ranks are simulated in one process and stepp
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
 import warnings
 from collections import Counter
 
@@ -234,9 +239,22 @@ def test_rows_are_97_percent_full_for_lengths_64_to_512_into_2048(tmp_path):
     for b in sw.WindowLoader(ds, num_workers=0):
         fill.append((b["segment_ids"] > 0).float().mean().item())
         lengths += b["length"].tolist()
+        assert np.ptp(b["length"].numpy()) > 256, "a batch of crops of one length: rows not shuffled"
     assert min(lengths) >= 64 and max(lengths) <= 512 and len(set(lengths)) > 300
     assert np.mean(fill) >= 0.97, np.mean(fill)
     assert ds.summary()["rows_per_rank"] == 8 * len(fill)
+
+
+def test_readme_pretraining_snippet_runs_as_pasted(tmp_path):
+    from test_readme import code_blocks, section
+
+    blocks = code_blocks(section("Pretraining a foundation model"), "python")
+    assert len(blocks) == 1
+    r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parent.parent)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "'segment_ids': (8, 2048)" in r.stdout and "'source': (" in r.stdout, r.stdout
+    assert float(re.search(r"rows ([\d.]+)% full", r.stdout).group(1)) > 90, r.stdout
 
 
 def test_packing_refuses_horizon_and_padding_repeats(corpus):

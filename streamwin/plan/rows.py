@@ -71,12 +71,15 @@ class RowPlan:
         return int(b[block + 1] - b[block])
 
 
-def pack(size: np.ndarray, rows: int, row_units: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack(size: np.ndarray, rows: int, row_units: int, key: list[int] | None = None
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pack crops of ``size`` patches (in block order) into ``rows`` rows of ``row_units`` patches.
 
     Returns (order, row_ptr, offset): ``order`` the indices of the crops placed, row after row
     and in block order within a row; row r holds ``order[row_ptr[r]:row_ptr[r + 1]]``; ``offset``
-    the patch where each of them starts in its row. Crops left out are not in ``order``.
+    the patch where each of them starts in its row. Crops left out are not in ``order``. With
+    an RNG ``key`` the rows come in an order drawn from it (best fit fills rows largest crops
+    first: unshuffled, a batch would hold only long crops, the next only shorter ones).
     """
     size = np.asarray(size, dtype=np.int64)
     row_of = np.full(len(size), -1, dtype=np.int64)
@@ -88,6 +91,8 @@ def pack(size: np.ndarray, rows: int, row_units: int) -> tuple[np.ndarray, np.nd
         else:
             _best_fit_decreasing(size, rows, row_units, row_of)
     placed = np.flatnonzero(row_of >= 0)
+    if key is not None and rows > 1:
+        row_of[placed] = np.random.default_rng(key).permutation(rows)[row_of[placed]]
     order = placed[np.argsort(row_of[placed], kind="stable")]  # row-major; block order within a row
     row_ptr = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_of[order], minlength=rows), out=row_ptr[1:])

@@ -165,8 +165,16 @@ class SourcePlan:
         g, real = self.block(stream, block)
         mine = np.flatnonzero(real)
         size = units(self.config.spec, self.crop_lengths(g[mine]))
-        order, row_ptr, offset = pack(size, self.rows.rows(stream, block), self.rows.row_units)
+        order, row_ptr, offset = pack(size, self.rows.rows(stream, block), self.rows.row_units,
+                                      self.row_key(stream, block))
         return mine[order], row_ptr, offset
+
+    def row_key(self, stream: int, block: int) -> list[int] | None:
+        """RNG key of the order of a packed block's rows (None without shuffle)."""
+        cfg = self.config
+        if not cfg.shuffle:
+            return None
+        return block_key(cfg.seed, self.epoch, stream, block, self.generation, self.source) + [3]
 
     def ends(self, seq: np.ndarray) -> np.ndarray:
         """Step where each sequence's usable data ends (its length, or its view's end under a split)."""
