@@ -142,6 +142,15 @@ def test_jitter_draws_new_offsets_each_epoch_independent_of_world_workers_and_ba
     assert other and all(starts[slot] == s for slot, s in other.items()), "a crop moved with the world"
 
 
+@pytest.mark.parametrize("opts", [dict(jitter=True), dict(windows_per_sequence=3)], ids=["jitter", "k"])
+def test_crops_stay_inside_a_temporal_split(corpus, opts):
+    url, seqs = corpus
+    h = 20
+    got = batches(loader(url, batch=1, split="train", holdout=h, **opts))
+    check_windows(seqs, got)
+    assert got and all(st + W <= len(seqs[k]) - 2 * h for b in got for k, st in zip(b["key"], b["start"].tolist()))
+
+
 # -- drawn lengths ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pad", [False, True])
