@@ -10,36 +10,17 @@ import pytest
 from torchdata.nodes import Prefetcher
 
 import streamwin as sw
-from conftest import make_sequences
 from resume import assert_resumes_identically
 from streamwin.batch import PER_CROP
-from streamwin.nodes import Batcher, BlockReader
+from streamwin.nodes import BlockReader
 from streamwin.packer import CropBlock
-from streamwin.pipeline import gatherer_of
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    root = tmp_path_factory.mktemp("crop_nodes")
-    urls = []
-    for name, (n, seed) in {"a": (30, 1), "b": (12, 2)}.items():
-        urls.append(str(root / name))
-        sw.pack(list(make_sequences(n, seed=seed, max_len=200).items()), urls[-1], shard_bytes=20_000, progress=False)
-    return urls
+from test_nodes import batcher, two  # noqa: F401  (two: the corpora, a fixture)
 
 
 def dataset(urls, **kw):
     args = dict(window=8, stride=4, batch_size=3, shuffle_buffer=40, seed=3, rank=0, world_size=2, min_window=3,
                 jitter=True) | kw
     return sw.WindowDataset(urls if len(urls) > 1 else urls[0], **args)
-
-
-def batcher(ds, stream=1, workers=2):
-    """Stream ``stream``'s Batcher of epoch 1 over every source of ``ds``, gathering into fresh buffers."""
-    plan = ds.plan(1, workers)
-    readers = [BlockReader(s.reader(), p, stream) for s, p in zip(ds.sources, plan.sources)]
-    layout = ds.layout()
-    return Batcher(readers, plan.quotas, gatherer_of(ds), lambda: layout.views(np.empty(layout.nbytes, np.uint8)))
 
 
 def digest(batch) -> str:
