@@ -358,14 +358,14 @@ def test_packed_resume_at_every_step_is_exact(corpus, workers):
 
 
 @pytest.mark.parametrize("combo", ["packed", "drawn"])
-def test_elastic_2_to_3_ranks_keeps_every_crop_at_most_once_and_each_crop_as_drawn(mix, combo):
+def test_elastic_2_to_3_ranks_and_another_batch_size_keeps_every_crop_at_most_once_and_as_drawn(mix, combo):
     urls, _ = mix
     kw = COMBOS[combo] | dict(weights=[0.9, 0.1], epoch_windows=2000, batch=3)  # no source repeats
     full = {c[:3]: c[3] for b in batches(loader(urls, **(kw | dict(batch=1)))) for c in crops_of(b)}
     old = [loader(urls, rank=r, world=2, **kw) for r in range(2)]
     before = lockstep(old, crops_of, take=4)
     state = json.loads(json.dumps(old[0].state_dict()))
-    new = [loader(urls, 1, rank=r, world=3, **kw) for r in range(3)]
+    new = [loader(urls, 1, rank=r, world=3, **(kw | dict(batch=2))) for r in range(3)]  # another batch size too
     for ld in new:
         ld.load_state_dict(state)
     after = lockstep(new, crops_of)

@@ -39,7 +39,7 @@ class WindowSpec:
     Windows start at 0, stride, 2*stride, ... while start + window + horizon <= T. With
     ``pad`` a sequence shorter than window + horizon (but not empty) gives one window at 0,
     padded with zeros and masked. The pretraining options change where a window starts and
-    how long it is, never how many a sequence has (see plan/crops.py):
+    how long it is (see plan/crops.py), and only ``windows_per_sequence`` how many a sequence has:
 
     - ``jitter``: each start moves by a random offset in [0, stride), staying in the sequence;
     - ``min_window`` / ``window_multiple``: each crop's length is a multiple of
