@@ -338,19 +338,19 @@ def test_equal_steps_on_every_rank_and_the_same_crops_run_after_run(corpus, comb
     assert lockstep(again, lambda b: crops_of(b)) == per_rank
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_packed_resume_at_every_step_is_exact(corpus, workers):
-    """In-process at every step; with workers (each a stream of its own) at three."""
+@pytest.mark.parametrize("workers, device", [(0, None), (2, None), (2, "cpu")])
+def test_packed_resume_at_every_step_is_exact(corpus, workers, device):
+    """In-process at every step; with workers (each a stream of its own), on the CPU and in device mode, at three."""
     url, _ = corpus
     kw = COMBOS["packed"] | dict(batch=16)
     whole = batches(loader(url, workers, **kw))
     assert 3 < len(whole) < 20
     for k in range(len(whole)) if not workers else (1, len(whole) // 2 + 1, len(whole) - 1):
-        first = loader(url, workers, **kw)
+        first = loader(url, workers, device, **kw)
         if k:
             batches(first, take=k)
         state = json.loads(json.dumps(first.state_dict()))
-        again = loader(url, workers, **kw)
+        again = loader(url, workers, device, **kw)
         again.load_state_dict(state)
         assert_same(whole[k:], batches(again))
         first.close()
@@ -421,6 +421,13 @@ def test_missing_mask_gives_observed_and_zeroes_nan_and_inf(holes, packed):
             ref = seqs[key][st + W : st + W + 2]
             assert np.array_equal(b["y_observed"][i].numpy(), np.isfinite(ref))
             assert np.array_equal(b["y"][i].numpy(), np.where(np.isfinite(ref), ref, 0))
+
+
+@pytest.mark.parametrize("kw", [dict(horizon=2, pad=True, min_window=4), dict(pack_length=32, min_window=4)],
+                         ids=["windows", "packed"])
+def test_missing_mask_in_device_mode_is_bitwise_the_cpu_path(holes, kw):
+    url, _ = holes
+    assert_same(batches(loader(url, missing="mask", **kw)), batches(loader(url, 0, "cpu", missing="mask", **kw)))
 
 
 def test_nonfinite_data_without_missing_warns_once_when_iteration_starts(holes, corpus):
