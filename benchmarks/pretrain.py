@@ -43,10 +43,11 @@ from typing import Any, Iterator
 import torch
 
 try:  # imported as benchmarks.pretrain
-    from . import data, gpu_feed
+    from . import data, gpu_feed, throughput
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import data
     import gpu_feed
+    import throughput
 
 REPO = Path(__file__).resolve().parent.parent
 WINDOW, STRIDE, SHORTEST, ROW, PATCH = 512, 256, 64, 2048, 16
@@ -138,14 +139,18 @@ def run_child(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_job(job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One job in a fresh child process (a crash gives a record with ``error``)."""
+    """One job in a fresh child process (a crash gives a record with ``error``), with the cores other processes
+    of the machine used meanwhile (``other_cpu_cores``: on a shared machine, what a timing competed with)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    before, started = throughput._busy_cpu_seconds(), time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(REPO), env=env)
+    after, wall = throughput._busy_cpu_seconds(), time.perf_counter() - started
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {**{k: job[k] for k in ("kind", "case", "repeat")}, "error": proc.stderr[-2000:]}
-    return json.loads(lines[-1])
+    others = (after["busy"] - before["busy"]) - (after["own"] - before["own"])
+    return {**json.loads(lines[-1]), "other_cpu_cores": max(0.0, others) / max(wall, 1e-9)}
 
 
 def medians(records: list[dict], kind: str, case: str, key: str) -> float | None:
@@ -155,18 +160,22 @@ def medians(records: list[dict], kind: str, case: str, key: str) -> float | None
 
 def report(records: list[dict]) -> list[str]:
     """The tables and the target verdicts, as printed."""
-    out = ["| case | workers | steps/s (data) | batches/s | row fill |", "|---|---:|---:|---:|---:|"]
+    out = ["| case | workers | steps/s (data) | batches/s | row fill | others' CPU (cores) |",
+           "|---|---:|---:|---:|---:|---:|"]
     for case in LOADER_CASES:
         kind, workers = case.split(":")
-        sps, bps, fill = (medians(records, "loader", case, k) for k in ("steps_per_s", "batches_per_s", "fill"))
-        out.append(f"| {kind} | {workers} | {sps or 0:,.0f} | {bps or 0:.1f} | {100 * (fill or 0):.1f}% |")
+        sps, bps, fill, others = (medians(records, "loader", case, k) for k in
+                                  ("steps_per_s", "batches_per_s", "fill", "other_cpu_cores"))
+        out.append(f"| {kind} | {workers} | {sps or 0:,.0f} | {bps or 0:.1f} | {100 * (fill or 0):.1f}% | "
+                   f"{others or 0:.2f} |")
     floor = medians(records, "step", "floor", "step_ms") or float("nan")
-    out += ["", "| simulated step fed by | training steps/s | ms/step | data-wait | next() wait ms/step |",
-            "|---|---:|---:|---:|---:|"]
+    out += ["", "| simulated step fed by | training steps/s | ms/step | data-wait | next() wait ms/step | others' CPU |",
+            "|---|---:|---:|---:|---:|---:|"]
     for case in STEP_CASES:
-        ms, wait = medians(records, "step", case, "step_ms"), medians(records, "step", case, "next_wait_ms")
+        ms, wait, others = (medians(records, "step", case, k) for k in ("step_ms", "next_wait_ms", "other_cpu_cores"))
         share = "(floor)" if case == "floor" else f"{100 * (1 - floor / ms):.1f}%" if ms else "n/a"
-        out.append(f"| {case} | {1000 / ms if ms else 0:.1f} | {ms or float('nan'):.2f} | {share} | {wait or 0:.2f} |")
+        out.append(f"| {case} | {1000 / ms if ms else 0:.1f} | {ms or float('nan'):.2f} | {share} | {wait or 0:.2f} | "
+                   f"{others or 0:.2f} |")
     out.append("")
     fixed, packed = (medians(records, "step", c, "step_ms") for c in ("fixed:1", "packed:1"))
     ratio = fixed / packed if fixed and packed else 0.0
