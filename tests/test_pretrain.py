@@ -440,3 +440,53 @@ def test_nonfinite_data_without_missing_warns_once_when_iteration_starts(holes, 
         warnings.simplefilter("error")
         batches(loader(holes[0], missing="mask"), take=2)
         batches(loader(corpus[0]), take=2)
+
+
+# -- the pure parts, for any data --------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from streamwin.plan import PlanConfig, WindowSpec, make_plan  # noqa: E402
+from streamwin.plan.rows import pack  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 120), min_size=1, max_size=40), st.integers(1, 12), st.integers(1, 6),
+       st.booleans(), st.one_of(st.none(), st.integers(1, 4)), st.booleans(), st.integers(0, 3), st.data())
+def test_every_crop_lies_in_its_sequence_in_slot_order_with_a_length_in_range(lengths, window, stride, pad, k, drawn,
+                                                                             epoch, data):
+    p = data.draw(st.sampled_from([d for d in range(1, window + 1) if window % d == 0]))
+    m = data.draw(st.integers(1, window)) if drawn else None
+    spec = WindowSpec(window, stride, pad=pad, jitter=True, min_window=m, window_multiple=p, windows_per_sequence=k)
+    cfg = PlanConfig(spec, batch_size=1, seed=7, block_windows=50, slice_windows=5)
+    source = make_plan(np.array(lengths), np.array([0, len(lengths)]), cfg, epoch).sources[0]
+    g = np.arange(source.space.total)
+    seq, start = source.locate(g)
+    length = source.crop_lengths(g)
+    for s, t in enumerate(lengths):  # the count of a sequence, from its length alone
+        room = t - window + 1
+        want = min(k, max(room, 0)) if k else (max(room - 1, -1) // stride + 1 if room > 0 else 0)
+        assert (seq == s).sum() == (want if want or not (pad and t > 0) else 1)
+    ends = np.array(lengths)[seq]
+    short = ends < window
+    assert (start >= 0).all() and ((start + window <= ends) | short).all() and (start[short] == 0).all()
+    assert all((np.diff(start[seq == s]) > 0).all() for s in range(len(lengths)))  # slots in order, never twice
+    low = -(-m // p) * p if m else window
+    assert (((length % p == 0) & (length >= low) & (length <= window)) | (short & (length == ends))).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 16), max_size=60), st.integers(16, 40), st.integers(0, 30))
+def test_packing_places_crops_whole_and_side_by_side_within_rows(sizes, row_units, rows):
+    size = np.array(sizes, dtype=np.int64)
+    order, row_ptr, offset = pack(size, rows, row_units, key=[1, 2])
+    assert len(set(order.tolist())) == len(order) and len(row_ptr) == rows + 1
+    for r in range(rows):
+        mine = order[row_ptr[r] : row_ptr[r + 1]]
+        assert (np.diff(mine) > 0).all(), "block order within a row"
+        assert offset[row_ptr[r] : row_ptr[r + 1]].tolist() == (np.cumsum(size[mine]) - size[mine]).tolist()
+        assert size[mine].sum() <= row_units
+    if rows and size.sum() <= rows * row_units // 2 and (size <= row_units // 2).all():
+        # a crop that fit nowhere would leave every row over half full: more than all the crops
+        assert len(order) == len(size), "room for every crop at half the rows' room: none is left out"
