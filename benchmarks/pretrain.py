@@ -169,8 +169,8 @@ def report(records: list[dict]) -> list[str]:
         out.append(f"| {kind} | {workers} | {sps or 0:,.0f} | {bps or 0:.1f} | {100 * (fill or 0):.1f}% | "
                    f"{others or 0:.2f} |")
     floor = medians(records, "step", "floor", "step_ms") or float("nan")
-    out += ["", "| simulated step fed by | training steps/s | ms/step | data-wait | next() wait ms/step | others' CPU |",
-            "|---|---:|---:|---:|---:|---:|"]
+    out += ["", "| simulated step fed by | training steps/s | ms/step | data-wait | next() wait ms/step | "
+            "others' CPU |", "|---|---:|---:|---:|---:|---:|"]
     for case in STEP_CASES:
         ms, wait, others = (medians(records, "step", case, k) for k in ("step_ms", "next_wait_ms", "other_cpu_cores"))
         share = "(floor)" if case == "floor" else f"{100 * (1 - floor / ms):.1f}%" if ms else "n/a"

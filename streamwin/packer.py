@@ -148,7 +148,8 @@ def crop_rows(block: CropBlock, lo: int, hi: int) -> tuple[np.ndarray, np.ndarra
     """(row within the block, rank within its row) of the crops of rows [lo, hi), in row-major order."""
     ptr = block.row_ptr[lo : hi + 1]
     counts = np.diff(ptr)
-    return np.repeat(np.arange(lo, hi, dtype=np.int64), counts), np.arange(ptr[0], ptr[-1]) - np.repeat(ptr[:-1], counts)
+    row = np.repeat(np.arange(lo, hi, dtype=np.int64), counts)
+    return row, np.arange(ptr[0], ptr[-1]) - np.repeat(ptr[:-1], counts)
 
 
 def segments(first: np.ndarray, length: np.ndarray, rank: np.ndarray, seg: np.ndarray, pos: np.ndarray) -> None:

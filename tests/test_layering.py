@@ -12,7 +12,8 @@ ORDER = [
     "errors", "world",
     "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
-    "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.streams", "plan.mix", "plan.epoch", "plan",
+    "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.streams", "plan.mix",
+    "plan.epoch", "plan",
     "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.tables",
     "packing.inputs.parquet", "packing.inputs.csv", "packing.inputs.jsonl", "packing.inputs.text",
     "packing.inputs.iterable", "packing.inputs.units", "packing.inputs", "packing.nonfinite", "packing.encode",
@@ -20,12 +21,13 @@ ORDER = [
     "packing.pack", "packing.scanner", "packing.scan", "packing",
     "read.reader", "read",
     "state", "source", "packer", "batch", "nodes", "dataset", "pipeline",
-    "feed.stats", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.worker", "feed.pool", "feed.feeds",
-    "feed.device_feeds", "feed",
+    "feed.stats", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.worker", "feed.pool",
+    "feed.feeds", "feed.device_feeds", "feed",
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__",
 ]
-PURE = {"errors", "formats", "storage", "plan", "packing", "read", "state", "source"}  # no torch, no torchdata
+# no torch, no torchdata
+PURE = {"errors", "formats", "storage", "plan", "packing", "read", "state", "source", "packer"}
 READ_SIDE = {"plan", "read", "state", "source", "packer", "batch", "nodes", "dataset", "pipeline", "feed", "loader"}
 
 

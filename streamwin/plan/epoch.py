@@ -42,7 +42,7 @@ class Plan:
     config: PlanConfig
     epoch: int
     weights: np.ndarray  # normalized
-    sources: tuple[SourcePlan, ...]  # per source: its order dealt over the streams, items_per_stream = sum of its quotas
+    sources: tuple[SourcePlan, ...]  # per source: its order dealt over the streams; items_per_stream = its quotas' sum
     quotas: np.ndarray  # [J, sources] windows (rows when packed) of each source in batch j of every stream
     generation: int = 0  # elastic resumes this epoch has been through
 
