@@ -20,90 +20,30 @@ import os
 import threading
 import time
 import warnings
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from streamwin.storage import mapped
+import streamwin.read.local as local_files
+from streamwin.errors import ShardError
 from streamwin.formats import npy as npyfmt
 from streamwin.formats import tar as tarfmt
-from streamwin.errors import ShardError
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.epoch import Plan
+from streamwin.read.block import READABLE, Block, ReadStats
+from streamwin.read.frames import COMPRESSED_GAP, RAW_BATCH, WHOLE_UNIT_BYTES, zstd_slice_windows
+from streamwin.read.inflate import FRAME_CACHE_BYTES, FrameCache
+from streamwin.read.pieces import MERGE_GAP, OTHER_GAP_RATIO, Pieces, Reach, pieces
+from streamwin.read.transport import fill, read_file
+from streamwin.storage import mapped
 from streamwin.storage.ranged import BrokenRead, RangeReader
 from streamwin.storage.retry import describe, permanent
 from streamwin.storage.urls import is_local, join, url_to_fs
 
-MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
-OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the reads beside them
+__all__ = ["READABLE", "Block", "ReadStats", "ShardSource", "zstd_slice_windows"]
+
 REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
-COMPRESSED_GAP = 4 << 10  # compressed members this close are read as one run (tar headers, json members)
-RAW_BATCH = 8 << 20  # compressed bytes of a block read (and decompressed) at a time
-FRAME_CACHE_BYTES = 4 << 20  # decompressed zstd frames kept per reading thread for the next pieces and blocks
-WHOLE_UNIT_BYTES = 256 << 10  # an unframed zstd member up to this size is cached like a frame (pack's frame size)
-SLICE_UNITS = 8  # a default zstd read slice spans this many frames or members (see zstd_slice_windows)
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
-READABLE = np.iinfo(np.int64).max  # steps readable of a sequence that read without error: all of them
-
-
-def zstd_slice_windows(m: Manifest, stride: int) -> int:
-    """Fewest windows of a default read slice of a zstd dataset (1 for others): SLICE_UNITS of the units a
-    read decompresses whole (a frame of a framed member, else a member), a unit's size weighted by it.
-
-    A slice's edges cut a unit that the blocks of both neighbours read and decompress: with
-    slices of a few windows each unit would be read about once per slice in it (frames of
-    thousands of windows: bytes read 10-100x the shards). A slice SLICE_UNITS times the
-    (size-weighted) unit reads and decompresses about 1 + 1 / SLICE_UNITS of them.
-    """
-    if m.compression is None or not m.num_sequences:
-        return 1
-    rows = m.frames.rows if m.frames is not None else max(1, WHOLE_UNIT_BYTES // max(m.step_bytes, 1))
-    length = m.length.astype(np.float64)
-    if not length.sum():
-        return 1
-    frames, rest = np.divmod(length, rows)  # each member: units of ``rows`` steps and one shorter
-    weighted = float(frames.sum()) * rows * rows + float(np.dot(rest, rest))  # sum over units of steps squared
-    return int(np.ceil(SLICE_UNITS * weighted / float(length.sum()) / stride))
-
-
-@dataclass
-class Block:
-    """The windows of one block and the bytes they are cut from.
-
-    ``offs[i]`` is the byte offset in ``buf`` where window i's step 0 begins; ``valid[i]`` the
-    steps of window + horizon that lie inside the sequence (less than the span only for a
-    padded window of a short sequence). ``buf`` has a zero tail one span long, so a padded
-    window never reads past it.
-    """
-
-    buf: np.ndarray
-    offs: np.ndarray
-    start: np.ndarray
-    real: np.ndarray
-    valid: np.ndarray
-    seq_ids: np.ndarray  # manifest indices of the block's distinct sequences
-    key_index: np.ndarray  # window i belongs to sequence seq_ids[key_index[i]]
-    buf_tensor: Any = None  # the gatherer's tensor views of buf, made once; dropped with buf
-
-    def __len__(self) -> int:
-        return len(self.offs)
-
-    @property
-    def nbytes(self) -> int:
-        return self.buf.nbytes
-
-
-@dataclass
-class ReadStats:
-    bytes_read: int = 0
-    reads: int = 0
-    retries: int = 0
-    skipped_ranges: int = 0
-    skipped_windows: int = 0
-    cache_hits: int = 0
-    bytes_decompressed: int = 0  # zstd output (npy headers included): near the members' bytes when frames are used once
 
 
 class ShardSource:
@@ -152,7 +92,7 @@ class ShardSource:
         length = plan.ends(seq)  # a split's view may end before the sequence does
         if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
             raise self._byte_order_error(int(seq[0]))
-        p = _pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
+        p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
         uniq, inv = np.unique(seq, return_inverse=True)
         valid = np.minimum(length - start, span)
         if m.compression:
@@ -243,7 +183,7 @@ class ShardSource:
         hlens = m.hlen[uniq].tolist()
         bounds = np.append(first, len(uniq)).tolist()
         good = np.full(len(uniq), READABLE, dtype=np.int64)
-        reach = _Reach(uniq, r_lo, r_hi, data0, s_lo, sb)
+        reach = Reach(uniq, r_lo, r_hi, data0, s_lo, sb)
         for j, err in enumerate(errors):
             k, u0, u1 = int(run_shard[j]), bounds[j], bounds[j + 1]
             if err is not None:  # skip mode: keep what the run delivered, read the rest member by member
@@ -259,7 +199,7 @@ class ShardSource:
                         good[u] = 0
         return buf, base, good
 
-    def _recover(self, err: ShardError, reach: "_Reach", u0: int, u1: int, reread, good: np.ndarray) -> None:
+    def _recover(self, err: ShardError, reach: Reach, u0: int, u1: int, reread, good: np.ndarray) -> None:
         """After a failed run read: the steps each member got before the failure; the rest read again.
 
         A failed read leaves every byte before the error's offset in place. The member holding
@@ -411,12 +351,12 @@ class ShardSource:
         return f"{self.manifest.key(i)}.npy" + (".zst" if self.manifest.compression else "")
 
     # -- compressed members: decompress the frames a piece needs, lay out their array data ----------
-    def _read_compressed(self, p: "_Pieces", span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _read_compressed(self, p: Pieces, span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
 
         A member packed as frames (``manifest.frames``) gives each piece the frames holding its
         steps, as does a member small enough to be one unit, each unit decompressed once for the
-        block and kept for the next (see _FrameCache); any other member is decompressed whole,
+        block and kept for the next (see FrameCache); any other member is decompressed whole,
         once for all the pieces of its sequence. The compressed bytes are read first, neighbours in a shard as one run
         (concurrently on remote storage), then decompressed piece by piece, straight into the
         block buffer or the frame cache.
@@ -479,7 +419,7 @@ class ShardSource:
             f0[n], f1[n] = j0, j1
         return f0, f1
 
-    def _copy_cached(self, cache: "_FrameCache", out: np.ndarray, i: int, j: int, a: int, b: int) -> bool:
+    def _copy_cached(self, cache: FrameCache, out: np.ndarray, i: int, j: int, a: int, b: int) -> bool:
         """Copy the steps of frame j of member i that a piece of steps [a, b) needs into ``out``, if cached."""
         frame = cache.get((i, j))
         if frame is not None:
@@ -561,14 +501,14 @@ class ShardSource:
             local.dctx = zstandard.ZstdDecompressor()
         return local.dctx
 
-    def _frame_cache(self) -> "_FrameCache":
+    def _frame_cache(self) -> FrameCache:
         """This thread's decompressed frames (blocks are read on one thread; the cache needs no lock)."""
         local = self._local
         if getattr(local, "frames", None) is None:
-            local.frames = _FrameCache(FRAME_CACHE_BYTES)
+            local.frames = FrameCache(FRAME_CACHE_BYTES)
         return local.frames
 
-    def _frame_steps(self, p: "_Pieces") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _frame_steps(self, p: Pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(first step, end step, framed) that each piece lays out: its own steps, taken from decompressed
         units (``framed``: listed frames, or a member small enough to cache whole), else the whole member."""
         m = self.manifest
@@ -625,10 +565,10 @@ class ShardSource:
             with dctx.stream_reader(raw, read_across_frames=across) as src:
                 if head:
                     header = bytearray(head)
-                    if _fill(src, memoryview(header)) < head:
+                    if fill(src, memoryview(header)) < head:
                         raise self._size_error(0, len(out), i, k, off)
                     self._check_header(bytes(header), i, k)
-                done = _fill(src, memoryview(out).cast("B"))
+                done = fill(src, memoryview(out).cast("B"))
                 extra = bool(src.read(1)) if done == len(out) else False
         except zstandard.ZstdError as e:
             raise self._zstd_error(e, i, k, off) from e
@@ -667,7 +607,7 @@ class ShardSource:
         if self.cache is not None:  # node-local copy: fetched once per node, verified, then read locally
             f, hit = self._open_local(k, offset)
             with f:
-                got = _read_file(f, offset, out)
+                got = read_file(f, offset, out)
             with self._lock:
                 self.stats.cache_hits += hit
             if got < len(out):
@@ -715,112 +655,5 @@ class ShardSource:
     def _read_some(self, path: str, offset: int, out: memoryview) -> int:
         """Bytes read into the front of ``out`` from ``offset``; 0 when the shard ends there."""
         if self.local:
-            return _read_local(path, offset, out)
+            return local_files.read_local(path, offset, out)
         return self.ranges.read_into(path, offset, out)
-
-
-def _fill(src, out: memoryview) -> int:
-    """Read from stream ``src`` into ``out`` until it is full or the stream ends; the bytes read."""
-    got = 0
-    while got < len(out):
-        n = src.readinto(out[got:])
-        if not n:
-            break
-        got += n
-    return got
-
-
-class _FrameCache:
-    """Decompressed frames of zstd members (a frame, or a small member whole), the least recently used dropped
-    first, at most ``limit`` bytes.
-
-    Pieces of one block that share a frame, and the blocks that follow one another through a
-    slice (or cut a member in two), take it from here instead of reading and decompressing it
-    again.
-    """
-
-    def __init__(self, limit: int):
-        self.limit, self.nbytes = limit, 0
-        self.entries: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
-
-    def get(self, key: tuple[int, int]) -> np.ndarray | None:
-        """The frame's data, if held."""
-        frame = self.entries.get(key)
-        if frame is not None:
-            self.entries.move_to_end(key)
-        return frame
-
-    def slot(self, key: tuple[int, int], size: int) -> np.ndarray:
-        """A ``size``-byte buffer to decompress frame ``key`` into (an evicted one of that size if any);
-        ``keep`` it once filled."""
-        spare = self.entries.pop(key, None)
-        self.nbytes -= len(spare) if spare is not None else 0
-        while self.entries and self.nbytes + size > self.limit:
-            _, evicted = self.entries.popitem(last=False)
-            self.nbytes -= len(evicted)
-            spare = evicted if len(evicted) == size else spare
-        return spare if spare is not None and len(spare) == size else mapped.anonymous(size)
-
-    def keep(self, key: tuple[int, int], frame: np.ndarray) -> None:
-        self.entries[key] = frame
-        self.nbytes += len(frame)
-
-
-def _read_local(path: str, offset: int, out: memoryview) -> int:
-    """Read into ``out`` from a local file at ``offset``; returns the bytes read (short at EOF)."""
-    with open(path, "rb", buffering=0) as f:
-        return _read_file(f, offset, out)
-
-
-def _read_file(f, offset: int, out: memoryview) -> int:
-    """Read into ``out`` from open file ``f`` at ``offset``; returns the bytes read (short at EOF)."""
-    f.seek(offset)
-    return _fill(f, out)
-
-
-@dataclass(frozen=True)
-class _Pieces:
-    """The step ranges a block reads: one piece per sequence and run of consecutive windows."""
-
-    seq: np.ndarray  # sequence of each piece, in manifest order
-    s_lo: np.ndarray  # first step the piece's windows cover
-    s_hi: np.ndarray  # end of the steps they cover
-    joined: np.ndarray  # the piece's first window directly follows the previous piece's last one
-    index: np.ndarray  # piece of each window
-
-
-def _pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int) -> _Pieces:
-    """Cut a block's windows (sorted global indices, their sequence, first and end step) into pieces.
-
-    A piece is a run of consecutive windows of one sequence (a slice of the plan, or part of
-    one) no more than ``gap`` steps apart: its steps are read as one range. Windows far apart
-    in a long sequence are separate pieces, so a block reads what its windows cover, not the
-    sequence between them (nor the steps a stride larger than the window skips).
-    """
-    n = len(g)
-    step = np.diff(g) > 1  # duplicates (equalize="pad" wrapping around) stay in one piece
-    new = np.ones(n, dtype=bool)
-    new[1:] = step | (seq[1:] != seq[:-1]) | (start[1:] - end[:-1] > gap)
-    first = np.flatnonzero(new)
-    joined = np.zeros(len(first), dtype=bool)
-    joined[1:] = ~step[first[1:] - 1]
-    s_hi = np.maximum.reduceat(end, first) if n else end
-    return _Pieces(seq[first], start[first], s_hi, joined, np.cumsum(new) - 1)
-
-
-@dataclass(frozen=True)
-class _Reach:
-    """The byte ranges a block reads per sequence: which steps a read that failed at a byte delivered."""
-
-    uniq: np.ndarray
-    r_lo: np.ndarray  # first byte read of each sequence (its .npy header when read from step 0)
-    r_hi: np.ndarray  # end of the bytes read
-    data0: np.ndarray  # where its array data begins
-    s_lo: np.ndarray  # first step read
-    step_bytes: int
-
-    def steps_before(self, u: int, fail: int) -> int:
-        """Steps of sequence u whose bytes lie before byte ``fail`` (none if its header was cut short)."""
-        if self.s_lo[u] == 0 and fail < self.data0[u]:
-            return 0
-        return max(int(fail - self.data0[u]) // self.step_bytes, 0)
