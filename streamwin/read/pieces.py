@@ -1,16 +1,15 @@
-"""A block's windows cut into pieces: runs of consecutive windows of one sequence, each read as one range.
+"""A block's windows cut into pieces (runs of consecutive windows of one sequence), and where each lands.
 
 With shuffle a block holds several slices of the plan, scattered over the shards and over
-a long sequence; only the steps each piece covers are read. Pure numpy, no I/O.
+a long sequence. Only the steps each piece covers are read (runs.py for plain members,
+frames.py for zstd ones), and once the reads say where each piece's sequence has its step 0
+in the block buffer, ``land`` gives each window its offset there. Pure numpy, no I/O.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-
-MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
-OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the reads beside them
 
 
 @dataclass(frozen=True)
@@ -43,19 +42,15 @@ def pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray, g
     return Pieces(seq[first], start[first], s_hi, joined, np.cumsum(new) - 1)
 
 
-@dataclass(frozen=True)
-class Reach:
-    """The byte ranges a block reads per sequence: which steps a read that failed at a byte delivered."""
+def land(p: Pieces, base: np.ndarray, good: np.ndarray, start: np.ndarray, valid: np.ndarray, step_bytes: int,
+         nowhere: int) -> tuple[np.ndarray, np.ndarray]:
+    """(where each window's step 0 lies in the block buffer, which windows are lost).
 
-    uniq: np.ndarray
-    r_lo: np.ndarray  # first byte read of each sequence (its .npy header when read from step 0)
-    r_hi: np.ndarray  # end of the bytes read
-    data0: np.ndarray  # where its array data begins
-    s_lo: np.ndarray  # first step read
-    step_bytes: int
-
-    def steps_before(self, u: int, fail: int) -> int:
-        """Steps of sequence u whose bytes lie before byte ``fail`` (none if its header was cut short)."""
-        if self.s_lo[u] == 0 and fail < self.data0[u]:
-            return 0
-        return max(int(fail - self.data0[u]) // self.step_bytes, 0)
+    ``base[u]`` is where piece u's sequence has its step 0, ``good[u]`` how many of its steps
+    were read (on_error="skip" loses the rest). A window needs steps [start, start + valid);
+    a lost one points at ``nowhere``, the buffer's zero tail.
+    """
+    offs = base[p.index] + start * step_bytes
+    lost = start + valid > good[p.index]
+    offs[lost] = nowhere
+    return offs, lost

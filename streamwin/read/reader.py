@@ -31,9 +31,11 @@ from streamwin.formats import tar as tarfmt
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.epoch import Plan
 from streamwin.read.block import READABLE, Block, ReadStats
-from streamwin.read.frames import COMPRESSED_GAP, RAW_BATCH, WHOLE_UNIT_BYTES, zstd_slice_windows
+from streamwin.read.frames import (compressed_ranges, compressed_runs, frame_ends, listed, raw_batches, unit_rows,
+                                   unit_span, units, zstd_slice_windows)
 from streamwin.read.inflate import FRAME_CACHE_BYTES, FrameCache
-from streamwin.read.pieces import MERGE_GAP, OTHER_GAP_RATIO, Pieces, Reach, pieces
+from streamwin.read.pieces import Pieces, land, pieces
+from streamwin.read.runs import MERGE_GAP, PlainRuns, packed, paged, plain_runs
 from streamwin.read.transport import fill, read_file
 from streamwin.storage import mapped
 from streamwin.storage.ranged import BrokenRead, RangeReader
@@ -98,12 +100,9 @@ class ShardSource:
         if m.compression:
             buf, base, good = self._read_compressed(p, span * sb)
         else:
-            buf, base, good = self._read_plain(p.seq, p.s_lo, p.s_hi, span * sb, p.joined)
-        piece_of = p.index
-        offs = base[piece_of] + start * sb
-        if good.min(initial=READABLE) < READABLE:  # on_error="skip": unreadable windows become zeros of weight 0
-            lost = start + valid > good[piece_of]  # a window needs steps [start, start + valid) of its sequence
-            offs[lost] = len(buf) - span * sb
+            buf, base, good = self._read_plain(p, span * sb)
+        offs, lost = land(p, base, good, start, valid, sb, len(buf) - span * sb)
+        if lost.any():  # on_error="skip": unreadable windows become zeros of weight 0
             real = real & ~lost
             valid = np.where(lost, 0, valid)
             with self._lock:
@@ -145,61 +144,41 @@ class ShardSource:
                           f"in loader.stats(): {err}", RuntimeWarning, stacklevel=2)
 
     # -- uncompressed: byte ranges mapped, or read, into the block buffer ---------------------
-    def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray, tail: int,
-                    joined: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _read_plain(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
 
-        Piece u needs steps [s_lo[u], s_hi[u]) of sequence uniq[u] (pieces in manifest order, a
-        sequence may have several). Neighbours in a shard are read as one run: across any gap up
-        to MERGE_GAP when the pieces hold consecutive windows (``joined``: the gap is headers and
-        sequences without windows), else only across a gap small beside both pieces (the gap is
-        other blocks' data, which an epoch would read twice).
+        The pieces' bytes are read in runs (see runs.py): mapped where the shard is a local
+        file, else read into the buffer. A run that fails (on_error="skip") keeps what it
+        delivered and reads the rest member by member (``_recover``).
         """
-        m = self.manifest
-        sb = m.step_bytes
-        shard = np.searchsorted(m.shard_starts, uniq, side="right") - 1
-        data0 = m.offset[uniq] + m.hlen[uniq]
-        r_lo = np.where(s_lo == 0, m.offset[uniq], data0 + s_lo * sb)  # from step 0: include the npy header
-        r_hi = data0 + s_hi * sb
-        new = np.ones(len(uniq), dtype=bool)
-        gap = r_lo[1:] - r_hi[:-1]
-        small = np.minimum(r_hi - r_lo, MERGE_GAP * OTHER_GAP_RATIO) // OTHER_GAP_RATIO
-        room = np.where(joined[1:], MERGE_GAP, np.minimum(small[1:], small[:-1]))
-        new[1:] = (shard[1:] != shard[:-1]) | (gap > room)
-        first = np.flatnonzero(new)
-        run = np.cumsum(new) - 1
-        run_lo = r_lo[first]
-        run_hi = np.maximum.reduceat(r_hi, first)
-        run_shard = shard[first]
+        runs = plain_runs(self.manifest, p)
         mapping = None
-        if self.map_files and len(first) <= MAX_MAPPED_RUNS:
+        if self.map_files and len(runs) <= MAX_MAPPED_RUNS:
             try:
-                mapping = self._map_runs(run_shard, run_lo, run_hi, tail)
+                mapping = self._map_runs(runs, tail)
             except OSError:  # out of address space or mappings: read instead
                 pass
-        buf, run_at, errors, fill = mapping or self._read_runs(run_shard, run_lo, run_hi, tail)
-        base = run_at[run] + (data0 - run_lo[run])
-        at = (run_at[run] + (m.offset[uniq] - run_lo[run])).tolist()
-        hlens = m.hlen[uniq].tolist()
-        bounds = np.append(first, len(uniq)).tolist()
-        good = np.full(len(uniq), READABLE, dtype=np.int64)
-        reach = Reach(uniq, r_lo, r_hi, data0, s_lo, sb)
+        buf, run_at, errors, refill = mapping or self._read_runs(runs, tail)
+        base, header_at = runs.land(run_at)
+        at, hlens = header_at.tolist(), runs.hlen.tolist()
+        covers, bounds = runs.covers_header(), runs.first.tolist()
+        good = np.full(len(runs.seq), READABLE, dtype=np.int64)
         for j, err in enumerate(errors):
-            k, u0, u1 = int(run_shard[j]), bounds[j], bounds[j + 1]
+            k, u0, u1 = int(runs.shard[j]), bounds[j], bounds[j + 1]
             if err is not None:  # skip mode: keep what the run delivered, read the rest member by member
                 def reread(v: int) -> ShardError | None:
-                    return fill(k, int(r_lo[v]), int(run_hi[j]), int(run_at[j] + r_lo[v] - run_lo[j]))
-                self._recover(err, reach, u0, u1, reread, good)
+                    return refill(k, int(runs.lo[v]), int(runs.run_hi[j]), int(run_at[j] + runs.lo[v] - runs.run_lo[j]))
+                self._recover(err, runs, u0, u1, reread, good)
             for u in range(u0, u1):
-                if s_lo[u] == 0 and good[u] > 0:  # the read covers this member's .npy header: check it
+                if covers[u] and good[u] > 0:  # the read covers this member's .npy header: check it
                     try:
-                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(uniq[u]), k)
+                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(runs.seq[u]), k)
                     except ShardError as e:
                         self._skip_or_raise(e)
                         good[u] = 0
         return buf, base, good
 
-    def _recover(self, err: ShardError, reach: Reach, u0: int, u1: int, reread, good: np.ndarray) -> None:
+    def _recover(self, err: ShardError, runs: PlainRuns, u0: int, u1: int, reread, good: np.ndarray) -> None:
         """After a failed run read: the steps each member got before the failure; the rest read again.
 
         A failed read leaves every byte before the error's offset in place. The member holding
@@ -211,54 +190,53 @@ class ShardSource:
         """
         u, again = u0, False
         while err is not None:
-            self._skip_or_raise(self._name_member(err, reach.uniq[u:u1]))
+            self._skip_or_raise(self._name_member(err, runs.seq[u:u1]))
             fail = err.offset
-            if fail is None or fail < reach.r_lo[u] or (again and fail == reach.r_lo[u]):
+            if fail is None or fail < runs.lo[u] or (again and fail == runs.lo[u]):
                 good[u:u1] = 0
                 return
-            v = u + int(np.searchsorted(reach.r_hi[u:u1], fail, side="right"))  # members before v are whole
-            if v < u1 and reach.r_lo[v] <= fail:  # the failure is inside member v
-                good[v] = reach.steps_before(v, fail)
+            v = u + int(np.searchsorted(runs.hi[u:u1], fail, side="right"))  # members before v are whole
+            if v < u1 and runs.lo[v] <= fail:  # the failure is inside member v
+                good[v] = runs.steps_before(v, fail)
                 v += 1
             if v == u1:
                 return
             err, u, again = reread(v), v, True
 
-    def _read_runs(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: int):
-        """Read each run [lo, hi) of its shard into one buffer, back to back.
+    def _read_runs(self, runs: PlainRuns, tail: int):
+        """Read each run of its shard into one buffer, back to back.
 
-        Returns (buffer, run starts, errors, fill), where ``fill(k, lo, hi, at)`` reads bytes
+        Returns (buffer, run starts, errors, refill), where ``refill(k, lo, hi, at)`` reads bytes
         [lo, hi) of shard k to ``at`` in the buffer again (ShardError or None).
         """
-        pos = np.zeros(len(lo) + 1, dtype=np.int64)
-        np.cumsum(hi - lo, out=pos[1:])
-        buf = mapped.anonymous(int(pos[-1]) + tail)  # zeroed: the tail too
-        runs = [(int(shard[j]), int(lo[j]), memoryview(buf)[pos[j] : pos[j + 1]]) for j in range(len(lo))]
+        run_at, nbytes = packed(runs)
+        buf = mapped.anonymous(nbytes + tail)  # zeroed: the tail too
+        size = runs.run_hi - runs.run_lo
+        reads = [(int(runs.shard[j]), int(runs.run_lo[j]), memoryview(buf)[run_at[j] : run_at[j] + size[j]])
+                 for j in range(len(runs))]
 
-        def fill(k: int, a: int, b: int, at: int) -> ShardError | None:
+        def refill(k: int, a: int, b: int, at: int) -> ShardError | None:
             return self._try_read((k, a, memoryview(buf)[at : at + b - a]))
-        return buf, pos[:-1], self._read_many(runs), fill
+        return buf, run_at, self._read_many(reads), refill
 
-    def _map_runs(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: int):
-        """Map each run [lo, hi) of its (local or cached) shard file into one address range.
+    def _map_runs(self, runs: PlainRuns, tail: int):
+        """Map each run of its (local or cached) shard file into one address range.
 
         No bytes are copied: the gather reads the page cache directly. Each run starts at a
         page boundary of the range, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors,
-        fill) as ``_read_runs`` does; raises OSError when the system refuses a mapping.
+        refill) as ``_read_runs`` does; raises OSError when the system refuses a mapping.
         """
-        lead = lo - mapped.page_floor(lo)
-        pos = np.zeros(len(lo) + 1, dtype=np.int64)
-        np.cumsum(mapped.page_ceil(hi - lo + lead), out=pos[1:])
-        target = mapped.MappedBuffer(int(pos[-1]) + tail)
+        run_at, nbytes = paged(runs)
+        target = mapped.MappedBuffer(nbytes + tail)
         errors: list[ShardError | None] = []
-        for j, k in enumerate(shard.tolist()):
+        for j, k in enumerate(runs.shard.tolist()):
             try:
-                self._map_run(target, int(pos[j] + lead[j]), k, int(lo[j]), int(hi[j]))
+                self._map_run(target, int(run_at[j]), k, int(runs.run_lo[j]), int(runs.run_hi[j]))
                 errors.append(None)
             except ShardError as e:
                 errors.append(e)
 
-        def fill(k: int, a: int, b: int, at: int) -> ShardError | None:
+        def refill(k: int, a: int, b: int, at: int) -> ShardError | None:
             try:
                 self._map_run(target, at, k, a, b)
             except ShardError as e:
@@ -266,7 +244,7 @@ class ShardSource:
             except OSError as e:  # the mapping was refused now: the bytes are not there
                 return ShardError(f"cannot map shard bytes: {e}", shard=self.shard_url(k), offset=a)
             return None
-        return target.array(), pos[:-1] + lead, errors, fill
+        return target.array(), run_at, errors, refill
 
     def _map_run(self, target: mapped.MappedBuffer, at: int, k: int, lo: int, hi: int) -> None:
         """Map bytes [lo, hi) of shard k so that byte lo lands at ``at`` (``at`` = ``lo`` modulo PAGE).
@@ -354,49 +332,43 @@ class ShardSource:
     def _read_compressed(self, p: Pieces, span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
 
-        A member packed as frames (``manifest.frames``) gives each piece the frames holding its
-        steps, as does a member small enough to be one unit, each unit decompressed once for the
-        block and kept for the next (see FrameCache); any other member is decompressed whole,
-        once for all the pieces of its sequence. The compressed bytes are read first, neighbours in a shard as one run
-        (concurrently on remote storage), then decompressed piece by piece, straight into the
-        block buffer or the frame cache.
+        Each piece lays out what frames.units says: its own steps from the units that hold
+        them, each unit decompressed once for the block and kept for the next (see
+        FrameCache), or its whole member, once for all the pieces of its sequence. The
+        compressed bytes are read first, neighbours in a shard as one run (concurrently on
+        remote storage), then decompressed piece by piece, straight into the block buffer or
+        the frame cache.
         """
         m = self.manifest
-        sb = m.step_bytes
-        a, b, framed = self._frame_steps(p)
-        shared = np.zeros(len(p.seq), dtype=bool)  # a whole member already laid out for the piece before
-        shared[1:] = ~framed[1:] & (p.seq[1:] == p.seq[:-1])
-        nbytes = np.where(shared, 0, (b - a) * sb)
-        pos = np.zeros(len(p.seq) + 1, dtype=np.int64)
-        np.cumsum(nbytes, out=pos[1:])
-        buf = mapped.anonymous(int(pos[-1]) + span_bytes)  # zero-filled, given back to the system when dropped
+        u = units(m, p)
+        buf = mapped.anonymous(int(u.pos[-1]) + span_bytes)  # zero-filled, given back to the system when dropped
         good = np.full(len(p.seq), READABLE, dtype=np.int64)
-        own = np.flatnonzero(~shared)
-        f0, f1 = self._frames_cached(p.seq[own], a[own], b[own], framed[own], buf, pos[own])
+        own = np.flatnonzero(~u.shared)
+        f0, f1 = self._frames_cached(p.seq[own], u.a[own], u.b[own], u.framed[own], buf, u.pos[own])
         todo = np.flatnonzero(f0 < f1)  # pieces with frames to read (a member decompressed whole: all of it)
         seq = p.seq[own[todo]]
         shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
-        lo, hi = self._compressed_ranges(seq, f0[todo], f1[todo], framed[own[todo]])
+        lo, hi = compressed_ranges(m, seq, f0[todo], f1[todo], u.framed[own[todo]])
         dctx = self._decompressor()
         failed = np.zeros(len(todo), dtype=bool)
         for n0, n1, raw, at in self._read_compressed_runs(seq, shard, lo, hi, failed):
             for n in range(n0, n1):
                 j, i, k = int(own[todo[n]]), int(seq[n]), int(shard[n])
                 src = memoryview(raw)[at[n - n0] : at[n - n0] + hi[n] - lo[n]]
+                out = buf[u.pos[j] : u.pos[j + 1]]
                 try:
                     if failed[n]:
                         continue
-                    if framed[j]:
-                        self._lay_out_frames(dctx, src, buf[pos[j] : pos[j + 1]], i, k, (int(a[j]), int(b[j])),
+                    if u.framed[j]:
+                        self._lay_out_frames(dctx, src, out, i, k, (int(u.a[j]), int(u.b[j])),
                                              (int(f0[todo[n]]), int(f1[todo[n]])))
                     else:
-                        self._decompress_whole(dctx, src, buf[pos[j] : pos[j + 1]], i, k)
+                        self._decompress_whole(dctx, src, out, i, k)
                 except ShardError as e:
                     self._skip_or_raise(e)
                     failed[n] = True
         good[own[todo[failed]]] = 0  # what a piece reads is decompressed whole: all of it or nothing
-        owner = np.maximum.accumulate(np.where(shared, 0, np.arange(len(p.seq))))
-        return buf, pos[owner] - a[owner] * sb, good[owner]
+        return buf, u.base(m.step_bytes), good[u.owner]
 
     def _frames_cached(self, seq: np.ndarray, a: np.ndarray, b: np.ndarray, framed: np.ndarray,
                        buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -409,8 +381,7 @@ class ShardSource:
         cache = self._frame_cache()
         for n in np.flatnonzero(framed).tolist():
             i, s0, s1 = int(seq[n]), int(a[n]), int(b[n])
-            rows = self._rows(i)
-            j0, j1 = s0 // rows, -(-s1 // rows)
+            j0, j1 = unit_span(self.manifest, i, s0, s1)
             out = buf[pos[n] : pos[n] + (s1 - s0) * self.manifest.step_bytes]
             while j0 < j1 and self._copy_cached(cache, out, i, j0, s0, s1):
                 j0 += 1
@@ -428,39 +399,9 @@ class ShardSource:
 
     def _copy_steps(self, frame: np.ndarray, out: np.ndarray, i: int, j: int, a: int, b: int) -> None:
         """Steps [a, b) of member i that lie in its frame j, from the frame's data into ``out`` (steps from a)."""
-        rows, sb = self._rows(i), self.manifest.step_bytes
+        rows, sb = unit_rows(self.manifest, i), self.manifest.step_bytes
         s0, s1 = max(a, j * rows), min(b, (j + 1) * rows)
         out[(s0 - a) * sb : (s1 - a) * sb] = frame[(s0 - j * rows) * sb : (s1 - j * rows) * sb]
-
-    def _compressed_ranges(self, seq: np.ndarray, f0: np.ndarray, f1: np.ndarray,
-                           framed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Shard byte ranges [lo, hi) to read of each member: its frames [f0, f1), or all of it."""
-        m = self.manifest
-        lo, hi = m.offset[seq].copy(), m.offset[seq] + m.size[seq]
-        for n in np.flatnonzero(framed).tolist():
-            ends = self._frame_ends(int(seq[n]))
-            j0, j1 = int(f0[n]), int(f1[n])
-            hi[n] = lo[n] + ends[j1 - 1]
-            lo[n] += ends[j0 - 1] if j0 else 0
-        return lo, hi
-
-    def _frame_ends(self, i: int) -> np.ndarray:
-        """Where each frame of member i ends in it (a member not listed in the manifest's frames: one unit)."""
-        if not self._listed(i):
-            return self.manifest.size[i : i + 1]
-        fr = self.manifest.frames
-        at = int(np.searchsorted(fr.seq, i))
-        return fr.ends[fr.first[at] : fr.first[at + 1]]
-
-    def _listed(self, i: int) -> bool:
-        """Member i is packed as frames that the manifest lists."""
-        fr = self.manifest.frames
-        at = int(np.searchsorted(fr.seq, i)) if fr is not None else 0
-        return fr is not None and at < len(fr.seq) and int(fr.seq[at]) == i
-
-    def _rows(self, i: int) -> int:
-        """Steps per decompression unit of member i: a listed frame, else the whole member."""
-        return self.manifest.frames.rows if self._listed(i) else int(self.manifest.length[i])
 
     def _read_compressed_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                               failed: np.ndarray):
@@ -469,28 +410,21 @@ class ShardSource:
 
         Ranges of a run that fails are marked in ``failed`` (after the error is raised or counted).
         """
-        new = np.ones(len(lo), dtype=bool)
-        new[1:] = (shard[1:] != shard[:-1]) | (lo[1:] - hi[:-1] > COMPRESSED_GAP)
-        first = np.flatnonzero(new)
-        run = np.cumsum(new) - 1
-        run_lo, run_hi = lo[first], np.maximum.reduceat(hi, first) if len(first) else hi
-        bounds = np.append(first, len(lo))
-        r0 = 0
-        while r0 < len(first):
-            sizes = np.cumsum(run_hi[r0:] - run_lo[r0:])
-            r1 = r0 + max(1, int(np.searchsorted(sizes, RAW_BATCH, side="right")))
+        runs = compressed_runs(shard, lo, hi)
+        bounds = runs.first
+        for r0, r1 in raw_batches(runs):
             pos = np.zeros(r1 - r0 + 1, dtype=np.int64)
-            np.cumsum(run_hi[r0:r1] - run_lo[r0:r1], out=pos[1:])
+            np.cumsum(runs.run_hi[r0:r1] - runs.run_lo[r0:r1], out=pos[1:])
             raw = mapped.anonymous(int(pos[-1]))
-            runs = [(int(shard[first[r]]), int(run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
-                    for r in range(r0, r1)]
-            for r, err in zip(range(r0, r1), self._read_many(runs)):
+            reads = [(int(shard[bounds[r]]), int(runs.run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
+                     for r in range(r0, r1)]
+            for r, err in zip(range(r0, r1), self._read_many(reads)):
                 if err is not None:
                     self._skip_or_raise(self._name_member(err, seq[bounds[r] : bounds[r + 1]]))
                     failed[bounds[r] : bounds[r + 1]] = True
             n0, n1 = int(bounds[r0]), int(bounds[r1])
-            yield n0, n1, raw, pos[run[n0:n1] - r0] + (lo[n0:n1] - run_lo[run[n0:n1]])
-            r0 = r1
+            run = runs.run[n0:n1]
+            yield n0, n1, raw, pos[run - r0] + (lo[n0:n1] - runs.run_lo[run])
 
     def _decompressor(self):
         """This thread's zstd decompressor, made once: a fresh one per block costs memory that is not given back."""
@@ -508,26 +442,13 @@ class ShardSource:
             local.frames = FrameCache(FRAME_CACHE_BYTES)
         return local.frames
 
-    def _frame_steps(self, p: Pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(first step, end step, framed) that each piece lays out: its own steps, taken from decompressed
-        units (``framed``: listed frames, or a member small enough to cache whole), else the whole member."""
-        m = self.manifest
-        a = np.zeros(len(p.seq), dtype=np.int64)
-        b = m.length[p.seq].astype(np.int64)
-        framed = b * m.step_bytes <= WHOLE_UNIT_BYTES
-        fr = m.frames
-        if fr is not None and len(fr.seq):
-            at = np.minimum(np.searchsorted(fr.seq, p.seq), len(fr.seq) - 1)
-            framed |= fr.seq[at] == p.seq
-        return np.where(framed, p.s_lo, a), np.where(framed, p.s_hi, b), framed
-
     def _lay_out_frames(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int, steps: tuple[int, int],
                         frames: tuple[int, int]) -> None:
         """Steps [a, b) of framed member i into ``out``: frames [f0, f1) from ``raw`` (which holds them) or
         the cache, one by one; frames outside [f0, f1) were laid out from the cache already."""
         (a, b), (f0, f1) = steps, frames
-        m, rows, cache = self.manifest, self._rows(i), self._frame_cache()
-        ends = self._frame_ends(i)
+        m, rows, cache = self.manifest, unit_rows(self.manifest, i), self._frame_cache()
+        ends = frame_ends(self.manifest, i)
         base = int(ends[f0 - 1]) if f0 else 0
         for j in range(f0, f1):
             frame = cache.get((i, j))
@@ -544,7 +465,7 @@ class ShardSource:
         unit, which may hold frames of its own."""
         m = self.manifest
         head = int(m.hlen[i]) if j == 0 else 0
-        self._inflate(dctx, raw, out, i, k, int(m.offset[i]) + at, head, across=not self._listed(i))
+        self._inflate(dctx, raw, out, i, k, int(m.offset[i]) + at, head, across=not listed(self.manifest, i))
 
     def _decompress_whole(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int) -> None:
         """All of member i (its frames, listed or not) into ``out``, its header checked."""
