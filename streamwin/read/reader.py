@@ -16,35 +16,33 @@ fails is a ShardError naming the shard, the member and the byte offset.
 """
 from __future__ import annotations
 
-import os
 import threading
-import time
-import warnings
 from typing import Any
 
 import numpy as np
 
-import streamwin.read.local as local_files
 from streamwin.errors import ShardError
 from streamwin.formats import npy as npyfmt
-from streamwin.formats import tar as tarfmt
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.epoch import Plan
 from streamwin.read.block import READABLE, Block, ReadStats
+from streamwin.read.cached import CachedShards
+from streamwin.read.counts import Counters
 from streamwin.read.frames import (compressed_ranges, compressed_runs, frame_ends, listed, raw_batches, unit_rows,
                                    unit_span, units, zstd_slice_windows)
 from streamwin.read.inflate import FRAME_CACHE_BYTES, FrameCache
+from streamwin.read.local import LocalShards, map_range
+from streamwin.read.members import Members
 from streamwin.read.pieces import Pieces, land, pieces
+from streamwin.read.remote import RemoteShards
 from streamwin.read.runs import MERGE_GAP, PlainRuns, packed, paged, plain_runs
-from streamwin.read.transport import fill, read_file
+from streamwin.read.transport import Transport, fill
 from streamwin.storage import mapped
-from streamwin.storage.ranged import BrokenRead, RangeReader
-from streamwin.storage.retry import describe, permanent
-from streamwin.storage.urls import is_local, join, url_to_fs
+from streamwin.storage.cache import ShardCache
+from streamwin.storage.urls import is_local, url_to_fs
 
 __all__ = ["READABLE", "Block", "ReadStats", "ShardSource", "zstd_slice_windows"]
 
-REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
 
 
@@ -52,35 +50,35 @@ class ShardSource:
     """Reads byte ranges of a dataset's shards (any fsspec URL) and assembles blocks."""
 
     def __init__(self, url: str, manifest: Manifest, *, storage_options: dict[str, Any] | None = None,
-                 retries: int = 5, backoff: float = 0.2, on_error: str = "raise", cache=None):
-        self.url = url.rstrip("/")
-        self.manifest = manifest
-        self.fs, self.root = url_to_fs(url, storage_options, own_retries=True)
-        self.local = is_local(self.fs)
-        self.ranges = None if self.local else RangeReader(self.fs)  # streamed GETs, pooled connections
-        self.retries, self.backoff = retries, backoff
+                 retries: int = 5, backoff: float = 0.2, on_error: str = "raise", cache: ShardCache | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        self.on_error = on_error
-        self.cache = cache  # a streamwin.cache.ShardCache, or None
+        self.manifest = manifest
+        self.members = Members(url, manifest)
+        self.counters = Counters(on_error)
+        fs, root = url_to_fs(url, storage_options, own_retries=True)
+        if cache is not None:  # node-local copies: fetched once per node, verified, then read locally
+            self.shards: Transport = CachedShards(cache, fs, root, self.members, self.counters)
+        elif is_local(fs):
+            self.shards = LocalShards(root, self.members, self.counters, retries=retries, backoff=backoff)
+        else:
+            self.shards = RemoteShards(fs, root, self.members, self.counters, retries=retries, backoff=backoff)
         # local and cached shards are mapped, not read: the gather then copies straight from the page cache
-        self.map_files = (self.local or cache is not None) and mapped.available()
-        self._pool = None
+        self.map_files = self.shards.mappable and mapped.available()
         self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
-        self.stats = ReadStats()
-        self._header_cache: dict[bytes, tuple] = {}
-        self._unfetchable: dict[int, ShardError] = {}  # shards the cache failed to fetch for the current block
         self._lock = threading.Lock()
         self._local = threading.local()  # per reading thread: its zstd decompressor
 
-    def shard_url(self, k: int) -> str:
-        return f"{self.url}/{self.manifest.shards[k].name}"
+    @property
+    def stats(self) -> ReadStats:
+        """What reading has cost so far."""
+        return self.counters.stats
 
     def read_block(self, plan: Plan, stream: int, block: int) -> Block:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""
         with self._lock:
             self._unmap.clear()
-            self._unfetchable.clear()
+        self.shards.begin_block()
         g, real, shuffled = plan.block_parts(stream, block)  # stream order: runs of consecutive windows
         m = self.manifest
         span = plan.config.spec.span
@@ -93,7 +91,7 @@ class ShardSource:
         into_yield = rank if shuffled is None else rank[shuffled]
         length = plan.ends(seq)  # a split's view may end before the sequence does
         if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
-            raise self._byte_order_error(int(seq[0]))
+            raise self.members.byte_order_error(int(seq[0]))
         p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
         uniq, inv = np.unique(seq, return_inverse=True)
         valid = np.minimum(length - start, span)
@@ -105,8 +103,7 @@ class ShardSource:
         if lost.any():  # on_error="skip": unreadable windows become zeros of weight 0
             real = real & ~lost
             valid = np.where(lost, 0, valid)
-            with self._lock:
-                self.stats.skipped_windows += int(lost.sum())
+            self.counters.add(skipped_windows=int(lost.sum()))
         offs, start, real, valid, inv = (a[into_yield] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, uniq, inv)
 
@@ -122,26 +119,6 @@ class ShardSource:
             with self._lock:
                 self._unmap.append(base)
         block.buf = block.buf_tensor = None
-
-    def _name_member(self, err: ShardError, seqs: np.ndarray) -> ShardError:
-        """The same error, naming the member whose bytes hold the failing offset."""
-        if err.member is not None or err.offset is None or not len(seqs):
-            return err
-        starts = self.manifest.offset[seqs] - tarfmt.BLOCK  # each member's tar header
-        i = int(seqs[max(int(np.searchsorted(starts, err.offset, side="right")) - 1, 0)])
-        named = ShardError(err.reason, shard=err.shard, member=self._member(i), offset=err.offset)
-        named.__cause__ = err.__cause__
-        return named
-
-    def _skip_or_raise(self, err: ShardError) -> None:
-        if self.on_error == "raise":
-            raise err
-        with self._lock:
-            self.stats.skipped_ranges += 1
-            first = self.stats.skipped_ranges == 1
-        if first:
-            warnings.warn(f"streamwin: skipping unreadable data (on_error='skip'), further skips are counted "
-                          f"in loader.stats(): {err}", RuntimeWarning, stacklevel=2)
 
     # -- uncompressed: byte ranges mapped, or read, into the block buffer ---------------------
     def _read_plain(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -172,9 +149,9 @@ class ShardSource:
             for u in range(u0, u1):
                 if covers[u] and good[u] > 0:  # the read covers this member's .npy header: check it
                     try:
-                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(runs.seq[u]), k)
+                        self.members.check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(runs.seq[u]), k)
                     except ShardError as e:
-                        self._skip_or_raise(e)
+                        self.counters.skip_or_raise(e)
                         good[u] = 0
         return buf, base, good
 
@@ -190,7 +167,7 @@ class ShardSource:
         """
         u, again = u0, False
         while err is not None:
-            self._skip_or_raise(self._name_member(err, runs.seq[u:u1]))
+            self.counters.skip_or_raise(self.members.name_member(err, runs.seq[u:u1]))
             fail = err.offset
             if fail is None or fail < runs.lo[u] or (again and fail == runs.lo[u]):
                 good[u:u1] = 0
@@ -216,8 +193,8 @@ class ShardSource:
                  for j in range(len(runs))]
 
         def refill(k: int, a: int, b: int, at: int) -> ShardError | None:
-            return self._try_read((k, a, memoryview(buf)[at : at + b - a]))
-        return buf, run_at, self._read_many(reads), refill
+            return self.shards.try_read((k, a, memoryview(buf)[at : at + b - a]))
+        return buf, run_at, self.shards.read_many(reads), refill
 
     def _map_runs(self, runs: PlainRuns, tail: int):
         """Map each run of its (local or cached) shard file into one address range.
@@ -231,102 +208,20 @@ class ShardSource:
         errors: list[ShardError | None] = []
         for j, k in enumerate(runs.shard.tolist()):
             try:
-                self._map_run(target, int(run_at[j]), k, int(runs.run_lo[j]), int(runs.run_hi[j]))
+                map_range(self.shards, target, int(run_at[j]), k, int(runs.run_lo[j]), int(runs.run_hi[j]))
                 errors.append(None)
             except ShardError as e:
                 errors.append(e)
 
         def refill(k: int, a: int, b: int, at: int) -> ShardError | None:
             try:
-                self._map_run(target, at, k, a, b)
+                map_range(self.shards, target, at, k, a, b)
             except ShardError as e:
                 return e
             except OSError as e:  # the mapping was refused now: the bytes are not there
-                return ShardError(f"cannot map shard bytes: {e}", shard=self.shard_url(k), offset=a)
+                return ShardError(f"cannot map shard bytes: {e}", shard=self.members.shard_url(k), offset=a)
             return None
         return target.array(), run_at, errors, refill
-
-    def _map_run(self, target: mapped.MappedBuffer, at: int, k: int, lo: int, hi: int) -> None:
-        """Map bytes [lo, hi) of shard k so that byte lo lands at ``at`` (``at`` = ``lo`` modulo PAGE).
-
-        A file that ends early has what it holds mapped, then raises a ShardError at its end.
-        """
-        f, hit = self._open_local(k, lo)
-        with f:
-            size = os.fstat(f.fileno()).st_size
-            end = min(hi, size)  # mapping a page wholly past the end would fault (SIGBUS) on access
-            start = mapped.page_floor(lo)
-            if end > lo:
-                target.map_file(at - (lo - start), f.fileno(), start, end - start)  # OSError: the caller reads
-        with self._lock:
-            self.stats.bytes_read += max(end - lo, 0)
-            self.stats.reads += 1
-            self.stats.cache_hits += hit
-        if end < hi:
-            raise ShardError(f"shard ends early: wanted bytes {lo}..{hi}, the file has {size}",
-                             shard=self.shard_url(k), offset=max(size, lo))
-
-    def _open_local(self, k: int, offset: int):
-        """(open file, cache hit) of shard k: the shard itself, or its node-local copy.
-
-        A cached copy evicted by another process between fetch and open is fetched again, once.
-        """
-        path = join(self.root, self.manifest.shards[k].name)
-        entry = self.manifest.shards[k]
-        for attempt in (0, 1):
-            hit = False
-            local = path
-            if self.cache is not None:
-                failed = self._unfetchable.get(k)
-                if failed is not None:  # this block already tried: a shard that failed to fetch is not fetched again
-                    raise failed
-                hit = self.cache.has(self.shard_url(k), entry)
-                try:
-                    local = self.cache.fetch(self.shard_url(k), self.fs, path, entry)
-                except ShardError as e:
-                    self._unfetchable[k] = e
-                    raise
-            try:
-                return open(local, "rb", buffering=0), hit
-            except FileNotFoundError as e:
-                if self.cache is None or attempt:
-                    raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset) from e
-            except OSError as e:
-                raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset) from e
-        raise AssertionError("unreachable")
-
-    def _check_header(self, header: bytes, i: int, k: int) -> int:
-        m = self.manifest
-        shape = (int(m.length[i]),) + m.step_shape
-        hlen = int(m.hlen[i])
-        if header == npyfmt.npy_header_for(m.dtype, shape):  # the common case, without a parse
-            return hlen
-        expected = (m.dtype, shape, hlen)
-        got = self._header_cache.get(header)
-        if got is None:
-            try:
-                got = npyfmt.parse_npy_header(header)
-            except ValueError as e:
-                raise ShardError(f"bad .npy header: {e}", shard=self.shard_url(k), member=self._member(i),
-                                 offset=int(m.offset[i])) from e
-            if len(self._header_cache) < 4096:
-                self._header_cache[header] = got
-        if got != expected:
-            raise ShardError(
-                f"member disagrees with the manifest: dtype {got[0]}, shape {got[1]}, header {got[2]} bytes in the shard; "
-                f"manifest says dtype {expected[0]}, shape {expected[1]}, header {expected[2]} bytes",
-                shard=self.shard_url(k), member=self._member(i), offset=int(m.offset[i]))
-        return got[2]
-
-    def _byte_order_error(self, i: int) -> ShardError:
-        m = self.manifest
-        k = int(np.searchsorted(m.shard_starts, i, side="right")) - 1
-        return ShardError(f"the manifest declares big-endian dtype {m.dtype.str}: streamwin reads little-endian "
-                          "arrays only (streamwin.pack converts big-endian input)",
-                          shard=self.shard_url(k), member=self._member(i), offset=int(m.offset[i]))
-
-    def _member(self, i: int) -> str:
-        return f"{self.manifest.key(i)}.npy" + (".zst" if self.manifest.compression else "")
 
     # -- compressed members: decompress the frames a piece needs, lay out their array data ----------
     def _read_compressed(self, p: Pieces, span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -365,7 +260,7 @@ class ShardSource:
                     else:
                         self._decompress_whole(dctx, src, out, i, k)
                 except ShardError as e:
-                    self._skip_or_raise(e)
+                    self.counters.skip_or_raise(e)
                     failed[n] = True
         good[own[todo[failed]]] = 0  # what a piece reads is decompressed whole: all of it or nothing
         return buf, u.base(m.step_bytes), good[u.owner]
@@ -418,9 +313,9 @@ class ShardSource:
             raw = mapped.anonymous(int(pos[-1]))
             reads = [(int(shard[bounds[r]]), int(runs.run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
                      for r in range(r0, r1)]
-            for r, err in zip(range(r0, r1), self._read_many(reads)):
+            for r, err in zip(range(r0, r1), self.shards.read_many(reads)):
                 if err is not None:
-                    self._skip_or_raise(self._name_member(err, seq[bounds[r] : bounds[r + 1]]))
+                    self.counters.skip_or_raise(self.members.name_member(err, seq[bounds[r] : bounds[r + 1]]))
                     failed[bounds[r] : bounds[r + 1]] = True
             n0, n1 = int(bounds[r0]), int(bounds[r1])
             run = runs.run[n0:n1]
@@ -488,93 +383,18 @@ class ShardSource:
                     header = bytearray(head)
                     if fill(src, memoryview(header)) < head:
                         raise self._size_error(0, len(out), i, k, off)
-                    self._check_header(bytes(header), i, k)
+                    self.members.check_header(bytes(header), i, k)
                 done = fill(src, memoryview(out).cast("B"))
                 extra = bool(src.read(1)) if done == len(out) else False
         except zstandard.ZstdError as e:
             raise self._zstd_error(e, i, k, off) from e
-        with self._lock:
-            self.stats.bytes_decompressed += head + done
+        self.counters.add(bytes_decompressed=head + done)
         if done < len(out) or extra:
             raise self._size_error(done, len(out), i, k, off, more=extra)
 
     def _zstd_error(self, e: Exception, i: int, k: int, off: int) -> ShardError:
-        return ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i), offset=off)
+        return self.members.error(f"cannot decompress member: {e}", i, k, off)
 
     def _size_error(self, got: int, nbytes: int, i: int, k: int, off: int, more: bool = False) -> ShardError:
         held = f"more than {nbytes}" if more else str(got)
-        return ShardError(f"member holds {held} data bytes here, the manifest implies {nbytes}",
-                          shard=self.shard_url(k), member=self._member(i), offset=off)
-
-    # -- raw reads with retries -----------------------------------------------------------------
-    def _read_many(self, runs: list[tuple[int, int, memoryview]]) -> list[ShardError | None]:
-        """Read (shard, offset, destination) runs; concurrently on remote storage (latency-bound)."""
-        if self.local or len(runs) < 2:
-            return [self._try_read(r) for r in runs]
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self._pool = ThreadPoolExecutor(max_workers=REMOTE_CONCURRENCY, thread_name_prefix="streamwin-get")
-        return list(self._pool.map(self._try_read, runs))
-
-    def _try_read(self, run: tuple[int, int, memoryview]) -> ShardError | None:
-        """Read one (shard, offset, destination) run; the ShardError instead of raising it."""
-        try:
-            self._read_into(*run)
-            return None
-        except ShardError as e:
-            return e
-
-    def _read_into(self, k: int, offset: int, out: memoryview) -> None:
-        if self.cache is not None:  # node-local copy: fetched once per node, verified, then read locally
-            f, hit = self._open_local(k, offset)
-            with f:
-                got = read_file(f, offset, out)
-            with self._lock:
-                self.stats.cache_hits += hit
-            if got < len(out):
-                raise ShardError(f"cached shard ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
-                                 shard=self.shard_url(k), offset=offset + got)
-        else:
-            self._read_direct(k, join(self.root, self.manifest.shards[k].name), offset, out)
-        with self._lock:
-            self.stats.bytes_read += len(out)
-            self.stats.reads += 1
-
-    def _read_direct(self, k: int, path: str, offset: int, out: memoryview) -> None:
-        """Fill ``out`` from the shard itself (local file or object), retrying transient errors.
-
-        Each attempt asks for everything from the first byte not yet in ``out``: a remote read
-        is one streamed GET, and when it breaks, the bytes it delivered stay (BrokenRead says
-        how many). ``retries`` bounds failures in a row: an attempt that delivered bytes before
-        it broke starts the count anew, so a long range on a flaky link goes on as long as it
-        advances.
-        """
-        done = 0
-        attempt = 0
-        while done < len(out):
-            try:
-                n = self._read_some(path, offset + done, out[done:])
-            except (FileNotFoundError, PermissionError) as e:
-                raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset + done) from e
-            except Exception as e:  # transient storage errors: retry from the byte where it broke
-                got = e.delivered if isinstance(e, BrokenRead) else 0
-                done += got
-                attempt = 1 if got else attempt + 1
-                if attempt > self.retries or permanent(e):
-                    raise ShardError(f"read {describe(e, self.retries)}", shard=self.shard_url(k),
-                                     offset=offset + done) from e
-                with self._lock:
-                    self.stats.retries += 1
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-                continue
-            if n == 0:
-                raise ShardError(f"shard ends early: wanted {len(out)} bytes at offset {offset}, got {done}",
-                                 shard=self.shard_url(k), offset=offset + done)
-            done += n
-            attempt = 0  # retries bound failures in a row; a read that keeps advancing goes on
-
-    def _read_some(self, path: str, offset: int, out: memoryview) -> int:
-        """Bytes read into the front of ``out`` from ``offset``; 0 when the shard ends there."""
-        if self.local:
-            return local_files.read_local(path, offset, out)
-        return self.ranges.read_into(path, offset, out)
+        return self.members.error(f"member holds {held} data bytes here, the manifest implies {nbytes}", i, k, off)

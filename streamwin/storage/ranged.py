@@ -64,6 +64,7 @@ class RangeReader:
         self._signed: dict[str, tuple[str, float]] = {}  # s3 path -> (presigned URL, when signed)
         self._lock = threading.Lock()
         self.kind = _streamable(fs)
+        self._pool: urllib3.PoolManager | None = None
         if self.kind is None:
             return
         opts = fs.client_kwargs if self.kind == "s3" else {**fs.client_kwargs, **fs.kwargs}
@@ -81,6 +82,11 @@ class RangeReader:
             timeout=urllib3.Timeout(connect=connect, read=read),
             # no retries of urllib3's own: every retry is streamwin's, counted and resumed at the byte
             retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5))
+
+    def close(self) -> None:
+        """Close the pooled connections (a later read opens new ones)."""
+        if self._pool is not None:
+            self._pool.clear()
 
     def read_into(self, path: str, offset: int, out: memoryview) -> int:
         if self.kind is not None:
