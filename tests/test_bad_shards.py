@@ -25,7 +25,7 @@ import pytest
 
 import streamwin as sw
 import streamwin.read.local as sw_local
-import streamwin.read.reader as sw_read
+import streamwin.read.plain as sw_plain
 from conftest import make_sequences
 from streamwin.formats.manifest import INDEX_NAME, parse_manifest
 
@@ -564,7 +564,7 @@ def test_skip_truncated_shard_delivers_every_readable_window(packed, tmp_path, h
         expected |= windows_of(packed.ref, k)
     assert expected and windows_of(packed.ref, key) - expected  # some of the victim's windows are readable
     if how == "read":
-        monkeypatch.setattr(sw_read, "MAX_MAPPED_RUNS", 0)  # read into memory instead of mapping
+        monkeypatch.setattr(sw_plain, "MAX_MAPPED_RUNS", 0)  # read into memory instead of mapping
     url = http_server(root).url_for("ds") if how == "http" else ds
     batches, stats, runtime = run_skipping(url)
     lost = check_skipped_epoch(batches, packed.ref, packed.seqs, stats)
@@ -600,7 +600,7 @@ def test_skip_unreadable_bytes_mid_run_keep_the_members_after_them(packed, tmp_p
         return real_read(path, offset, out)
 
     monkeypatch.setattr(sw_local, "read_local", disk)
-    monkeypatch.setattr(sw_read, "MAX_MAPPED_RUNS", 0)
+    monkeypatch.setattr(sw_plain, "MAX_MAPPED_RUNS", 0)
     expected = {(key, s) for key_, s in windows_of(packed.ref, key) if s + W + H > bad_step}
     assert expected and windows_of(packed.ref, key) - expected
     batches, stats, runtime = run_skipping(ds, retries=0)

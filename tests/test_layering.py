@@ -15,7 +15,7 @@ ORDER = [
     "plan.split", "plan.epoch", "plan.mix", "plan",
     "packing.inputs", "packing.pack", "packing.scan", "packing",
     "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.transport",
-    "read.local", "read.remote", "read.cached", "read.inflate", "read.reader",
+    "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed", "read.reader",
     "read",
     "batch", "nodes", "dataset",
     "feed.device", "feed.slots", "feed.workers", "feed.passes", "feed",
