@@ -28,7 +28,7 @@ from streamwin.formats.manifest import Manifest
 from streamwin.plan.mix import MixPlan, normalized, plan_epoch, rest_mix
 from streamwin.nodes import Batcher, BlockReader, MixBatcher, ShipOrder, ThreadPrefetcher
 from streamwin.plan.epoch import Plan, PlanConfig, WindowIndex, WindowSpec, make_plan, rest_plan
-from streamwin.read.reader import ReadStats, ShardSource, zstd_slice_windows
+from streamwin.read import ReadOptions, ReadStats, ShardReader, zstd_slice_windows
 from streamwin.plan.split import SplitSpec, split_views
 from streamwin.storage.manifests import load_manifest
 from streamwin.world import resolve
@@ -480,10 +480,11 @@ class SourceGroup:
         return out
 
 
-def open_source(ds: WindowDataset) -> ShardSource:
+def open_source(ds: WindowDataset) -> ShardReader:
     """The reader of the dataset's shards (with its node cache, retries and error policy)."""
-    return ShardSource(ds.url, ds.manifest, storage_options=ds.storage_options, retries=ds.retries,
-                       backoff=ds.retry_backoff, on_error=ds.on_error, cache=ds._cache())
+    options = ReadOptions(storage_options=ds.storage_options, retries=ds.retries, retry_backoff=ds.retry_backoff,
+                          on_error=ds.on_error, cache_dir=ds.cache_dir, cache_limit=ds.cache_limit)
+    return ShardReader(ds.url, ds.manifest, options)
 
 
 def open_blocks(ds: WindowDataset, plan: Plan | MixPlan, stream: int, first_batch: int) -> tuple[ShipOrder,

@@ -15,7 +15,7 @@ from torchdata.nodes import BaseNode
 from streamwin.batch import Gatherer
 from streamwin.plan.mix import quota_positions
 from streamwin.plan.epoch import Plan
-from streamwin.read.reader import Block, ShardSource
+from streamwin.read import Block, ShardReader
 
 
 class BlockReader(BaseNode[Block]):
@@ -23,7 +23,7 @@ class BlockReader(BaseNode[Block]):
 
     BLOCK_KEY = "block"
 
-    def __init__(self, source: ShardSource, plan: Plan, stream: int, *, readahead: int = 1,
+    def __init__(self, source: ShardReader, plan: Plan, stream: int, *, readahead: int = 1,
                  transform: Callable[[Block], Any] | None = None):
         super().__init__()
         self.source, self.plan, self.stream, self.readahead = source, plan, stream, readahead

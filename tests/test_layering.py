@@ -14,7 +14,7 @@ ORDER = [
     "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.split", "plan.epoch", "plan.mix", "plan",
     "packing.inputs", "packing.pack", "packing.scan", "packing",
-    "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.transport",
+    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.transport",
     "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed", "read.reader",
     "read",
     "batch", "nodes", "dataset",

@@ -39,6 +39,7 @@ class Block:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the block's buffer (the read-ahead's memory)."""
         return self.buf.nbytes
 
 

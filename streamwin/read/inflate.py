@@ -165,5 +165,6 @@ class Inflater:
             raise self._size_error(done, len(out), i, k, off, more=extra)
 
     def _size_error(self, got: int, nbytes: int, i: int, k: int, off: int, more: bool = False) -> ShardError:
+        """A unit that holds ``got`` data bytes (or ``more`` than expected) where the manifest implies ``nbytes``."""
         held = f"more than {nbytes}" if more else str(got)
         return self.members.error(f"member holds {held} data bytes here, the manifest implies {nbytes}", i, k, off)

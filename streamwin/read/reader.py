@@ -19,13 +19,12 @@ byte offset (or, with on_error="skip", windows of weight 0, counted).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from streamwin.formats import npy as npyfmt
 from streamwin.formats.manifest import Manifest
-from streamwin.plan.epoch import Plan
 from streamwin.read.block import READABLE, Block, ReadStats
 from streamwin.read.cached import CachedShards
 from streamwin.read.compressed import CompressedReads
@@ -33,6 +32,7 @@ from streamwin.read.counts import Counters
 from streamwin.read.frames import zstd_slice_windows
 from streamwin.read.local import LocalShards
 from streamwin.read.members import Members
+from streamwin.read.options import ReadOptions
 from streamwin.read.pieces import land, pieces
 from streamwin.read.plain import PlainReads
 from streamwin.read.remote import RemoteShards
@@ -42,26 +42,39 @@ from streamwin.storage import mapped
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.urls import is_local, url_to_fs
 
-__all__ = ["READABLE", "Block", "ReadStats", "ShardSource", "zstd_slice_windows"]
+__all__ = ["READABLE", "Block", "BlockPlan", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]
 
 
-class ShardSource:
-    """Reads the blocks of a plan from a dataset's shards (any fsspec URL)."""
+class BlockPlan(Protocol):
+    """What the reader asks of one source's plan (streamwin.plan's ``Plan``)."""
 
-    def __init__(self, url: str, manifest: Manifest, *, storage_options: dict[str, Any] | None = None,
-                 retries: int = 5, backoff: float = 0.2, on_error: str = "raise", cache: ShardCache | None = None):
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    config: Any  # .spec.span: steps a window reads (window + horizon)
+
+    def block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(global window indices in stream order, which are real, the shuffle of the block or None)."""
+
+    def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sequence, first step) of windows ``g``."""
+
+    def ends(self, seq: np.ndarray) -> np.ndarray:
+        """Where each sequence ends in the plan's view (a split may end it early)."""
+
+
+class ShardReader:
+    """Reads the blocks of a plan from a dataset's shards (any fsspec URL), as ``options`` say.
+
+    Args:
+        url: the dataset's root (local path or fsspec URL).
+        manifest: its manifest, which every read and header is checked against.
+        options: storage options, retries, on_error and the node cache (see ReadOptions).
+    """
+
+    def __init__(self, url: str, manifest: Manifest, options: ReadOptions | None = None):
+        self.options = options = options if options is not None else ReadOptions()
         self.manifest = manifest
         self.members = Members(url, manifest)
-        self.counters = Counters(on_error)
-        fs, root = url_to_fs(url, storage_options, own_retries=True)
-        if cache is not None:  # node-local copies: fetched once per node, verified, then read locally
-            self.shards: Transport = CachedShards(cache, fs, root, self.members, self.counters)
-        elif is_local(fs):
-            self.shards = LocalShards(root, self.members, self.counters, retries=retries, backoff=backoff)
-        else:
-            self.shards = RemoteShards(fs, root, self.members, self.counters, retries=retries, backoff=backoff)
+        self.counters = Counters(options.on_error)
+        self.shards = _transport(url, self.members, self.counters, options)
         if manifest.compression:
             self.reads: PlainReads | CompressedReads = CompressedReads(self.shards, self.members, self.counters)
         else:  # local and cached shards are mapped, not read: the gather then copies straight from the page cache
@@ -75,7 +88,7 @@ class ShardSource:
         """What reading has cost so far (bytes, requests, retries, skips, cache hits)."""
         return self.counters.stats
 
-    def read_block(self, plan: Plan, stream: int, block: int) -> Block:
+    def read_block(self, plan: BlockPlan, stream: int, block: int) -> Block:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""
         with self._lock:
             self._unmap.clear()
@@ -116,3 +129,20 @@ class ShardSource:
             with self._lock:
                 self._unmap.append(base)
         block.buf = block.buf_tensor = None
+
+    def shutdown(self) -> None:
+        """Stop the GET threads and close the pooled connections (call with no read in flight; a later read
+        starts them anew)."""
+        self.shards.shutdown()
+
+
+def _transport(url: str, members: Members, counters: Counters, options: ReadOptions) -> Transport:
+    """How the shards at ``url`` are read: through the node cache if ``options`` name one, else directly."""
+    fs, root = url_to_fs(url, options.storage_options, own_retries=True)
+    retries, backoff = options.retries, options.retry_backoff
+    if options.cache_dir is not None:  # node-local copies: fetched once per node, verified, then read locally
+        cache = ShardCache(options.cache_dir, limit_bytes=options.cache_limit, retries=retries, backoff=backoff)
+        return CachedShards(cache, fs, root, members, counters)
+    if is_local(fs):
+        return LocalShards(root, members, counters, retries=retries, backoff=backoff)
+    return RemoteShards(fs, root, members, counters, retries=retries, backoff=backoff)
