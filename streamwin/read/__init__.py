@@ -14,4 +14,4 @@ from streamwin.read.frames import zstd_slice_windows
 from streamwin.read.options import ReadOptions
 from streamwin.read.reader import ShardReader
 
-__all__ = ["READABLE", "Block", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]
+__all__ = ["Block", "READABLE", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]

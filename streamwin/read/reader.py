@@ -42,7 +42,8 @@ from streamwin.storage import mapped
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.urls import is_local, url_to_fs
 
-__all__ = ["READABLE", "Block", "BlockPlan", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]
+# batch.py and feed/device.py import Block from here; the rest of the library imports from streamwin.read
+__all__ = ["Block", "BlockPlan", "READABLE", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]
 
 
 class BlockPlan(Protocol):

@@ -89,6 +89,7 @@ class RangeReader:
             self._pool.clear()
 
     def read_into(self, path: str, offset: int, out: memoryview) -> int:
+        """Fill a prefix of ``out`` with the object's bytes from ``offset``: how many (0 past the object's end)."""
         if self.kind is not None:
             url = self._url(path)
             if url is not None:
@@ -98,6 +99,8 @@ class RangeReader:
         return len(data)
 
     def _url(self, path: str, fresh: bool = False) -> str | None:
+        """Where a GET of ``path`` goes (s3: a presigned URL, cached for half its life or signed anew when
+        ``fresh``); None once no URL can be signed (the caller uses cat_file)."""
         if self.kind == "http":  # quoted as fsspec's own client would send it
             encode = getattr(self.fs, "encode_url", None)
             return str(encode(path)) if encode is not None else path
