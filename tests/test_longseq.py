@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
+from streamwin.read import ReadOptions, ShardReader
 from streamwin.read import inflate as inflate_mod
 
 W, S, H, B = 16, 1, 2, 32
@@ -164,8 +165,6 @@ def test_zstd_frames_are_read_and_decompressed_about_once(options, http_server, 
     windows, and each slice read and decompressed every frame it touched. The long member
     (10 MB) is larger than the reader's frame cache.
     """
-    from streamwin.dataset import open_source
-
     rng = np.random.default_rng(1)
     seqs = {"long": np.repeat(np.arange(640_000, dtype=np.float32)[:, None], F, axis=1)}
     seqs |= {f"s{i:03d}": rng.standard_normal((int(t), F)).astype(np.float32) for i, t in
@@ -175,7 +174,7 @@ def test_zstd_frames_are_read_and_decompressed_about_once(options, http_server, 
     assert m.frames is not None and m.length.max() * m.step_bytes > 2 * inflate_mod.FRAME_CACHE_BYTES
     srv = http_server(tmp_path)
     ds = sw.WindowDataset(srv.url_for("ds"), **(dict(window=W, stride=4, horizon=H, batch_size=B, seed=5) | options))
-    plan, source = ds.plan(), open_source(ds)
+    plan, source = ds.plan(), ShardReader(ds.url, ds.manifest, ReadOptions())
     seen = 0
     steps = np.arange(W + H)
     for k in range(plan.num_blocks(0)):
