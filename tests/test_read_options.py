@@ -14,7 +14,8 @@ BAD = [
     ("retry_backoff", -0.1), ("retry_backoff", float("nan")), ("retry_backoff", float("inf")), ("retry_backoff", "1"),
     ("retry_backoff", False), ("on_error", "ignore"), ("on_error", None), ("on_error", 1),
     ("storage_options", ["anon"]), ("storage_options", "anon=True"),
-    ("cache_dir", 3), ("cache_dir", b"/tmp"), ("cache_limit", -5), ("cache_limit", 1e9), ("cache_limit", np.bool_(True)),
+    ("cache_dir", 3), ("cache_dir", b"/tmp"),
+    ("cache_limit", -5), ("cache_limit", 1e9), ("cache_limit", np.bool_(True)),
 ]
 
 

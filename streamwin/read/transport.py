@@ -90,13 +90,14 @@ class Retrying:
 
     def fill(self, read_some: Callable[[str, int, memoryview], int], path: str, k: int, offset: int,
              out: memoryview) -> None:
-        """Fill ``out`` from byte ``offset`` of shard k (at ``path``); ``read_some`` returns the bytes it read, 0 at the end."""
+        """Fill ``out`` from byte ``offset`` of shard k (at ``path``) by ``read_some`` calls (0: the shard ends)."""
         done = attempt = 0
         while done < len(out):
             try:
                 n = read_some(path, offset + done, out[done:])
             except (FileNotFoundError, PermissionError) as e:
-                raise ShardError(f"cannot open shard: {e}", shard=self.members.shard_url(k), offset=offset + done) from e
+                raise ShardError(f"cannot open shard: {e}", shard=self.members.shard_url(k),
+                                 offset=offset + done) from e
             except Exception as e:  # transient storage errors: retry from the byte where it broke
                 got = e.delivered if isinstance(e, BrokenRead) else 0
                 done += got
