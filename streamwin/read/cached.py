@@ -36,11 +36,11 @@ class CachedShards(Transport):
         f, hit = self.open_file(k, offset)
         with f:
             got = read_file(f, offset, out)
-        self.counters.add(cache_hits=hit)
         if got < len(out):
+            self.counters.add(cache_hits=hit)
             raise ShardError(f"cached shard ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
                              shard=self.members.shard_url(k), offset=offset + got)
-        self.counters.add(bytes_read=len(out), reads=1)
+        self.counters.read(len(out), hit)
 
     def open_file(self, k: int, offset: int) -> tuple[BinaryIO, bool]:
         """The shard's cached copy, fetched first if needed; fetched again, once, if another process evicted

@@ -20,6 +20,14 @@ class Counters:
         self.on_error = on_error
         self._lock = threading.Lock()
 
+    def read(self, nbytes: int, hit: bool = False) -> None:
+        """Count one read of ``nbytes`` (``hit``: from the node cache's copy); the most frequent count, kept cheap."""
+        with self._lock:
+            stats = self.stats
+            stats.bytes_read += nbytes
+            stats.reads += 1
+            stats.cache_hits += hit
+
     def add(self, **counts: int) -> None:
         """Add to the named counters (ReadStats fields)."""
         with self._lock:

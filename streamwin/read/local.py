@@ -22,7 +22,7 @@ class LocalShards(Transport):
 
     def read_into(self, k: int, offset: int, out: memoryview) -> None:
         self.retrying.fill(read_local, self.path(k), k, offset, out)
-        self.counters.add(bytes_read=len(out), reads=1)
+        self.counters.read(len(out))
 
     def open_file(self, k: int, offset: int) -> tuple[BinaryIO, bool]:
         try:
@@ -51,7 +51,7 @@ def map_range(shards: Transport, target: mapped.MappedBuffer, at: int, k: int, l
         start = mapped.page_floor(lo)
         if end > lo:
             target.map_file(at - (lo - start), f.fileno(), start, end - start)  # OSError: the caller reads
-    shards.counters.add(bytes_read=max(end - lo, 0), reads=1, cache_hits=hit)
+    shards.counters.read(max(end - lo, 0), hit)
     if end < hi:
         raise ShardError(f"shard ends early: wanted bytes {lo}..{hi}, the file has {size}",
                          shard=shards.members.shard_url(k), offset=max(size, lo))

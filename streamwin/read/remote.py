@@ -24,7 +24,7 @@ class RemoteShards(Transport):
 
     def read_into(self, k: int, offset: int, out: memoryview) -> None:
         self.retrying.fill(self.ranges.read_into, self.path(k), k, offset, out)
-        self.counters.add(bytes_read=len(out), reads=1)
+        self.counters.read(len(out))
 
     def shutdown(self) -> None:
         """Stop the GET threads and close the pooled connections."""

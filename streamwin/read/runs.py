@@ -72,8 +72,9 @@ def plain_runs(m: Manifest, p: Pieces) -> PlainRuns:
     sb = m.step_bytes
     seq = p.seq
     shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
-    data0 = m.offset[seq] + m.hlen[seq]
-    lo = np.where(p.s_lo == 0, m.offset[seq], data0 + p.s_lo * sb)  # from step 0: include the npy header
+    header, hlen = m.offset[seq], m.hlen[seq]
+    data0 = header + hlen
+    lo = np.where(p.s_lo == 0, header, data0 + p.s_lo * sb)  # from step 0: include the npy header
     hi = data0 + p.s_hi * sb
     new = np.ones(len(seq), dtype=bool)
     gap = lo[1:] - hi[:-1]
@@ -82,7 +83,7 @@ def plain_runs(m: Manifest, p: Pieces) -> PlainRuns:
     new[1:] = (shard[1:] != shard[:-1]) | (gap > room)
     first = np.flatnonzero(new)
     run_hi = np.maximum.reduceat(hi, first) if len(first) else hi
-    return PlainRuns(seq, p.s_lo, lo, hi, data0, m.offset[seq], m.hlen[seq], np.cumsum(new) - 1,
+    return PlainRuns(seq, p.s_lo, lo, hi, data0, header, hlen, np.cumsum(new) - 1,
                      np.append(first, len(seq)), shard[first], lo[first], run_hi, sb)
 
 
