@@ -23,7 +23,7 @@ import torch
 
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.options import WindowSpec
-from streamwin.read.reader import Block
+from streamwin.read import Block
 
 ALIGN = 64  # each field starts on a cache line
 

@@ -23,13 +23,13 @@ from streamwin.batch import Gatherer
 from streamwin.dataset import WindowDataset
 from streamwin.nodes import Batcher, BlockReader, ShipOrder
 from streamwin.plan.epoch import Plan
-from streamwin.read.reader import ReadStats, ShardSource
+from streamwin.read import ReadStats, ShardReader
 
 
 class Stream:
     """A running stream: its top node (batches, or a worker's blocks to ship) and the shard readers under it."""
 
-    def __init__(self, node: Any, batcher: Any, readers: list[ShardSource]):
+    def __init__(self, node: Any, batcher: Any, readers: list[ShardReader]):
         self.node, self.batcher, self.readers = node, batcher, readers
 
     def __iter__(self):
@@ -47,9 +47,12 @@ class Stream:
         return out
 
     def shutdown(self) -> None:
-        """Stop the stream's threads: the prefetcher's (dropped: torchdata stops it then), then the readers'."""
+        """Stop the stream's threads: the prefetcher's (dropped: torchdata stops it then), the read-ahead
+        threads, then the shard readers' GET threads and connections."""
         self.node = None
         self.batcher.shutdown()
+        for reader in self.readers:
+            reader.shutdown()
 
 
 def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,

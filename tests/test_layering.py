@@ -9,7 +9,7 @@ import streamwin
 PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
-    "errors", "world",
+    "errors", "arguments", "world",
     "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.options", "plan.split", "plan.space", "plan.order", "plan.streams", "plan.mix", "plan.epoch", "plan",
@@ -18,6 +18,8 @@ ORDER = [
     "packing.inputs.iterable", "packing.inputs.units", "packing.inputs", "packing.nonfinite", "packing.encode",
     "packing.records", "packing.columns", "packing.writer", "packing.tasks", "packing.parallel", "packing.parts",
     "packing.pack", "packing.scanner", "packing.scan", "packing",
+    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames",
+    "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "source", "batch", "nodes", "dataset", "pipeline",
     "feed.stats", "feed.device", "feed.slots", "feed.protocol", "feed.worker", "feed.pool", "feed.feeds",
@@ -25,7 +27,7 @@ ORDER = [
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__",
 ]
-PURE = {"errors", "formats", "storage", "plan", "packing", "read", "state", "source"}  # no torch, no torchdata
+PURE = {"errors", "arguments", "formats", "storage", "plan", "packing", "read", "state", "source"}  # no torch, no torchdata
 READ_SIDE = {"plan", "read", "state", "source", "batch", "nodes", "dataset", "pipeline", "feed", "loader"}
 
 

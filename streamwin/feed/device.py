@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from streamwin.batch import BatchKeys
-from streamwin.read.reader import Block
+from streamwin.read import Block
 
 
 @dataclass

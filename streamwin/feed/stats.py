@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from streamwin.read.reader import ReadStats
+from streamwin.read import ReadStats
 
 STAT_FIELDS = tuple(f.name for f in fields(ReadStats))  # read counters, in the order workers publish them
 

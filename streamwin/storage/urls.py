@@ -41,10 +41,12 @@ def url_to_fs(url: str, storage_options: dict[str, Any] | None = None, *,
 
 
 def join(root: str, name: str) -> str:
+    """``name`` under directory ``root`` of a filesystem, with posix separators (no root: ``name`` itself)."""
     return posixpath.join(root.rstrip("/"), name) if root else name
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs`` is the local filesystem: its files can be opened, mapped and renamed directly."""
     return isinstance(fs, LocalFileSystem)
 
 
@@ -70,6 +72,7 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes | list) -
 
 
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Remove ``path`` from ``fs`` if it is there."""
     try:
         if fs.exists(path):
             fs.rm(path)
