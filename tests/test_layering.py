@@ -102,3 +102,27 @@ def test_packing_knows_nothing_of_the_read_side():
 def test_public_names_are_sorted_and_exist():
     assert streamwin.__all__ == sorted(streamwin.__all__)
     assert all(hasattr(streamwin, n) for n in streamwin.__all__)
+
+
+def test_modules_and_classes_stay_small():
+    """A module over 400 lines or a class over 300 is two things that want to be apart (issue 19)."""
+    big = []
+    for p in sorted(PKG.rglob("*.py")):
+        src = p.read_text()
+        if src.count("\n") > 400:
+            big.append(f"{p.relative_to(PKG)}: {src.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno > 300:
+                big.append(f"{p.relative_to(PKG)}: class {node.name} of {node.end_lineno - node.lineno} lines")
+    assert not big, big
+
+
+def test_no_module_reaches_into_another_objects_private_attributes():
+    """``x._name`` only for x = self or cls: another object's state is changed through its methods."""
+    reach = []
+    for p in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                reach.append(f"{p.relative_to(PKG)}:{node.lineno} .{node.attr}")
+    assert not reach, reach

@@ -47,7 +47,7 @@ __all__ = ["Block", "BlockPlan", "READABLE", "ReadOptions", "ReadStats", "ShardR
 
 
 class BlockPlan(Protocol):
-    """What the reader asks of one source's plan (streamwin.plan's ``Plan``)."""
+    """What the reader asks of one source's plan (streamwin.plan's ``SourcePlan``)."""
 
     config: Any  # .spec.span: steps a window reads (window + horizon)
 
