@@ -4,9 +4,9 @@ None of them cuts overlapping windows at read time from variable-length records,
 the way its documentation does fixed-size samples:
 
 - ``mosaic``: every window a sample of an MDS dataset (``MDSWriter``, column ``ndarray:float32:256,8``),
-  read by ``StreamingDataset(local, shuffle=True, batch_size)`` + ``StreamingDataLoader``. Ranks
-  are simulated as Mosaic reads them, from RANK / WORLD_SIZE / LOCAL_WORLD_SIZE at construction
-  (one rank per node, so no two simulated ranks share its per-node shared memory).
+  read by ``StreamingDataset(local, shuffle=True, batch_size)`` + ``StreamingDataLoader``. It reads
+  the world from torchrun's variables and rendezvouses over torch.distributed, which the checks'
+  rank processes provide (one node).
 - ``litdata``: every window an item of ``litdata.optimize`` chunks, read by
   ``StreamingDataset(dir, shuffle=True, seed)`` + ``StreamingDataLoader``. Ranks are simulated by
   giving the dataset the ``_DistributedEnv`` it would detect from torch.distributed.
@@ -73,10 +73,9 @@ class Mosaic(System):
     def build(self, corpus, store, p, workers, rank=0, world=1):
         from streaming import StreamingDataLoader, StreamingDataset  # noqa: PLC0415
 
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
-        local = _rank_view(store, rank, world)
-        dataset = StreamingDataset(local=str(local), shuffle=True, shuffle_seed=p.seed, batch_size=p.batch_size)
+        if world == 1:  # Mosaic reads the world from torchrun's variables (the checks' ranks set them)
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        dataset = StreamingDataset(local=str(store), shuffle=True, shuffle_seed=p.seed, batch_size=p.batch_size)
         return StreamingDataLoader(dataset, batch_size=p.batch_size, num_workers=workers)
 
 
@@ -85,7 +84,7 @@ def _import_streaming() -> None:
 
     ``streaming/__init__`` imports its vision datasets, which import torchvision; PyPI's torchvision
     wheels are CUDA builds that do not load beside a CPU build of torch (and nothing here uses
-    them), so where ``import torchvision`` fails, an empty module with the two names those files
+    them), so where ``import torchvision`` fails, an empty module with the names those files
     import takes its place."""
     import importlib.machinery  # noqa: PLC0415
     import types  # noqa: PLC0415
@@ -104,20 +103,6 @@ def _import_streaming() -> None:
         stubs["torchvision.transforms.functional"].to_tensor = lambda x: x
         sys.modules.update(stubs)
     import streaming  # noqa: F401, PLC0415
-
-
-def _rank_view(store: Path, rank: int, world: int) -> Path:
-    """The MDS directory itself for one rank; else a directory of links to it per simulated rank.
-
-    Mosaic refuses two datasets over one ``local`` directory on a machine (its per-node shared
-    memory is keyed by it); simulated ranks each get their own directory of symlinks."""
-    if world == 1 and rank == 0:
-        return store
-    view = store.parent / f"{store.name}-views" / f"{world}-{rank}-{os.getpid()}-{id(object())}"
-    view.mkdir(parents=True)
-    for f in store.iterdir():
-        (view / f.name).symlink_to(f)
-    return view
 
 
 class LitData(System):
