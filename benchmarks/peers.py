@@ -170,6 +170,15 @@ def _median(records: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def after_first(record: dict[str, Any]) -> dict[str, Any]:
+    """{"rate": windows/s after the first batch} of a rate record: the rate once the pool is full."""
+    if "error" in record or not record.get("batches", 0) > 1:
+        return {"rate": None}
+    seconds = record["seconds"] - (record["first_batch_s"] - record["setup_s"])
+    per_batch = record["windows"] / record["batches"]
+    return {"rate": (record["windows"] - per_batch) / seconds if seconds > 0 else None}
+
+
 def summarize(records: list[dict[str, Any]], systems: Sequence[str], workers: Sequence[int],
               stores: dict[str, dict[str, Any]], checks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per system: median rates, data-wait vs the median floor, peak PSS, disk, first batch, checks."""
@@ -186,6 +195,7 @@ def summarize(records: list[dict[str, Any]], systems: Sequence[str], workers: Se
             row[f"windows_per_s_w{w}"] = _median(rate, "windows_per_s")
             row[f"peak_pss_mb_w{w}"] = max((r["peak_pss_mb"] for r in rate if "error" not in r), default=None)
             row[f"first_batch_s_w{w}"] = _median(rate, "first_batch_s")
+            row[f"windows_per_s_after_first_w{w}"] = _median([after_first(r) for r in rate], "rate")
         step = _median(pick("feed", s), "step_ms")
         row["step_ms"], row["floor_ms"] = step, floor
         row["data_wait"] = 1 - floor / step if step and floor else None
@@ -221,6 +231,13 @@ def markdown_table(rows: list[dict[str, Any]], workers: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def _short_rate(value: float | None) -> str:
+    """A bar's label: 752k, 3.8k, 203."""
+    if not value:
+        return "–"
+    return f"{value / 1e3:,.0f}k" if value >= 1e4 else f"{value / 1e3:.1f}k" if value >= 1e3 else f"{value:.0f}"
+
+
 def plot(rows: list[dict[str, Any]], workers: Sequence[int], path: Path, title: str) -> None:
     """windows/s per system and worker count, data-wait with 1 worker, the checks under each name."""
     import matplotlib  # noqa: PLC0415
@@ -236,9 +253,13 @@ def plot(rows: list[dict[str, Any]], workers: Sequence[int], path: Path, title: 
         rates = [r[f"windows_per_s_w{w}"] or 0.0 for r in rows]
         xs = [j + (i - (len(workers) - 1) / 2) * width for j in range(len(rows))]
         bars = ax.bar(xs, rates, width, label=f"num_workers={w}")
-        ax.bar_label(bars, labels=[f"{v / 1e3:,.0f}k" if v else "–" for v in rates], fontsize=6, rotation=90)
+        ax.bar_label(bars, labels=[_short_rate(v) for v in rates], fontsize=6, rotation=90, padding=2)
+    ax.set_yscale("log")
+    top = max((r[f"windows_per_s_w{w}"] or 0.0 for r in rows for w in workers), default=0.0)
+    if top:
+        ax.set_ylim(top=top * 4)  # room for the labels
     ax.set_xticks(range(len(rows)), names, fontsize=7)
-    ax.set_ylabel("windows / s (one epoch or --seconds)")
+    ax.set_ylabel("windows / s (log; one epoch or --seconds)")
     ax.legend(fontsize=7)
     ax.set_title("loader alone; R exact resume, E elastic 2→3, S equal steps (checks run)", fontsize=8)
     waits = [100 * (r["data_wait"] or 0.0) for r in rows]
@@ -282,6 +303,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child")
     parser.add_argument("--out", type=Path, help="JSON results (default bench_data/peers[-quick].json)")
     parser.add_argument("--plot", type=Path, help="PNG (default: --out with .png)")
+    parser.add_argument("--replot", type=Path, help="print the table and draw the plot of a saved JSON, run nothing")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick = args.quick
@@ -398,7 +420,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child_main(args.child)
         return 0
+    if args.replot:
+        return replot(args)
     return parent_main(args)
+
+
+def replot(args: argparse.Namespace) -> int:
+    """The table and the plot of a saved run (--replot JSON), without running anything."""
+    saved = json.loads(args.replot.read_text())
+    rows = saved["summary"]
+    workers = sorted(int(k.rsplit("_w", 1)[1]) for k in rows[0] if k.startswith("windows_per_s_w"))
+    print(markdown_table(rows, workers))
+    path = args.plot or args.replot.with_suffix(".png")
+    plot(rows, workers, path, f"streamwin and its peers: {saved['title']}")
+    print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
