@@ -10,7 +10,8 @@ Per system, each in a fresh child process, repeats interleaved (A, B, C, ..., th
 system's cases back to back after its files are read into the page cache):
   windows/s       at each --workers count, from iter() to the epoch's end or --seconds
   data-wait       1 - floor / step of gpu_feed.py's simulated step (4 ms holding the interpreter,
-                  1 ms asleep) fed with 1 worker; floor = the same step fed preallocated batches
+                  1 ms asleep) fed with 1 worker; floor = the same step fed preallocated batches,
+                  measured just before it; median over repeats
   peak PSS        of the child and its workers (sampled every 0.1 s), at workers 0 and 2
   on disk         bytes of what the system reads (its converted copy, where it needs one)
   first batch     seconds from constructing the loader to the first batch, workers 0
@@ -68,7 +69,7 @@ def run_child(python: str, job: dict[str, Any], timeout: float) -> dict[str, Any
         sampler.stop()
     wall = time.perf_counter() - wall_before
     record = throughput._parse_record(stdout)
-    base = {k: job[k] for k in ("kind", "system", "workers", "repeat") if k in job}
+    base = {k: job[k] for k in ("kind", "system", "workers", "repeat", "pair") if k in job}
     if record is None or child.returncode != 0:
         record = {"error": f"exit {child.returncode}", "stderr_tail": stderr[-2500:]}
     cpu_after = throughput._busy_cpu_seconds()
@@ -143,7 +144,7 @@ def _remove(path: Path) -> None:
 
 
 def plan(systems: Sequence[str], workers: Sequence[int], repeats: int) -> list[dict[str, Any]]:
-    """Jobs in run order: per repeat, every system in turn (its rates, then its feed), then the floor.
+    """Jobs in run order: per repeat, every system in turn: its rates, the floor, its feed.
 
     A system's cases run back to back so that its files, read into the page cache once before
     them (:func:`warm`), stay there: the converted copies together outgrow this machine's memory."""
@@ -151,8 +152,8 @@ def plan(systems: Sequence[str], workers: Sequence[int], repeats: int) -> list[d
     for r in range(repeats):
         for s in systems:
             jobs += [{"kind": "rate", "system": s, "workers": w, "repeat": r} for w in workers]
+            jobs.append({"kind": "feed", "system": "floor", "workers": 0, "repeat": r, "pair": s})
             jobs.append({"kind": "feed", "system": s, "workers": FEED_WORKERS, "repeat": r})
-        jobs.append({"kind": "feed", "system": "floor", "workers": 0, "repeat": r})
     return jobs
 
 
@@ -179,13 +180,22 @@ def after_first(record: dict[str, Any]) -> dict[str, Any]:
     return {"rate": (record["windows"] - per_batch) / seconds if seconds > 0 else None}
 
 
+def feed_summary(feeds: list[dict[str, Any]], floors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median step, median floor, and the median over repeats of 1 - floor / step, each step paired
+    with the floor measured just before it (the machine's load drifts between repeats)."""
+    floor_of = {r["repeat"]: r["step_ms"] for r in floors if "error" not in r}
+    waits = [{"w": 1 - floor_of[r["repeat"]] / r["step_ms"]} for r in feeds
+             if "error" not in r and r["repeat"] in floor_of]
+    return {"step_ms": _median(feeds, "step_ms"), "floor_ms": _median(floors, "step_ms"),
+            "data_wait": _median(waits, "w")}
+
+
 def summarize(records: list[dict[str, Any]], systems: Sequence[str], workers: Sequence[int],
               stores: dict[str, dict[str, Any]], checks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per system: median rates, data-wait vs the median floor, peak PSS, disk, first batch, checks."""
     def pick(kind: str, system: str, w: int | None = None) -> list[dict[str, Any]]:
         return [r for r in records if r["kind"] == kind and r["system"] == system and (w is None or r["workers"] == w)]
 
-    floor = _median(pick("feed", "floor"), "step_ms")
     rows = []
     for s in systems:
         row: dict[str, Any] = {"system": s, "disk_bytes": stores.get(s, {}).get("disk_bytes"),
@@ -196,9 +206,7 @@ def summarize(records: list[dict[str, Any]], systems: Sequence[str], workers: Se
             row[f"peak_pss_mb_w{w}"] = max((r["peak_pss_mb"] for r in rate if "error" not in r), default=None)
             row[f"first_batch_s_w{w}"] = _median(rate, "first_batch_s")
             row[f"windows_per_s_after_first_w{w}"] = _median([after_first(r) for r in rate], "rate")
-        step = _median(pick("feed", s), "step_ms")
-        row["step_ms"], row["floor_ms"] = step, floor
-        row["data_wait"] = 1 - floor / step if step and floor else None
+        row.update(feed_summary(pick("feed", s), [r for r in pick("feed", "floor") if r.get("pair") == s]))
         row["errors"] = [r["error"] for r in records if r["system"] == s and "error" in r]
         row.update({k: checks.get(s, {}).get(k, "n/a: not run") for k in CHECK_NAMES})
         rows.append(row)

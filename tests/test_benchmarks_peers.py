@@ -95,5 +95,7 @@ def test_the_table_and_files(run):
         assert any(ln.startswith(f"| {system} |") for ln in rows), system
     saved = json.loads(open(os.path.join(out, "peers.json")).read())
     assert {r["system"] for r in saved["summary"]} == set(SYSTEMS)
+    for row in saved["summary"]:  # each feed paired with the floor measured just before it
+        assert row["data_wait"] is not None and row["floor_ms"] >= 5.0, row
     with open(os.path.join(out, "peers.png"), "rb") as png:
         assert png.read(4) == b"\x89PNG"
