@@ -102,6 +102,20 @@ def interpreters(systems: Sequence[System], pythons: Sequence[str]) -> dict[str,
             for s in systems}
 
 
+def versions(pythons: Sequence[str]) -> dict[str, dict[str, str | None]]:
+    """The packages' versions in each interpreter (the peers may run in a venv of their own)."""
+    names = ("torch", "torchdata", "numpy", "streamwin", "webdataset", "mosaicml-streaming", "litdata", "datasets")
+    probe = ("import json, sys\nfrom importlib import metadata\n"
+             "def v(n):\n    try:\n        return metadata.version(n)\n"
+             "    except metadata.PackageNotFoundError:\n        return None\n"
+             "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    out = {}
+    for python in pythons:
+        run = subprocess.run([python, "-c", probe, *names], capture_output=True, text=True, cwd=str(HERE))
+        out[python] = json.loads(run.stdout) if run.returncode == 0 else {}
+    return out
+
+
 # =========================================================================== preparing stores
 
 
@@ -343,7 +357,8 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], records: list[d
     out = args.out or REPO / "bench_data" / ("peers-quick.json" if args.quick else "peers.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"title": title, "corpus": str(corpus), "check_corpus": str(check_corpus),
-                               "environment": throughput.environment(), "summary": rows, "runs": records,
+                               "environment": throughput.environment(),
+                               "versions": versions([sys.executable, *args.peer_python]), "summary": rows, "runs": records,
                                "elapsed_s": elapsed}, indent=1))
     path = args.plot or out.with_suffix(".png")
     plot(rows, args.workers, path, f"streamwin and its peers: {title}")
