@@ -143,14 +143,13 @@ def ensure_store(system: System, python: str, corpus: Path, store_root: Path, p:
 
 
 def _remove(path: Path) -> None:
-    """Remove a store left by an interrupted conversion (and its per-rank views)."""
+    """Remove a store left by an interrupted conversion."""
     import shutil  # noqa: PLC0415
 
-    for p in (path, path.parent / f"{path.name}-views"):
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 # =========================================================================== the run
