@@ -52,7 +52,7 @@ class Stream:
         self.node = None
         self.batcher.shutdown()
         for reader in self.readers:
-            reader.shutdown()
+            reader.shutdown(wait=False)  # a block read still in flight on a read-ahead thread is not waited for
 
 
 def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,

@@ -131,10 +131,10 @@ class ShardReader:
                 self._unmap.append(base)
         block.buf = block.buf_tensor = None
 
-    def shutdown(self) -> None:
-        """Stop the GET threads and close the pooled connections (call with no read in flight; a later read
-        starts them anew)."""
-        self.shards.shutdown()
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the GET threads and close the pooled connections (a later read starts them anew); with
+        ``wait=False`` a read still in flight on another thread ends on its own instead of being waited for."""
+        self.shards.shutdown(wait)
 
 
 def _transport(url: str, members: Members, counters: Counters, options: ReadOptions) -> Transport:

@@ -26,7 +26,7 @@ class RemoteShards(Transport):
         self.retrying.fill(self.ranges.read_into, self.path(k), k, offset, out)
         self.counters.read(len(out))
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: bool = True) -> None:
         """Stop the GET threads and close the pooled connections."""
-        super().shutdown()
+        super().shutdown(wait)
         self.ranges.close()

@@ -68,10 +68,10 @@ class Transport:
             self._pool = ThreadPoolExecutor(max_workers=REMOTE_CONCURRENCY, thread_name_prefix="streamwin-get")
         return list(self._pool.map(self.try_read, runs))
 
-    def shutdown(self) -> None:
-        """Stop the GET threads (a later read starts new ones)."""
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the GET threads (a later read starts new ones); ``wait=False`` lets a GET in flight end on its own."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)  # never wait here on a stalled GET
+            self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
 
 
