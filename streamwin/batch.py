@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -36,10 +36,10 @@ class Field:
     dtype: np.dtype
     shape: tuple[int, ...]
     offset: int
+    nbytes: int = field(init=False)  # computed once: views() runs per batch on the trainer's thread
 
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
 
 
 class BatchLayout:

@@ -12,7 +12,6 @@ receives (``batches_of``).
 """
 from __future__ import annotations
 
-from dataclasses import fields
 from functools import partial
 from typing import Any, Callable
 
@@ -38,13 +37,9 @@ class Stream:
     def __next__(self):
         return next(self.node)
 
-    def stats(self) -> ReadStats:
-        """Read counters of every source's reader, summed."""
-        out = ReadStats()
-        for reader in self.readers:
-            for f in fields(ReadStats):
-                setattr(out, f.name, getattr(out, f.name) + getattr(reader.stats, f.name))
-        return out
+    def stats(self) -> list[ReadStats]:
+        """The read counters of every source's reader (summed by whoever reports them)."""
+        return [reader.stats for reader in self.readers]
 
     def shutdown(self) -> None:
         """Stop the stream's threads: the prefetcher's (dropped: torchdata stops it then), the read-ahead
