@@ -143,12 +143,14 @@ def _committed(fs, root: str, dest: str, build: Callable[[], Manifest], gen: int
         lock.check()
         commit(fs, root, dest, manifest, gen, start, overwrite)
         return manifest
-    except BaseException:
+    except BaseException as e:
         try:
             after = survey(fs, root)
             remove_generations(fs, root, after, {g for g in (after.gen, after.kept) if g != gen}, parts=False)
         except Exception:  # the next pack removes what is left
             pass
+        if isinstance(e, Exception) and not isinstance(e, PackError):
+            lock.check()  # a pack that lost its lock meets the other pack's cleanup: say that, not its symptom
         raise
 
 

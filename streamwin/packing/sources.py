@@ -153,13 +153,27 @@ def open_dest(dest: str, storage_options: dict | None, create_bucket: bool) -> t
         if not create_bucket:
             raise PackError(f"cannot pack to {dest}: bucket {bucket!r} does not exist (create it, or pass "
                             "create_bucket=True, --create-bucket)") from None
-        fs.mkdir(bucket)
+        _create_bucket(fs, bucket)
     except PermissionError as e:
         raise PackError(f"cannot pack to {dest}: access denied: {e}") from e
     except Exception as e:
         why = permanent(e)
         raise PackError(f"cannot reach {dest}: {why + ': ' if why else ''}{type(e).__name__}: {e}") from e
     return fs, root
+
+
+def _create_bucket(fs: Any, bucket: str) -> None:
+    """Create ``bucket`` (asked for: create_bucket=True). On s3 the region's location constraint is given, but
+    none for us-east-1, which refuses one (s3fs' mkdir would send it)."""
+    if not hasattr(fs, "call_s3"):
+        fs.mkdir(bucket)
+        return
+    region = (getattr(fs, "client_kwargs", None) or {}).get("region_name")
+    params: dict = {"Bucket": bucket}
+    if region and region != "us-east-1":
+        params["CreateBucketConfiguration"] = {"LocationConstraint": region}
+    fs.call_s3("create_bucket", **params)
+    fs.invalidate_cache()
 
 
 def _fast(dest: str, storage_options: dict | None) -> dict:
