@@ -17,6 +17,7 @@ import collections
 from typing import Any, Iterator
 
 import dask
+import distributed
 from distributed import Client, LocalCluster, get_client
 
 from streamwin.packing.fragments import Fragment
@@ -54,9 +55,8 @@ def run_dask(jobs: Iterator[Job], address: str | None, workers: int, progress: P
                 yield _result(pending.popleft(), progress)
         while pending:
             yield _result(pending.popleft(), progress)
-    finally:
-        for future in pending:
-            future.cancel()
+    finally:  # a running task cannot be stopped: let those in flight end before the pack removes what they wrote
+        distributed.wait(list(pending))
         if cluster is not None:
             client.close()
             cluster.close()

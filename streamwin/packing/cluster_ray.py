@@ -50,9 +50,11 @@ def run_ray(jobs: Iterator[Job], address: str | None, progress: Progress) -> Ite
                 yield _result(pending.popleft(), progress)
         while pending:
             yield _result(pending.popleft(), progress)
-    finally:
+    finally:  # stop the tasks in flight (their workers are killed) before the pack removes what they wrote
         for ref in pending:
             ray.cancel(ref, force=True)
+        if pending:
+            ray.wait(list(pending), num_returns=len(pending), timeout=60)
 
 
 def _result(ref: Any, progress: Progress) -> Fragment:

@@ -15,6 +15,7 @@ leaves the old dataset readable and unchanged; the next pack removes what it lef
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import warnings
@@ -171,9 +172,10 @@ def _pack_units(source: Source, dest: str, storage_options: dict | None, shard_b
         bar.set_postfix(sequences=f"{counts[0]:,}", units=f"{counts[1]:,}", refresh=False)
 
     try:
-        for fragment in run_units(source.engine, jobs, workers, address, moved):
-            counts[1] += 1
-            merger.add_fragment(fragment)
+        with contextlib.closing(run_units(source.engine, jobs, workers, address, moved)) as fragments:
+            for fragment in fragments:  # closed on any error: the engine's tasks in flight end first
+                counts[1] += 1
+                merger.add_fragment(fragment)
         return merger.finish()
     except BaseException:
         merger.discard()

@@ -111,11 +111,11 @@ def _object_units(kind: str, data: Any, opts: tuple) -> Iterator[Unit]:
         arrow = data.with_format("arrow")
         for number, first in enumerate(range(0, rows, step)):
             yield unit(number, arrow[first : first + step], first)
-    else:
+    else:  # a stream: batches as Arrow tables (their types kept), read here once
         first = 0
-        for number, batch in enumerate(data.iter(batch_size=ITERABLE_ROWS)):
+        for number, batch in enumerate(data.with_format("arrow").iter(batch_size=ITERABLE_ROWS)):
             yield unit(number, batch, first)
-            first += len(next(iter(batch.values()))) if batch else 0
+            first += batch.num_rows
 
 
 def _select(units: Iterator[Unit], part: tuple[int, int] | None, count: int | None = None) -> Iterator[Unit]:
