@@ -96,8 +96,27 @@ def _verify(url: str, args: argparse.Namespace) -> int:
 
 def add_pack_commands(sub: Any) -> None:
     """The subcommands pack, merge, index and verify, with their options."""
+    _add_pack(sub)
+    p = add_command(sub, "merge", cmd_merge, "write index.json from the part indexes of `pack --part i/n`")
+    p.add_argument("dest")
+    add_storage(p)
+
+    p = add_command(sub, "index", cmd_index, "write index.json for existing tar shards with .npy members (e.g. from webdataset)")
+    p.add_argument("url")
+    p.add_argument("--pattern", default="*.tar", help="shard file glob under URL (default *.tar)")
+    p.add_argument("--no-progress", action="store_true")
+    add_storage(p)
+
+    p = add_command(sub, "verify", cmd_verify, "re-read every shard and check sizes, checksums, members and headers against index.json")
+    p.add_argument("url")
+    p.add_argument("--no-progress", action="store_true")
+    add_storage(p)
+
+
+def _add_pack(sub: Any) -> None:
+    """The pack subcommand and its options."""
     p = add_command(sub, "pack", cmd_pack, "pack an input (directory, file or URL) into tar shards and index.json")
-    p.add_argument("src", help="directory or file of .npy/.npz/parquet/csv/jsonl/text, or a URL")
+    p.add_argument("src", help="directory, file, URL or glob of .npy/.npz/parquet/arrow/csv/jsonl/text files")
     p.add_argument("dest", help="dataset root: local path or fsspec URL (s3://, gs://, memory://, ...)")
     p.add_argument("--shard-size", type=parse_size, default=256 << 20, metavar="SIZE",
                    help="close a shard once it holds this many bytes (default 256MiB)")
@@ -106,7 +125,7 @@ def add_pack_commands(sub: Any) -> None:
     p.add_argument("--engine", choices=["ray", "dask"],
                    help="run the units as tasks on a Ray or Dask cluster (--address, else a local one); same bytes")
     p.add_argument("--address", metavar="ADDR", help="the cluster for --engine: ray://host:10001, tcp://scheduler:8786")
-    p.add_argument("--format", choices=[f for f in FORMATS if f != "iterable"], help="input format (default: detected)")
+    p.add_argument("--format", choices=[f for f in FORMATS if f not in ("iterable", "table")], help="input format (default: detected)")
     p.add_argument("--compression", choices=["none", "zstd"], default="none", help="per-member compression")
     p.add_argument("--cast", type=dtype_arg, metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
     p.add_argument("--empty", choices=["skip", "error"], default="skip",
@@ -121,19 +140,4 @@ def add_pack_commands(sub: Any) -> None:
                    help="replace files at DEST that are not this dataset's (refused otherwise, naming them)")
     p.add_argument("--create-bucket", action="store_true", help="create DEST's object-store bucket if it does not exist")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_storage(p)
-
-    p = add_command(sub, "merge", cmd_merge, "write index.json from the part indexes of `pack --part i/n`")
-    p.add_argument("dest")
-    add_storage(p)
-
-    p = add_command(sub, "index", cmd_index, "write index.json for existing tar shards with .npy members (e.g. from webdataset)")
-    p.add_argument("url")
-    p.add_argument("--pattern", default="*.tar", help="shard file glob under URL (default *.tar)")
-    p.add_argument("--no-progress", action="store_true")
-    add_storage(p)
-
-    p = add_command(sub, "verify", cmd_verify, "re-read every shard and check sizes, checksums, members and headers against index.json")
-    p.add_argument("url")
-    p.add_argument("--no-progress", action="store_true")
     add_storage(p)
