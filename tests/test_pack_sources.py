@@ -145,3 +145,14 @@ def test_the_readme_chronos_corpus_packs_end_to_end(tmp_path):
     assert re.search(r"^2000 series, [\d,]+ steps, \d+ shards, columns \('target',\)$", r.stdout, flags=re.M), r.stdout
     m = sw.load_manifest(str(tmp_path / "data" / "chronos"))
     assert len({s.name.split("-")[2] for s in m.shards}) == 4  # a unit per file
+
+
+def test_import_streamwin_imports_no_engine():
+    """Ray, Dask and datasets are optional extras: only a pack that asks for one imports it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, streamwin; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'ray', 'dask', 'distributed', 'datasets', 'pandas'}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -81,6 +81,7 @@ def columns_name(gen: int) -> str:
 
 def survey(fs, root: str) -> Survey:
     """List ``root`` (missing: empty) and read its live and kept indexes."""
+    fs.invalidate_cache(root)  # another process may have written since this filesystem listed it
     try:
         names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
     except FileNotFoundError:

@@ -73,6 +73,7 @@ class FragmentMerger:
         if manifest is None:
             return
         self._check_layout(manifest, where)
+        _check_known(manifest)
         self.columns = _same_columns(self.columns, columns)
         if self.sequences is None and self.only is None:
             self.only = manifest  # one unit: its columns are the manifest's, no copy
@@ -162,6 +163,20 @@ class FragmentMerger:
         """Drop what was merged so far (the pack failed)."""
         if self.sequences is not None:
             self.sequences.discard()
+
+
+# the Manifest fields this merger merges; a field added to Manifest (per-member checksums, say) must be merged in
+# `_append` and `finish` (concatenated in unit order, per-sequence offsets shifted) before a fragment may carry it
+_MERGED = {"dtype", "step_shape", "compression", "shards", "length", "offset", "size", "hlen", "key_blob", "key_ends",
+           "dropped_empty", "digest", "value_columns", "left_out_columns", "nonfinite", "frames", "shard_starts"}
+
+
+def _check_known(m: Manifest) -> None:
+    """PackError if a unit's manifest holds a field this merger does not merge (it would be lost silently)."""
+    for f in dataclasses.fields(m):
+        if f.name not in _MERGED and getattr(m, f.name) not in (None, f.default):
+            raise PackError(f"packing.fragments cannot merge the manifest field {f.name!r} yet: merge it in "
+                            "FragmentMerger (concatenated in unit order) before units write it")
 
 
 def _same_columns(current: Columns | None, found: Columns | None) -> Columns | None:

@@ -20,7 +20,7 @@ import time
 import uuid
 
 from streamwin.errors import PackError
-from streamwin.storage.urls import create_exclusive, join, remove_if_exists
+from streamwin.storage.urls import create_exclusive, join, remove_if_exists, write_atomic
 
 LOCK_NAME = ".streamwin-pack.lock"
 HEARTBEAT_S = 15.0  # the holder rewrites the lock this often
@@ -64,14 +64,16 @@ class PackLock:
                 f"after its last sign of life elsewhere ({join(self.dest, LOCK_NAME)})")
 
     def _holder(self) -> dict | None:
-        """The lock's content, or None when it is gone or unreadable (then it can be taken)."""
-        try:
-            doc = json.loads(self.fs.cat_file(self.path))
-        except FileNotFoundError:
-            return None
-        except ValueError:
-            return {"beat": 0}  # a torn or foreign lock file: stale by its (missing) heartbeat
-        return doc if isinstance(doc, dict) else {"beat": 0}
+        """The lock's content, or None when it is gone (then it can be taken)."""
+        for attempt in range(3):
+            try:
+                doc = json.loads(self.fs.cat_file(self.path))
+                return doc if isinstance(doc, dict) else {"beat": 0}
+            except FileNotFoundError:
+                return None
+            except ValueError:  # not a lock pack wrote (they are written whole): look again, then call it stale
+                time.sleep(0.05 * (attempt + 1))
+        return {"beat": 0}
 
     def set_generation(self, gen: int) -> None:
         """Record the generation of shards this pack writes (a pack that takes over learns it)."""
@@ -79,8 +81,7 @@ class PackLock:
         self._write()
 
     def _write(self) -> None:
-        with self.fs.open(self.path, "wb") as f:
-            f.write(self._content())
+        write_atomic(self.fs, self.path, self._content())  # a reader never sees half a lock
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
