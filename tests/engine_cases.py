@@ -148,3 +148,18 @@ def check_corrupt_input_is_named(engine: str, tmp_path: Path, **engine_options) 
     got = sequences(str(dest))
     assert list(got) == list(seqs) and all(np.array_equal(got[k], seqs[k]) for k in seqs)
     sw.verify(str(dest), progress=False)
+
+
+def check_dataset_object(read, units: int, tmp_path: Path, seed: int) -> None:
+    """A dataset object made by ``read(folder)`` from two parquet files packs into ``units`` units (its blocks or
+    partitions) and gives the sequences of a pack of the files themselves."""
+    rng = np.random.default_rng(seed)
+    (tmp_path / "src").mkdir()
+    for f in range(2):
+        pq.write_table(row_table(rng, 30, prefix=f"f{f}"), tmp_path / "src" / f"r{f}.parquet")
+    sw.pack(str(tmp_path / "src"), str(tmp_path / "files"), id_column="id", list_column="target", progress=False)
+    m = sw.pack(read(str(tmp_path / "src")), str(tmp_path / "object"), id_column="id", list_column="target",
+                progress=False)
+    assert len({s.name.split("-")[2] for s in m.shards}) == units
+    want, got = sequences(str(tmp_path / "files")), sequences(str(tmp_path / "object"))
+    assert list(got) == list(want) and all(np.array_equal(got[k], want[k]) for k in want)

@@ -7,11 +7,9 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 dd = pytest.importorskip("dask.dataframe")
-import pyarrow.parquet as pq  # noqa: E402
-
 import streamwin as sw  # noqa: E402
-from engine_cases import (check_byte_identical, check_corrupt_input_is_named, check_killed_task_is_retried,  # noqa: E402
-                          row_table, sequences, write_inputs)
+from engine_cases import (check_byte_identical, check_corrupt_input_is_named, check_dataset_object,  # noqa: E402
+                          check_killed_task_is_retried, sequences, write_inputs)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,16 +25,7 @@ def test_dask_packs_the_bytes_of_a_local_pack(tmp_path):
 
 
 def test_a_dask_dataframe_gives_the_sequences_of_the_files_it_was_read_from(tmp_path):
-    rng = np.random.default_rng(4)
-    (tmp_path / "src").mkdir()
-    for f in range(2):
-        pq.write_table(row_table(rng, 30, prefix=f"f{f}"), tmp_path / "src" / f"r{f}.parquet")
-    sw.pack(str(tmp_path / "src"), str(tmp_path / "files"), id_column="id", list_column="target", progress=False)
-    ddf = dd.read_parquet(str(tmp_path / "src")).repartition(npartitions=3)
-    m = sw.pack(ddf, str(tmp_path / "dask"), id_column="id", list_column="target", progress=False)
-    assert len({s.name.split("-")[2] for s in m.shards}) == 3  # a unit per partition
-    want, got = sequences(str(tmp_path / "files")), sequences(str(tmp_path / "dask"))
-    assert list(got) == list(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    check_dataset_object(lambda src: dd.read_parquet(src).repartition(npartitions=3), 3, tmp_path, seed=4)
     # the long layout: each id's rows in one partition (set_index puts them there)
     path, options = write_inputs(tmp_path / "in")["parquet_long"]
     options = {k: v for k, v in options.items() if k != "shard_bytes"}

@@ -2,15 +2,12 @@
 Dataset as a source, a killed task retried without a duplicate, a corrupt input named."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
-import pyarrow.parquet as pq  # noqa: E402
-
 import streamwin as sw  # noqa: E402
-from engine_cases import (check_byte_identical, check_corrupt_input_is_named, check_killed_task_is_retried,  # noqa: E402
-                          row_table, sequences)
+from engine_cases import (check_byte_identical, check_corrupt_input_is_named, check_dataset_object,  # noqa: E402
+                          check_killed_task_is_retried)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,16 +22,8 @@ def test_ray_packs_the_bytes_of_a_local_pack(tmp_path):
 
 
 def test_a_ray_dataset_gives_the_sequences_of_the_files_it_was_read_from(tmp_path):
-    rng = np.random.default_rng(3)
-    (tmp_path / "src").mkdir()
-    for f in range(2):
-        pq.write_table(row_table(rng, 30, prefix=f"f{f}"), tmp_path / "src" / f"r{f}.parquet")
-    sw.pack(str(tmp_path / "src"), str(tmp_path / "files"), id_column="id", list_column="target", progress=False)
-    ds = ray.data.read_parquet(str(tmp_path / "src")).repartition(5)  # blocks that are not the files
-    m = sw.pack(ds, str(tmp_path / "ray"), id_column="id", list_column="target", progress=False)
-    assert len({s.name.split("-")[2] for s in m.shards}) == 5  # a unit per block
-    want, got = sequences(str(tmp_path / "files")), sequences(str(tmp_path / "ray"))
-    assert list(got) == list(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    check_dataset_object(lambda src: ray.data.read_parquet(src).repartition(5), 5, tmp_path, seed=3)  # a unit per block
+    ds = ray.data.read_parquet(str(tmp_path / "src"))
     with pytest.raises(sw.PackError, match="packed by its own engine, 'ray'"):
         sw.pack(ds, str(tmp_path / "x"), engine="dask", id_column="id", progress=False)
 

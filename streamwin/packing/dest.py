@@ -23,7 +23,6 @@ name pack writes) make a pack refuse the destination, naming them, unless ``over
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from streamwin.errors import PackError
 from streamwin.formats.manifest import INDEX_NAME, Manifest
 from streamwin.packing.lock import LOCK_NAME
-from streamwin.storage import manifests as stored
+from streamwin.storage.manifests import write_manifest
 from streamwin.storage.urls import is_local, join, remove_if_exists, write_atomic
 
 SHARD = re.compile(r"shard-g(\d+)-u\d+-\d+\.tar")  # a generation's shard: shard-gGGGGGG-uUUUUUU-KKKKKK.tar
@@ -151,17 +150,9 @@ def remove_generations(fs, root: str, found: Survey, keep: set[int], *, parts: b
 
 
 def write_index(fs, root: str, manifest: Manifest, gen: int) -> None:
-    """index.json (atomic), after its columns file ``index-gNNNNNN.columns`` when there are COLUMNAR_FROM sequences."""
-    if manifest.num_sequences < stored.COLUMNAR_FROM:  # storage.manifests' threshold, as for part indexes
-        write_atomic(fs, join(root, INDEX_NAME), manifest.to_json().encode())
-        return
-    parts, layout = manifest.column_parts()
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part)
-    write_atomic(fs, join(root, columns_name(gen)), parts)
-    spec = {"name": columns_name(gen), "bytes": sum(len(p) for p in parts), "sha256": digest.hexdigest(), "layout": layout}
-    write_atomic(fs, join(root, INDEX_NAME), manifest.to_json(columns_file=spec).encode())
+    """index.json (atomic), after its columns file ``index-gNNNNNN.columns`` when there are COLUMNAR_FROM sequences
+    (named by generation: a re-pack never overwrites the columns file the live index names)."""
+    write_manifest(fs, root, manifest, columns=columns_name(gen))
 
 
 def commit(fs, root: str, dest: str, manifest: Manifest, gen: int, start: Survey, overwrite: bool = False) -> None:
