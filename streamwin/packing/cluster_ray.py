@@ -7,8 +7,8 @@ unit order as they complete. Ray retries a task whose worker died (``max_retries
 writes the same shards under the same names, so nothing is duplicated. A task's exception is
 raised here as the original error (a PackError naming the input file).
 
-`ray_units` lists a Ray Dataset's blocks in order (``preserve_order`` is set while it runs,
-so the numbering is the same every run) and passes each block to its task as an ObjectRef:
+`ray_units` lists a Ray Dataset's blocks in order (its context's ``preserve_order`` is set
+while it runs, so the numbering is the same every run) and passes each block to its task as an ObjectRef:
 the block goes from the object store to the worker, never through the driver.
 """
 from __future__ import annotations
@@ -70,9 +70,9 @@ def _result(ref: Any, progress: Progress) -> Fragment:
 def ray_units(ds: Any, opts: tuple) -> Iterator[tuple[int, tuple[InputUnit, ...], Any]]:
     """(number, input unit, block ObjectRef) per block of a Ray Dataset, in dataset order."""
     connect(None)
-    context = ray.data.DataContext.get_current()
-    saved = context.execution_options.preserve_order
-    context.execution_options.preserve_order = True
+    options = ds.context.execution_options  # the dataset runs with the context it was made with
+    saved = options.preserve_order
+    options.preserve_order = True  # blocks in dataset order, so units are numbered alike every run
     try:
         number = 0
         for bundle in ds.iter_internal_ref_bundles():
@@ -81,4 +81,4 @@ def ray_units(ds: Any, opts: tuple) -> Iterator[tuple[int, tuple[InputUnit, ...]
                 yield number, (InputUnit("table", f"Ray Dataset {name}", name, opts),), ref
                 number += 1
     finally:
-        context.execution_options.preserve_order = saved
+        options.preserve_order = saved
