@@ -142,7 +142,7 @@ def test_the_readme_chronos_corpus_packs_end_to_end(tmp_path):
     r = subprocess.run([sys.executable, "chronos.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env=dict(__import__("os").environ, PYTHONPATH=str(repo)))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert re.search(r"^2000 series, [\d,]+ steps, \d+ shards, columns \('target',\)$", r.stdout, flags=re.M), r.stdout
+    assert re.search(r"^1000 series, [\d,]+ steps, \d+ shards, columns \('target',\)$", r.stdout, flags=re.M), r.stdout
     m = sw.load_manifest(str(tmp_path / "data" / "chronos"))
     assert len({s.name.split("-")[2] for s in m.shards}) == 4  # a unit per file
 
