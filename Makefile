@@ -10,7 +10,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch is pinned first so that nothing downstream pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	# the cluster extras ([ray], [dask], [hf]) too, for their tests; with torch again, so none pulls another build
+	$(PY) -m pip install -q torch==2.13.0 -e ".[dev,ray,dask,hf]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -8,7 +8,8 @@ from streamwin.storage.cache import ShardCache, prefetch
 from streamwin.errors import ManifestError, PackError, ShardError, StateMismatchError, StreamwinError
 from streamwin.packing.scan import index_shards, verify
 from streamwin.formats.manifest import Manifest
-from streamwin.packing.pack import merge, pack
+from streamwin.packing.pack import pack
+from streamwin.packing.parts import merge
 from streamwin.plan.epoch import Plan, make_plan
 from streamwin.plan.options import PlanConfig, WindowSpec
 from streamwin.storage.manifests import load_manifest

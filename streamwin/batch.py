@@ -25,7 +25,7 @@ import math
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from streamwin.formats.manifest import Manifest
 from streamwin.packer import CropBlock, crop_rows, segments
 from streamwin.plan.crops import units
 from streamwin.plan.options import WindowSpec
-from streamwin.read.reader import Block
+from streamwin.read import Block
 
 ALIGN = 64  # each field starts on a cache line
 PER_CROP = ("start", "length", "row", "seq", "weight", "source")  # packed: per crop, the first ``crops`` entries
@@ -48,10 +48,10 @@ class Field:
     dtype: np.dtype
     shape: tuple[int, ...]
     offset: int
+    nbytes: int = field(init=False)  # computed once: views() runs per batch on the trainer's thread
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
 
 
 class BatchLayout:

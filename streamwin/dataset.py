@@ -15,7 +15,6 @@ cache_dir, cache_limit).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -24,19 +23,19 @@ from typing import Any
 
 import numpy as np
 
+from streamwin.arguments import check_choice, check_int, is_real
 from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
-from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_int, check_packing, is_real
+from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_packing
 from streamwin.plan.split import split_spec
-from streamwin.read.reader import zstd_slice_windows
+from streamwin.read import ReadOptions, zstd_slice_windows
 from streamwin.source import Source
 from streamwin.state import POSITION_ONLY
 from streamwin.world import resolve
 
 log = logging.getLogger("streamwin")
-ON_ERROR = ("raise", "skip")
 
 
 class WindowDataset:
@@ -120,10 +119,10 @@ class WindowDataset:
         self.pack_length, self.missing = pretraining(self.spec, pack_length, equalize, missing)
         self.shuffle_spec = ShuffleSpec(shuffle, shuffle_buffer, seed, slice_windows)
         check_int("batch_size", batch_size, 1)
-        _check_choice("equalize", equalize, EQUALIZE)
+        check_choice("equalize", equalize, EQUALIZE)
         self.batch_size, self.equalize = int(batch_size), equalize
         self._rank, self._world_size = _explicit_world(rank, world_size)
-        read = read_options(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit)
+        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit)
         for name, value in (("readahead", readahead), ("prefetch", prefetch)):
             check_int(name, value, 0)
         self.readahead, self.prefetch = int(readahead), int(prefetch)
@@ -131,11 +130,10 @@ class WindowDataset:
         self.url = str(url) if isinstance(url, (str, os.PathLike)) else tuple(urls)
         self.names = names
         self.sources = tuple(Source(u, n, self.spec, self.split, read) for n, u in zip(names, urls))
-        self.on_error = on_error
+        self.read = read
         self._world: tuple[int, int] | None = None
         self._slices: int | None = None  # the default slice_windows, once computed
         self._lens: dict[PlanConfig, int] = {}
-        self._warned_nonfinite = False
         self._check_compatible()
 
     def _check_compatible(self) -> None:
@@ -181,19 +179,8 @@ class WindowDataset:
     def layout(self) -> BatchLayout:
         """The fields, shapes and byte offsets of every batch this dataset yields."""
         return BatchLayout(self.manifest, self.spec, self.batch_size,
-                           with_weight=self.equalize == "pad" or self.on_error == "skip",
+                           with_weight=self.equalize == "pad" or self.read.on_error == "skip",
                            with_source=len(self.sources) > 1, pack_length=self.pack_length, missing=self.missing)
-
-    def warn_nonfinite(self) -> None:
-        """Warn (once) that NaN/inf counted by pack reach training as they are, unless missing="mask"."""
-        counts = [(s.url, s.manifest.nonfinite) for s in self.sources]
-        bad = [(url, n.nan, n.inf) for url, n in counts if n is not None and n.nan + n.inf]
-        if bad and not self.missing and not self._warned_nonfinite:
-            self._warned_nonfinite = True
-            what = "; ".join(f"{url}: {nan} NaN, {inf} inf" for url, nan, inf in bad)
-            warnings.warn(f"streamwin: the data holds non-finite values ({what}); they reach batch['x'] as they "
-                          "are (loss nan). Pass missing='mask' for batch['observed'] with them set to 0.",
-                          RuntimeWarning, stacklevel=4)
 
     # -- the plan ----------------------------------------------------------------------------------
     def config(self, num_workers: int = 0, world_size: int | None = None) -> PlanConfig:
@@ -330,24 +317,6 @@ def _weights(url: Sequence | Mapping, weights: Any) -> list[float] | None:
     return [float(w) for w in values]
 
 
-def read_options(storage_options: Any, retries: Any, retry_backoff: Any, on_error: Any, cache_dir: Any,
-                 cache_limit: Any) -> dict[str, Any]:
-    """The arguments of how shards are read, checked."""
-    check_int("retries", retries, 0)
-    if not is_real(retry_backoff) or not 0 <= retry_backoff < math.inf:
-        error = ValueError if is_real(retry_backoff) else TypeError
-        raise error(f"retry_backoff must be a number of seconds >= 0, got {retry_backoff!r}")
-    _check_choice("on_error", on_error, ON_ERROR)
-    if storage_options is not None and not isinstance(storage_options, Mapping):
-        raise TypeError(f"storage_options must be a dict of fsspec options (or None), got {storage_options!r}")
-    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-        raise TypeError(f"cache_dir must be a directory path (or None), got {cache_dir!r}")
-    if cache_limit is not None:
-        check_int("cache_limit", cache_limit, 0)
-    return {"storage_options": storage_options, "retries": int(retries), "retry_backoff": float(retry_backoff),
-            "on_error": on_error, "cache_dir": cache_dir, "cache_limit": cache_limit}
-
-
 def pretraining(spec: WindowSpec, pack_length: Any, equalize: Any, missing: Any) -> tuple[int | None, str | None]:
     """(pack_length, missing) checked against the window spec, named as the user typed them."""
     if isinstance(equalize, str) and equalize in EQUALIZE:  # a bad equalize is named by its own check
@@ -366,8 +335,3 @@ def _explicit_world(rank: Any, world_size: Any) -> tuple[int | None, int | None]
     if rank is not None and world_size is not None and rank >= world_size:
         raise ValueError(f"rank must be < world_size ({world_size}), got {rank!r}")
     return rank, world_size
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")

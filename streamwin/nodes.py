@@ -21,7 +21,7 @@ from torchdata.nodes import BaseNode
 from streamwin.packer import cut, needs_cut, release_of
 from streamwin.plan.mix import quota_positions
 from streamwin.plan.streams import SourcePlan
-from streamwin.read.reader import Block, ShardSource
+from streamwin.read import Block, ShardReader
 
 
 class BlockReader(BaseNode[Block]):
@@ -33,7 +33,7 @@ class BlockReader(BaseNode[Block]):
 
     BLOCK_KEY = "block"
 
-    def __init__(self, reader: ShardSource, plan: SourcePlan, stream: int, *, readahead: int = 1,
+    def __init__(self, reader: ShardReader, plan: SourcePlan, stream: int, *, readahead: int = 1,
                  transform: Callable[[Block], Any] | None = None):
         super().__init__()
         self.reader, self.plan, self.stream, self.readahead = reader, plan, stream, readahead

@@ -13,7 +13,6 @@ receives (``batches_of``).
 """
 from __future__ import annotations
 
-from dataclasses import fields
 from functools import partial
 from typing import Any, Callable
 
@@ -24,13 +23,13 @@ from streamwin.batch import Gatherer
 from streamwin.dataset import WindowDataset
 from streamwin.nodes import Batcher, BlockReader, ShipOrder
 from streamwin.plan.epoch import Plan
-from streamwin.read.reader import ReadStats, ShardSource
+from streamwin.read import ReadStats, ShardReader
 
 
 class Stream:
     """A running stream: its top node (batches, or a worker's blocks to ship) and the shard readers under it."""
 
-    def __init__(self, node: Any, batcher: Any, readers: list[ShardSource]):
+    def __init__(self, node: Any, batcher: Any, readers: list[ShardReader]):
         self.node, self.batcher, self.readers = node, batcher, readers
 
     def __iter__(self):
@@ -39,18 +38,17 @@ class Stream:
     def __next__(self):
         return next(self.node)
 
-    def stats(self) -> ReadStats:
-        """Read counters of every source's reader, summed."""
-        out = ReadStats()
-        for reader in self.readers:
-            for f in fields(ReadStats):
-                setattr(out, f.name, getattr(out, f.name) + getattr(reader.stats, f.name))
-        return out
+    def stats(self) -> list[ReadStats]:
+        """The read counters of every source's reader (summed by whoever reports them)."""
+        return [reader.stats for reader in self.readers]
 
     def shutdown(self) -> None:
-        """Stop the stream's threads: the prefetcher's (dropped: torchdata stops it then), then the readers'."""
+        """Stop the stream's threads: the prefetcher's (dropped: torchdata stops it then), the read-ahead
+        threads, then the shard readers' GET threads and connections."""
         self.node = None
         self.batcher.shutdown()
+        for reader in self.readers:
+            reader.shutdown(wait=False)  # a block read still in flight on a read-ahead thread is not waited for
 
 
 def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,

@@ -8,15 +8,13 @@ array), never the manifest: the worker maps the manifest itself and does not res
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.options import WindowSpec
 from streamwin.plan.space import WindowSpace
 from streamwin.plan.split import SplitSpec, split_views
-from streamwin.read.reader import ShardSource
+from streamwin.read import ReadOptions, ShardReader
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.manifests import load_manifest
 
@@ -24,7 +22,7 @@ from streamwin.storage.manifests import load_manifest
 class Source:
     """One dataset of a mix: its URL, manifest and window space (each loaded once), and its shard reader."""
 
-    def __init__(self, url: str, name: str, spec: WindowSpec, split: SplitSpec | None, read: dict[str, Any]):
+    def __init__(self, url: str, name: str, spec: WindowSpec, split: SplitSpec | None, read: ReadOptions):
         self.url, self.name, self.spec, self.split, self.read = url, name, spec, split, read
         self._manifest: Manifest | None = None
         self._space: WindowSpace | None = None
@@ -35,17 +33,16 @@ class Source:
         """The source's manifest, loaded on first use."""
         if self._manifest is None:
             cache = self.cache()  # a remote columnar manifest is mapped from the node cache: one copy per node
-            self._manifest = load_manifest(self.url, self.read["storage_options"], retries=self.read["retries"],
-                                           backoff=self.read["retry_backoff"],
-                                           fetch_columns=cache.fetch if cache else None)
+            self._manifest = load_manifest(self.url, self.read.storage_options, retries=self.read.retries,
+                                           backoff=self.read.retry_backoff, fetch_columns=cache.fetch if cache else None)
         return self._manifest
 
     def cache(self) -> ShardCache | None:
         """The node cache of remote shards (and columns files), if ``cache_dir`` was given."""
-        if self.read["cache_dir"] is None:
+        if self.read.cache_dir is None:
             return None
-        return ShardCache(self.read["cache_dir"], limit_bytes=self.read["cache_limit"], retries=self.read["retries"],
-                          backoff=self.read["retry_backoff"])
+        return ShardCache(self.read.cache_dir, limit_bytes=self.read.cache_limit, retries=self.read.retries,
+                          backoff=self.read.retry_backoff)
 
     @property
     def space(self) -> WindowSpace:
@@ -64,11 +61,9 @@ class Source:
         return split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window, span=self.spec.span,
                            seqs=seqs)
 
-    def reader(self) -> ShardSource:
+    def reader(self) -> ShardReader:
         """A reader of the source's shards (with its node cache, retries and error policy)."""
-        return ShardSource(self.url, self.manifest, storage_options=self.read["storage_options"],
-                           retries=self.read["retries"], backoff=self.read["retry_backoff"],
-                           on_error=self.read["on_error"], cache=self.cache())
+        return ShardReader(self.url, self.manifest, self.read)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

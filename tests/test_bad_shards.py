@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-import streamwin.read.reader as sw_read
+import streamwin.read.local as sw_local
+import streamwin.read.plain as sw_plain
 from conftest import make_sequences
 from streamwin.formats.manifest import INDEX_NAME, parse_manifest
 
@@ -563,7 +564,7 @@ def test_skip_truncated_shard_delivers_every_readable_window(packed, tmp_path, h
         expected |= windows_of(packed.ref, k)
     assert expected and windows_of(packed.ref, key) - expected  # some of the victim's windows are readable
     if how == "read":
-        monkeypatch.setattr(sw_read, "MAX_MAPPED_RUNS", 0)  # read into memory instead of mapping
+        monkeypatch.setattr(sw_plain, "MAX_MAPPED_RUNS", 0)  # read into memory instead of mapping
     url = http_server(root).url_for("ds") if how == "http" else ds
     batches, stats, runtime = run_skipping(url)
     lost = check_skipped_epoch(batches, packed.ref, packed.seqs, stats)
@@ -589,7 +590,7 @@ def test_skip_unreadable_bytes_mid_run_keep_the_members_after_them(packed, tmp_p
     step = packed.seqs[key][0].nbytes
     bad_step = len(packed.seqs[key]) // 3
     bad = data0 + bad_step * step + 5  # one unreadable byte, inside step bad_step
-    real_read = sw_read._read_local
+    real_read = sw_local.read_local
 
     def disk(path, offset, out):
         if path.endswith(shard) and offset <= bad < offset + len(out):
@@ -598,8 +599,8 @@ def test_skip_unreadable_bytes_mid_run_keep_the_members_after_them(packed, tmp_p
             return real_read(path, offset, out[: bad - offset])  # what lies before the bad byte
         return real_read(path, offset, out)
 
-    monkeypatch.setattr(sw_read, "_read_local", disk)
-    monkeypatch.setattr(sw_read, "MAX_MAPPED_RUNS", 0)
+    monkeypatch.setattr(sw_local, "read_local", disk)
+    monkeypatch.setattr(sw_plain, "MAX_MAPPED_RUNS", 0)
     expected = {(key, s) for key_, s in windows_of(packed.ref, key) if s + W + H > bad_step}
     assert expected and windows_of(packed.ref, key) - expected
     batches, stats, runtime = run_skipping(ds, retries=0)

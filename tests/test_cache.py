@@ -393,7 +393,7 @@ def _npy(arr) -> bytes:
 # -- a dataset re-packed in place ------------------------------------------------------------------
 
 def test_repacked_in_place_is_fetched_again(tmp_path, http_server):
-    """Same shard names and sizes, other bytes: the cache serves the new shards, never the old copies."""
+    """Same shard sizes, other bytes (a new generation of shards): the cache serves the new shards, never the old copies."""
     old = make_sequences(seed=9)
     new = {k: v + np.float32(0.5) for k, v in old.items()}  # same keys and lengths: same sizes, other values
     root = tmp_path / "srv"
@@ -407,7 +407,8 @@ def test_repacked_in_place_is_fetched_again(tmp_path, http_server):
 
     sw.pack(list(new.items()), str(root / "ds"), shard_bytes=40_000, progress=False)  # in place
     after = sw.load_manifest(str(root / "ds"))
-    assert [(s.name, s.bytes) for s in after.shards] == [(s.name, s.bytes) for s in before.shards]
+    # a re-pack writes a new generation of shards (other names; the old ones stay for their readers)
+    assert [s.bytes for s in after.shards] == [s.bytes for s in before.shards]
     assert all(a.sha256 != b.sha256 for a, b in zip(after.shards, before.shards))
     cache = ShardCache(cache_dir)
     assert not any(cache.has(f"{url}/{s.name}", s) for s in after.shards)

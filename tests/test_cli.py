@@ -69,7 +69,10 @@ def test_pack_prints_what_it_wrote(npy_src, tmp_path, capsys):
     assert f"packed 24 sequences ({steps:,} steps, float32 [T, 3]) into {len(m.shards)} shards, {nbytes / 1e6:,.1f} MB" in out
     assert "skipped 1 empty" in out and "MB/s" in out
     assert re.search(rf"verified {len(m.shards)} shards, 24 sequences", out)
-    assert all(s.bytes >= 20_000 for s in m.shards[:-1])
+    units = {}  # each unit's shards: all but its last hold at least --shard-size
+    for shard in m.shards:
+        units.setdefault(shard.name.split("-")[2], []).append(shard.bytes)
+    assert len(units) > 1 and all(b >= 20_000 for sizes in units.values() for b in sizes[:-1])
 
 
 def test_pack_options(tmp_path, capsys):
@@ -93,7 +96,8 @@ def test_parts_and_merge(npy_src, tmp_path, capsys):
     src, arrays = npy_src
     dest = tmp_path / "parts"
     for i in range(3):
-        code, out, err = run(capsys, "pack", str(src), str(dest), "--part", f"{i}/3", "--no-progress")
+        code, out, err = run(capsys, "pack", str(src), str(dest), "--part", f"{i}/3", "--shard-size", "20KB",
+                             "--no-progress")
         assert code == 0, err
         assert f"part {i}/3: packed" in out and "streamwin merge" in out
     code, out, err = run(capsys, "merge", str(dest))
@@ -101,8 +105,10 @@ def test_parts_and_merge(npy_src, tmp_path, capsys):
     m = sw.load_manifest(str(dest))
     assert sorted(m.key(i) for i in range(m.num_sequences)) == sorted(arrays)
     assert f"merged {len(m.shards)} shards, 24 sequences" in out
-    os.unlink(dest / "index.part00001-of-00003.json")
-    code, out, err = run(capsys, "merge", str(dest))
+    for i in (0, 2):
+        assert run(capsys, "pack", str(src), str(tmp_path / "two"), "--part", f"{i}/3", "--shard-size", "20KB",
+                   "--no-progress")[0] == 0
+    code, out, err = run(capsys, "merge", str(tmp_path / "two"))
     assert code == 2 and "index.part00001-of-00003.json" in err
     code, out, err = run(capsys, "pack", str(src), str(dest), "--part", "3/3", "--no-progress")
     assert code == 2 and "0 <= i < n" in err
@@ -296,12 +302,13 @@ def test_inspect_piped_into_head(packed):
 
 def test_inspect_names_unmerged_parts_and_what_to_run(npy_src, tmp_path, capsys):
     dest = tmp_path / "parts"
-    assert run(capsys, "pack", str(npy_src[0]), str(dest), "--part", "0/3", "--no-progress")[0] == 0
+    assert run(capsys, "pack", str(npy_src[0]), str(dest), "--part", "0/3", "--shard-size", "20KB", "--no-progress")[0] == 0
     code, out, err = run(capsys, "inspect", str(dest))
     assert code == 2 and "Traceback" not in err
     assert "pack --part" in err and "1 of 3 parts" in err and "index.part00000-of-00003.json" in err, err
     for i in (1, 2):
-        assert run(capsys, "pack", str(npy_src[0]), str(dest), "--part", f"{i}/3", "--no-progress")[0] == 0
+        assert run(capsys, "pack", str(npy_src[0]), str(dest), "--part", f"{i}/3", "--shard-size", "20KB",
+                   "--no-progress")[0] == 0
     code, out, err = run(capsys, "inspect", str(dest))
     assert code == 2 and "3 of 3 parts" in err and f"streamwin merge {dest}" in err, err
     assert run(capsys, "merge", str(dest))[0] == 0
@@ -316,6 +323,9 @@ def test_pack_and_inspect_name_the_value_columns_and_the_left_out_ones(tmp_path,
     (tmp_path / "src" / "d.csv").write_text(",sensor,t,temp,humidity,site\n0,a,0,1.5,30,x\n1,a,1,2.0,31,x\n")
     code, out, err = run(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--option", "id_column=sensor",
                          "--option", "order_column=t", "--no-progress")
+    assert code == 2 and "leaves 2 numeric columns, 'temp', 'humidity'" in err and "--option value_columns=" in err, err
+    code, out, err = run(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--option", "id_column=sensor",
+                         "--option", "order_column=t", "--option", "value_columns=*", "--no-progress")
     assert code == 0, err
     assert "value columns: temp, humidity" in out
     assert "left out: '' (pandas index), sensor (id column), t (order column), site (not numeric)" in out
@@ -369,7 +379,7 @@ def test_a_table_pack_that_fails_exits_cleanly(tmp_path, fmt):
 
         pq.write_table(pa.table({"sensor": ["a", "a"], "t": [0, 1], "v": [1.5, None]}), tmp_path / "src" / "d.parquet")
     cmd = [sys.executable, "-m", "streamwin.cli", "pack", str(tmp_path / "src"), str(tmp_path / "ds"),
-           "--option", "id_column=sensor", "--nan", "raise", "--no-progress"]
+           "--option", "id_column=sensor", "--option", "order_column=t", "--nan", "raise", "--no-progress"]
     for _ in range(12):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
         assert r.returncode == 2 and "terminate called" not in r.stderr, (r.returncode, r.stderr)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-import streamwin.read.reader as sw_read
+import streamwin.read.transport as sw_transport
 from conftest import make_sequences, reference_windows
 from servers import FaultPlan
 
@@ -28,8 +28,11 @@ SHARDS = "shard-"  # FaultPlan.path_contains: fault the shard GETs, not index.js
 pytestmark = pytest.mark.timeout(120)
 
 
+LOADER_DEFAULTS: dict = {}  # more arguments of every make_loader (fast_backoff sets one)
+
+
 def make_loader(url, **kw):
-    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=300, seed=1) | kw
+    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=300, seed=1) | LOADER_DEFAULTS | kw
     return sw.WindowLoader(sw.WindowDataset(url, **args))
 
 
@@ -72,8 +75,8 @@ def index_size(root):
 
 @pytest.fixture
 def fast_backoff(monkeypatch):
-    """ShardSource's backoff base down from 0.2 s to 1 ms (WindowDataset does not expose it)."""
-    monkeypatch.setitem(sw_read.ShardSource.__init__.__kwdefaults__, "backoff", 0.001)
+    """Retries 1 ms apart instead of retry_backoff's 0.2 s, in every make_loader of the test."""
+    monkeypatch.setitem(LOADER_DEFAULTS, "retry_backoff", 0.001)
 
 
 # -- HTTP -----------------------------------------------------------------------------------------
@@ -146,7 +149,7 @@ def test_http_retries_count_failures_in_a_row_not_per_range(dataset, http_server
     KB but always advances (a flaky link under a 256 MB shard) must not run out of them.
     """
     root, _, ref = dataset
-    monkeypatch.setattr(sw_read, "REMOTE_CONCURRENCY", 1)  # one GET at a time: each breaks once per 6,000 bytes
+    monkeypatch.setattr(sw_transport, "REMOTE_CONCURRENCY", 1)  # one GET at a time: each breaks once per 6,000 bytes
     srv = http_server(root, FaultPlan(drop_every_bytes=6_000, path_contains=SHARDS))
     loader = make_loader(srv.url_for("ds"), retries=1)
     assert epoch(loader) == ref

@@ -291,11 +291,18 @@ def test_csv_long_layout(tmp_path, monkeypatch, backend):
     (tmp_path / "one.csv").write_text(CSV)
     with gzip.open(tmp_path / "two.csv.gz", "wt") as f:
         f.write("id,step,v1,v2\n7,0,9.0,9\n")
-    got = read_all(tmp_path, id_column="id", order_column="step")
+    got = read_all(tmp_path, id_column="id", order_column="step", value_columns="*")
     assert_items(got, CSV_EXPECTED + [("7", np.array([[9.0, 9]]), None)])
     got = read_all(tmp_path / "one.csv", id_column="id", order_column="step", value_columns=["v2"])
     assert_items(got, [("b", np.array([3, 2]), None), ("a", np.array([7]), None)])
-    assert_deterministic_and_picklable(tmp_path, id_column="id", order_column="step")
+    assert_deterministic_and_picklable(tmp_path, id_column="id", order_column="step", value_columns=["v1", "v2"])
+    # two numeric columns besides the id and order, none named: a CSV asks which are values
+    with pytest.raises(PackError, match=r"one\.csv: id_column='id' leaves 2 numeric columns, 'v1', 'v2'"):
+        read_all(tmp_path / "one.csv", id_column="id", order_column="step")
+    # one left: no doubt, it is the values
+    (tmp_path / "uni").mkdir()
+    (tmp_path / "uni" / "u.csv").write_text("id,step,v\na,1,2.5\na,0,1.5\n")
+    assert_items(read_all(tmp_path / "uni", id_column="id", order_column="step"), [("a", np.array([1.5, 2.5]), None)])
 
 
 @pytest.mark.parametrize("backend", ["pyarrow", "stdlib"])
@@ -332,7 +339,7 @@ def test_pyarrow_reads_memory_it_owns_not_a_python_file(tmp_path, monkeypatch, f
     else:
         pq.write_table(pa.table({"id": ["b", "a", "b"], "step": [1, 0, 0], "v1": [1.5, 0.5, 1.0], "v2": [2, 7, 3]}),
                        tmp_path / "one.parquet")
-    assert_items(read_all(tmp_path, id_column="id", order_column="step"), CSV_EXPECTED)
+    assert_items(read_all(tmp_path, id_column="id", order_column="step", value_columns="*"), CSV_EXPECTED)
     assert given == [(pa.BufferReader, True)]
 
 
@@ -435,9 +442,9 @@ def test_iterable_errors(item, message):
 
 def test_every_format_and_option_is_listed():
     """The formats' modules declare them; units lists them all, and the options any of them accepts."""
-    assert FORMATS == ("npy", "npz", "parquet", "csv", "jsonl", "text", "iterable")
+    assert FORMATS == ("npy", "npz", "parquet", "arrow", "csv", "jsonl", "text", "iterable", "table")
     assert INPUT_OPTIONS == ("dtype", "field", "id_column", "key_field", "list_column", "meta_fields", "order_column",
-                             "squeeze", "suffixes", "value_columns")
+                             "squeeze", "suffixes", "value_columns", "variates_first")
     assert [format_of(u).name for u in list_units([("k", np.ones(2))])] == ["iterable"]
 
 
@@ -465,8 +472,8 @@ def test_unknown_options_and_formats(tmp_path, npy_dir):
 def test_units_are_plain_values(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(3))
     (unit,) = list_units(tmp_path)
-    assert unit == InputUnit("npy", str(tmp_path / "a.npy"), "a.npy", (), single=False)
+    assert unit == InputUnit("npy", str(tmp_path / "a.npy"), "a.npy", (), single=False, size=(tmp_path / "a.npy").stat().st_size)
     assert hash(unit) == hash(pickle.loads(pickle.dumps(unit)))
     (unit,) = list_units(tmp_path, format="text", suffixes=[".npy"])
     assert unit.options == (("suffixes", (".npy",)),)
-    assert set(FORMATS) == {"npy", "npz", "parquet", "csv", "jsonl", "text", "iterable"}
+    assert set(FORMATS) == {"npy", "npz", "parquet", "arrow", "csv", "jsonl", "text", "iterable", "table"}

@@ -9,16 +9,21 @@ import streamwin
 PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
-    "errors", "world",
+    "errors", "arguments", "world",
     "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.streams", "plan.mix",
     "plan.epoch", "plan",
     "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.tables",
-    "packing.inputs.parquet", "packing.inputs.csv", "packing.inputs.jsonl", "packing.inputs.text",
+    "packing.inputs.rows", "packing.inputs.parquet", "packing.inputs.arrow", "packing.inputs.frames",
+    "packing.inputs.csv", "packing.inputs.jsonl", "packing.inputs.text",
     "packing.inputs.iterable", "packing.inputs.units", "packing.inputs", "packing.nonfinite", "packing.encode",
-    "packing.records", "packing.columns", "packing.writer", "packing.tasks", "packing.parallel", "packing.parts",
+    "packing.records", "packing.columns", "packing.writer", "packing.tasks", "packing.fragments", "packing.lock",
+    "packing.dest", "packing.unit", "packing.parallel", "packing.cluster_ray", "packing.cluster_dask",
+    "packing.parts", "packing.sources", "packing.engines",
     "packing.pack", "packing.scanner", "packing.scan", "packing",
+    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames",
+    "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "source", "packer", "batch", "nodes", "dataset", "pipeline",
     "feed.stats", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.worker", "feed.pool",
@@ -26,8 +31,7 @@ ORDER = [
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__",
 ]
-# no torch, no torchdata
-PURE = {"errors", "formats", "storage", "plan", "packing", "read", "state", "source", "packer"}
+PURE = {"errors", "arguments", "formats", "storage", "plan", "packing", "read", "state", "source", "packer"}  # no torch
 READ_SIDE = {"plan", "read", "state", "source", "packer", "batch", "nodes", "dataset", "pipeline", "feed", "loader"}
 
 
@@ -102,3 +106,27 @@ def test_packing_knows_nothing_of_the_read_side():
 def test_public_names_are_sorted_and_exist():
     assert streamwin.__all__ == sorted(streamwin.__all__)
     assert all(hasattr(streamwin, n) for n in streamwin.__all__)
+
+
+def test_modules_and_classes_stay_small():
+    """A module over 400 lines or a class over 300 is two things that want to be apart (issue 19)."""
+    big = []
+    for p in sorted(PKG.rglob("*.py")):
+        src = p.read_text()
+        if src.count("\n") > 400:
+            big.append(f"{p.relative_to(PKG)}: {src.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno > 300:
+                big.append(f"{p.relative_to(PKG)}: class {node.name} of {node.end_lineno - node.lineno} lines")
+    assert not big, big
+
+
+def test_no_module_reaches_into_another_objects_private_attributes():
+    """``x._name`` only for x = self or cls: another object's state is changed through its methods."""
+    reach = []
+    for p in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                reach.append(f"{p.relative_to(PKG)}:{node.lineno} .{node.attr}")
+    assert not reach, reach

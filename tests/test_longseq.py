@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-from streamwin.read import reader as read_mod
+from streamwin.read import ReadOptions, ShardReader
+from streamwin.read import inflate as inflate_mod
 
 W, S, H, B = 16, 1, 2, 32
 F = 4  # features: 16 bytes per step
@@ -170,10 +171,10 @@ def test_zstd_frames_are_read_and_decompressed_about_once(options, http_server, 
              enumerate(rng.integers(5, 400, size=300))}
     url = str(tmp_path / "ds")
     m = sw.pack(list(seqs.items()), url, shard_bytes=4 << 20, compression="zstd", progress=False)
-    assert m.frames is not None and m.length.max() * m.step_bytes > 2 * read_mod.FRAME_CACHE_BYTES
+    assert m.frames is not None and m.length.max() * m.step_bytes > 2 * inflate_mod.FRAME_CACHE_BYTES
     srv = http_server(tmp_path)
     ds = sw.WindowDataset(srv.url_for("ds"), **(dict(window=W, stride=4, horizon=H, batch_size=B, seed=5) | options))
-    plan, source = ds.plan().sources[0], ds.sources[0].reader()
+    plan, source = ds.plan().sources[0], ShardReader(ds.url, ds.manifest, ReadOptions())
     seen = 0
     steps = np.arange(W + H)
     for k in range(plan.num_blocks(0)):

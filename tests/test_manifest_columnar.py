@@ -1,4 +1,4 @@
-"""The columnar manifest (version 2): index.json plus a memory-mapped index.columns file.
+"""The columnar manifest (version 2): index.json plus a memory-mapped columns file (index-gNNNNNN.columns).
 
 Round trip against the inline form (version 1) computed by the same pack, old datasets still
 readable, the same batches from either form, remote datasets through the node cache, and a
@@ -19,7 +19,7 @@ from conftest import make_sequences
 from streamwin.errors import ManifestError
 from streamwin.formats.manifest import INDEX_NAME
 
-COLS = "index.columns"
+COLS = "index-g000001.columns"  # the columns file of the first generation packed into a folder
 
 
 def pack_both(tmp_path, seqs):
@@ -184,4 +184,8 @@ def test_columnar_parts_merge_into_the_same_manifest_and_repacking_small_drops_t
     sw.verify(parts, progress=False)
     monkeypatch.setattr(streamwin.storage.manifests, "COLUMNAR_FROM", 10**9)
     sw.pack(seqs, single, progress=False)  # the same dataset, now small enough to be inline again
-    assert read_json(single)["version"] == 1 and not os.path.exists(os.path.join(single, COLS))
+    assert read_json(single)["version"] == 1 and "columns_file" not in read_json(single)
+    # generation 1's columns file stays with its shards for the readers of the index it replaced, until the next pack
+    assert json.loads(open(os.path.join(single, "index-g000001.json")).read())["columns_file"]["name"] == COLS
+    sw.pack(seqs[:3], single, progress=False)
+    assert not os.path.exists(os.path.join(single, COLS))

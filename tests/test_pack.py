@@ -96,6 +96,12 @@ def shard_urls(root: Path | str) -> list[str]:
     return sorted(str(p) for p in Path(root).glob("*.tar"))
 
 
+def generation_unit(name: str) -> tuple[int, int]:
+    """(generation, unit) of a shard name shard-gGGGGGG-uUUUUUU-KKKKKK.tar."""
+    _, g, u, _ = name.split("-")
+    return int(g[1:]), int(u[1:])
+
+
 def files_of(root: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
 
@@ -135,12 +141,11 @@ def test_round_trip_iterable_local(tmp_path):
     assert sorted(os.listdir(dest)) == sorted([s.name for s in m.shards] + ["index.json"])
 
 
-@pytest.mark.parametrize("spill", [True, False], ids=["spill-file", "pipe"])
-def test_round_trip_npy_directory_two_workers(npy_dir, tmp_path, monkeypatch, spill):
+def test_round_trip_npy_directory_two_workers(npy_dir, tmp_path):
     root, expected = npy_dir
     dest = tmp_path / "ds"
-    monkeypatch.setattr(parallel, "SPILL_MIN", 0 if spill else 1 << 40)  # how worker output comes back
     m = sw.pack(str(root), str(dest), shard_bytes=16 << 10, workers=2, progress=False)
+    assert len({generation_unit(s.name) for s in m.shards}) > 3  # many units, packed by the two workers
     assert m.dropped_empty == 1 and m.dtype == np.int16 and m.step_shape == (2,)
     assert_same_arrays(read_via_manifest(str(dest)), expected)
     assert_same_arrays(read_via_webdataset(shard_urls(dest))[0], expected)
@@ -163,12 +168,15 @@ def test_round_trip_s3(s3_server, s3_bucket, tmp_path, monkeypatch):
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(url.removeprefix("s3://"))) == sorted(
         [s.name for s in m.shards] + ["index.json"])
     assert verify(url, storage_options=opts, progress=False)["sequences"] == 25
-    # a crash while re-packing: the index goes first, the shard being uploaded is never committed
+    # a crash while re-packing: the old dataset stays as it was, the new shards are removed
+    index = fs.cat_file(f"{url}/index.json")
     with pytest.raises(PackError, match="source died"):
-        sw.pack(crashing(seqs, 15), url, shard_bytes=1 << 20, storage_options=opts, progress=False)
+        sw.pack(crashing(seqs, 15), url, shard_bytes=1 << 10, storage_options=opts, progress=False)
     fs.invalidate_cache()
-    assert not fs.exists(f"{url}/index.json")
-    assert {s.name: fs.info(f"{url}/{s.name}")["size"] for s in m.shards} == {s.name: s.bytes for s in m.shards}
+    assert fs.cat_file(f"{url}/index.json") == index
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(url.removeprefix("s3://"))) == sorted(
+        [s.name for s in m.shards] + ["index.json"])
+    assert_same_arrays(read_via_manifest(url, opts), expected)
     # a directory of .npy files packed straight to S3 by two workers
     src = tmp_path / "src"
     src.mkdir()
@@ -208,11 +216,7 @@ def test_pack_twice_is_byte_identical(tmp_path, npy_dir):
     assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
     root, _ = npy_dir
     sw.pack(str(root), str(tmp_path / "w1"), shard_bytes=16 << 10, workers=1, progress=False)
-    parallel.SPILL_MIN, saved = 0, parallel.SPILL_MIN
-    try:
-        sw.pack(str(root), str(tmp_path / "w2"), shard_bytes=16 << 10, workers=2, progress=False)
-    finally:
-        parallel.SPILL_MIN = saved
+    sw.pack(str(root), str(tmp_path / "w2"), shard_bytes=16 << 10, workers=2, progress=False)
     one, two = files_of(tmp_path / "w1"), files_of(tmp_path / "w2")
     assert len(one) > 3 and one == two
 
@@ -303,16 +307,14 @@ def crashing(seqs, after: int):
         yield item
 
 
-def test_interrupted_pack_leaves_no_index_and_rerun_completes(tmp_path):
+def test_interrupted_pack_leaves_nothing_and_rerun_completes(tmp_path):
     seqs = make_sequences(40, seed=6)
     clean = tmp_path / "clean"
     sw.pack(seqs, str(clean), shard_bytes=32 << 10, progress=False)
     dest = tmp_path / "dest"
     with pytest.raises(PackError, match="source died after"):
         sw.pack(crashing(seqs, 25), str(dest), shard_bytes=32 << 10, progress=False)
-    names = os.listdir(dest)
-    assert "index.json" not in names and names  # some shards were finished, none is described
-    assert not [n for n in names if ".tmp" in n]  # the shard being written was dropped
+    assert os.listdir(dest) == []  # the shards it had finished are removed, and its lock
     with pytest.raises(ManifestError, match="index.json"):
         sw.load_manifest(str(dest))
     sw.pack(seqs, str(dest), shard_bytes=32 << 10, progress=False)
@@ -326,31 +328,31 @@ def test_interrupted_repack_over_a_finished_dataset(tmp_path):
     sw.pack(new, str(clean), shard_bytes=32 << 10, progress=False)
     dest = tmp_path / "dest"
     sw.pack(old, str(dest), shard_bytes=32 << 10, progress=False)
-    old_index = (dest / "index.json").read_bytes()
+    before = files_of(dest)
     with pytest.raises(PackError, match="source died after"):
         sw.pack(crashing(new, 20), str(dest), shard_bytes=32 << 10, progress=False)
-    # the old index is gone (it would describe shards that were partly overwritten), and no new one exists
-    assert not (dest / "index.json").exists()
+    assert files_of(dest) == before  # the old dataset, unchanged: nothing of the failed pack is left
+    assert_same_arrays(read_via_manifest(str(dest)), {k: a for k, a, _ in old})
     # a stale temporary from a killed run (no exception handler ran) is cleaned up by the next run
-    (dest / "shard-000001.tar.tmp-99999").write_bytes(b"partial")
-    sw.pack(new, str(dest), shard_bytes=32 << 10, progress=False)
-    assert files_of(dest) == files_of(clean)  # stale shards of the bigger dataset are gone too
-    assert (dest / "index.json").read_bytes() != old_index
+    (dest / "shard-g000002-u000000-000001.tar.tmp-99999-0a1b2c3d").write_bytes(b"partial")
+    m = sw.pack(new, str(dest), shard_bytes=32 << 10, progress=False)
+    # the new dataset is the clean pack's bytes under generation 2's names; generation 1 stays for its readers
+    assert [(dest / s.name).read_bytes() for s in m.shards] == [v for k, v in sorted(files_of(clean).items()) if k != "index.json"]
+    assert sorted(os.listdir(dest)) == sorted([s.name for s in m.shards] + ["index.json", "index-g000001.json"]
+                                              + [k for k in before if k != "index.json"])
+    assert_same_arrays(read_via_manifest(str(dest)), {k: a for k, a, _ in new})
 
 
-def test_crash_in_a_worker_process(tmp_path, npy_dir, monkeypatch):
+def test_crash_in_a_worker_process(tmp_path, npy_dir):
     root, _ = npy_dir
     (root / "a" / "seq0013.npy").write_bytes(b"\x93NUMPY garbage")
     dest = tmp_path / "d"
-    monkeypatch.setattr(parallel, "SPILL_MIN", 0)
-    monkeypatch.setattr(parallel.tempfile, "tempdir", str(tmp_path))  # spill files go here when there is no /dev/shm
-    spills = lambda: sorted(p.name for d in (Path("/dev/shm"), tmp_path) if d.is_dir() for p in d.glob("streamwin-pack-*"))
-    before = spills()
+    shm = lambda: sorted(p.name for p in Path("/dev/shm").glob("*streamwin*")) if Path("/dev/shm").is_dir() else []
+    before = shm()
     with pytest.raises(PackError, match="seq0013.npy"):
         sw.pack(str(root), str(dest), shard_bytes=4 << 10, workers=2, progress=False)
-    assert not (dest / "index.json").exists()
-    assert not [n for n in os.listdir(dest) if ".tmp" in n]
-    assert spills() == before  # the spill directory is gone
+    assert os.listdir(dest) == []  # no index, no shard of the failed pack, no temporary, no lock
+    assert shm() == before  # workers write their own shards: nothing is spilled to /dev/shm
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -404,7 +406,7 @@ def test_object_and_pickled_arrays_refused(tmp_path):
 
 def test_duplicate_keys(tmp_path):
     seqs = [("a", np.ones(2)), ("b", np.ones(2)), ("a", np.ones(3))]
-    with pytest.raises(PackError, match="duplicate sequence key 'a'.*shard-000000.tar"):
+    with pytest.raises(PackError, match="duplicate sequence key 'a'.*shard-g000001-u000000-000000.tar"):
         sw.pack(seqs, str(tmp_path / "x"), progress=False)
     src = tmp_path / "src"
     src.mkdir()
@@ -486,26 +488,31 @@ def test_parts_then_merge_equals_single_pack(tmp_path, npy_dir):
     assert sorted(read_via_manifest(str(tmp_path / "it"))) == sorted(k for k, _, _ in seqs)
 
 
-def test_merge_refuses_missing_part_and_repacking_a_part_unpublishes(tmp_path, npy_dir):
-    root, _ = npy_dir
+def test_merge_refuses_missing_parts_and_shards_and_a_failed_part_leaves_no_part_index(tmp_path, npy_dir):
+    root, expected = npy_dir
     dest = tmp_path / "parts"
     for i in (0, 2):
-        sw.pack(str(root), str(dest), part=f"{i}/3", progress=False)
+        sw.pack(str(root), str(dest), part=f"{i}/3", shard_bytes=16 << 10, progress=False)
     with pytest.raises(ManifestError, match=r"1 of 3 parts.*index.part00001-of-00003.json"):
         sw.merge(str(dest))
     assert not (dest / "index.json").exists()
-    sw.pack(str(root), str(dest), part="1/3", progress=False)
-    sw.merge(str(dest))
-    assert (dest / "index.json").exists()
-    # re-packing one part removes the merged index, which names that part's shards
+    sw.pack(str(root), str(dest), part="1/3", shard_bytes=16 << 10, progress=False)
+    # re-packing a part removes its part index first: a part that fails leaves none to merge
     with pytest.raises(PackError, match="source died after"):
         sw.pack(crashing(make_sequences(3), 1), str(dest), part="1/3", progress=False)
-    assert not (dest / "index.json").exists()
+    assert not (dest / "index.part00001-of-00003.json").exists()
+    sw.pack(str(root), str(dest), part="1/3", shard_bytes=16 << 10, progress=False)
     # a part index whose shard went missing
-    sw.pack(str(root), str(dest), part="1/3", progress=False)
-    next(dest.glob("part00002-shard-*.tar")).unlink()
-    with pytest.raises(ManifestError, match="missing.*part00002-shard"):
+    victim = sorted(dest.glob("shard-g000001-*.tar"))[-1]
+    data = victim.read_bytes()
+    victim.unlink()
+    with pytest.raises(ManifestError, match=f"missing.*{victim.name}"):
         sw.merge(str(dest))
+    victim.write_bytes(data)
+    m = sw.merge(str(dest))
+    assert not list(dest.glob("index.part*"))  # merged parts are gone; the dataset is an ordinary one
+    assert_same_arrays(read_via_manifest(str(dest)), expected)
+    assert sorted(os.listdir(dest)) == sorted([s.name for s in m.shards] + ["index.json"])
     with pytest.raises(ManifestError, match="no part indexes"):
         sw.merge(str(tmp_path / "nothing"))
 
@@ -531,7 +538,13 @@ def test_table_value_columns_are_recorded_and_the_left_out_ones_named(tmp_path, 
         monkeypatch.setitem(__import__("sys").modules, "pyarrow.csv", None)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "d.csv").write_text(PANDAS_CSV)
-    m = sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", order_column="t", progress=False)
+    # a CSV says nothing of which columns are values: pack asks rather than take the year as a feature
+    with pytest.raises(PackError, match=r"d\.csv: id_column='sensor' leaves 3 numeric columns, 'year', 'temp', "
+                                        r"'humidity'.*value_columns=\[\.\.\.\].*order_column=.*value_columns='\*'"):
+        sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", order_column="t", progress=False)
+    assert not (tmp_path / "ds" / "index.json").exists()
+    m = sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", order_column="t", value_columns="*",
+                progress=False)
     assert m.value_columns == ("year", "temp", "humidity")  # every numeric column but the id, order and index
     assert m.left_out_columns == {"": "pandas index", "sensor": "id column", "t": "order column", "site": "not numeric"}
     assert m.step_shape == (3,)
@@ -570,7 +583,7 @@ def test_files_with_other_value_columns_are_refused_naming_both(tmp_path):
     (tmp_path / "src" / "a.csv").write_text("id,u,v\ns,1.0,2.0\n")
     (tmp_path / "src" / "b.csv").write_text("id,u,w\nr,1.0,2.0\n")
     with pytest.raises(PackError, match=r"b\.csv.*\['u', 'w'\].*a\.csv.*\['u', 'v'\].*value_columns"):
-        sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="id", progress=False)
+        sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="id", value_columns="*", progress=False)
     m = sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="id", value_columns=["u"], workers=2,
                 progress=False)
     assert m.value_columns == ("u",)
@@ -583,7 +596,7 @@ def test_value_columns_survive_parts_and_merge(tmp_path):
         (tmp_path / "src" / f"{name}.csv").write_text(f"id,t,v,w\n{name},0,1.0,2.0\n{name},1,3.0,4.0\n")
     for i in range(3):
         sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="id", order_column="t", part=f"{i}/3",
-                progress=False)
+                value_columns="*", progress=False)
     m = sw.merge(str(tmp_path / "ds"))
     assert m.value_columns == ("v", "w") and m.left_out_columns == {"id": "id column", "t": "order column"}
 
@@ -598,7 +611,7 @@ def test_sources_without_column_names_record_none(tmp_path):
 def test_old_manifests_load_and_new_ones_keep_the_old_fields(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "d.csv").write_text(PANDAS_CSV)
-    sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", progress=False)
+    sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", value_columns="*", progress=False)
     doc = json.loads((tmp_path / "ds" / "index.json").read_text())
     # what older streamwin reads: version 1, shard entries with exactly these fields (ShardEntry(**entry))
     assert doc["version"] == 1
@@ -814,8 +827,9 @@ def test_framed_zstd_members_in_records_are_written_as_one_by_one(tmp_path):
     arrays = {f"a{i}": rng.integers(0, 4, size=(100_000 + 30_000 * i, 2)).astype(np.float32) for i in range(3)}
     for key, arr in arrays.items():
         np.save(src / f"{key}.npy", arr)
-    m = sw.pack(str(src), str(tmp_path / "dir"), compression="zstd", shard_bytes=300 << 10, progress=False)
-    sw.pack(list(arrays.items()), str(tmp_path / "it"), compression="zstd", shard_bytes=300 << 10, progress=False)
+    # one shard each (a unit of the directory is its three files, as the iterable is one unit)
+    m = sw.pack(str(src), str(tmp_path / "dir"), compression="zstd", shard_bytes=16 << 20, progress=False)
+    sw.pack(list(arrays.items()), str(tmp_path / "it"), compression="zstd", shard_bytes=16 << 20, progress=False)
     assert m.frames is not None and len(m.frames.seq) == 3 and all(m.size < records.RECORD_MAX)
     assert files_of(tmp_path / "dir") == files_of(tmp_path / "it")
     for i, (key, arr) in enumerate(arrays.items()):  # every frame, decompressed in turn, gives numpy's array

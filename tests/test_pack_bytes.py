@@ -1,7 +1,10 @@
 """pack writes the same bytes as before the redesign: every file of a small corpus in every input format.
 
-The digests in ``pack_digests.json`` were recorded at the start of the pack redesign (branch
-redesign-pack, from b381173), before any packing code moved. Each case packs one input
+The digests in ``pack_digests.json`` were first recorded at the start of the pack redesign (branch
+redesign-pack, from b381173), before any packing code moved, and recorded anew when packing
+became a function of one unit of input (branch cluster-pack): each unit writes its own shards,
+named from a generation and the unit's number (``shard-g000001-u000003-000000.tar``), so shards
+no longer span input files; the members' bytes are unchanged. Each case packs one input
 (npy files with a big-endian one and an empty one, stored and compressed npz with a cast,
 long and row parquet, csv, jsonl with metadata, text, an iterable with NaN, metadata and
 long zstd members, two workers, parts then merge, a columnar manifest) and every file the
@@ -112,6 +115,7 @@ def cases(inputs: dict[str, Path], dest: Path) -> dict[str, Path]:
             sw.pack(inputs["npy"], str(dest / "parts"), part=f"{i}/3", shard_bytes=1 << 15, progress=False)
         sw.merge(str(dest / "parts"))
         done["parts"] = dest / "parts"
+        run("npy_32k", inputs["npy"], shard_bytes=1 << 15)
     return done
 
 
@@ -127,7 +131,9 @@ def test_pack_writes_the_recorded_bytes(tmp_path):
     got = digests(tmp_path / "in", tmp_path / "out")
     assert sorted(got) == sorted(want)
     for name in want:
-        assert got[name] == want[name], f"case {name!r}: files differ from the bytes recorded before the redesign"
+        assert got[name] == want[name], f"case {name!r}: files differ from the bytes recorded"
+    # independent of how the units ran: in 2 worker processes, or in 3 parts merged, as in one process
+    assert got["npy_workers"] == got["npy"] and got["parts"] == got["npy_32k"]
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import pytest
 import streamwin as sw
 from servers import FaultPlan, s3_storage_options
 from streamwin.storage import ranged as storage
-from streamwin.read.reader import ShardSource
+from streamwin.read import ReadOptions, ShardReader
 from streamwin.storage.ranged import BrokenRead, RangeReader
 from streamwin.storage.urls import url_to_fs
 
@@ -165,7 +165,7 @@ def test_s3_shard_read_connection_refused_fails_fast(tmp_path):
     sw.pack(list(seqs.items()), str(tmp_path / "ds"), progress=False)
     ds = sw.WindowDataset(str(tmp_path / "ds"), window=8, batch_size=4)
     opts = s3_storage_options(f"http://127.0.0.1:{closed_port()}")
-    source = ShardSource("s3://bucket/ds", ds.manifest, storage_options=opts, retries=5, backoff=10)
+    source = ShardReader("s3://bucket/ds", ds.manifest, ReadOptions(storage_options=opts, retries=5, retry_backoff=10))
     t0 = time.perf_counter()
     with pytest.raises(sw.ShardError, match="connection refused") as info:
         source.read_block(ds.plan().sources[0], 0, 0)
@@ -209,6 +209,26 @@ def test_s3_transient_errors_are_retried_by_streamwin_only(s3_server, s3_bucket,
     assert sw.load_manifest(url, opts, retries=2, backoff=0.01).num_sequences == 1
     assert proxy.stats.get_requests == 3
 
+
+
+def test_shutdown_stops_the_readers_get_threads_and_a_later_read_starts_them_again(tmp_path, http_server):
+    """A block of runs in several shards is read by concurrent GETs; ``shutdown`` ends those threads."""
+    seqs = {f"k{i:02d}": np.arange(i * 1000, i * 1000 + 900, dtype=np.float32) for i in range(40)}
+    sw.pack(list(seqs.items()), str(tmp_path / "ds"), shard_bytes=8_000, progress=False)
+    ds = sw.WindowDataset(http_server(tmp_path).url_for("ds"), window=100, batch_size=4, slice_windows=2)
+    plan, reader = ds.plan().sources[0], ShardReader(ds.url, ds.manifest, ReadOptions())
+    before = set(threading.enumerate())
+    block = reader.read_block(plan, 0, 0)
+    gets = [t for t in set(threading.enumerate()) - before if t.name.startswith("streamwin-get")]
+    assert len(ds.manifest.shards) > 2 and len(gets) > 1
+    first = [block.buf[o : o + 400].tobytes() for o in block.offs]
+    reader.shutdown()
+    assert not any(t.is_alive() for t in gets)
+    again = reader.read_block(plan, 0, 0)
+    assert [again.buf[o : o + 400].tobytes() for o in again.offs] == first
+    keys = ds.manifest.keys(block.seq_ids[block.key_index])  # each window is its sequence's slice (4-byte steps)
+    assert first == [seqs[k][s : s + 100].tobytes() for k, s in zip(keys, block.start)]
+    reader.shutdown()
 
 
 READ_TRACED = """

@@ -118,7 +118,8 @@ def storage_options(pairs: list[tuple[str, str]] | None) -> dict | None:
 # library keyword -> this command line's option, for messages that tell the user what to pass
 _OPTION_OF = {"shard_bytes": "--shard-size", "format": "--format", "workers": "--workers",
               "compression": "--compression", "cast": "--cast", "empty": "--empty", "part": "--part", "nan": "--nan",
-              "storage_options": "--storage-option"}
+              "storage_options": "--storage-option", "engine": "--engine", "address": "--address",
+              "overwrite": "--overwrite", "create_bucket": "--create-bucket"}
 _KEYWORD = re.compile(r"(?<![\w-])(%s)=('[^']*'|\"[^\"]*\"|[^\s,;)]*)"
                       % "|".join(sorted({*_OPTION_OF, *INPUT_OPTIONS}, key=len, reverse=True)))
 
@@ -129,7 +130,7 @@ def cli_words(message: str) -> str:
     def option(m: re.Match) -> str:
         name, value = m.group(1), m.group(2).strip("'\"")
         if name in _OPTION_OF:
-            return f"{_OPTION_OF[name]} {value}".rstrip()
+            return _OPTION_OF[name] if value == "True" else f"{_OPTION_OF[name]} {value}".rstrip()  # a flag
         return f"--option {name}={value}"
     return _KEYWORD.sub(option, message)
 

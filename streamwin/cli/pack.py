@@ -32,7 +32,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
         m = pack(args.src, args.dest, shard_bytes=args.shard_size, format=args.format, workers=args.workers,
                  compression=None if args.compression == "none" else args.compression, cast=args.cast,
                  empty=args.empty, nan=args.nan, part=part, storage_options=storage_options(args.storage_option),
-                 progress=not args.no_progress, **options)
+                 progress=not args.no_progress, engine=args.engine, address=args.address, overwrite=args.overwrite,
+                 create_bucket=args.create_bucket, **options)
     seconds = time.perf_counter() - start
     nbytes = sum(s.bytes for s in m.shards)
     what = f"part {part[0]}/{part[1]}: " if part else ""
@@ -95,26 +96,7 @@ def _verify(url: str, args: argparse.Namespace) -> int:
 
 def add_pack_commands(sub: Any) -> None:
     """The subcommands pack, merge, index and verify, with their options."""
-    p = add_command(sub, "pack", cmd_pack, "pack an input (directory, file or URL) into tar shards and index.json")
-    p.add_argument("src", help="directory or file of .npy/.npz/parquet/csv/jsonl/text, or a URL")
-    p.add_argument("dest", help="dataset root: local path or fsspec URL (s3://, gs://, memory://, ...)")
-    p.add_argument("--shard-size", type=parse_size, default=256 << 20, metavar="SIZE",
-                   help="close a shard once it holds this many bytes (default 256MiB)")
-    p.add_argument("--workers", type=int_at_least(1), default=1, help="processes reading and encoding input files (default 1)")
-    p.add_argument("--format", choices=[f for f in FORMATS if f != "iterable"], help="input format (default: detected)")
-    p.add_argument("--compression", choices=["none", "zstd"], default="none", help="per-member compression")
-    p.add_argument("--cast", type=dtype_arg, metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
-    p.add_argument("--empty", choices=["skip", "error"], default="skip",
-                   help="zero-length sequences: skip and count them (default) or fail")
-    p.add_argument("--nan", choices=["count", "raise"], default="count",
-                   help="NaN and inf values: count them in index.json (default) or fail, naming the first")
-    p.add_argument("--part", type=part_arg, metavar="I/N", help="pack part I of N of the input files (then: streamwin merge DEST)")
-    p.add_argument("--option", action="append", type=key_value, metavar="KEY=VALUE",
-                   help="input option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
-    p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_storage(p)
-
+    _add_pack(sub)
     p = add_command(sub, "merge", cmd_merge, "write index.json from the part indexes of `pack --part i/n`")
     p.add_argument("dest")
     add_storage(p)
@@ -128,4 +110,34 @@ def add_pack_commands(sub: Any) -> None:
     p = add_command(sub, "verify", cmd_verify, "re-read every shard and check sizes, checksums, members and headers against index.json")
     p.add_argument("url")
     p.add_argument("--no-progress", action="store_true")
+    add_storage(p)
+
+
+def _add_pack(sub: Any) -> None:
+    """The pack subcommand and its options."""
+    p = add_command(sub, "pack", cmd_pack, "pack an input (directory, file or URL) into tar shards and index.json")
+    p.add_argument("src", help="directory, file, URL or glob of .npy/.npz/parquet/arrow/csv/jsonl/text files")
+    p.add_argument("dest", help="dataset root: local path or fsspec URL (s3://, gs://, memory://, ...)")
+    p.add_argument("--shard-size", type=parse_size, default=256 << 20, metavar="SIZE",
+                   help="close a shard once it holds this many bytes (default 256MiB)")
+    p.add_argument("--workers", type=int_at_least(1), default=1,
+                   help="processes packing units of the input on this machine (default 1)")
+    p.add_argument("--engine", choices=["ray", "dask"],
+                   help="run the units as tasks on a Ray or Dask cluster (--address, else a local one); same bytes")
+    p.add_argument("--address", metavar="ADDR", help="the cluster for --engine: ray://host:10001, tcp://scheduler:8786")
+    p.add_argument("--format", choices=[f for f in FORMATS if f not in ("iterable", "table")], help="input format (default: detected)")
+    p.add_argument("--compression", choices=["none", "zstd"], default="none", help="per-member compression")
+    p.add_argument("--cast", type=dtype_arg, metavar="DTYPE", help="convert every array to DTYPE (e.g. float32) instead of refusing a mismatch")
+    p.add_argument("--empty", choices=["skip", "error"], default="skip",
+                   help="zero-length sequences: skip and count them (default) or fail")
+    p.add_argument("--nan", choices=["count", "raise"], default="count",
+                   help="NaN and inf values: count them in index.json (default) or fail, naming the first")
+    p.add_argument("--part", type=part_arg, metavar="I/N", help="pack part I of N of the input files (then: streamwin merge DEST)")
+    p.add_argument("--option", action="append", type=key_value, metavar="KEY=VALUE",
+                   help="input option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
+    p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files at DEST that are not this dataset's (refused otherwise, naming them)")
+    p.add_argument("--create-bucket", action="store_true", help="create DEST's object-store bucket if it does not exist")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_storage(p)

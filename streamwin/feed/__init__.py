@@ -1,6 +1,9 @@
 """Feeding the trainer: one pass of batches from this process, worker processes or a device.
 
-In: a plan and a position (epoch, batches taken). Out: batches as tensors, each a view of a
-reused buffer, a worker's shared-memory slot, or windows cut on the device from blocks
-uploaded once; and the position moved on by each batch handed out.
+In: a plan and the loader's position (epoch, batches taken). Out: batches as tensors, each a
+view of a reused buffer, of a worker's shared-memory slot, or cut on the device from blocks
+uploaded once; and the position moved on by each batch handed out. Modules, in import order:
+``stats`` (run totals), ``device`` (device blocks and gather), ``slots`` (shared memory),
+``protocol`` (pipe messages), ``worker`` (the worker process), ``pool`` (its trainer side),
+``feeds`` (in-process and worker passes), ``device_feeds`` (device passes).
 """

@@ -29,7 +29,7 @@ import torch
 from streamwin.batch import BatchKeys
 import streamwin.feed.device_crops as dc
 from streamwin.packer import CropBlock, release_of
-from streamwin.read.reader import Block
+from streamwin.read import Block
 
 
 @dataclass

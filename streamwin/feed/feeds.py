@@ -65,7 +65,6 @@ class Feed:
         self.total = self.offset + plan.batches_per_rank
         self.manifests = ctx.dataset.manifests  # one per source (a mixed dataset's keys decode by source)
         self.closed = False
-        ctx.dataset.warn_nonfinite()
 
     def __iter__(self) -> "Feed":
         return self

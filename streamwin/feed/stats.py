@@ -7,14 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from streamwin.read.reader import ReadStats
+from streamwin.read import ReadStats
 
 STAT_FIELDS = tuple(f.name for f in fields(ReadStats))  # read counters, in the order workers publish them
 
 
-def read_counters(stats: ReadStats) -> np.ndarray:
-    """A reader's counters as an int64 array in STAT_FIELDS order."""
-    return np.array([getattr(stats, f) for f in STAT_FIELDS], dtype=np.int64)
+def read_counters(stats: list[ReadStats]) -> np.ndarray:
+    """Readers' counters, summed, as an int64 array in STAT_FIELDS order."""
+    return np.array([sum(getattr(s, f) for s in stats) for f in STAT_FIELDS], dtype=np.int64)
 
 
 class RunStats:

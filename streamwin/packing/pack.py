@@ -1,47 +1,39 @@
-"""Pack inputs into tar shards plus an index.json manifest, written last.
+"""Pack inputs into tar shards plus an index.json manifest, written last, on this machine or a cluster.
 
-One writer appends members to the current shard and starts a new one past ``shard_bytes``,
-so the output is byte-identical for the same input, however many worker processes
-encode (read, convert, compress) the input files in parallel.
+The input is cut into units (`sources`: a file, a run of small files, a partition, a block),
+each packed on its own by `unit.pack_unit` into shards named from the unit's number, which
+returns its index fragment; `fragments` merges the fragments in unit order and `dest`
+commits the manifest. Where the units run is the only thing ``engine`` changes: here or in
+``workers`` processes (`parallel`), as Ray tasks or as Dask tasks (`engines`). The output is
+byte-identical whichever runs them.
 
-Crash safety, step by step:
-
-1. The index this pack will write (index.json, or its part index) is removed before
-   anything else, so from then on the destination reads as "not finished".
-2. Each shard is written to a temporary name and renamed when complete (local), or
-   uploaded in one object PUT that becomes visible only when complete (object stores);
-   an error discards the shard being written.
-3. index.json is written atomically after every shard is complete: it is the commit marker.
-4. Only then are leftovers of earlier runs removed (shards past the new count, temporaries).
-
-So an interrupted pack leaves no index.json at all, and rerunning it completes the dataset.
-
-The stages, each a module of ``streamwin.packing``: ``inputs`` lists the input's units (one
-per file) and reads them; ``tasks`` groups units into tasks and encodes a task into parts
-(``encode`` one sequence, ``records`` many short ones at once); ``parallel`` runs tasks in
-worker processes; ``writer`` appends parts to shards and records the manifest's columns
-(``columns``, kept in files); ``parts`` packs a part of the input and merges part indexes.
+Crash safety: a pack holds the destination's lock (`lock`) from start to commit, writes a new
+generation of shards whose names cannot collide with the live dataset's, and commits by
+replacing index.json atomically (`dest.commit`), keeping the replaced generation for its
+readers and removing older ones only then. A pack that fails or is killed at any moment
+leaves the old dataset readable and unchanged; the next pack removes what it left.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from streamwin.errors import PackError
-from streamwin.formats.manifest import INDEX_NAME, Manifest
-from streamwin.packing.encode import EncodedSeq, EncodeOptions
-from streamwin.packing.inputs import Columns, list_units
-from streamwin.packing.parallel import encoded
-from streamwin.packing.parts import merge, parse_part, part_index_name, part_units
-from streamwin.packing.records import Records
-from streamwin.packing.writer import ShardWriter
-from streamwin.storage.manifests import write_manifest
-from streamwin.storage.urls import join, remove_if_exists, url_to_fs
+from streamwin.formats.manifest import Manifest
+from streamwin.packing.dest import Survey, commit, prepare, refuse_foreign, remove_generations, survey
+from streamwin.packing.encode import EncodeOptions
+from streamwin.packing.engines import run_units
+from streamwin.packing.fragments import FragmentMerger
+from streamwin.packing.lock import PackLock
+from streamwin.packing.parts import merge, parse_part, unpublish_part, write_part
+from streamwin.packing.sources import Source, open_dest, source_of
+from streamwin.packing.unit import UnitJob
 
 __all__ = ["NonFiniteWarning", "merge", "pack"]
 
@@ -80,32 +72,37 @@ def _accepts_source(func: Callable[..., Manifest]) -> Callable[..., Manifest]:
 def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | None = None,
          workers: int = 1, compression: str | None = None, cast: str | None = None,
          empty: str = "skip", nan: str = "count", part: str | tuple[int, int] | None = None,
-         storage_options: dict | None = None, progress: bool = True, **input_options: Any) -> Manifest:
-    """Pack inputs (files of sequences, or an iterable) into tar shards and an index.json at ``dest`` (any fsspec URL).
+         storage_options: dict | None = None, progress: bool = True, engine: str | None = None,
+         address: str | None = None, overwrite: bool = False, create_bucket: bool = False,
+         **input_options: Any) -> Manifest:
+    """Pack inputs (files of sequences, a dataset object, or an iterable) into tar shards and an index.json at ``dest``.
 
     Args:
-        inputs: a directory or file (.npy dir, .npz, parquet, csv, jsonl, text), a list of them,
-            or an iterable of ``(key, array)`` / ``(key, array, meta)``. (Called ``source``
-            before: ``source=`` still works, with a DeprecationWarning.)
-        dest: the dataset root. A dataset already there is replaced (its index.json is removed
-            first, so a crash in between leaves no dataset rather than a wrong one).
+        inputs: a directory, file or fsspec URL (.npy dir, .npz, parquet, .arrow/.feather, csv,
+            jsonl, text), a list of them, a dataset object (``ray.data.Dataset``,
+            ``dask.dataframe.DataFrame``, ``datasets.Dataset`` / ``IterableDataset``, a pyarrow
+            Table or pandas DataFrame), or an iterable of ``(key, array)`` / ``(key, array, meta)``.
+            (Called ``source`` before: ``source=`` still works, with a DeprecationWarning.)
+        dest: the dataset root (any fsspec URL). A dataset already there is replaced atomically:
+            readers see the old one until the new one is complete.
         shard_bytes: a shard is closed once it holds at least this many bytes.
         format: the input format when it cannot be detected (see ``streamwin.packing.inputs.FORMATS``).
-        workers: processes that read and encode input files in parallel (output is identical).
+        workers: processes that pack units in parallel on this machine (output is identical).
         compression: None or "zstd" (per member, ``<key>.npy.zst``; byte ranges stay addressable).
         cast: convert every array to this dtype instead of refusing a dtype mismatch.
-        empty: "skip" zero-length sequences (counted in ``manifest.dropped_empty``; the
-            default) or "error" (PackError naming the first one).
-        nan: "count" NaN and inf values (``manifest.nonfinite``: in all and per shard; the
-            default) or "raise" (PackError naming the sequence and the step of the first one).
-        part: ``"i/n"`` packs the i-th of n disjoint parts of the inputs (contiguous runs of
-            their files; every n-th item of an iterable) into its own shard range and part index;
-            `merge` then writes the combined index.json.
+        empty: "skip" zero-length sequences (counted in ``manifest.dropped_empty``) or "error".
+        nan: "count" NaN and inf values (``manifest.nonfinite``) or "raise" (naming the first).
+        part: ``"i/n"`` packs the i-th of n disjoint parts of the units into a part index;
+            `merge` then writes the combined index.json (byte-identical to one pack).
         storage_options: fsspec options for ``dest`` (credentials, endpoint_url, ...).
         progress: show a tqdm bar on stderr (bytes, MB/s, sequences, shards).
-        input_options: passed to the input format's reader (e.g. ``id_column=``, ``field=``). The
-            value columns a table's values came from are recorded (``manifest.value_columns``), and
-            the ones left out with the reason (``manifest.left_out_columns``).
+        engine: None (this machine), "ray" or "dask": run the units as tasks on that cluster
+            (``address``, else the running one, else a local one). A Ray or Dask input uses its
+            own engine. The output is byte-identical whichever engine runs it.
+        overwrite: replace files at ``dest`` that are not this dataset's (else refused, named).
+        create_bucket: create the object-store bucket of ``dest`` when it does not exist.
+        input_options: passed to the input format's reader (e.g. ``id_column=``, ``field=``,
+            ``variates_first=``). The value columns are recorded (``manifest.value_columns``).
 
     Returns:
         The manifest written to ``dest``.
@@ -113,15 +110,25 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     _check_sizes(shard_bytes, workers)
     options = EncodeOptions(cast=cast, compression=compression, empty=empty, nan=nan)
     part_ = parse_part(part)
-    units = part_units(list_units(inputs, format=format, **input_options), part_)
-    fs, root = url_to_fs(dest, storage_options)
-    index_name = _unpublish(fs, root, part_)
-    prefix = "shard-" if part_ is None else f"part{part_[0]:05d}-shard-"
-    writer = ShardWriter(fs, root, shard_bytes=shard_bytes, prefix=prefix, compression=compression)
-    borrowed = any(u.format == "iterable" for u in units)  # a generator may reuse its arrays
-    manifest = _write(writer, encoded(units, options, workers), borrowed, f"pack {dest}", progress)
-    write_manifest(fs, root, manifest, index_name)
-    writer.remove_leftovers()
+    source = source_of(inputs, format, input_options, engine, part_, shard_bytes)
+    fs, root = open_dest(dest, storage_options, create_bucket)
+    prepare(fs, root)
+    run = functools.partial(_pack_units, source, dest, storage_options, shard_bytes, options, workers, address,
+                            progress)
+    if part_ is not None:
+        start = survey(fs, root)
+        refuse_foreign(start, dest, overwrite)
+        unpublish_part(fs, root, part_)
+        manifest = run(start.gen + 1)
+        write_part(fs, root, manifest, part_)
+    else:
+        with PackLock(fs, root, dest) as lock:
+            start = survey(fs, root)
+            refuse_foreign(start, dest, overwrite)
+            remove_generations(fs, root, start, {start.gen, start.kept})  # what killed packs left
+            gen = max(start.newest, lock.stale_gen) + 1
+            lock.set_generation(gen)
+            manifest = _committed(fs, root, dest, lambda: run(gen), gen, start, lock, overwrite)
     if manifest.nonfinite.nan or manifest.nonfinite.inf:
         warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
                       f"into {dest} (manifest.nonfinite counts them; nan='raise' refuses them)",
@@ -129,51 +136,50 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     return manifest
 
 
-def _unpublish(fs, root: str, part: tuple[int, int] | None) -> str:
-    """Remove the index this pack will write, so that from now on the destination reads as "not
-    finished"; a part also removes index.json, which names shards the part rewrites. Returns its name."""
-    fs.makedirs(root, exist_ok=True)
-    index_name = INDEX_NAME if part is None else part_index_name(*part)
-    remove_if_exists(fs, join(root, index_name))
-    if part is not None:
-        remove_if_exists(fs, join(root, INDEX_NAME))
-    return index_name
-
-
-def _write(writer: ShardWriter, tasks: Iterator[tuple[list[EncodedSeq | Records], int, Columns | None]],
-           borrowed: bool, desc: str, progress: bool) -> Manifest:
-    """Append every part to the shards and return the manifest; on any error the shard being
-    written is discarded."""
-    dropped, shown, columns = 0, 0, None
-    bar = tqdm(desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
+def _committed(fs, root: str, dest: str, build: Callable[[], Manifest], gen: int, start: Survey, lock: PackLock,
+               overwrite: bool) -> Manifest:
+    """``build()`` the new generation and commit it; on any failure remove what it wrote and re-raise."""
     try:
-        for parts, skipped, found in tasks:
-            dropped += skipped
-            columns = _same_columns(columns, found)
-            for part in parts:
-                bar.update(writer.add(part, borrowed=borrowed))
-            if writer.count - shown >= 1000 or parts and not isinstance(parts[0], EncodedSeq):
-                shown = writer.count
-                # strings: tqdm would print 10000 as 1e+4
-                bar.set_postfix(sequences=f"{shown:,}", shards=f"{writer.open_shards:,}", refresh=False)
-        writer.close()
-        return writer.manifest(dropped, columns)
+        manifest = build()
+        lock.check()
+        commit(fs, root, dest, manifest, gen, start, overwrite)
+        return manifest
+    except BaseException as e:
+        try:
+            after = survey(fs, root)
+            remove_generations(fs, root, after, {g for g in (after.gen, after.kept) if g != gen}, parts=False)
+        except Exception:  # the next pack removes what is left
+            pass
+        if isinstance(e, Exception) and not isinstance(e, PackError):
+            lock.check()  # a pack that lost its lock meets the other pack's cleanup: say that, not its symptom
+        raise
+
+
+def _pack_units(source: Source, dest: str, storage_options: dict | None, shard_bytes: int, options: EncodeOptions,
+                workers: int, address: str | None, progress: bool, gen: int) -> Manifest:
+    """Pack every unit of ``source`` as generation ``gen`` and merge their fragments (in unit order)."""
+    jobs = ((UnitJob(number, task, dest, storage_options, gen, shard_bytes, options), data)
+            for number, task, data in source.units())
+    merger = FragmentMerger()
+    bar = tqdm(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    counts = [0, 0]  # sequences, units
+
+    def moved(nbytes: int, sequences: int) -> None:
+        bar.update(nbytes)
+        counts[0] += sequences
+        # strings: tqdm would print 10000 as 1e+4
+        bar.set_postfix(sequences=f"{counts[0]:,}", units=f"{counts[1]:,}", refresh=False)
+
+    try:
+        with contextlib.closing(run_units(source.engine, jobs, workers, address, moved)) as fragments:
+            for fragment in fragments:  # closed on any error: the engine's tasks in flight end first
+                counts[1] += 1
+                merger.add_fragment(fragment)
+        return merger.finish()
     except BaseException:
-        writer.abort()
+        merger.discard()
         raise
     finally:
         bar.close()
 
-
-def _same_columns(current: Columns | None, found: Columns | None) -> Columns | None:
-    """Every table file must give the same value columns; the left-out ones of all files are kept."""
-    if found is None:
-        return current
-    if current is None:
-        return found
-    if found.taken != current.taken:
-        raise PackError(f"{found.where} gives value columns {list(found.taken)}, but {current.where} gave "
-                        f"{list(current.taken)}; pass value_columns= to take the same columns from every file")
-    left_out = dict(current.left_out) | dict(found.left_out)
-    return Columns(current.taken, tuple(left_out.items()), current.where)

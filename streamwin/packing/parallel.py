@@ -1,99 +1,84 @@
-"""Encode tasks in this process or in worker processes, and hand their parts over in input order.
+"""Run unit jobs on this machine: in this process, or in worker processes that write their own shards.
 
-With one worker (or one task), tasks are encoded here, part by part, and an in-memory
-iterable item by item (it is never held whole). With ``workers > 1``, forked processes encode
-whole tasks, at most two per worker ahead of the writer, so a slow destination never piles
-results up in memory. A worker's parts come back through one spill file in /dev/shm
-(RAM-backed, about twice as fast as the result pipe) unless they are small, and are handed
-over in task order, so the shards are the same as with one process.
+With one worker (or one unit) the units are packed here, one after the other, and the
+progress bar moves with every sequence. With ``workers > 1``, a pool of forked processes packs
+whole units (`unit.pack_unit`): each worker writes its unit's shards itself and sends back
+only the unit's index fragment (a few bytes per sequence), so nothing is spilled anywhere
+and the parent only merges. At most two units per worker are in flight, and fragments come
+back in unit order. A worker dies with the pack (Linux: PR_SET_PDEATHSIG), so a killed pack
+leaves no process behind; a worker that dies raises a PackError here instead of a hang.
 """
 from __future__ import annotations
 
 import collections
-import dataclasses
+import ctypes
 import multiprocessing as mp
-import os
-import shutil
+import signal
 import sys
-import tempfile
-from typing import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Iterator
 
-import numpy as np
+from streamwin.errors import PackError
+from streamwin.packing.fragments import Fragment
+from streamwin.packing.unit import Progress, UnitJob, pack_unit
 
-from streamwin.packing.encode import EncodedSeq, EncodeOptions, Streamed
-from streamwin.packing.inputs import Columns, InputUnit, read_unit
-from streamwin.packing.records import Records
-from streamwin.packing.tasks import Tally, encode_units, tasks_of
-
-SPILL_MIN = 256 << 10  # a worker's output for a task smaller than this comes back through the pipe
+Job = tuple[UnitJob, Any]  # a unit job and the in-memory data the task gets with it (None for files)
 
 
-def encode_task(args: tuple) -> tuple[list[EncodedSeq | Records], int, str | None, list[int], Columns | None]:
-    """Worker-process task: `encode_units` of a task's input units.
-
-    Unless the unit is small, the parts' contents travel back through one spill file in
-    ``spill_dir`` (RAM-backed /dev/shm where there is one), about twice as fast as through the
-    result pipe; the parts then come back empty, with their content sizes in order (see `unspill`).
-    """
-    units, options, spill_dir = args
-    tally = Tally()
-    parts = list(encode_units(units, options, tally))
-    skipped, columns = tally.skipped, tally.columns
-    sizes = [p.nbytes if isinstance(p, Records) else p.size for p in parts]
-    if sum(sizes) < SPILL_MIN:
-        return parts, skipped, None, sizes, columns
-    fd, path = tempfile.mkstemp(dir=spill_dir, suffix=".spill")
-    with os.fdopen(fd, "wb") as f:
-        for p in parts:
-            for chunk in (p.data,) if isinstance(p, Records) else (p.head, p.body):
-                for piece in (chunk if isinstance(chunk, Streamed) else (chunk,)):
-                    f.write(piece)
-    empty_parts = [dataclasses.replace(p, data=b"") if isinstance(p, Records) else dataclasses.replace(p, head=b"", body=b"")
-                   for p in parts]
-    return empty_parts, skipped, path, sizes, columns
-
-
-def unspill(parts: list[EncodedSeq | Records], path: str | None, sizes: list[int]) -> list[EncodedSeq | Records]:
-    """The parts of `encode_task` with their contents back (views of the spill file, read whole)."""
-    if path is None:
-        return parts
-    with open(path, "rb") as f:
-        view = memoryview(f.read())
-    os.unlink(path)
-    bounds = np.cumsum([0] + sizes).tolist()
-    return [dataclasses.replace(p, data=view[a:b]) if isinstance(p, Records) else dataclasses.replace(p, body=view[a:b])
-            for p, a, b in zip(parts, bounds, bounds[1:])]
-
-
-def encoded(units: list[InputUnit], options: EncodeOptions, workers: int) -> Iterator[tuple[list[EncodedSeq | Records], int, Columns | None]]:
-    """(parts to write, zero-length sequences skipped, a table's value columns when first known)
-    per task of input files (`encode_units`), or per item of an iterable, in input order."""
-    tasks = tasks_of(units)
-    if workers <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            if task[0].format != "iterable":
-                tally = Tally()
-                for part in encode_units(task, options, tally):
-                    yield [part], 0, None
-                yield [], tally.skipped, tally.columns
-                continue
-            for key, arr, meta in read_unit(task[0]):  # item by item: a huge in-memory iterable is never held whole
-                enc = options.encode(key, arr, meta)
-                yield ([enc] if enc is not None else []), int(enc is None), None
+def run_local(jobs: Iterator[Job], workers: int, progress: Progress) -> Iterator[Fragment]:
+    """Pack every job here (``workers`` 1) or in ``workers`` processes; fragments in unit order."""
+    jobs = iter(jobs)
+    first = next(jobs, None)
+    if first is None:
         return
+    second = next(jobs, None)
+    if workers <= 1 or second is None or first[0].inputs[0].format == "iterable":
+        for job, data in (j for j in (first, second) if j is not None):
+            yield pack_unit(job, data, progress)
+        for job, data in jobs:
+            yield pack_unit(job, data, progress)
+        return
+    yield from _in_processes(_chain(first, second, jobs), workers, progress)
+
+
+def _chain(*heads_and_rest) -> Iterator[Job]:
+    *heads, rest = heads_and_rest
+    yield from heads
+    yield from rest
+
+
+def _in_processes(jobs: Iterator[Job], workers: int, progress: Progress) -> Iterator[Fragment]:
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    spill_dir = tempfile.mkdtemp(prefix="streamwin-pack-", dir=shm)
-    args = iter([(t, options, spill_dir) for t in tasks])
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_die_with_parent)
+    pending: collections.deque[Future] = collections.deque()
     try:
-        with ctx.Pool(workers) as pool:
-            # a bounded window of tasks in flight: a slow destination never piles results up in memory
-            pending = collections.deque(pool.apply_async(encode_task, (a,)) for _, a in zip(range(2 * workers), args))
-            while pending:
-                parts, skipped, path, sizes, columns = pending.popleft().get()
-                for a in args:
-                    pending.append(pool.apply_async(encode_task, (a,)))
-                    break
-                yield unspill(parts, path, sizes), skipped, columns
+        for job, data in jobs:
+            pending.append(pool.submit(pack_unit, job, data))
+            if len(pending) >= 2 * workers:
+                yield _done(pending.popleft(), progress)
+        while pending:
+            yield _done(pending.popleft(), progress)
     finally:
-        shutil.rmtree(spill_dir, ignore_errors=True)
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _done(future: Future, progress: Progress) -> Fragment:
+    try:
+        fragment = future.result()
+    except BrokenProcessPool as e:
+        raise PackError(f"a pack worker process died ({e}); the dataset at the destination is unchanged") from e
+    progress(fragment.nbytes, fragment.sequences)
+    return fragment
+
+
+def _die_with_parent() -> None:
+    """In a worker: be killed when the pack process dies (Linux), so a killed pack leaves no worker writing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which ends the pool
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass

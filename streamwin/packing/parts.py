@@ -1,24 +1,26 @@
 """Pack a dataset in parts, on many machines at once, then merge their indexes into one index.json.
 
-``pack(..., part="i/n")`` packs the i-th of n disjoint parts of the input (a contiguous run
-of its files, or every n-th item of an iterable) into shards of its own prefix
-(``partIIIII-shard-NNNNNN.tar``) and a part index (``index.partIIIII-of-NNNNN.json``). A
-dataset is complete only when `merge` has checked that every part is there and agrees with
-the others, and written the combined index.json: that write is the commit marker, as for
-a pack in one piece.
+``pack(..., part="i/n")`` packs the i-th of n disjoint parts of the input's units (a contiguous
+run of them, or every n-th item of an iterable) and writes the merged fragment of its units
+as a part index (``index.partIIIII-of-NNNNN.json``). Units keep their numbers, so a part
+writes exactly the shards a pack in one piece would (``shard-gG-uU-K.tar``), all parts
+write the same generation (the live dataset's + 1), and `merge` (under the pack lock, like
+a pack) checks that every part is there and agrees with the others, then commits the
+combined index: byte-identical to a pack in one piece. The part indexes are removed once
+merged.
 """
 from __future__ import annotations
 
 import re
-from typing import Iterator
-
-import numpy as np
 
 from streamwin.errors import ManifestError, PackError
-from streamwin.formats.manifest import Manifest, NonFinite, build_manifest
-from streamwin.packing.inputs import InputUnit
+from streamwin.formats.manifest import Manifest
+from streamwin.packing.dest import commit, generation, survey
+from streamwin.packing.fragments import FragmentMerger
+from streamwin.packing.inputs import Columns
+from streamwin.packing.lock import PackLock
 from streamwin.storage.manifests import load_manifest, write_manifest
-from streamwin.storage.urls import join, url_to_fs
+from streamwin.storage.urls import join, remove_if_exists, url_to_fs
 
 
 def parse_part(part: str | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -47,53 +49,54 @@ def part_indexes(dest: str, *, storage_options: dict | None = None) -> list[str]
     return sorted(p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
 
 
-def part_units(units: list[InputUnit], part: tuple[int, int] | None) -> list[InputUnit]:
-    """The units of part i of n: a contiguous run of files, or every n-th item of an iterable."""
-    if part is None:
-        return units
+def part_range(count: int, part: tuple[int, int]) -> range:
+    """The units of part i of n among ``count``: a contiguous run; PackError when it is empty."""
     i, n = part
-    if len(units) == 1 and units[0].format == "iterable":
-        u = units[0]
-        return [InputUnit(u.format, u.path, u.name, u.options, data=_every_nth(u.data, i, n))]
-    mine = units[i * len(units) // n : (i + 1) * len(units) // n]
+    mine = range(i * count // n, (i + 1) * count // n)
     if not mine:
-        raise PackError(f"part {i}/{n} is empty: the input has only {len(units)} file(s); use at most that many parts")
+        raise PackError(f"part {i}/{n} is empty: the input has only {count} unit(s) (files); use at most that many parts")
     return mine
 
 
-def _every_nth(items, i: int, n: int) -> Iterator:
-    for j, item in enumerate(items):
-        if j % n == i:
-            yield item
+def unpublish_part(fs, root: str, part: tuple[int, int]) -> None:
+    """Remove part i of n's index before the part is packed (again): until it is written anew, the part
+    reads as not finished, whatever its shards hold meanwhile."""
+    name = part_index_name(*part)
+    remove_if_exists(fs, join(root, name))
+    remove_if_exists(fs, join(root, name[: -len(".json")] + ".columns"))
+
+
+def write_part(fs, root: str, manifest: Manifest, part: tuple[int, int]) -> None:
+    """Write part i of n's index (the merged fragment of its units)."""
+    write_manifest(fs, root, manifest, part_index_name(*part))
 
 
 def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
-    """Combine the part indexes written by ``pack(..., part="i/n")`` into one index.json.
+    """Combine the part indexes written by ``pack(..., part="i/n")`` into one index.json, committed as a pack commits.
 
     Refuses (ManifestError) when a part index is missing, the parts disagree on n, dtype,
-    step shape or compression, a key is in two parts, or a shard a part names is missing.
+    step shape, compression or generation, a key is in two parts, or a shard a part names is missing.
     """
     fs, root = url_to_fs(dest, storage_options)
-    expected = _finished_parts(dest, storage_options)
-    parts = [load_manifest(dest, storage_options, name=name) for name in expected]
-    _check_parts_agree(dest, expected, parts, {p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)})
-    keys = [k for m in parts for k in m.keys(np.arange(m.num_sequences))]
-    if len(set(keys)) != len(keys):
-        seen: set[str] = set()
-        dup = next(k for k in keys if k in seen or seen.add(k))
-        raise ManifestError(f"cannot merge {dest}: key {dup!r} appears in more than one part")
-    cols = {c: np.concatenate([getattr(m, c) for m in parts]) for c in ("length", "offset", "size", "hlen")}
-    counted = all(m.nonfinite is not None for m in parts)
-    nonfinite = NonFinite(sum(m.nonfinite.nan for m in parts), sum(m.nonfinite.inf for m in parts),
-                          tuple(n for m in parts for n in m.nonfinite.per_shard)) if counted else None
-    left_out = {k: v for m in parts for k, v in (m.left_out_columns or {}).items()}
-    first = parts[0]
-    manifest = build_manifest(first.dtype, first.step_shape, first.compression,
-                              [s for m in parts for s in m.shards], keys, cols,
-                              sum(m.dropped_empty for m in parts), value_columns=first.value_columns,
-                              left_out_columns=left_out if first.value_columns is not None else None,
-                              nonfinite=nonfinite, frames=_merged_frames(parts))
-    write_manifest(fs, root, manifest)
+    _finished_parts(dest, storage_options)  # before the lock: a folder with no parts is not written to
+    with PackLock(fs, root, dest, what="merge") as lock:
+        start = survey(fs, root)
+        expected = _finished_parts(dest, storage_options)
+        parts = [load_manifest(dest, storage_options, name=name) for name in expected]
+        gen = _part_generation(dest, expected, parts, start.gen)
+        _check_present(dest, parts, set(start.names))
+        merger = FragmentMerger()
+        try:
+            for name, m in zip(expected, parts):
+                columns = None if m.value_columns is None else Columns(m.value_columns,
+                                                                         tuple((m.left_out_columns or {}).items()), name)
+                merger.add(m, m.dropped_empty, columns, name)
+            manifest = merger.finish()
+        except PackError as e:
+            merger.discard()
+            raise ManifestError(f"cannot merge {dest}: {e}") from e
+        lock.check()
+        commit(fs, root, dest, manifest, gen, start)
     return manifest
 
 
@@ -113,29 +116,22 @@ def _finished_parts(dest: str, storage_options: dict | None) -> list[str]:
     return expected
 
 
-def _check_parts_agree(dest: str, names: list[str], parts: list[Manifest], present: set[str]) -> None:
-    """ManifestError unless every part has the first one's dtype, step shape, compression and value
-    columns, and every shard a part names is ``present``."""
-    first = parts[0]
-    for name, m in zip(names, parts):
-        if (m.dtype, m.step_shape, m.compression) != (first.dtype, first.step_shape, first.compression):
-            raise ManifestError(f"{name} has dtype {m.dtype}, step shape {m.step_shape}, compression {m.compression}; "
-                                f"{names[0]} has {first.dtype}, {first.step_shape}, {first.compression}")
-        if m.value_columns != first.value_columns:
-            raise ManifestError(f"{name} has value columns {m.value_columns}, {names[0]} has {first.value_columns}")
+def _part_generation(dest: str, names: list[str], parts: list[Manifest], live: int) -> int:
+    """The one generation every part wrote, newer than the live dataset's (else ManifestError)."""
+    gens = {name: {generation(s.name) for s in m.shards} for name, m in zip(names, parts)}
+    found = set().union(*gens.values())
+    if len(found) != 1 or None in found:
+        raise ManifestError(f"cannot merge {dest}: the parts wrote shards of different generations "
+                            f"{sorted(g for g in found if g is not None)}; re-pack the stale parts")
+    gen = found.pop()
+    if gen <= live:
+        raise ManifestError(f"cannot merge {dest}: the parts wrote generation {gen}, but the dataset there is "
+                            f"generation {live} (it was re-packed after they started); re-pack the parts")
+    return gen
+
+
+def _check_present(dest: str, parts: list[Manifest], present: set[str]) -> None:
     absent = [s.name for m in parts for s in m.shards if s.name not in present]
     if absent:
-        raise ManifestError(f"cannot merge {dest}: {len(absent)} shard(s) named by the part indexes are missing: {', '.join(absent[:5])}")
-
-
-def _merged_frames(parts: list[Manifest]) -> tuple[int, np.ndarray, np.ndarray] | None:
-    """The frames fields of part manifests as one (sequence numbers shifted past the parts before)."""
-    framed = [(m, before) for m, before in zip(parts, np.cumsum([0] + [m.num_sequences for m in parts]))
-              if m.frames is not None]
-    if not framed:
-        return None
-    rows = {m.frames.rows for m, _ in framed}
-    if len(rows) > 1:
-        raise ManifestError(f"cannot merge: the parts' zstd frames hold different step counts {sorted(rows)}")
-    return (rows.pop(), np.concatenate([m.frames.seq + before for m, before in framed]),
-            np.concatenate([m.frames.ends for m, _ in framed]))
+        raise ManifestError(f"cannot merge {dest}: {len(absent)} shard(s) named by the part indexes are missing: "
+                            f"{', '.join(absent[:5])}")

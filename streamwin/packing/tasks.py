@@ -1,7 +1,8 @@
 """Tasks: the inputs cut into pieces of work, and what encoding one piece yields.
 
 pack lists its input units (one per file) and groups them into tasks (`tasks_of`): runs of
-up to TASK_FILES one-sequence files (.npy, text), any other unit alone. `encode_units`
+up to TASK_FILES one-sequence files (.npy, text), any other unit alone; each task is one unit
+of packing (see ``unit``), numbered in order. `encode_units`
 reads a task's units and yields the parts the writer appends, in order: Records of short
 sequences (a Batch of an input, encoded BATCH_SEQS at a time; sequences read one by one,
 gathered up to BATCH_SEQS), and each long sequence on its own as an EncodedSeq, written from
@@ -15,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from streamwin.packing.encode import EncodedSeq, EncodeOptions, Streamed
-from streamwin.packing.inputs import Batch, Columns, InputUnit, format_of, read_batches
+from streamwin.packing.inputs import Batch, Columns, InputUnit, format_of, read_batches, read_unit
 from streamwin.packing.records import RECORD_MAX, Records, batch_fits, encode_batch, records_of
 
 BATCH_SEQS = 8192  # sequences per Records at most
@@ -31,20 +32,39 @@ class Tally:
     columns: Columns | None = None
 
 
-def tasks_of(units: list[InputUnit]) -> list[list[InputUnit]]:
-    """Units in tasks, in order: runs of up to TASK_FILES one-sequence files, any other unit alone
-    (a table reports its own value columns)."""
+def tasks_of(units: list[InputUnit], task_bytes: int = 256 << 20) -> list[list[InputUnit]]:
+    """Units in tasks, in order: runs of one-sequence files, up to TASK_FILES files and about ``task_bytes``
+    bytes each (so a task writes about one shard), any other unit alone (a table reports its own value columns)."""
     tasks: list[list[InputUnit]] = []
+    size = 0
     for unit in units:
-        grouped = tasks and format_of(tasks[-1][-1]).one_per_file and len(tasks[-1]) < TASK_FILES
+        last = tasks[-1] if tasks else None
+        grouped = (last and format_of(last[-1]).one_per_file and len(last) < TASK_FILES
+                   and size + unit.size <= task_bytes)
         if grouped and format_of(unit).one_per_file:
-            tasks[-1].append(unit)
+            last.append(unit)
+            size += unit.size
         else:
             tasks.append([unit])
+            size = unit.size
     return tasks
 
 
 def encode_units(units: list[InputUnit], options: EncodeOptions, tally: Tally) -> Iterator[EncodedSeq | Records]:
+    """The parts of a task's units (`encode_batches`), or, for an in-memory iterable, its items encoded one by
+    one (a generator may reuse its arrays, so none is held past its write; the iterable is never held whole)."""
+    if len(units) == 1 and units[0].format == "iterable":
+        for key, arr, meta in read_unit(units[0]):
+            enc = options.encode(key, arr, meta)
+            if enc is None:
+                tally.skipped += 1
+            else:
+                yield enc
+        return
+    yield from encode_batches(units, options, tally)
+
+
+def encode_batches(units: list[InputUnit], options: EncodeOptions, tally: Tally) -> Iterator[EncodedSeq | Records]:
     """The parts of some input files (a task: see `tasks_of`) to write, in order: Records of their
     short sequences (made by `encode_batch`, BATCH_SEQS at a time, where an input gives a Batch),
     and long ones as EncodedSeq, written from their arrays. Counts skipped sequences and value

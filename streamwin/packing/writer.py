@@ -6,14 +6,14 @@ holds ``shard_bytes``, so the shards depend only on the order of the sequences, 
 many processes encoded them. Each shard is written under a temporary name and renamed when
 complete (local), or uploaded as one object that becomes visible only when complete (object
 stores); `abort` discards the shard being written. Its sha256 is computed on a background
-thread as the bytes go out. `manifest` turns the recorded columns into the Manifest, after
-checking that no key was written twice.
+thread as the bytes go out. `manifest` turns the recorded columns into the Manifest of what
+it wrote (one unit's: see ``unit``).
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import re
+import uuid
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -23,11 +23,11 @@ from streamwin.errors import PackError
 from streamwin.formats import tar as tarfmt
 from streamwin.formats.manifest import Frames, Manifest, NonFinite, ShardEntry
 from streamwin.formats.zstd import frame_rows
-from streamwin.packing.columns import SequenceColumns, duplicate_key
+from streamwin.packing.columns import SequenceColumns
 from streamwin.packing.encode import EncodedSeq, Streamed
 from streamwin.packing.inputs import Columns
 from streamwin.packing.records import RECORD_MAX, Records
-from streamwin.storage.urls import is_local, join, remove_if_exists
+from streamwin.storage.urls import is_local, join
 
 
 class _Hasher:
@@ -202,7 +202,8 @@ class ShardWriter:
     def _open_next(self) -> None:
         self._name = self._shard_name(len(self.shards))
         path = join(self.root, self._name)
-        self._tmp = f"{path}.tmp-{os.getpid()}" if is_local(self.fs) else None
+        # unique per writer: two tasks of one unit (a retry, a duplicate) may run at once in one process
+        self._tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if is_local(self.fs) else None
         self._file = open(self._tmp, "wb", buffering=1 << 20) if self._tmp else self.fs.open(path, "wb")
         self._hash = _Hasher(self._hash_pool)
         self._pos = self._count = self._steps = self._nonfinite = 0
@@ -248,18 +249,12 @@ class ShardWriter:
         self.shard_nonfinite.append(self._nonfinite)
 
     def manifest(self, dropped_empty: int, columns: Columns | None) -> Manifest:
-        """The manifest of what was written (after `close`): PackError if nothing was, or a key twice."""
+        """The manifest of what was written (after `close`): PackError if nothing was. Keys are checked
+        for duplicates where the units' manifests are merged (``fragments``)."""
         if self.dtype is None:
             raise PackError(f"the input yielded no non-empty sequence ({dropped_empty} empty ones): nothing to pack")
         cols = self.sequences.columns()
         keys, key_ends = cols.pop("keys"), cols.pop("key_ends")
-        twice = duplicate_key(keys, key_ends)
-        if twice is not None:
-            starts = np.cumsum([0] + [s.num_sequences for s in self.shards])
-            i, j = (self._shard_name(int(np.searchsorted(starts, k, side="right")) - 1) for k in twice)
-            key = bytes(keys[(int(key_ends[twice[1] - 1])) : int(key_ends[twice[1]])]).decode("ascii")
-            raise PackError(f"duplicate sequence key {key!r} (first written to {i}, again to {j}); "
-                            "keys must be unique in a dataset")
         frames = None
         if self.framed:
             step = np.dtype(self.dtype).itemsize * int(np.prod(self.step_shape, dtype=np.int64))
@@ -269,11 +264,3 @@ class ShardWriter:
                         dropped_empty=dropped_empty, value_columns=columns.taken if columns else None,
                         left_out_columns=dict(columns.left_out) if columns else None,
                         nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)), frames=frames, **cols)
-
-    def remove_leftovers(self) -> None:
-        """Remove this prefix's shards past the ones just written and temporaries of crashed runs."""
-        pattern = re.compile(re.escape(self.prefix) + r"(\d{6})\.tar(\.tmp-\d+)?")
-        for path in self.fs.glob(join(self.root, f"{self.prefix}*")):
-            m = pattern.fullmatch(path.rsplit("/", 1)[-1])
-            if m and (m.group(2) or int(m.group(1)) >= len(self.shards)):
-                remove_if_exists(self.fs, path)

@@ -6,30 +6,12 @@ it in ``WindowDataset(...)``; a valid object never needs checking again downstre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from streamwin.arguments import check_bool, check_int
+
 EQUALIZE = ("drop", "pad")
-
-
-def check_int(name: str, value: Any, low: int) -> None:
-    """An integer (numpy ones too, bool not) of at least ``low``, else an error naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer >= {low}, got {value!r} ({type(value).__name__})")
-    if value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-def is_real(value: Any) -> bool:
-    """An int or float (numpy ones too) but not a bool; NaN passes here and fails every bound check."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-
-def check_bool(name: str, value: Any) -> None:
-    """True or False (numpy's too), else a TypeError naming ``name``."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 @dataclass(frozen=True)

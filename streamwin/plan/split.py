@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamwin.plan.options import check_int, is_real
+from streamwin.arguments import check_int, is_real
 
 SPLITS = ("train", "val", "test")
 _P = np.uint64(0x100000001B3)  # FNV prime: odd, hence invertible modulo 2**64

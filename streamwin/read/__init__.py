@@ -1,7 +1,17 @@
 """Reading: a block of the plan's windows -> one buffer holding the steps they cover.
 
-In: the plan's block (global window indices), the manifest, the dataset URL. Out: a Block
-(bytes, and where each window starts in them). Local and cached shards are mapped, remote
-ones read with ranged GETs, zstd members decompressed frame by frame; headers are checked
-against the manifest and failures name the shard, member and byte offset.
+In: one source's plan (a block's global window indices, via ``locate`` and ``ends``), the
+dataset's URL and manifest, and ReadOptions (storage options, retries, on_error, node
+cache). Out: a Block (the bytes, and where each window's step 0 lies in them) and
+ReadStats. ``ShardReader`` assembles a block; what to fetch is worked out without I/O
+(``pieces``, ``runs`` for plain members, ``frames`` for zstd ones), and fetched through a
+transport per kind of storage (``local`` files, mapped; ``remote`` ranged GETs; the node
+``cached`` copies), zstd members decompressed in ``inflate``. Headers are checked against
+the manifest and failures name the shard, member and byte offset (``members``).
 """
+from streamwin.read.block import READABLE, Block, ReadStats
+from streamwin.read.frames import zstd_slice_windows
+from streamwin.read.options import ReadOptions
+from streamwin.read.reader import ShardReader
+
+__all__ = ["Block", "READABLE", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]

@@ -1,148 +1,102 @@
 """Read the sequences a block of windows needs into one contiguous byte buffer.
 
-Local (and node-cached) shards are mapped into the buffer instead of read (see mapped.py):
-the batch gather is then the only copy of a window's bytes.
+A block's windows are cut into pieces (pieces.py); what each piece needs is worked out
+without I/O (runs.py for plain members, frames.py for zstd ones) and fetched through the
+dataset's transport: the local shard files (local.py), ranged GETs on object storage
+(remote.py), or the node cache's copies (cached.py). Local and cached shards are mapped
+into the buffer instead of read, so the batch gather is the only copy of a window's bytes
+(plain.py); zstd members are decompressed frame by frame (compressed.py, inflate.py).
 
-A block's windows are cut into pieces, runs of consecutive windows of one sequence (with
-shuffle a block holds several slices of the plan, scattered over the shards and over a long
-sequence), and only the steps each piece covers are read. Pieces of consecutive windows are
-merged across the headers between them, so a slice of many short sequences is one read;
-pieces of different slices only across a gap small beside them, so an epoch reads each
-shard byte about once (bytes read / shard bytes near 1, in ``stats()``), and a block's
-buffer holds what its windows cover, however long the sequences. Every
-``.npy`` header that a read covers is checked against the manifest (dtype, shape, header
-length) before any window is cut from it. Reads retry with exponential backoff; what still
-fails is a ShardError naming the shard, the member and the byte offset.
+Pieces of consecutive windows are merged across the headers between them, so a slice of
+many short sequences is one read; pieces of different slices only across a gap small
+beside them, so an epoch reads each shard byte about once (bytes read / shard bytes near
+1, in ``stats``), and a block's buffer holds what its windows cover, however long the
+sequences. Every ``.npy`` header that a read covers is checked against the manifest
+(dtype, shape, header length) before any window is cut from it. Reads retry with
+exponential backoff; what still fails is a ShardError naming the shard, the member and the
+byte offset (or, with on_error="skip", windows of weight 0, counted).
 """
 from __future__ import annotations
 
-import os
 import threading
-import time
-import warnings
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from streamwin.storage import mapped
 from streamwin.formats import npy as npyfmt
-from streamwin.formats import tar as tarfmt
-from streamwin.errors import ShardError
 from streamwin.formats.manifest import Manifest
-from streamwin.plan.epoch import Plan
-from streamwin.storage.ranged import BrokenRead, RangeReader
-from streamwin.storage.retry import describe, permanent
-from streamwin.storage.urls import is_local, join, url_to_fs
+from streamwin.read.block import READABLE, Block, ReadStats
+from streamwin.read.cached import CachedShards
+from streamwin.read.compressed import CompressedReads
+from streamwin.read.counts import Counters
+from streamwin.read.frames import zstd_slice_windows
+from streamwin.read.local import LocalShards
+from streamwin.read.members import Members
+from streamwin.read.options import ReadOptions
+from streamwin.read.pieces import land, pieces
+from streamwin.read.plain import PlainReads
+from streamwin.read.remote import RemoteShards
+from streamwin.read.runs import MERGE_GAP
+from streamwin.read.transport import Transport
+from streamwin.storage import mapped
+from streamwin.storage.cache import ShardCache
+from streamwin.storage.urls import is_local, url_to_fs
 
-MERGE_GAP = 64 << 10  # read through gaps (tar and npy headers, json members) up to this size
-OTHER_GAP_RATIO = 8  # read through another block's bytes only up to 1/8 of the reads beside them
-REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
-COMPRESSED_GAP = 4 << 10  # compressed members this close are read as one run (tar headers, json members)
-RAW_BATCH = 8 << 20  # compressed bytes of a block read (and decompressed) at a time
-FRAME_CACHE_BYTES = 4 << 20  # decompressed zstd frames kept per reading thread for the next pieces and blocks
-WHOLE_UNIT_BYTES = 256 << 10  # an unframed zstd member up to this size is cached like a frame (pack's frame size)
-SLICE_UNITS = 8  # a default zstd read slice spans this many frames or members (see zstd_slice_windows)
-MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
-READABLE = np.iinfo(np.int64).max  # steps readable of a sequence that read without error: all of them
-
-
-def zstd_slice_windows(m: Manifest, stride: int) -> int:
-    """Fewest windows of a default read slice of a zstd dataset (1 for others): SLICE_UNITS of the units a
-    read decompresses whole (a frame of a framed member, else a member), a unit's size weighted by it.
-
-    A slice's edges cut a unit that the blocks of both neighbours read and decompress: with
-    slices of a few windows each unit would be read about once per slice in it (frames of
-    thousands of windows: bytes read 10-100x the shards). A slice SLICE_UNITS times the
-    (size-weighted) unit reads and decompresses about 1 + 1 / SLICE_UNITS of them.
-    """
-    if m.compression is None or not m.num_sequences:
-        return 1
-    rows = m.frames.rows if m.frames is not None else max(1, WHOLE_UNIT_BYTES // max(m.step_bytes, 1))
-    length = m.length.astype(np.float64)
-    if not length.sum():
-        return 1
-    frames, rest = np.divmod(length, rows)  # each member: units of ``rows`` steps and one shorter
-    weighted = float(frames.sum()) * rows * rows + float(np.dot(rest, rest))  # sum over units of steps squared
-    return int(np.ceil(SLICE_UNITS * weighted / float(length.sum()) / stride))
+# batch.py and feed/device.py import Block from here; the rest of the library imports from streamwin.read
+__all__ = ["Block", "BlockPlan", "READABLE", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]
 
 
-@dataclass
-class Block:
-    """The windows of one block and the bytes they are cut from.
+class BlockPlan(Protocol):
+    """What the reader asks of one source's plan (streamwin.plan's ``SourcePlan``)."""
 
-    ``offs[i]`` is the byte offset in ``buf`` where window i's step 0 begins; ``valid[i]`` the
-    steps of window + horizon that lie inside the sequence (less than the span only for a
-    padded window of a short sequence). ``buf`` has a zero tail one span long, so a padded
-    window never reads past it.
+    config: Any  # .spec.span: steps a window reads (window + horizon)
+
+    def block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(global window indices in stream order, which are real, the shuffle of the block or None)."""
+
+    def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sequence, first step) of windows ``g``."""
+
+    def ends(self, seq: np.ndarray) -> np.ndarray:
+        """Where each sequence ends in the plan's view (a split may end it early)."""
+
+
+class ShardReader:
+    """Reads the blocks of a plan from a dataset's shards (any fsspec URL), as ``options`` say.
+
+    Args:
+        url: the dataset's root (local path or fsspec URL).
+        manifest: its manifest, which every read and header is checked against.
+        options: storage options, retries, on_error and the node cache (see ReadOptions).
     """
 
-    buf: np.ndarray
-    offs: np.ndarray
-    start: np.ndarray
-    real: np.ndarray
-    valid: np.ndarray
-    seq_ids: np.ndarray  # manifest indices of the block's distinct sequences
-    key_index: np.ndarray  # window i belongs to sequence seq_ids[key_index[i]]
-    buf_tensor: Any = None  # the gatherer's tensor views of buf, made once; dropped with buf
-
-    def __len__(self) -> int:
-        return len(self.offs)
+    def __init__(self, url: str, manifest: Manifest, options: ReadOptions | None = None):
+        self.options = options = options if options is not None else ReadOptions()
+        self.manifest = manifest
+        self.members = Members(url, manifest)
+        self.counters = Counters(options.on_error)
+        self.shards = _transport(url, self.members, self.counters, options)
+        if manifest.compression:
+            self.reads: PlainReads | CompressedReads = CompressedReads(self.shards, self.members, self.counters)
+        else:  # local and cached shards are mapped, not read: the gather then copies straight from the page cache
+            map_files = self.shards.mappable and mapped.available()
+            self.reads = PlainReads(self.shards, self.members, self.counters, map_files=map_files)
+        self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
+        self._lock = threading.Lock()
 
     @property
-    def nbytes(self) -> int:
-        return self.buf.nbytes
+    def stats(self) -> ReadStats:
+        """What reading has cost so far (bytes, requests, retries, skips, cache hits)."""
+        return self.counters.stats
 
-
-@dataclass
-class ReadStats:
-    bytes_read: int = 0
-    reads: int = 0
-    retries: int = 0
-    skipped_ranges: int = 0
-    skipped_windows: int = 0
-    cache_hits: int = 0
-    bytes_decompressed: int = 0  # zstd output (npy headers included): near the members' bytes when frames are used once
-
-
-class ShardSource:
-    """Reads byte ranges of a dataset's shards (any fsspec URL) and assembles blocks."""
-
-    def __init__(self, url: str, manifest: Manifest, *, storage_options: dict[str, Any] | None = None,
-                 retries: int = 5, backoff: float = 0.2, on_error: str = "raise", cache=None):
-        self.url = url.rstrip("/")
-        self.manifest = manifest
-        self.fs, self.root = url_to_fs(url, storage_options, own_retries=True)
-        self.local = is_local(self.fs)
-        self.ranges = None if self.local else RangeReader(self.fs)  # streamed GETs, pooled connections
-        self.retries, self.backoff = retries, backoff
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        self.on_error = on_error
-        self.cache = cache  # a streamwin.cache.ShardCache, or None
-        # local and cached shards are mapped, not read: the gather then copies straight from the page cache
-        self.map_files = (self.local or cache is not None) and mapped.available()
-        self._pool = None
-        self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
-        self.stats = ReadStats()
-        self._header_cache: dict[bytes, tuple] = {}
-        self._unfetchable: dict[int, ShardError] = {}  # shards the cache failed to fetch for the current block
-        self._lock = threading.Lock()
-        self._local = threading.local()  # per reading thread: its zstd decompressor
-
-    def shard_url(self, k: int) -> str:
-        return f"{self.url}/{self.manifest.shards[k].name}"
-
-    def read_block(self, plan: Plan, stream: int, block: int) -> Block:
+    def read_block(self, plan: BlockPlan, stream: int, block: int) -> Block:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""
         with self._lock:
             self._unmap.clear()
-            self._unfetchable.clear()
+        self.shards.begin_block()
         g, real, shuffled = plan.block_parts(stream, block)  # stream order: runs of consecutive windows
         m = self.manifest
-        span = plan.config.spec.span
-        sb = m.step_bytes
+        span, sb = plan.config.spec.span, m.step_bytes
         order = np.argsort(g, kind="stable")  # manifest order: by sequence, then start
         seq, start = plan.locate(g[order])
         real = real[order]
@@ -151,23 +105,16 @@ class ShardSource:
         into_yield = rank if shuffled is None else rank[shuffled]
         length = plan.ends(seq)  # a split's view may end before the sequence does
         if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
-            raise self._byte_order_error(int(seq[0]))
-        p = _pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
+            raise self.members.byte_order_error(int(seq[0]))
+        p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
         uniq, inv = np.unique(seq, return_inverse=True)
         valid = np.minimum(length - start, span)
-        if m.compression:
-            buf, base, good = self._read_compressed(p, span * sb)
-        else:
-            buf, base, good = self._read_plain(p.seq, p.s_lo, p.s_hi, span * sb, p.joined)
-        piece_of = p.index
-        offs = base[piece_of] + start * sb
-        if good.min(initial=READABLE) < READABLE:  # on_error="skip": unreadable windows become zeros of weight 0
-            lost = start + valid > good[piece_of]  # a window needs steps [start, start + valid) of its sequence
-            offs[lost] = len(buf) - span * sb
+        buf, base, good = self.reads.read(p, span * sb)
+        offs, lost = land(p, base, good, start, valid, sb, len(buf) - span * sb)
+        if lost.any():  # on_error="skip": unreadable windows become zeros of weight 0
             real = real & ~lost
             valid = np.where(lost, 0, valid)
-            with self._lock:
-                self.stats.skipped_windows += int(lost.sum())
+            self.counters.add(skipped_windows=int(lost.sum()))
         offs, start, real, valid, inv = (a[into_yield] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, uniq, inv)
 
@@ -184,643 +131,19 @@ class ShardSource:
                 self._unmap.append(base)
         block.buf = block.buf_tensor = None
 
-    def _name_member(self, err: ShardError, seqs: np.ndarray) -> ShardError:
-        """The same error, naming the member whose bytes hold the failing offset."""
-        if err.member is not None or err.offset is None or not len(seqs):
-            return err
-        starts = self.manifest.offset[seqs] - tarfmt.BLOCK  # each member's tar header
-        i = int(seqs[max(int(np.searchsorted(starts, err.offset, side="right")) - 1, 0)])
-        named = ShardError(err.reason, shard=err.shard, member=self._member(i), offset=err.offset)
-        named.__cause__ = err.__cause__
-        return named
-
-    def _skip_or_raise(self, err: ShardError) -> None:
-        if self.on_error == "raise":
-            raise err
-        with self._lock:
-            self.stats.skipped_ranges += 1
-            first = self.stats.skipped_ranges == 1
-        if first:
-            warnings.warn(f"streamwin: skipping unreadable data (on_error='skip'), further skips are counted "
-                          f"in loader.stats(): {err}", RuntimeWarning, stacklevel=2)
-
-    # -- uncompressed: byte ranges mapped, or read, into the block buffer ---------------------
-    def _read_plain(self, uniq: np.ndarray, s_lo: np.ndarray, s_hi: np.ndarray, tail: int,
-                    joined: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
-
-        Piece u needs steps [s_lo[u], s_hi[u]) of sequence uniq[u] (pieces in manifest order, a
-        sequence may have several). Neighbours in a shard are read as one run: across any gap up
-        to MERGE_GAP when the pieces hold consecutive windows (``joined``: the gap is headers and
-        sequences without windows), else only across a gap small beside both pieces (the gap is
-        other blocks' data, which an epoch would read twice).
-        """
-        m = self.manifest
-        sb = m.step_bytes
-        shard = np.searchsorted(m.shard_starts, uniq, side="right") - 1
-        data0 = m.offset[uniq] + m.hlen[uniq]
-        r_lo = np.where(s_lo == 0, m.offset[uniq], data0 + s_lo * sb)  # from step 0: include the npy header
-        r_hi = data0 + s_hi * sb
-        new = np.ones(len(uniq), dtype=bool)
-        gap = r_lo[1:] - r_hi[:-1]
-        small = np.minimum(r_hi - r_lo, MERGE_GAP * OTHER_GAP_RATIO) // OTHER_GAP_RATIO
-        room = np.where(joined[1:], MERGE_GAP, np.minimum(small[1:], small[:-1]))
-        new[1:] = (shard[1:] != shard[:-1]) | (gap > room)
-        first = np.flatnonzero(new)
-        run = np.cumsum(new) - 1
-        run_lo = r_lo[first]
-        run_hi = np.maximum.reduceat(r_hi, first)
-        run_shard = shard[first]
-        mapping = None
-        if self.map_files and len(first) <= MAX_MAPPED_RUNS:
-            try:
-                mapping = self._map_runs(run_shard, run_lo, run_hi, tail)
-            except OSError:  # out of address space or mappings: read instead
-                pass
-        buf, run_at, errors, fill = mapping or self._read_runs(run_shard, run_lo, run_hi, tail)
-        base = run_at[run] + (data0 - run_lo[run])
-        at = (run_at[run] + (m.offset[uniq] - run_lo[run])).tolist()
-        hlens = m.hlen[uniq].tolist()
-        bounds = np.append(first, len(uniq)).tolist()
-        good = np.full(len(uniq), READABLE, dtype=np.int64)
-        reach = _Reach(uniq, r_lo, r_hi, data0, s_lo, sb)
-        for j, err in enumerate(errors):
-            k, u0, u1 = int(run_shard[j]), bounds[j], bounds[j + 1]
-            if err is not None:  # skip mode: keep what the run delivered, read the rest member by member
-                def reread(v: int) -> ShardError | None:
-                    return fill(k, int(r_lo[v]), int(run_hi[j]), int(run_at[j] + r_lo[v] - run_lo[j]))
-                self._recover(err, reach, u0, u1, reread, good)
-            for u in range(u0, u1):
-                if s_lo[u] == 0 and good[u] > 0:  # the read covers this member's .npy header: check it
-                    try:
-                        self._check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(uniq[u]), k)
-                    except ShardError as e:
-                        self._skip_or_raise(e)
-                        good[u] = 0
-        return buf, base, good
-
-    def _recover(self, err: ShardError, reach: "_Reach", u0: int, u1: int, reread, good: np.ndarray) -> None:
-        """After a failed run read: the steps each member got before the failure; the rest read again.
-
-        A failed read leaves every byte before the error's offset in place. The member holding
-        that offset keeps the steps before it; the members after it are read again, from the
-        next one's first byte, until a read gets to the end. An error at no place in the range
-        (a shard the cache could not fetch), or a read again that gets no byte at all (a file
-        cut short, an object gone), loses the rest of the run at once: each try would fail
-        alike. Each failure is one skipped range.
-        """
-        u, again = u0, False
-        while err is not None:
-            self._skip_or_raise(self._name_member(err, reach.uniq[u:u1]))
-            fail = err.offset
-            if fail is None or fail < reach.r_lo[u] or (again and fail == reach.r_lo[u]):
-                good[u:u1] = 0
-                return
-            v = u + int(np.searchsorted(reach.r_hi[u:u1], fail, side="right"))  # members before v are whole
-            if v < u1 and reach.r_lo[v] <= fail:  # the failure is inside member v
-                good[v] = reach.steps_before(v, fail)
-                v += 1
-            if v == u1:
-                return
-            err, u, again = reread(v), v, True
-
-    def _read_runs(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: int):
-        """Read each run [lo, hi) of its shard into one buffer, back to back.
-
-        Returns (buffer, run starts, errors, fill), where ``fill(k, lo, hi, at)`` reads bytes
-        [lo, hi) of shard k to ``at`` in the buffer again (ShardError or None).
-        """
-        pos = np.zeros(len(lo) + 1, dtype=np.int64)
-        np.cumsum(hi - lo, out=pos[1:])
-        buf = mapped.anonymous(int(pos[-1]) + tail)  # zeroed: the tail too
-        runs = [(int(shard[j]), int(lo[j]), memoryview(buf)[pos[j] : pos[j + 1]]) for j in range(len(lo))]
-
-        def fill(k: int, a: int, b: int, at: int) -> ShardError | None:
-            return self._try_read((k, a, memoryview(buf)[at : at + b - a]))
-        return buf, pos[:-1], self._read_many(runs), fill
-
-    def _map_runs(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: int):
-        """Map each run [lo, hi) of its (local or cached) shard file into one address range.
-
-        No bytes are copied: the gather reads the page cache directly. Each run starts at a
-        page boundary of the range, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors,
-        fill) as ``_read_runs`` does; raises OSError when the system refuses a mapping.
-        """
-        lead = lo - mapped.page_floor(lo)
-        pos = np.zeros(len(lo) + 1, dtype=np.int64)
-        np.cumsum(mapped.page_ceil(hi - lo + lead), out=pos[1:])
-        target = mapped.MappedBuffer(int(pos[-1]) + tail)
-        errors: list[ShardError | None] = []
-        for j, k in enumerate(shard.tolist()):
-            try:
-                self._map_run(target, int(pos[j] + lead[j]), k, int(lo[j]), int(hi[j]))
-                errors.append(None)
-            except ShardError as e:
-                errors.append(e)
-
-        def fill(k: int, a: int, b: int, at: int) -> ShardError | None:
-            try:
-                self._map_run(target, at, k, a, b)
-            except ShardError as e:
-                return e
-            except OSError as e:  # the mapping was refused now: the bytes are not there
-                return ShardError(f"cannot map shard bytes: {e}", shard=self.shard_url(k), offset=a)
-            return None
-        return target.array(), pos[:-1] + lead, errors, fill
-
-    def _map_run(self, target: mapped.MappedBuffer, at: int, k: int, lo: int, hi: int) -> None:
-        """Map bytes [lo, hi) of shard k so that byte lo lands at ``at`` (``at`` = ``lo`` modulo PAGE).
-
-        A file that ends early has what it holds mapped, then raises a ShardError at its end.
-        """
-        f, hit = self._open_local(k, lo)
-        with f:
-            size = os.fstat(f.fileno()).st_size
-            end = min(hi, size)  # mapping a page wholly past the end would fault (SIGBUS) on access
-            start = mapped.page_floor(lo)
-            if end > lo:
-                target.map_file(at - (lo - start), f.fileno(), start, end - start)  # OSError: the caller reads
-        with self._lock:
-            self.stats.bytes_read += max(end - lo, 0)
-            self.stats.reads += 1
-            self.stats.cache_hits += hit
-        if end < hi:
-            raise ShardError(f"shard ends early: wanted bytes {lo}..{hi}, the file has {size}",
-                             shard=self.shard_url(k), offset=max(size, lo))
-
-    def _open_local(self, k: int, offset: int):
-        """(open file, cache hit) of shard k: the shard itself, or its node-local copy.
-
-        A cached copy evicted by another process between fetch and open is fetched again, once.
-        """
-        path = join(self.root, self.manifest.shards[k].name)
-        entry = self.manifest.shards[k]
-        for attempt in (0, 1):
-            hit = False
-            local = path
-            if self.cache is not None:
-                failed = self._unfetchable.get(k)
-                if failed is not None:  # this block already tried: a shard that failed to fetch is not fetched again
-                    raise failed
-                hit = self.cache.has(self.shard_url(k), entry)
-                try:
-                    local = self.cache.fetch(self.shard_url(k), self.fs, path, entry)
-                except ShardError as e:
-                    self._unfetchable[k] = e
-                    raise
-            try:
-                return open(local, "rb", buffering=0), hit
-            except FileNotFoundError as e:
-                if self.cache is None or attempt:
-                    raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset) from e
-            except OSError as e:
-                raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset) from e
-        raise AssertionError("unreachable")
-
-    def _check_header(self, header: bytes, i: int, k: int) -> int:
-        m = self.manifest
-        shape = (int(m.length[i]),) + m.step_shape
-        hlen = int(m.hlen[i])
-        if header == npyfmt.npy_header_for(m.dtype, shape):  # the common case, without a parse
-            return hlen
-        expected = (m.dtype, shape, hlen)
-        got = self._header_cache.get(header)
-        if got is None:
-            try:
-                got = npyfmt.parse_npy_header(header)
-            except ValueError as e:
-                raise ShardError(f"bad .npy header: {e}", shard=self.shard_url(k), member=self._member(i),
-                                 offset=int(m.offset[i])) from e
-            if len(self._header_cache) < 4096:
-                self._header_cache[header] = got
-        if got != expected:
-            raise ShardError(
-                f"member disagrees with the manifest: dtype {got[0]}, shape {got[1]}, header {got[2]} bytes in the shard; "
-                f"manifest says dtype {expected[0]}, shape {expected[1]}, header {expected[2]} bytes",
-                shard=self.shard_url(k), member=self._member(i), offset=int(m.offset[i]))
-        return got[2]
-
-    def _byte_order_error(self, i: int) -> ShardError:
-        m = self.manifest
-        k = int(np.searchsorted(m.shard_starts, i, side="right")) - 1
-        return ShardError(f"the manifest declares big-endian dtype {m.dtype.str}: streamwin reads little-endian "
-                          "arrays only (streamwin.pack converts big-endian input)",
-                          shard=self.shard_url(k), member=self._member(i), offset=int(m.offset[i]))
-
-    def _member(self, i: int) -> str:
-        return f"{self.manifest.key(i)}.npy" + (".zst" if self.manifest.compression else "")
-
-    # -- compressed members: decompress the frames a piece needs, lay out their array data ----------
-    def _read_compressed(self, p: "_Pieces", span_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
-
-        A member packed as frames (``manifest.frames``) gives each piece the frames holding its
-        steps, as does a member small enough to be one unit, each unit decompressed once for the
-        block and kept for the next (see _FrameCache); any other member is decompressed whole,
-        once for all the pieces of its sequence. The compressed bytes are read first, neighbours in a shard as one run
-        (concurrently on remote storage), then decompressed piece by piece, straight into the
-        block buffer or the frame cache.
-        """
-        m = self.manifest
-        sb = m.step_bytes
-        a, b, framed = self._frame_steps(p)
-        shared = np.zeros(len(p.seq), dtype=bool)  # a whole member already laid out for the piece before
-        shared[1:] = ~framed[1:] & (p.seq[1:] == p.seq[:-1])
-        nbytes = np.where(shared, 0, (b - a) * sb)
-        pos = np.zeros(len(p.seq) + 1, dtype=np.int64)
-        np.cumsum(nbytes, out=pos[1:])
-        buf = mapped.anonymous(int(pos[-1]) + span_bytes)  # zero-filled, given back to the system when dropped
-        good = np.full(len(p.seq), READABLE, dtype=np.int64)
-        own = np.flatnonzero(~shared)
-        f0, f1 = self._frames_cached(p.seq[own], a[own], b[own], framed[own], buf, pos[own])
-        todo = np.flatnonzero(f0 < f1)  # pieces with frames to read (a member decompressed whole: all of it)
-        seq = p.seq[own[todo]]
-        shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
-        lo, hi = self._compressed_ranges(seq, f0[todo], f1[todo], framed[own[todo]])
-        dctx = self._decompressor()
-        failed = np.zeros(len(todo), dtype=bool)
-        for n0, n1, raw, at in self._read_compressed_runs(seq, shard, lo, hi, failed):
-            for n in range(n0, n1):
-                j, i, k = int(own[todo[n]]), int(seq[n]), int(shard[n])
-                src = memoryview(raw)[at[n - n0] : at[n - n0] + hi[n] - lo[n]]
-                try:
-                    if failed[n]:
-                        continue
-                    if framed[j]:
-                        self._lay_out_frames(dctx, src, buf[pos[j] : pos[j + 1]], i, k, (int(a[j]), int(b[j])),
-                                             (int(f0[todo[n]]), int(f1[todo[n]])))
-                    else:
-                        self._decompress_whole(dctx, src, buf[pos[j] : pos[j + 1]], i, k)
-                except ShardError as e:
-                    self._skip_or_raise(e)
-                    failed[n] = True
-        good[own[todo[failed]]] = 0  # what a piece reads is decompressed whole: all of it or nothing
-        owner = np.maximum.accumulate(np.where(shared, 0, np.arange(len(p.seq))))
-        return buf, pos[owner] - a[owner] * sb, good[owner]
-
-    def _frames_cached(self, seq: np.ndarray, a: np.ndarray, b: np.ndarray, framed: np.ndarray,
-                       buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Lay out the frames at either end of each framed piece that the cache holds; (first, end) frame
-        left to read per piece (a member decompressed whole: (0, 1)).
-
-        Done before any frame of the block is decompressed, so none of these is evicted first.
-        """
-        f0, f1 = np.zeros(len(seq), dtype=np.int64), np.ones(len(seq), dtype=np.int64)
-        cache = self._frame_cache()
-        for n in np.flatnonzero(framed).tolist():
-            i, s0, s1 = int(seq[n]), int(a[n]), int(b[n])
-            rows = self._rows(i)
-            j0, j1 = s0 // rows, -(-s1 // rows)
-            out = buf[pos[n] : pos[n] + (s1 - s0) * self.manifest.step_bytes]
-            while j0 < j1 and self._copy_cached(cache, out, i, j0, s0, s1):
-                j0 += 1
-            while j1 > j0 and self._copy_cached(cache, out, i, j1 - 1, s0, s1):
-                j1 -= 1
-            f0[n], f1[n] = j0, j1
-        return f0, f1
-
-    def _copy_cached(self, cache: "_FrameCache", out: np.ndarray, i: int, j: int, a: int, b: int) -> bool:
-        """Copy the steps of frame j of member i that a piece of steps [a, b) needs into ``out``, if cached."""
-        frame = cache.get((i, j))
-        if frame is not None:
-            self._copy_steps(frame, out, i, j, a, b)
-        return frame is not None
-
-    def _copy_steps(self, frame: np.ndarray, out: np.ndarray, i: int, j: int, a: int, b: int) -> None:
-        """Steps [a, b) of member i that lie in its frame j, from the frame's data into ``out`` (steps from a)."""
-        rows, sb = self._rows(i), self.manifest.step_bytes
-        s0, s1 = max(a, j * rows), min(b, (j + 1) * rows)
-        out[(s0 - a) * sb : (s1 - a) * sb] = frame[(s0 - j * rows) * sb : (s1 - j * rows) * sb]
-
-    def _compressed_ranges(self, seq: np.ndarray, f0: np.ndarray, f1: np.ndarray,
-                           framed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Shard byte ranges [lo, hi) to read of each member: its frames [f0, f1), or all of it."""
-        m = self.manifest
-        lo, hi = m.offset[seq].copy(), m.offset[seq] + m.size[seq]
-        for n in np.flatnonzero(framed).tolist():
-            ends = self._frame_ends(int(seq[n]))
-            j0, j1 = int(f0[n]), int(f1[n])
-            hi[n] = lo[n] + ends[j1 - 1]
-            lo[n] += ends[j0 - 1] if j0 else 0
-        return lo, hi
-
-    def _frame_ends(self, i: int) -> np.ndarray:
-        """Where each frame of member i ends in it (a member not listed in the manifest's frames: one unit)."""
-        if not self._listed(i):
-            return self.manifest.size[i : i + 1]
-        fr = self.manifest.frames
-        at = int(np.searchsorted(fr.seq, i))
-        return fr.ends[fr.first[at] : fr.first[at + 1]]
-
-    def _listed(self, i: int) -> bool:
-        """Member i is packed as frames that the manifest lists."""
-        fr = self.manifest.frames
-        at = int(np.searchsorted(fr.seq, i)) if fr is not None else 0
-        return fr is not None and at < len(fr.seq) and int(fr.seq[at]) == i
-
-    def _rows(self, i: int) -> int:
-        """Steps per decompression unit of member i: a listed frame, else the whole member."""
-        return self.manifest.frames.rows if self._listed(i) else int(self.manifest.length[i])
-
-    def _read_compressed_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                              failed: np.ndarray):
-        """Read ranges [lo, hi) in runs, a batch of about RAW_BATCH bytes at a time (concurrently on remote
-        storage); yields (first range, end range, bytes, where each range of the batch is in them).
-
-        Ranges of a run that fails are marked in ``failed`` (after the error is raised or counted).
-        """
-        new = np.ones(len(lo), dtype=bool)
-        new[1:] = (shard[1:] != shard[:-1]) | (lo[1:] - hi[:-1] > COMPRESSED_GAP)
-        first = np.flatnonzero(new)
-        run = np.cumsum(new) - 1
-        run_lo, run_hi = lo[first], np.maximum.reduceat(hi, first) if len(first) else hi
-        bounds = np.append(first, len(lo))
-        r0 = 0
-        while r0 < len(first):
-            sizes = np.cumsum(run_hi[r0:] - run_lo[r0:])
-            r1 = r0 + max(1, int(np.searchsorted(sizes, RAW_BATCH, side="right")))
-            pos = np.zeros(r1 - r0 + 1, dtype=np.int64)
-            np.cumsum(run_hi[r0:r1] - run_lo[r0:r1], out=pos[1:])
-            raw = mapped.anonymous(int(pos[-1]))
-            runs = [(int(shard[first[r]]), int(run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
-                    for r in range(r0, r1)]
-            for r, err in zip(range(r0, r1), self._read_many(runs)):
-                if err is not None:
-                    self._skip_or_raise(self._name_member(err, seq[bounds[r] : bounds[r + 1]]))
-                    failed[bounds[r] : bounds[r + 1]] = True
-            n0, n1 = int(bounds[r0]), int(bounds[r1])
-            yield n0, n1, raw, pos[run[n0:n1] - r0] + (lo[n0:n1] - run_lo[run[n0:n1]])
-            r0 = r1
-
-    def _decompressor(self):
-        """This thread's zstd decompressor, made once: a fresh one per block costs memory that is not given back."""
-        import zstandard
-
-        local = self._local
-        if getattr(local, "dctx", None) is None:
-            local.dctx = zstandard.ZstdDecompressor()
-        return local.dctx
-
-    def _frame_cache(self) -> "_FrameCache":
-        """This thread's decompressed frames (blocks are read on one thread; the cache needs no lock)."""
-        local = self._local
-        if getattr(local, "frames", None) is None:
-            local.frames = _FrameCache(FRAME_CACHE_BYTES)
-        return local.frames
-
-    def _frame_steps(self, p: "_Pieces") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(first step, end step, framed) that each piece lays out: its own steps, taken from decompressed
-        units (``framed``: listed frames, or a member small enough to cache whole), else the whole member."""
-        m = self.manifest
-        a = np.zeros(len(p.seq), dtype=np.int64)
-        b = m.length[p.seq].astype(np.int64)
-        framed = b * m.step_bytes <= WHOLE_UNIT_BYTES
-        fr = m.frames
-        if fr is not None and len(fr.seq):
-            at = np.minimum(np.searchsorted(fr.seq, p.seq), len(fr.seq) - 1)
-            framed |= fr.seq[at] == p.seq
-        return np.where(framed, p.s_lo, a), np.where(framed, p.s_hi, b), framed
-
-    def _lay_out_frames(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int, steps: tuple[int, int],
-                        frames: tuple[int, int]) -> None:
-        """Steps [a, b) of framed member i into ``out``: frames [f0, f1) from ``raw`` (which holds them) or
-        the cache, one by one; frames outside [f0, f1) were laid out from the cache already."""
-        (a, b), (f0, f1) = steps, frames
-        m, rows, cache = self.manifest, self._rows(i), self._frame_cache()
-        ends = self._frame_ends(i)
-        base = int(ends[f0 - 1]) if f0 else 0
-        for j in range(f0, f1):
-            frame = cache.get((i, j))
-            if frame is None:
-                lo, hi = (int(ends[j - 1]) if j else 0) - base, int(ends[j]) - base
-                size = min(rows, int(m.length[i]) - j * rows) * m.step_bytes  # the frame's array bytes
-                frame = cache.slot((i, j), rows * m.step_bytes)
-                self._decompress_frame(dctx, raw[lo:hi], frame[:size], i, k, j, base + lo)
-                cache.keep((i, j), frame)
-            self._copy_steps(frame, out, i, j, a, b)
-
-    def _decompress_frame(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int, j: int, at: int) -> None:
-        """Frame j of member i into ``out``, its header checked (frame 0); a member not listed as frames is one
-        unit, which may hold frames of its own."""
-        m = self.manifest
-        head = int(m.hlen[i]) if j == 0 else 0
-        self._inflate(dctx, raw, out, i, k, int(m.offset[i]) + at, head, across=not self._listed(i))
-
-    def _decompress_whole(self, dctx, raw: memoryview, out: np.ndarray, i: int, k: int) -> None:
-        """All of member i (its frames, listed or not) into ``out``, its header checked."""
-        m = self.manifest
-        self._inflate(dctx, raw, out, i, k, int(m.offset[i]), int(m.hlen[i]), across=True)
-
-    def _inflate(self, dctx, raw, out: np.ndarray, i: int, k: int, off: int, head: int, *, across: bool) -> None:
-        """Decompress ``raw`` straight into ``out`` (after a ``head``-byte npy header, checked against the
-        manifest), where its data must end exactly. Errors name member i and offset ``off``.
-
-        No bytes object is made for the output: decompressed into memory of its own, 256 kB
-        frames fragmented the heap as read buffers did.
-        """
-        import zstandard
-
-        done = 0
-        try:
-            with dctx.stream_reader(raw, read_across_frames=across) as src:
-                if head:
-                    header = bytearray(head)
-                    if _fill(src, memoryview(header)) < head:
-                        raise self._size_error(0, len(out), i, k, off)
-                    self._check_header(bytes(header), i, k)
-                done = _fill(src, memoryview(out).cast("B"))
-                extra = bool(src.read(1)) if done == len(out) else False
-        except zstandard.ZstdError as e:
-            raise self._zstd_error(e, i, k, off) from e
-        with self._lock:
-            self.stats.bytes_decompressed += head + done
-        if done < len(out) or extra:
-            raise self._size_error(done, len(out), i, k, off, more=extra)
-
-    def _zstd_error(self, e: Exception, i: int, k: int, off: int) -> ShardError:
-        return ShardError(f"cannot decompress member: {e}", shard=self.shard_url(k), member=self._member(i), offset=off)
-
-    def _size_error(self, got: int, nbytes: int, i: int, k: int, off: int, more: bool = False) -> ShardError:
-        held = f"more than {nbytes}" if more else str(got)
-        return ShardError(f"member holds {held} data bytes here, the manifest implies {nbytes}",
-                          shard=self.shard_url(k), member=self._member(i), offset=off)
-
-    # -- raw reads with retries -----------------------------------------------------------------
-    def _read_many(self, runs: list[tuple[int, int, memoryview]]) -> list[ShardError | None]:
-        """Read (shard, offset, destination) runs; concurrently on remote storage (latency-bound)."""
-        if self.local or len(runs) < 2:
-            return [self._try_read(r) for r in runs]
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self._pool = ThreadPoolExecutor(max_workers=REMOTE_CONCURRENCY, thread_name_prefix="streamwin-get")
-        return list(self._pool.map(self._try_read, runs))
-
-    def _try_read(self, run: tuple[int, int, memoryview]) -> ShardError | None:
-        """Read one (shard, offset, destination) run; the ShardError instead of raising it."""
-        try:
-            self._read_into(*run)
-            return None
-        except ShardError as e:
-            return e
-
-    def _read_into(self, k: int, offset: int, out: memoryview) -> None:
-        if self.cache is not None:  # node-local copy: fetched once per node, verified, then read locally
-            f, hit = self._open_local(k, offset)
-            with f:
-                got = _read_file(f, offset, out)
-            with self._lock:
-                self.stats.cache_hits += hit
-            if got < len(out):
-                raise ShardError(f"cached shard ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
-                                 shard=self.shard_url(k), offset=offset + got)
-        else:
-            self._read_direct(k, join(self.root, self.manifest.shards[k].name), offset, out)
-        with self._lock:
-            self.stats.bytes_read += len(out)
-            self.stats.reads += 1
-
-    def _read_direct(self, k: int, path: str, offset: int, out: memoryview) -> None:
-        """Fill ``out`` from the shard itself (local file or object), retrying transient errors.
-
-        Each attempt asks for everything from the first byte not yet in ``out``: a remote read
-        is one streamed GET, and when it breaks, the bytes it delivered stay (BrokenRead says
-        how many). ``retries`` bounds failures in a row: an attempt that delivered bytes before
-        it broke starts the count anew, so a long range on a flaky link goes on as long as it
-        advances.
-        """
-        done = 0
-        attempt = 0
-        while done < len(out):
-            try:
-                n = self._read_some(path, offset + done, out[done:])
-            except (FileNotFoundError, PermissionError) as e:
-                raise ShardError(f"cannot open shard: {e}", shard=self.shard_url(k), offset=offset + done) from e
-            except Exception as e:  # transient storage errors: retry from the byte where it broke
-                got = e.delivered if isinstance(e, BrokenRead) else 0
-                done += got
-                attempt = 1 if got else attempt + 1
-                if attempt > self.retries or permanent(e):
-                    raise ShardError(f"read {describe(e, self.retries)}", shard=self.shard_url(k),
-                                     offset=offset + done) from e
-                with self._lock:
-                    self.stats.retries += 1
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-                continue
-            if n == 0:
-                raise ShardError(f"shard ends early: wanted {len(out)} bytes at offset {offset}, got {done}",
-                                 shard=self.shard_url(k), offset=offset + done)
-            done += n
-            attempt = 0  # retries bound failures in a row; a read that keeps advancing goes on
-
-    def _read_some(self, path: str, offset: int, out: memoryview) -> int:
-        """Bytes read into the front of ``out`` from ``offset``; 0 when the shard ends there."""
-        if self.local:
-            return _read_local(path, offset, out)
-        return self.ranges.read_into(path, offset, out)
-
-
-def _fill(src, out: memoryview) -> int:
-    """Read from stream ``src`` into ``out`` until it is full or the stream ends; the bytes read."""
-    got = 0
-    while got < len(out):
-        n = src.readinto(out[got:])
-        if not n:
-            break
-        got += n
-    return got
-
-
-class _FrameCache:
-    """Decompressed frames of zstd members (a frame, or a small member whole), the least recently used dropped
-    first, at most ``limit`` bytes.
-
-    Pieces of one block that share a frame, and the blocks that follow one another through a
-    slice (or cut a member in two), take it from here instead of reading and decompressing it
-    again.
-    """
-
-    def __init__(self, limit: int):
-        self.limit, self.nbytes = limit, 0
-        self.entries: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
-
-    def get(self, key: tuple[int, int]) -> np.ndarray | None:
-        """The frame's data, if held."""
-        frame = self.entries.get(key)
-        if frame is not None:
-            self.entries.move_to_end(key)
-        return frame
-
-    def slot(self, key: tuple[int, int], size: int) -> np.ndarray:
-        """A ``size``-byte buffer to decompress frame ``key`` into (an evicted one of that size if any);
-        ``keep`` it once filled."""
-        spare = self.entries.pop(key, None)
-        self.nbytes -= len(spare) if spare is not None else 0
-        while self.entries and self.nbytes + size > self.limit:
-            _, evicted = self.entries.popitem(last=False)
-            self.nbytes -= len(evicted)
-            spare = evicted if len(evicted) == size else spare
-        return spare if spare is not None and len(spare) == size else mapped.anonymous(size)
-
-    def keep(self, key: tuple[int, int], frame: np.ndarray) -> None:
-        self.entries[key] = frame
-        self.nbytes += len(frame)
-
-
-def _read_local(path: str, offset: int, out: memoryview) -> int:
-    """Read into ``out`` from a local file at ``offset``; returns the bytes read (short at EOF)."""
-    with open(path, "rb", buffering=0) as f:
-        return _read_file(f, offset, out)
-
-
-def _read_file(f, offset: int, out: memoryview) -> int:
-    """Read into ``out`` from open file ``f`` at ``offset``; returns the bytes read (short at EOF)."""
-    f.seek(offset)
-    return _fill(f, out)
-
-
-@dataclass(frozen=True)
-class _Pieces:
-    """The step ranges a block reads: one piece per sequence and run of consecutive windows."""
-
-    seq: np.ndarray  # sequence of each piece, in manifest order
-    s_lo: np.ndarray  # first step the piece's windows cover
-    s_hi: np.ndarray  # end of the steps they cover
-    joined: np.ndarray  # the piece's first window directly follows the previous piece's last one
-    index: np.ndarray  # piece of each window
-
-
-def _pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int) -> _Pieces:
-    """Cut a block's windows (sorted global indices, their sequence, first and end step) into pieces.
-
-    A piece is a run of consecutive windows of one sequence (a slice of the plan, or part of
-    one) no more than ``gap`` steps apart: its steps are read as one range. Windows far apart
-    in a long sequence are separate pieces, so a block reads what its windows cover, not the
-    sequence between them (nor the steps a stride larger than the window skips).
-    """
-    n = len(g)
-    step = np.diff(g) > 1  # duplicates (equalize="pad" wrapping around) stay in one piece
-    new = np.ones(n, dtype=bool)
-    new[1:] = step | (seq[1:] != seq[:-1]) | (start[1:] - end[:-1] > gap)
-    first = np.flatnonzero(new)
-    joined = np.zeros(len(first), dtype=bool)
-    joined[1:] = ~step[first[1:] - 1]
-    s_hi = np.maximum.reduceat(end, first) if n else end
-    return _Pieces(seq[first], start[first], s_hi, joined, np.cumsum(new) - 1)
-
-
-@dataclass(frozen=True)
-class _Reach:
-    """The byte ranges a block reads per sequence: which steps a read that failed at a byte delivered."""
-
-    uniq: np.ndarray
-    r_lo: np.ndarray  # first byte read of each sequence (its .npy header when read from step 0)
-    r_hi: np.ndarray  # end of the bytes read
-    data0: np.ndarray  # where its array data begins
-    s_lo: np.ndarray  # first step read
-    step_bytes: int
-
-    def steps_before(self, u: int, fail: int) -> int:
-        """Steps of sequence u whose bytes lie before byte ``fail`` (none if its header was cut short)."""
-        if self.s_lo[u] == 0 and fail < self.data0[u]:
-            return 0
-        return max(int(fail - self.data0[u]) // self.step_bytes, 0)
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the GET threads and close the pooled connections (a later read starts them anew); with
+        ``wait=False`` a read still in flight on another thread ends on its own instead of being waited for."""
+        self.shards.shutdown(wait)
+
+
+def _transport(url: str, members: Members, counters: Counters, options: ReadOptions) -> Transport:
+    """How the shards at ``url`` are read: through the node cache if ``options`` name one, else directly."""
+    fs, root = url_to_fs(url, options.storage_options, own_retries=True)
+    retries, backoff = options.retries, options.retry_backoff
+    if options.cache_dir is not None:  # node-local copies: fetched once per node, verified, then read locally
+        cache = ShardCache(options.cache_dir, limit_bytes=options.cache_limit, retries=retries, backoff=backoff)
+        return CachedShards(cache, fs, root, members, counters)
+    if is_local(fs):
+        return LocalShards(root, members, counters, retries=retries, backoff=backoff)
+    return RemoteShards(fs, root, members, counters, retries=retries, backoff=backoff)

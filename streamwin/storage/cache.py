@@ -72,12 +72,14 @@ class ShardCache:
         return local
 
     def _valid(self, local: str, entry: ShardEntry) -> bool:
+        """Whether ``local`` is a whole copy: the manifest's size (its content was checked when it was fetched)."""
         try:
             return os.path.getsize(local) == entry.bytes
         except OSError:
             return False
 
     def _download(self, url: str, fs, path: str, entry: ShardEntry, local: str) -> None:
+        """Copy the shard to a temporary name, check size and sha256 against ``entry``, rename it to ``local``."""
         tmp = f"{local}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             try:  # a transient failure starts the fetch over: a shard is fetched whole
@@ -124,6 +126,7 @@ class ShardCache:
 
 
 def _touch(path: str) -> None:
+    """Mark a cached copy as just used (eviction goes by mtime)."""
     try:
         os.utime(path)
     except OSError:
@@ -131,6 +134,7 @@ def _touch(path: str) -> None:
 
 
 def _copy(fs, path: str, dest: str) -> str:
+    """Copy ``path`` of ``fs`` to the local file ``dest``; the sha256 of the bytes copied."""
     h = hashlib.sha256()
     with fs.open(path, "rb") as src, open(dest, "wb") as out:
         while True:

@@ -16,25 +16,28 @@ from streamwin.storage.urls import is_local, join, remove_if_exists, url_to_fs, 
 
 
 def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, name: str = INDEX_NAME,
-                   columnar: bool | None = None) -> None:
+                   columnar: bool | None = None, columns: str | None = None) -> None:
     """Write the index file ``name`` (the commit marker), after its columns file when columnar.
 
     ``columnar`` None: the columnar form (version 2) from COLUMNAR_FROM sequences on, else
-    the columns inline (version 1, one file).
+    the columns inline (version 1, one file). ``columns``: the columns file's name (default
+    ``columns_name(name)``); given, a columns file of that name is left alone when inline.
     """
     if columnar is None:
         columnar = manifest.num_sequences >= COLUMNAR_FROM
     if not columnar:
-        remove_if_exists(fs, join(root, columns_name(name)))
+        if columns is None:
+            remove_if_exists(fs, join(root, columns_name(name)))
         write_atomic(fs, join(root, name), manifest.to_json().encode())
         return
+    columns = columns or columns_name(name)
     parts, layout = manifest.column_parts()
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part)
     nbytes = sum(len(p) for p in parts)
-    write_atomic(fs, join(root, columns_name(name)), parts)
-    spec = {"name": columns_name(name), "bytes": nbytes, "sha256": digest.hexdigest(), "layout": layout}
+    write_atomic(fs, join(root, columns), parts)
+    spec = {"name": columns, "bytes": nbytes, "sha256": digest.hexdigest(), "layout": layout}
     write_atomic(fs, join(root, name), manifest.to_json(columns_file=spec).encode())
 
 

@@ -111,6 +111,7 @@ class MappedBuffer:
         return np.asarray(self)
 
     def __del__(self) -> None:
+        """Unmap the range once no view of it is left."""
         if getattr(self, "addr", None) and _libc:
             _libc.munmap(self.addr, self.nbytes)
             self.addr = None

@@ -64,6 +64,7 @@ class RangeReader:
         self._signed: dict[str, tuple[str, float]] = {}  # s3 path -> (presigned URL, when signed)
         self._lock = threading.Lock()
         self.kind = _streamable(fs)
+        self._pool: urllib3.PoolManager | None = None
         if self.kind is None:
             return
         opts = fs.client_kwargs if self.kind == "s3" else {**fs.client_kwargs, **fs.kwargs}
@@ -82,7 +83,13 @@ class RangeReader:
             # no retries of urllib3's own: every retry is streamwin's, counted and resumed at the byte
             retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5))
 
+    def close(self) -> None:
+        """Close the pooled connections (a later read opens new ones)."""
+        if self._pool is not None:
+            self._pool.clear()
+
     def read_into(self, path: str, offset: int, out: memoryview) -> int:
+        """Fill a prefix of ``out`` with the object's bytes from ``offset``: how many (0 past the object's end)."""
         if self.kind is not None:
             url = self._url(path)
             if url is not None:
@@ -92,6 +99,8 @@ class RangeReader:
         return len(data)
 
     def _url(self, path: str, fresh: bool = False) -> str | None:
+        """Where a GET of ``path`` goes (s3: a presigned URL, cached for half its life or signed anew when
+        ``fresh``); None once no URL can be signed (the caller uses cat_file)."""
         if self.kind == "http":  # quoted as fsspec's own client would send it
             encode = getattr(self.fs, "encode_url", None)
             return str(encode(path)) if encode is not None else path

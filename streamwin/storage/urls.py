@@ -41,10 +41,12 @@ def url_to_fs(url: str, storage_options: dict[str, Any] | None = None, *,
 
 
 def join(root: str, name: str) -> str:
+    """``name`` under directory ``root`` of a filesystem, with posix separators (no root: ``name`` itself)."""
     return posixpath.join(root.rstrip("/"), name) if root else name
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs`` is the local filesystem: its files can be opened, mapped and renamed directly."""
     return isinstance(fs, LocalFileSystem)
 
 
@@ -70,8 +72,34 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes | list) -
 
 
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Remove ``path`` from ``fs`` if it is there."""
     try:
         if fs.exists(path):
             fs.rm(path)
     except FileNotFoundError:
         pass
+
+
+def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` only if nothing is there; False when something is (a lock's create).
+
+    Local files use O_CREAT | O_EXCL; s3 a PUT with ``If-None-Match: *`` (s3fs ``mode="create"``),
+    which the store refuses atomically when the key exists; other filesystems check, then write.
+    """
+    if is_local(fs):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    try:
+        fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        return False
+    except OSError as e:  # s3fs: 412 Precondition Failed when the key exists
+        if "PreconditionFailed" in repr(e) or "412" in str(e):
+            return False
+        raise
+    return True

@@ -35,7 +35,8 @@ class InputUnit:
         name: the path relative to the input root; keys are derived from it.
         options: the format's options, sorted (key, value) pairs with lists made tuples.
         single: the input named this one file (npz keys are then the bare array names).
-        data: the Python iterable of an "iterable" unit, else None.
+        data: the Python iterable of an "iterable" unit (the table of a "table" unit), else None.
+        size: the file's size in bytes, when listing it told (0 otherwise).
     """
 
     format: str
@@ -44,6 +45,7 @@ class InputUnit:
     options: tuple[tuple[str, Any], ...] = ()
     single: bool = False
     data: Any = field(default=None, compare=False, repr=False)
+    size: int = 0
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,10 @@
 
 Read with pyarrow.csv when pyarrow is installed, else with the stdlib csv module: a column is
 int64 or float64 when all its cells parse (an empty cell is NaN), else text. Options:
-``id_column``, ``order_column``, ``value_columns``, ``squeeze``.
+``id_column``, ``order_column``, ``value_columns``, ``squeeze``. A CSV has no schema that says
+which columns are values: when ``value_columns`` is not given and more than one numeric column
+is left besides the id and order columns (a time stamp, a label), pack asks for them (a
+PackError naming the columns) instead of taking them all; ``value_columns="*"`` takes them all.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ def read_csv(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch]:
         else:
             table = pacsv.read_csv(arrow_owned(f.read()))
             columns = {c: table.column(c).to_numpy() for c in table.column_names}
-    yield long_sequences(columns, opts, unit.path, report)
+    yield long_sequences(columns, opts, unit.path, report, ask=True)
 
 
 def _needs_id_column(opts: dict) -> None:

@@ -2,8 +2,8 @@
 
 ``id_column`` names each row's sequence, ``order_column`` (optional) sorts its rows (stable:
 file order on ties, and file order without one), and the value columns are stacked to
-[T, F] ([T] for one column when ``squeeze``, the default). Without ``value_columns`` every
-numeric column is taken but the id, the order and a pandas index (``__index_level_0__``,
+[T, F] ([T] for one column when ``squeeze``, the default). Without ``value_columns`` (or with
+``value_columns="*"``) every numeric column is taken (a CSV asks instead, when that is more than one) but the id, the order and a pandas index (``__index_level_0__``,
 ``Unnamed: 0``, an unnamed column, the index named in parquet's pandas metadata). Sequences
 come in order of their id's first row; a sequence must lie within one file. The reader
 reports the `Columns` it took (one name per feature) and the ones it left out, and why.
@@ -23,10 +23,16 @@ LONG_OPTIONS = ("id_column", "order_column", "value_columns", "squeeze")
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__|Unnamed: \d+|")  # what pandas writes for its index; "" too
 
 
+def named_values(opts: dict) -> tuple[str, ...] | None:
+    """The value columns the options name; None when they name none, or ``"*"`` (every numeric column)."""
+    chosen = opts.get("value_columns")
+    return None if chosen in (None, ("*",)) else chosen
+
+
 def choose_columns(kinds: dict[str, str], opts: dict, where: str, index_columns: Iterable[str] = ()) -> Columns:
     """Which columns hold the values: ``value_columns`` when given, else every numeric column
     (numpy dtype ``kinds``) but the id and order columns and a pandas index."""
-    id_col, order_col, chosen = opts.get("id_column"), opts.get("order_column"), opts.get("value_columns")
+    id_col, order_col, chosen = opts.get("id_column"), opts.get("order_column"), named_values(opts)
     index = set(index_columns)
     left_out = []
     for name, kind in kinds.items():
@@ -44,9 +50,10 @@ def choose_columns(kinds: dict[str, str], opts: dict, where: str, index_columns:
 
 
 def long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, report: Report,
-                   index_columns: Iterable[str] = ()) -> Batch:
+                   index_columns: Iterable[str] = (), ask: bool = False) -> Batch:
     """One sequence per id: its rows, sorted by the order column (stable: file order on ties);
-    ids in order of first appearance in the file."""
+    ids in order of first appearance in the file. ``ask``: refuse to guess between several numeric
+    columns when ``value_columns`` is not given (a CSV's time or label column would become a feature)."""
     id_col, order_col = opts.get("id_column"), opts.get("order_column")
     if id_col is None:
         raise PackError(f"{where}: long layout needs id_column= (or list columns for one row per sequence)")
@@ -54,6 +61,11 @@ def long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, repor
         if name not in columns:
             raise PackError(f"{where}: no column {name!r} (columns: {list(columns)})")
     chosen = choose_columns({c: a.dtype.kind for c, a in columns.items()}, opts, where, index_columns)
+    if ask and opts.get("value_columns") is None and len(chosen.taken) > 1:
+        raise PackError(f"{where}: id_column={id_col!r} leaves {len(chosen.taken)} numeric columns, "
+                        f"{', '.join(map(repr, chosen.taken))}, and each would become a feature of every step. Name "
+                        "the values: value_columns=[...] (a time or step column: order_column=...), or "
+                        "value_columns='*' to take them all")
     values = _value_matrix(columns, chosen.taken, opts, where)
     report(chosen)
     uniq, first, inverse = np.unique(columns[id_col], return_index=True, return_inverse=True)

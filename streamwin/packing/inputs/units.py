@@ -9,6 +9,7 @@ ones the format accepts (an unknown option is an error).
 """
 from __future__ import annotations
 
+import glob
 import os
 import posixpath
 from collections.abc import Iterable, Iterator
@@ -20,7 +21,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from streamwin.errors import PackError
 from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, InputFormat, InputUnit, Item, Report
+from streamwin.packing.inputs.arrow import ARROW
 from streamwin.packing.inputs.csv import CSV
+from streamwin.packing.inputs.frames import TABLE
 from streamwin.packing.inputs.iterable import ITERABLE
 from streamwin.packing.inputs.jsonl import JSONL
 from streamwin.packing.inputs.npy import NPY, NPZ
@@ -28,7 +31,7 @@ from streamwin.packing.inputs.parquet import PARQUET
 from streamwin.packing.inputs.text import TEXT
 
 # every input format, in the order errors list them; a new format is a module declaring one, added here
-_FORMATS = (NPY, NPZ, PARQUET, CSV, JSONL, TEXT, ITERABLE)
+_FORMATS = (NPY, NPZ, PARQUET, ARROW, CSV, JSONL, TEXT, ITERABLE, TABLE)
 _BY_NAME = {f.name: f for f in _FORMATS}
 FORMATS = tuple(_BY_NAME)
 INPUT_OPTIONS = tuple(sorted({name for f in _FORMATS for name in f.options}))  # every format's options
@@ -66,13 +69,13 @@ def list_units(inputs: Any, *, format: str | None = None, **options: Any) -> lis
         return [InputUnit("iterable", "<iterable>", "", _check_options("iterable", options), data=inputs)]
     files = _find_files(inputs)
     fmt = format or _detect(files, inputs)
-    if fmt == "iterable":
-        raise PackError(f"format 'iterable' needs a Python iterable, not the path {inputs!r}")
+    if fmt in ("iterable", "table"):
+        raise PackError(f"format {fmt!r} needs a Python object, not the path {inputs!r}")
     opts = _check_options(fmt, options)
     spec = _BY_NAME[fmt]
     suffixes = dict(opts).get("suffixes") if "suffixes" in spec.options else spec.suffixes
-    single = not isinstance(inputs, (list, tuple))
-    units = [InputUnit(fmt, url, rel, opts, single and named) for url, rel, named in files
+    single = not isinstance(inputs, (list, tuple)) and not glob.has_magic(os.fspath(inputs))
+    units = [InputUnit(fmt, url, rel, opts, single and named, size=size) for url, rel, named, size in files
              if named or suffixes is None or rel.lower().endswith(suffixes)]
     if not units:
         raise PackError(f"no {fmt} files in {inputs!r} (suffixes {suffixes})")
@@ -86,28 +89,48 @@ def _is_paths(inputs: Any) -> bool:
         isinstance(s, (str, os.PathLike)) for s in inputs)
 
 
-def _find_files(inputs: Any) -> list[tuple[str, str, bool]]:
-    """(url, path relative to the root, named directly) of every file of a path or a list of paths."""
+def _find_files(inputs: Any) -> list[tuple[str, str, bool, int]]:
+    """(url, path relative to the root, named directly, size in bytes) of every file of a path or a list of paths."""
     entries = [os.fspath(s) for s in inputs] if isinstance(inputs, (list, tuple)) else [os.fspath(inputs)]
     located = [fsspec.core.url_to_fs(e) for e in entries]
     fs = located[0][0]
     if any(type(other) is not type(fs) for other, _ in located):
         raise PackError(f"all paths of a list of inputs must be on one filesystem: {entries}")
-    dirs = []
+    entries, located = _expand_globs(fs, entries, located)
+    infos = []
     for entry, (_, path) in zip(entries, located):
-        if not fs.exists(path):
-            raise PackError(f"no such file or directory: {entry}")
-        dirs.append(fs.isdir(path))
+        try:
+            infos.append(fs.info(path))
+        except FileNotFoundError:
+            raise PackError(f"no such file or directory: {entry}") from None
+    dirs = [info["type"] == "directory" for info in infos]
     root = posixpath.commonpath([p if d else posixpath.dirname(p) for (_, p), d in zip(located, dirs)])
     found = []
-    for (_, path), is_dir in zip(located, dirs):
+    for (_, path), is_dir, info in zip(located, dirs, infos):
         if not is_dir:
-            found.append((_url(fs, path), posixpath.relpath(path, root), True))
+            found.append((_url(fs, path), posixpath.relpath(path, root), True, int(info.get("size") or 0)))
             continue
-        inside = [p for p in fs.find(path) if not any(
-            part.startswith(".") for part in posixpath.relpath(p, path).split("/"))]
-        found += sorted((_url(fs, p), posixpath.relpath(p, root), False) for p in inside)
+        inside = {p: i for p, i in fs.find(path, detail=True).items() if not any(
+            part.startswith(".") for part in posixpath.relpath(p, path).split("/"))}
+        found += sorted((_url(fs, p), posixpath.relpath(p, root), False, int(i.get("size") or 0))
+                        for p, i in inside.items())
     return found
+
+
+def _expand_globs(fs: Any, entries: list[str], located: list) -> tuple[list[str], list]:
+    """Entries with glob characters (``hf://datasets/org/name/*/train-*.parquet``) replaced by the files they match."""
+    out_entries, out_located = [], []
+    for entry, (other, path) in zip(entries, located):
+        if not glob.has_magic(path):
+            out_entries.append(entry)
+            out_located.append((other, path))
+            continue
+        matches = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+        if not matches:
+            raise PackError(f"no file matches {entry}")
+        out_entries += [entry] * len(matches)
+        out_located += [(fs, p) for p in matches]
+    return out_entries, out_located
 
 
 def _url(fs: Any, path: str) -> str:
@@ -115,7 +138,7 @@ def _url(fs: Any, path: str) -> str:
 
 
 def _detect(files: list[tuple[str, str, bool]], inputs: Any) -> str:
-    found = {f.name for _, rel, _ in files for f in _FORMATS if f.suffixes and rel.lower().endswith(f.suffixes)}
+    found = {f.name for _, rel, _, _ in files for f in _FORMATS if f.suffixes and rel.lower().endswith(f.suffixes)}
     data = found - {TEXT.name}
     if len(data) == 1:
         return data.pop()
@@ -123,6 +146,11 @@ def _detect(files: list[tuple[str, str, bool]], inputs: Any) -> str:
         return "text"
     raise PackError(f"cannot tell the format of {inputs!r} (found: {sorted(found) or 'no known suffix'}); "
                     f"pass format= one of {', '.join(FORMATS)}")
+
+
+def check_table_options(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The options of an in-memory table or dataset object, checked as `list_units` checks a format's."""
+    return _check_options("table", options)
 
 
 def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

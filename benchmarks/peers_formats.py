@@ -1,0 +1,239 @@
+"""The peers that store records of their own format: MosaicML Streaming, LitData, Hugging Face datasets.
+
+None of them cuts overlapping windows at read time from variable-length records, so each is set up
+the way its documentation does fixed-size samples:
+
+- ``mosaic``: every window a sample of an MDS dataset (``MDSWriter``, column ``ndarray:float32:256,8``),
+  read by ``StreamingDataset(local, shuffle=True, batch_size)`` + ``StreamingDataLoader``. It reads
+  the world from torchrun's variables and rendezvouses over torch.distributed, which the checks'
+  rank processes provide (one node).
+- ``litdata``: every window an item of ``litdata.optimize`` chunks, read by
+  ``StreamingDataset(dir, shuffle=True, seed)`` + ``StreamingDataLoader``. Ranks are simulated by
+  giving the dataset the ``_DistributedEnv`` it would detect from torch.distributed.
+- ``hf-arrow``: the sequences as an Arrow dataset (``Array2D((None, 8))``), every window
+  materialized by a batched ``map`` into an Arrow file of ``Array2D((256, 8))`` rows,
+  ``with_format("torch")``, ``split_dataset_by_node`` for ranks, torchdata's StatefulDataLoader
+  (shuffle=True), which HF's docs name for mid-epoch resume.
+- ``hf-stream``: parquet files of whole sequences, ``load_dataset("parquet", streaming=True)``,
+  windows cut by a batched ``map`` (one row in, many out, as HF's docs split long examples),
+  ``shuffle(buffer_size=10,000)``, ``split_dataset_by_node``, StatefulDataLoader.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from peers_systems import Params, System, cut, iter_sequences, shard_sequences
+
+try:
+    import data
+except ImportError:  # pragma: no cover - imported as benchmarks.peers_formats
+    from . import data
+
+#: Parquet / Arrow shards of hf-* (several, so that workers and ranks each get whole files).
+HF_SHARDS = 16
+
+
+def _stateful_loader(dataset: Any, p: Params, workers: int, shuffle: bool) -> Any:
+    """torchdata's StatefulDataLoader, which HF's docs name for resuming mid-epoch."""
+    import torch  # noqa: PLC0415
+    from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: PLC0415
+
+    options = {"shuffle": True, "generator": torch.Generator().manual_seed(p.seed)} if shuffle else {}
+    return StatefulDataLoader(dataset, batch_size=p.batch_size, num_workers=workers, **options)
+
+
+class Mosaic(System):
+    """Windows as MDS samples; StreamingDataset(local, shuffle=True) + StreamingDataLoader."""
+
+    name, modules, materializes = "mosaic", ("streaming",), True
+    install = "pip install torch==2.13.0 mosaicml-streaming"
+
+    def preload(self) -> None:
+        _import_streaming()
+        super().preload()
+
+    def prepare(self, corpus, store, p):
+        from streaming import MDSWriter  # noqa: PLC0415
+
+        f = _features(corpus)
+        columns = {"x": f"ndarray:float32:{p.window},{f}"}
+        with MDSWriter(out=str(store), columns=columns, size_limit=64 << 20, progress_bar=False) as out:
+            for _, seq in iter_sequences(corpus):
+                for window in cut(seq, p):
+                    out.write({"x": np.ascontiguousarray(window)})
+
+    def disk(self, corpus, store):
+        return [store]
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        from streaming import StreamingDataLoader, StreamingDataset  # noqa: PLC0415
+
+        if world == 1:  # Mosaic reads the world from torchrun's variables (the checks' ranks set them)
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        dataset = StreamingDataset(local=str(store), shuffle=True, shuffle_seed=p.seed, batch_size=p.batch_size)
+        return StreamingDataLoader(dataset, batch_size=p.batch_size, num_workers=workers)
+
+
+def _import_streaming() -> None:
+    """Import Mosaic's ``streaming``, standing in for torchvision where none loads.
+
+    ``streaming/__init__`` imports its vision datasets, which import torchvision; PyPI's torchvision
+    wheels are CUDA builds that do not load beside a CPU build of torch (and nothing here uses
+    them), so where ``import torchvision`` fails, an empty module with the names those files
+    import takes its place."""
+    import importlib.machinery  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    try:
+        import torchvision  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001 - any failure to load it: ImportError, a missing operator
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        names = ("torchvision", "torchvision.datasets", "torchvision.transforms", "torchvision.transforms.functional")
+        stubs = {n: types.ModuleType(n) for n in names}
+        for n, module in stubs.items():
+            module.__spec__ = importlib.machinery.ModuleSpec(n, None)
+        stubs["torchvision.datasets"].VisionDataset = stubs["torchvision.datasets"].CIFAR10 = type(
+            "VisionDataset", (), {})
+        stubs["torchvision.transforms.functional"].to_tensor = lambda x: x
+        sys.modules.update(stubs)
+    import streaming  # noqa: F401, PLC0415
+
+
+class LitData(System):
+    """Windows as LitData items (optimize); StreamingDataset(dir, shuffle=True) + StreamingDataLoader."""
+
+    name, modules, materializes = "litdata", ("litdata",), True
+    install = "pip install torch==2.13.0 litdata"
+
+    def prepare(self, corpus, store, p):
+        from litdata import optimize  # noqa: PLC0415
+
+        optimize(fn=_LitWindows(p), inputs=data.shard_paths(corpus), output_dir=str(store),
+                 chunk_bytes="64MB", num_workers=2)
+
+    def disk(self, corpus, store):
+        return [store]
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        from litdata import StreamingDataLoader, StreamingDataset  # noqa: PLC0415
+        from litdata.utilities.env import _DistributedEnv  # noqa: PLC0415
+
+        dataset = StreamingDataset(str(store), shuffle=True, seed=p.seed)
+        if world > 1:
+            dataset.distributed_env = _DistributedEnv(world, rank, 1)
+        return StreamingDataLoader(dataset, batch_size=p.batch_size, num_workers=workers)
+
+
+class _LitWindows:
+    """optimize's fn: one shard path in, its windows out (a picklable callable for its workers)."""
+
+    def __init__(self, p: Params):
+        self.p = p
+
+    def __call__(self, shard: str):
+        for _, seq in shard_sequences(shard):
+            for window in cut(seq, self.p):
+                yield np.ascontiguousarray(window)
+
+
+def _features(corpus: Path) -> int:
+    """F of the corpus (its marker's spec)."""
+    import json  # noqa: PLC0415
+
+    return int(json.loads((corpus / data.MARKER).read_text())["spec"]["features"])
+
+
+def _hf_sequences(corpus: Path, out: Path) -> Any:
+    """The corpus's sequences as an Arrow dataset of ``Array2D((None, F))`` rows, saved under ``out``."""
+    from datasets import Array2D, Dataset, Features, Value  # noqa: PLC0415
+
+    features = Features({"key": Value("string"), "x": Array2D((None, _features(corpus)), "float32")})
+    return Dataset.from_generator(_hf_rows, gen_kwargs={"corpus": str(corpus)}, features=features,
+                                  cache_dir=str(out / "cache"))
+
+
+def _hf_rows(corpus: str) -> Iterator[dict[str, Any]]:
+    """from_generator's generator: one row per sequence (a module-level function: HF hashes it)."""
+    for key, seq in iter_sequences(Path(corpus)):
+        yield {"key": key, "x": seq}
+
+
+def _window_batch(p: Params):
+    """A batched map function: every window of every sequence in the batch, one row each."""
+
+    def windows(batch: dict[str, list]) -> dict[str, list]:
+        out = []
+        for seq in batch["x"]:
+            seq = np.asarray(seq, dtype=np.float32)
+            out.extend(cut(seq, p))
+        return {"x": out}
+
+    return windows
+
+
+class HFArrow(System):
+    """Windows materialized by Dataset.map into Arrow; with_format("torch"); StatefulDataLoader(shuffle)."""
+
+    name, modules, materializes = "hf-arrow", ("datasets", "torchdata"), True
+    install = "pip install torch==2.13.0 datasets torchdata"
+
+    def prepare(self, corpus, store, p):
+        from datasets import Array2D, Features  # noqa: PLC0415
+
+        store.mkdir(parents=True, exist_ok=True)
+        seqs = _hf_sequences(corpus, store)
+        features = Features({"x": Array2D((p.window, _features(corpus)), "float32")})
+        seqs.with_format("numpy").map(_window_batch(p), batched=True, batch_size=16, remove_columns=["key", "x"],
+                                      features=features, cache_file_name=str(store / "windows.arrow"))
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(store / "cache")  # the sequences were only the map's input
+
+    def disk(self, corpus, store):
+        return [store / "windows.arrow"]
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        from datasets import Dataset  # noqa: PLC0415
+        from datasets.distributed import split_dataset_by_node  # noqa: PLC0415
+
+        ds = Dataset.from_file(str(store / "windows.arrow")).with_format("torch")
+        if world > 1:
+            ds = split_dataset_by_node(ds, rank=rank, world_size=world)
+        return _stateful_loader(ds, p, workers, shuffle=True)
+
+
+class HFStream(System):
+    """Parquet of whole sequences; load_dataset(streaming=True) .map(windows, batched) .shuffle(10,000)."""
+
+    name, modules = "hf-stream", ("datasets", "torchdata")
+    install = "pip install torch==2.13.0 datasets torchdata"
+
+    def prepare(self, corpus, store, p):
+        store.mkdir(parents=True, exist_ok=True)
+        seqs = _hf_sequences(corpus, store)
+        for i in range(HF_SHARDS):
+            seqs.shard(HF_SHARDS, i, contiguous=True).to_parquet(str(store / f"part-{i:03d}.parquet"))
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(store / "cache")
+
+    def disk(self, corpus, store):
+        return sorted(store.glob("*.parquet"))
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        from datasets import load_dataset  # noqa: PLC0415
+        from datasets.distributed import split_dataset_by_node  # noqa: PLC0415
+
+        files = [str(f) for f in sorted(store.glob("*.parquet"))]
+        ds = load_dataset("parquet", data_files=files, split="train", streaming=True)
+        ds = ds.with_format("numpy").map(_window_batch(p), batched=True, batch_size=16, remove_columns=["key", "x"])
+        ds = ds.shuffle(seed=p.seed, buffer_size=p.shuffle_buffer)
+        if world > 1:
+            ds = split_dataset_by_node(ds, rank=rank, world_size=world)
+        return _stateful_loader(ds.with_format("torch"), p, workers, shuffle=False)

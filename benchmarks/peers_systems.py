@@ -1,0 +1,254 @@
+"""The systems peers.py compares, each the way its own documentation recommends for sliding windows.
+
+A system is a small object: ``prepare`` converts the benchmark corpus into the format the system
+reads (a no-op for those that read the tar shards as they are), ``disk`` lists what it then reads
+from disk, and ``build`` returns the loader of one rank. Windows are always W=256, stride 64,
+batches of 256, a shuffle pool of 10,000 windows where the system has one.
+
+- ``streamwin``: WindowDataset over the tar shards + WindowLoader; windows planned, nothing stored.
+- ``webdataset``: the tar shards; decode -> per-window generator -> shuffle -> batched (WebLoader).
+- ``tutorial``: all sequences in memory, one tensor per window, DataLoader(shuffle) or DistributedSampler.
+- ``torchdata-nodes``: one ``.npy`` file per sequence; a map-style (file, start) index, the
+  migration guide's graph SamplerWrapper -> Batcher -> ParallelMapper(get batch) -> Prefetcher -> Loader;
+  "workers" are ParallelMapper's threads (its default method).
+- ``mosaic``, ``litdata``, ``hf-arrow``: fixed-size records only, so every window is materialized
+  (MDS, LitData chunks, an Arrow table); ``hf-stream`` streams parquet files of whole sequences and
+  cuts windows in a batched ``map`` (HF's recipe for splitting long examples), shuffled in a buffer.
+
+The peers' modules live in peers_formats.py; this module holds the common part and the systems
+that need nothing beyond the project's dev extras.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+try:  # imported as benchmarks.peers_systems
+    from . import data
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import data
+
+
+@dataclass(frozen=True)
+class Params:
+    """The window, batch and shuffle setup of every system (perf-notes)."""
+
+    window: int = 256
+    stride: int = 64
+    batch_size: int = 256
+    shuffle_buffer: int = 10_000
+    seed: int = 0
+
+
+def iter_sequences(corpus: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """``(key, array [T, F])`` of every ``<key>.npy`` member of the corpus's tar shards, in order."""
+    for path in data.shard_paths(corpus):
+        yield from shard_sequences(path)
+
+
+def shard_sequences(path: str) -> Iterator[tuple[str, np.ndarray]]:
+    """``(key, array)`` of one tar shard's ``.npy`` members."""
+    with tarfile.open(path, "r:") as tar:
+        for member in tar:
+            if member.isfile() and member.name.endswith(".npy"):
+                payload = tar.extractfile(member).read()
+                yield member.name[:-4], np.load(io.BytesIO(payload), allow_pickle=False)
+
+
+def cut(seq: np.ndarray, p: Params) -> Iterator[np.ndarray]:
+    """The windows of one sequence: starts 0, S, 2S, ... while start + W <= T (views)."""
+    for start in range(0, len(seq) - p.window + 1, p.stride):
+        yield seq[start:start + p.window]
+
+
+def tree_bytes(paths: Iterable[Path]) -> int:
+    """Bytes of the files under ``paths`` (files or directories)."""
+    total = 0
+    for path in paths:
+        files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+        total += sum(f.stat().st_size for f in files)
+    return total
+
+
+def split_by_rank(rank: int, world: int):
+    """webdataset's ``split_by_node`` with the rank given rather than read from torch.distributed."""
+
+    def split(src: Iterable[Any]) -> Iterator[Any]:
+        return itertools.islice(src, rank, None, world)
+
+    return split
+
+
+class System:
+    """One system: how to convert the corpus, what it reads from disk, how to build a rank's loader."""
+
+    name = ""
+    modules: tuple[str, ...] = ()  # what must be importable
+    install = ""  # how to get it
+    materializes = False  # True: each window is stored as a record
+
+    def preload(self) -> None:
+        """Import the system's modules, so that import time is not counted as set-up."""
+        import importlib  # noqa: PLC0415
+
+        import torch  # noqa: F401, PLC0415
+
+        for module in self.modules:
+            importlib.import_module(module)
+
+    def prepare(self, corpus: Path, store: Path, p: Params) -> None:
+        """Convert the corpus into this system's format under ``store`` (default: read it as is)."""
+
+    def disk(self, corpus: Path, store: Path) -> list[Path]:
+        """The files this system reads."""
+        return [Path(s) for s in data.shard_paths(corpus)] + [corpus / "index.json"]
+
+    def build(self, corpus: Path, store: Path, p: Params, workers: int, rank: int = 0,
+              world: int = 1) -> Iterable[Any]:
+        """The loader of rank ``rank`` of ``world``, epoch 0."""
+        raise NotImplementedError
+
+    def state(self, loader: Any) -> Any | None:
+        """The loader's mid-epoch state, or None where it has no way to give one."""
+        return loader.state_dict() if hasattr(loader, "state_dict") else None
+
+    def load(self, loader: Any, state: Any) -> None:
+        """Restore a state taken by :meth:`state` into a fresh loader."""
+        loader.load_state_dict(state)
+
+
+class Streamwin(System):
+    """WindowDataset(url, window, stride, batch_size, shuffle_buffer, seed) + WindowLoader."""
+
+    name, modules, install = "streamwin", ("streamwin",), "pip install -e ."
+
+    def disk(self, corpus: Path, store: Path) -> list[Path]:
+        return [Path(s) for s in data.shard_paths(corpus)] + [corpus / "index.json"]
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        import streamwin as sw  # noqa: PLC0415
+
+        ds = sw.WindowDataset(str(corpus), window=p.window, stride=p.stride, batch_size=p.batch_size,
+                              shuffle_buffer=p.shuffle_buffer, seed=p.seed, rank=rank, world_size=world)
+        return sw.WindowLoader(ds, num_workers=workers)
+
+
+class WebDataset(System):
+    """WebDataset(urls, shardshuffle, split_by_node, split_by_worker) .decode() .compose(windows)
+    .shuffle(10,000) .batched(256) in a WebLoader (baselines.py's pipeline)."""
+
+    name, modules, install = "webdataset", ("webdataset",), "pip install webdataset"
+
+    def disk(self, corpus, store):
+        return [Path(s) for s in data.shard_paths(corpus)]
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        import webdataset as wds  # noqa: PLC0415
+
+        from baselines import cut_windows  # noqa: PLC0415
+
+        urls = data.shard_paths(corpus)
+        nodes = split_by_rank(rank, world) if world > 1 else wds.split_by_node
+        dataset = (wds.WebDataset(urls, shardshuffle=len(urls), seed=p.seed, nodesplitter=nodes,
+                                  workersplitter=wds.split_by_worker, empty_check=False)
+                   .decode().compose(cut_windows(p.window, p.stride))
+                   .shuffle(p.shuffle_buffer, seed=p.seed).batched(p.batch_size))
+        return wds.WebLoader(dataset, batch_size=None, num_workers=workers)
+
+
+class Tutorial(System):
+    """Load every sequence, list every window, DataLoader(shuffle=True) or DistributedSampler."""
+
+    name, modules, install = "tutorial", ("torch",), "pip install torch"
+
+    def disk(self, corpus, store):
+        return [Path(s) for s in data.shard_paths(corpus)]
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        import torch  # noqa: PLC0415
+        from torch.utils.data import DataLoader, DistributedSampler  # noqa: PLC0415
+
+        from baselines import WindowListDataset, load_sequences  # noqa: PLC0415
+
+        dataset = WindowListDataset(load_sequences(data.shard_paths(corpus)), p.window, p.stride)
+        if world > 1:
+            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=p.seed)
+            return DataLoader(dataset, batch_size=p.batch_size, sampler=sampler, num_workers=workers)
+        generator = torch.Generator().manual_seed(p.seed)
+        return DataLoader(dataset, batch_size=p.batch_size, shuffle=True, generator=generator,
+                          num_workers=workers)
+
+
+class NpyWindows:
+    """Map-style windows over one ``.npy`` file per sequence: index -> (file, start), memory-mapped."""
+
+    def __init__(self, files: list[Path], p: Params):
+        self.files, self.window = [str(f) for f in files], p.window
+        lengths = [np.load(f, mmap_mode="r").shape[0] for f in self.files]
+        per_file = [range(0, n - p.window + 1, p.stride) for n in lengths]
+        self.file_of = np.repeat(np.arange(len(files)), [len(r) for r in per_file])
+        self.start_of = np.fromiter(itertools.chain.from_iterable(per_file), dtype=np.int64,
+                                    count=len(self.file_of))
+        self._open: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.file_of)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        f = int(self.file_of[index])
+        if f not in self._open:
+            self._open[f] = np.load(self.files[f], mmap_mode="r")
+        start = int(self.start_of[index])
+        return self._open[f][start:start + self.window]
+
+    def get_batch(self, indices: list[int]) -> Any:
+        """One batch: the windows stacked into a new tensor (the map_fn of the graph)."""
+        import torch  # noqa: PLC0415
+
+        return torch.from_numpy(np.stack([self[i] for i in indices]))
+
+
+class TorchdataNodes(System):
+    """.npy files; SamplerWrapper -> Batcher -> ParallelMapper(get_batch) -> Prefetcher -> Loader."""
+
+    name, modules, install = "torchdata-nodes", ("torchdata.nodes",), "pip install torchdata"
+
+    def prepare(self, corpus, store, p):
+        store.mkdir(parents=True, exist_ok=True)
+        for key, seq in iter_sequences(corpus):
+            np.save(store / f"{key}.npy", seq)
+
+    def disk(self, corpus, store):
+        return [store]
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        import torch  # noqa: PLC0415
+        import torchdata.nodes as tn  # noqa: PLC0415
+        from torch.utils.data import DistributedSampler, RandomSampler  # noqa: PLC0415
+
+        dataset = NpyWindows(sorted(store.glob("*.npy")), p)
+        if world > 1:
+            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=p.seed)
+        else:
+            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(p.seed))
+        node = tn.Batcher(tn.SamplerWrapper(sampler), batch_size=p.batch_size, drop_last=False)
+        if workers:
+            node = tn.ParallelMapper(node, map_fn=dataset.get_batch, num_workers=workers, in_order=True)
+        else:
+            node = tn.Mapper(node, map_fn=dataset.get_batch)
+        node = tn.Prefetcher(node, prefetch_factor=max(2, 2 * workers))
+        return tn.Loader(node)
+
+
+def all_systems() -> list[System]:
+    """Every system, in table order."""
+    from peers_formats import HFArrow, HFStream, LitData, Mosaic  # noqa: PLC0415
+
+    return [Streamwin(), WebDataset(), Mosaic(), LitData(), HFStream(), HFArrow(), TorchdataNodes(),
+            Tutorial()]

@@ -1,0 +1,35 @@
+"""Checks of user arguments, shared by every option object: each names the argument as the user typed it.
+
+A bad value is one ValueError or TypeError whose message names the argument, says what would
+be valid and shows what was given (``got ...``), never an internal name.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def is_real(value: Any) -> bool:
+    """An int or float (numpy ones too) but not a bool; NaN passes here and fails every bound check."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value: Any, low: int) -> None:
+    """An integer (numpy ones too, bool not) of at least ``low``, else an error naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer >= {low}, got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def check_bool(name: str, value: Any) -> None:
+    """True or False (numpy's too), else a TypeError naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """One of ``choices`` (strings), else a ValueError naming ``name`` and listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")

@@ -1,0 +1,188 @@
+"""The destination of a pack: what is there, which generation a pack writes, and the commit.
+
+A re-pack never touches the dataset it replaces until it commits. Each pack writes a new
+*generation* of shards, named so that they cannot collide with any other generation's::
+
+    index.json                           the commit marker: names generation 7's shards
+    shard-g000007-u000000-000000.tar     generation 7, unit 0, shard 0 (see `unit`)
+    index-g000007.columns                its per-sequence columns (from COLUMNAR_FROM sequences on)
+    index-g000006.json                   the index it replaced, kept with generation 6's shards
+    shard-g000006-u000000-000000.tar     ... so that readers of the old index finish their run
+
+The commit, under the pack lock (`lock`): check that index.json is still the one the pack
+started from (a generation check), keep it as ``index-gNNNNNN.json``, write the new columns
+file, then index.json with one atomic replace (a rename on a local disk, one PUT on object
+storage). Only then are older generations removed: every generation but the new one and the
+one it replaced, and whatever a killed pack left (shards of a generation never committed,
+temporary files). A pack killed at any moment thus leaves the old dataset readable and
+unchanged, or the new one complete. Datasets packed before generations existed
+(``shard-NNNNNN.tar``) count as generation 0.
+
+Files that are not this dataset's (not named by its index, nor by the kept one, nor by a
+name pack writes) make a pack refuse the destination, naming them, unless ``overwrite``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from streamwin.errors import PackError
+from streamwin.formats.manifest import INDEX_NAME, Manifest
+from streamwin.packing.lock import LOCK_NAME
+from streamwin.storage.manifests import write_manifest
+from streamwin.storage.urls import is_local, join, remove_if_exists, write_atomic
+
+SHARD = re.compile(r"shard-g(\d+)-u\d+-\d+\.tar")  # a generation's shard: shard-gGGGGGG-uUUUUUU-KKKKKK.tar
+RETIRED = re.compile(r"index-g(\d+)\.json")  # the index a commit replaced
+COLUMNS = re.compile(r"index-g(\d+)\.columns")  # a generation's columns file
+TEMPORARY = re.compile(r".+\.tmp-[0-9a-f-]+")  # a write in progress (local disks)
+PART_INDEX = re.compile(r"index\.part\d+-of-\d+\.(json|columns)")
+OLD_LAYOUT = re.compile(r"(part\d{5}-)?shard-\d{6}\.tar|index\.columns")  # generation 0, named by an index
+
+
+@dataclass
+class Survey:
+    """What a destination holds when a pack starts."""
+
+    names: list[str]  # every entry at the root (files and folders)
+    index: bytes | None  # index.json as it is, None when there is none
+    gen: int  # the live dataset's generation (0 for none, or packed before generations)
+    kept: int | None  # the generation of the index the last commit replaced, if it is kept
+    named: set[str] = field(default_factory=set)  # files the live or kept index names
+    foreign: list[str] = field(default_factory=list)
+
+    @property
+    def newest(self) -> int:
+        """The highest generation any file here belongs to."""
+        found = [generation(n) for n in self.names]
+        return max([self.gen, self.kept or 0, *[g for g in found if g is not None]])
+
+
+def generation(name: str) -> int | None:
+    """The generation a file name says it belongs to, or None."""
+    m = SHARD.fullmatch(name) or RETIRED.fullmatch(name) or COLUMNS.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def shard_prefix(gen: int, unit: int) -> str:
+    """The name prefix of the shards of one unit in one generation."""
+    return f"shard-g{gen:06d}-u{unit:06d}-"
+
+
+def retired_name(gen: int) -> str:
+    return f"index-g{gen:06d}.json"
+
+
+def columns_name(gen: int) -> str:
+    return f"index-g{gen:06d}.columns"
+
+
+def survey(fs, root: str) -> Survey:
+    """List ``root`` (missing: empty) and read its live and kept indexes."""
+    fs.invalidate_cache(root)  # another process may have written since this filesystem listed it
+    try:
+        names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    except FileNotFoundError:
+        names = []
+    index = _read(fs, join(root, INDEX_NAME)) if INDEX_NAME in names else None
+    live = _index_files(index)
+    gen = _index_generation(live)
+    kept_names = sorted((int(RETIRED.fullmatch(n).group(1)), n) for n in names if RETIRED.fullmatch(n))
+    kept = kept_names[-1][0] if kept_names else None
+    named = set(live)
+    for _, name in kept_names:
+        named |= set(_index_files(_read(fs, join(root, name))))
+    out = Survey(names, index, gen, kept, named)
+    out.foreign = [n for n in names if not _ours(n, named)]
+    return out
+
+
+def _read(fs, path: str) -> bytes | None:
+    try:
+        return fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+
+
+def _index_files(text: bytes | None) -> list[str]:
+    """The files an index names (its shards and columns file); none when it cannot be read."""
+    if text is None:
+        return []
+    try:
+        doc = json.loads(text)
+        names = [s["name"] for s in doc["shards"]]
+        if isinstance(doc.get("columns_file"), dict):
+            names.append(doc["columns_file"]["name"])
+    except (ValueError, KeyError, TypeError):
+        return []
+    return [n for n in names if isinstance(n, str)]
+
+
+def _index_generation(files: list[str]) -> int:
+    gens = [generation(n) for n in files]
+    return max([g for g in gens if g is not None], default=0)
+
+
+def _ours(name: str, named: set[str]) -> bool:
+    return (name in named or name in (INDEX_NAME, LOCK_NAME) or generation(name) is not None
+            or bool(TEMPORARY.fullmatch(name) or PART_INDEX.fullmatch(name)))
+
+
+def refuse_foreign(found: Survey, dest: str, overwrite: bool) -> None:
+    """PackError naming the files at ``dest`` that are not this dataset's, unless ``overwrite``."""
+    if found.foreign and not overwrite:
+        shown = ", ".join(found.foreign[:5]) + (f" and {len(found.foreign) - 5} more" if len(found.foreign) > 5 else "")
+        raise PackError(f"{dest} holds {len(found.foreign)} file(s) that are not this dataset's: {shown}. pack writes "
+                        "only to an empty folder or a streamwin dataset; choose another destination, or pass "
+                        "overwrite=True to replace them (they are removed once the new dataset is committed)")
+
+
+def remove_generations(fs, root: str, found: Survey, keep: set[int], *, parts: bool = True) -> None:
+    """Remove every file of a generation not in ``keep``, temporaries, part indexes (``parts``), and old-layout
+    files no kept index names."""
+    for name in found.names:
+        gen = generation(name)
+        old = OLD_LAYOUT.fullmatch(name) and 0 not in keep and name in found.named
+        if ((gen is not None and gen not in keep) or TEMPORARY.fullmatch(name) or old
+                or (parts and PART_INDEX.fullmatch(name))):
+            remove_if_exists(fs, join(root, name))
+
+
+def write_index(fs, root: str, manifest: Manifest, gen: int) -> None:
+    """index.json (atomic), after its columns file ``index-gNNNNNN.columns`` when there are COLUMNAR_FROM sequences
+    (named by generation: a re-pack never overwrites the columns file the live index names)."""
+    write_manifest(fs, root, manifest, columns=columns_name(gen))
+
+
+def commit(fs, root: str, dest: str, manifest: Manifest, gen: int, start: Survey, overwrite: bool = False) -> None:
+    """Replace the dataset at ``root`` by ``manifest`` (generation ``gen``), atomically for readers; then clean."""
+    now = _read(fs, join(root, INDEX_NAME))
+    if now != start.index:
+        raise PackError(f"{dest} was committed by another pack while this one ran (its index.json changed): this pack "
+                        "does not commit, and the dataset there is the other pack's")
+    if start.index is not None:  # keep the index being replaced: its shards stay for the readers still using it
+        write_atomic(fs, join(root, retired_name(start.gen)), start.index)
+    write_index(fs, root, manifest, gen)
+    after = survey(fs, root)
+    remove_generations(fs, root, after, {gen, start.gen})
+    for name in after.names:
+        if RETIRED.fullmatch(name) and int(RETIRED.fullmatch(name).group(1)) != start.gen:
+            remove_if_exists(fs, join(root, name))
+    if overwrite:
+        for name in start.foreign:
+            _remove_tree(fs, join(root, name))
+
+
+def _remove_tree(fs, path: str) -> None:
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
+def prepare(fs, root: str) -> None:
+    """Make ``root`` ready to write: a local folder is created (object stores need no folders; their
+    bucket is checked, and created only when asked, by ``sources.open_dest``)."""
+    if is_local(fs):
+        fs.makedirs(root, exist_ok=True)

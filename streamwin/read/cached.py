@@ -1,0 +1,66 @@
+"""Shards through the node cache: each fetched whole once per node (verified), then read or mapped locally."""
+from __future__ import annotations
+
+from typing import BinaryIO
+
+import fsspec
+
+from streamwin.errors import ShardError
+from streamwin.read.counts import Counters
+from streamwin.read.members import Members
+from streamwin.read.transport import Transport, read_file
+from streamwin.storage.cache import ShardCache
+from streamwin.storage.urls import is_local
+
+
+class CachedShards(Transport):
+    """The shards of a dataset on ``fs`` (under ``root``), read from their copies in ``cache``.
+
+    A shard that fails to fetch is not fetched again for the same block (each of its runs
+    would fail alike). Runs of remote shards are read concurrently: several shards are
+    fetched at once.
+    """
+
+    mappable = True
+
+    def __init__(self, cache: ShardCache, fs: fsspec.AbstractFileSystem, root: str, members: Members,
+                 counters: Counters):
+        super().__init__(root, members, counters, concurrent=not is_local(fs))
+        self.cache, self.fs = cache, fs
+        self._unfetchable: dict[int, ShardError] = {}  # shards that failed to fetch for the current block
+
+    def begin_block(self) -> None:
+        self._unfetchable.clear()
+
+    def read_into(self, k: int, offset: int, out: memoryview) -> None:
+        f, hit = self.open_file(k, offset)
+        with f:
+            got = read_file(f, offset, out)
+        if got < len(out):
+            self.counters.add(cache_hits=hit)
+            raise ShardError(f"cached shard ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
+                             shard=self.members.shard_url(k), offset=offset + got)
+        self.counters.read(len(out), hit)
+
+    def open_file(self, k: int, offset: int) -> tuple[BinaryIO, bool]:
+        """The shard's cached copy, fetched first if needed; fetched again, once, if another process evicted
+        it between fetch and open."""
+        url, entry = self.members.shard_url(k), self.members.manifest.shards[k]
+        for attempt in (0, 1):
+            failed = self._unfetchable.get(k)
+            if failed is not None:  # this block already tried: a shard that failed to fetch is not fetched again
+                raise failed
+            hit = self.cache.has(url, entry)
+            try:
+                local = self.cache.fetch(url, self.fs, self.path(k), entry)
+            except ShardError as e:
+                self._unfetchable[k] = e
+                raise
+            try:
+                return open(local, "rb", buffering=0), hit
+            except FileNotFoundError as e:
+                if attempt:
+                    raise ShardError(f"cannot open shard: {e}", shard=url, offset=offset) from e
+            except OSError as e:
+                raise ShardError(f"cannot open shard: {e}", shard=url, offset=offset) from e
+        raise AssertionError("unreachable")

@@ -1,0 +1,92 @@
+"""zstd members: the compressed bytes a block needs, read in runs, then decompressed into its buffer.
+
+Each piece lays out what ``frames.units`` says: its own steps, from the units that hold
+them (each decompressed once for the block and kept for the next, see inflate.py), or its
+whole member, once for all the pieces of its sequence. The units the frame cache holds at
+either end of a piece are laid out first; the compressed bytes of the rest are read in
+runs (neighbours in a shard as one, concurrently on remote storage), RAW_BATCH bytes at a
+time, then decompressed piece by piece straight into the block buffer or the frame cache.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from streamwin.errors import ShardError
+from streamwin.read.block import READABLE
+from streamwin.read.counts import Counters
+from streamwin.read.frames import compressed_ranges, compressed_runs, raw_batches, units
+from streamwin.read.inflate import Inflater
+from streamwin.read.members import Members
+from streamwin.read.pieces import Pieces
+from streamwin.read.transport import Transport
+from streamwin.storage import mapped
+
+
+class CompressedReads:
+    """Reads the pieces of a block of zstd members through ``shards`` and decompresses them."""
+
+    def __init__(self, shards: Transport, members: Members, counters: Counters):
+        self.shards, self.members, self.counters = shards, members, counters
+        self.inflater = Inflater(members, counters)
+
+    def read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
+
+        The buffer ends in ``tail`` zero bytes. What a piece reads is decompressed whole: with
+        on_error="skip" a piece whose bytes fail loses all its steps.
+        """
+        m = self.members.manifest
+        u = units(m, p)
+        buf = mapped.anonymous(int(u.pos[-1]) + tail)  # zero-filled, given back to the system when dropped
+        good = np.full(len(p.seq), READABLE, dtype=np.int64)
+        own = np.flatnonzero(~u.shared)
+        f0, f1 = self.inflater.take_cached(p.seq[own], u.a[own], u.b[own], u.framed[own], buf, u.pos[own])
+        todo = np.flatnonzero(f0 < f1)  # pieces with units to read (a member laid out whole: all of it)
+        seq = p.seq[own[todo]]
+        shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
+        lo, hi = compressed_ranges(m, seq, f0[todo], f1[todo], u.framed[own[todo]])
+        failed = np.zeros(len(todo), dtype=bool)
+        for n0, n1, raw, at in self._read_runs(seq, shard, lo, hi, failed):
+            for n in range(n0, n1):
+                if failed[n]:
+                    continue
+                j, i, k = int(own[todo[n]]), int(seq[n]), int(shard[n])
+                src = memoryview(raw)[at[n - n0] : at[n - n0] + hi[n] - lo[n]]
+                out = buf[u.pos[j] : u.pos[j + 1]]
+                try:
+                    if u.framed[j]:
+                        self.inflater.lay_out_frames(src, out, i, k, (int(u.a[j]), int(u.b[j])),
+                                                     (int(f0[todo[n]]), int(f1[todo[n]])))
+                    else:
+                        self.inflater.decompress_whole(src, out, i, k)
+                except ShardError as e:
+                    self.counters.skip_or_raise(e)
+                    failed[n] = True
+        good[own[todo[failed]]] = 0
+        return buf, u.base(m.step_bytes), good[u.owner]
+
+    def _read_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                   failed: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Read ranges [lo, hi) of members ``seq`` in runs, a batch of about RAW_BATCH bytes at a time
+        (concurrently on remote storage); yields (first range, end range, bytes, where each range of the
+        batch is in them).
+
+        Ranges of a run that fails are marked in ``failed`` (after the error is raised or counted).
+        """
+        runs = compressed_runs(shard, lo, hi)
+        bounds = runs.first
+        for r0, r1 in raw_batches(runs):
+            pos = np.zeros(r1 - r0 + 1, dtype=np.int64)
+            np.cumsum(runs.run_hi[r0:r1] - runs.run_lo[r0:r1], out=pos[1:])
+            raw = mapped.anonymous(int(pos[-1]))
+            reads = [(int(shard[bounds[r]]), int(runs.run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
+                     for r in range(r0, r1)]
+            for r, err in zip(range(r0, r1), self.shards.read_many(reads)):
+                if err is not None:
+                    self.counters.skip_or_raise(self.members.name_member(err, seq[bounds[r] : bounds[r + 1]]))
+                    failed[bounds[r] : bounds[r + 1]] = True
+            n0, n1 = int(bounds[r0]), int(bounds[r1])
+            run = runs.run[n0:n1]
+            yield n0, n1, raw, pos[run - r0] + (lo[n0:n1] - runs.run_lo[run])

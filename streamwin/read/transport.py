@@ -1,0 +1,132 @@
+"""How a reader gets bytes of a dataset's shards: the contract every transport keeps, and retries.
+
+A transport reads (shard, offset, destination) runs: ``read_into`` fills the destination
+or raises a ShardError naming the shard and the byte offset, counting bytes, requests,
+retries and cache hits. Where the shards are local files (``mappable``), ``open_file``
+opens one for mapping. ``read_many`` reads the runs of a block, concurrently on a pool of
+GET threads where reads are latency-bound (object storage). The transports:
+
+- ``local.LocalShards``: the shard files themselves, read (or mapped);
+- ``remote.RemoteShards``: objects on remote storage, one ranged GET per run;
+- ``cached.CachedShards``: a node-local copy of each shard, fetched whole, then local.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO, Callable
+
+from streamwin.errors import ShardError
+from streamwin.read.counts import Counters
+from streamwin.read.members import Members
+from streamwin.storage.ranged import BrokenRead
+from streamwin.storage.retry import describe, permanent
+from streamwin.storage.urls import join
+
+REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
+
+Run = tuple[int, int, memoryview]  # (shard, offset, destination): read bytes [offset, offset + len) of the shard
+
+
+class Transport:
+    """Reads runs of one dataset's shards (under ``root``); subclasses say how (see the module docstring)."""
+
+    mappable = False  # shards are local files that ``open_file`` opens
+
+    def __init__(self, root: str, members: Members, counters: Counters, *, concurrent: bool):
+        self.root, self.members, self.counters, self.concurrent = root, members, counters, concurrent
+        self._pool: ThreadPoolExecutor | None = None
+
+    def path(self, k: int) -> str:
+        """Shard k's path on its filesystem."""
+        return join(self.root, self.members.manifest.shards[k].name)
+
+    def begin_block(self) -> None:
+        """A new block is read: forget what the last one learnt."""
+
+    def read_into(self, k: int, offset: int, out: memoryview) -> None:
+        """Fill ``out`` with bytes of shard k from ``offset``; ShardError naming the shard and offset."""
+        raise NotImplementedError
+
+    def open_file(self, k: int, offset: int) -> tuple[BinaryIO, bool]:
+        """(open file of shard k, whether the node cache had it) of a ``mappable`` transport."""
+        raise NotImplementedError
+
+    def try_read(self, run: Run) -> ShardError | None:
+        """Read one run; the ShardError instead of raising it."""
+        try:
+            self.read_into(*run)
+            return None
+        except ShardError as e:
+            return e
+
+    def read_many(self, runs: list[Run]) -> list[ShardError | None]:
+        """Read runs (each one's ShardError or None), concurrently where the transport is ``concurrent``."""
+        if not self.concurrent or len(runs) < 2:
+            return [self.try_read(r) for r in runs]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=REMOTE_CONCURRENCY, thread_name_prefix="streamwin-get")
+        return list(self._pool.map(self.try_read, runs))
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the GET threads (a later read starts new ones); ``wait=False`` lets a GET in flight end on its own."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait, cancel_futures=True)
+            self._pool = None
+
+
+class Retrying:
+    """Fills a buffer from a shard with ``read_some`` calls, retrying transient errors from the byte that broke.
+
+    Each attempt asks for everything from the first byte not yet in the buffer: a remote read
+    is one streamed GET, and when it breaks, the bytes it delivered stay (BrokenRead says how
+    many). ``retries`` bounds failures in a row: an attempt that delivered bytes before it
+    broke starts the count anew, so a long range on a flaky link goes on as long as it
+    advances. Waits ``backoff`` seconds before the first retry, doubling with each failure.
+    """
+
+    def __init__(self, members: Members, counters: Counters, retries: int, backoff: float):
+        self.members, self.counters, self.retries, self.backoff = members, counters, retries, backoff
+
+    def fill(self, read_some: Callable[[str, int, memoryview], int], path: str, k: int, offset: int,
+             out: memoryview) -> None:
+        """Fill ``out`` from byte ``offset`` of shard k (at ``path``) by ``read_some`` calls (0: the shard ends)."""
+        done = attempt = 0
+        while done < len(out):
+            try:
+                n = read_some(path, offset + done, out[done:])
+            except (FileNotFoundError, PermissionError) as e:
+                raise ShardError(f"cannot open shard: {e}", shard=self.members.shard_url(k),
+                                 offset=offset + done) from e
+            except Exception as e:  # transient storage errors: retry from the byte where it broke
+                got = e.delivered if isinstance(e, BrokenRead) else 0
+                done += got
+                attempt = 1 if got else attempt + 1
+                if attempt > self.retries or permanent(e):
+                    raise ShardError(f"read {describe(e, self.retries)}", shard=self.members.shard_url(k),
+                                     offset=offset + done) from e
+                self.counters.add(retries=1)
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+                continue
+            if n == 0:
+                raise ShardError(f"shard ends early: wanted {len(out)} bytes at offset {offset}, got {done}",
+                                 shard=self.members.shard_url(k), offset=offset + done)
+            done += n
+            attempt = 0  # retries bound failures in a row; a read that keeps advancing goes on
+
+
+def fill(src, out: memoryview) -> int:
+    """Read from stream ``src`` into ``out`` until it is full or the stream ends; the bytes read."""
+    got = 0
+    while got < len(out):
+        n = src.readinto(out[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def read_file(f, offset: int, out: memoryview) -> int:
+    """Read into ``out`` from open file ``f`` at ``offset``; returns the bytes read (short at EOF)."""
+    f.seek(offset)
+    return fill(f, out)
