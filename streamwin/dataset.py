@@ -10,7 +10,7 @@ Every argument is checked once, in the constructor, into frozen option objects t
 argument as the user typed it: ``WindowSpec`` (window, stride, horizon, pad), ``ShuffleSpec``
 (shuffle, shuffle_buffer, seed, slice_windows), ``SplitSpec`` (split, split_fractions,
 split_seed, holdout) and the read options (storage_options, retries, retry_backoff, on_error,
-cache_dir, cache_limit).
+cache_dir, cache_limit, verify_checksums).
 """
 from __future__ import annotations
 
@@ -75,6 +75,9 @@ class WindowDataset:
             every rank still yields the same number of batches.
         cache_dir, cache_limit: keep verified node-local copies of remote shards (fetched once
             per node, evicted least-recently-used down to ``cache_limit`` bytes).
+        verify_checksums: check every byte read against the manifest's chunk checksums (a byte that
+            differs is a ShardError, or with on_error="skip" its windows weigh 0); False only to
+            measure what that costs.
         split: None (all data), "train", "val" or "test".
         split_fractions, split_seed: with ``holdout=0``, a sequence belongs to one split, chosen by a
             stable hash of (split_seed, key): never in two splits, stable as the dataset grows.
@@ -95,7 +98,7 @@ class WindowDataset:
                  cache_dir: str | None = None, cache_limit: int | None = None, split: str | None = None,
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_seed: int = 0,
                  holdout: int = 0, weights: Sequence[float] | Mapping[str, float] | None = None,
-                 epoch_windows: int | None = None):
+                 epoch_windows: int | None = None, verify_checksums: bool = True):
         names, urls, self.weights, self.epoch_windows = mix_of(url, weights, epoch_windows)
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad)
         self.shuffle_spec = ShuffleSpec(shuffle, shuffle_buffer, seed, slice_windows)
@@ -103,7 +106,7 @@ class WindowDataset:
         check_choice("equalize", equalize, EQUALIZE)
         self.batch_size, self.equalize = int(batch_size), equalize
         self._rank, self._world_size = _explicit_world(rank, world_size)
-        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit)
+        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit, verify_checksums)
         for name, value in (("readahead", readahead), ("prefetch", prefetch)):
             check_int(name, value, 0)
         self.readahead, self.prefetch = int(readahead), int(prefetch)

@@ -369,7 +369,8 @@ def test_object_dtype_member_is_refused_without_unpickling(tmp_path, monkeypatch
     manifest = build_manifest(
         np.dtype("<f4"), (3,), None,
         [ShardEntry("shard-000000.tar", len(shard), hashlib.sha256(shard).hexdigest(), len(keys), sum(lengths))],
-        keys, {"length": lengths, "offset": offsets, "size": [len(d) for _, d in members], "hlen": hlens})
+        keys, {"length": lengths, "offset": offsets, "hlen": hlens,  # sizes as float32 [T, 3] members would have
+               "size": [h + n * 12 for h, n in zip(hlens, lengths)]})
     (ds / INDEX_NAME).write_text(manifest.to_json())
 
     forbid_unpickling(monkeypatch)

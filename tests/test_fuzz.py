@@ -3,9 +3,9 @@
 A small dataset is packed once; each hypothesis example copies it, flips / overwrites /
 truncates bytes at random offsets of one shard (biased towards the .npy headers, where the
 checks are), and iterates a full epoch. Allowed outcomes: a ShardError, or a clean pass in
-which every window whose bytes were not touched equals the original array (array payload
-bytes are not checksummed on the range-read path, so touched windows may differ). A
-corruption that touches no .npy header and truncates nothing must pass. Pickle is
+which every window equals the original array: every byte a read covers is verified against
+the manifest's chunk checksums, so no changed byte is trained on. A corruption that touches
+no checksum chunk holding member content, and truncates nothing, must pass. Pickle is
 booby-trapped during the loop.
 
 ``streamwin.npyfmt.parse_npy_header`` is fuzzed directly with random and near-valid headers:
@@ -144,10 +144,8 @@ def run_corrupted(p: Pristine, shard: str, ops) -> None:
         ds = Path(tmp) / "ds"
         shutil.copytree(p.root, ds)
         touched, truncated = apply(ds / shard, ops)
-        if p.compressed:  # a compressed member is read whole: any touched byte in it may break it
-            checked = [(off, off + size) for _, off, size, _ in p.members[shard]]
-        else:  # only .npy headers are checked; tar headers, padding and array data are not
-            checked = p.headers(shard)
+        c = sw.load_manifest(str(p.root)).checks.chunk  # a read verifies whole chunks: any touched byte in a
+        checked = [(off // c * c, -(-(off + size) // c) * c) for _, off, size, _ in p.members[shard]]  # member's
         may_fail = truncated or any(overlaps(touched, a, b) for a, b in checked)
         loader = make_loader(ds)
         with pytest.MonkeyPatch.context() as mp:
@@ -164,14 +162,9 @@ def run_corrupted(p: Pristine, shard: str, ops) -> None:
         if not p.compressed:
             for key, off, _, _ in p.members[shard]:
                 assert not (key in read_from_0 and overlaps(touched, off, off + 6)), ("bad magic went unnoticed", key, ops)
-        step = p.seqs[next(iter(p.seqs))][0].nbytes
-        where = {key: (off, hlen) for key, off, _, hlen in p.members[shard]}
-        for keys, starts, x in batches:
+        for keys, starts, x in batches:  # verified: every window is exact, touched or not
             for i, (k, s) in enumerate(zip(keys, starts)):
-                if k in where and (p.compressed or overlaps(touched, where[k][0] + where[k][1] + s * step,
-                                                            where[k][0] + where[k][1] + (s + W + H) * step)):
-                    continue  # its bytes were touched: any values are allowed
-                assert np.array_equal(x[i], p.seqs[k][s : s + W]), (k, s)
+                assert np.array_equal(x[i], p.seqs[k][s : s + W]), (k, s, ops)
 
 
 @pytest.mark.timeout(60)
@@ -190,18 +183,21 @@ def test_fuzz_zstd_shard_corruption(pristine_zstd, data):
     run_corrupted(pristine_zstd, shard, ops)
 
 
-def test_untouched_payload_corruption_passes(pristine, tmp_path):
-    """Not every corruption is an error: bytes of tar headers and padding are never read."""
+def test_tar_header_corruption_fails_its_chunk_and_is_never_read_unverified(pristine, tmp_path):
+    """Bytes of tar headers are never read for windows; with checksums, their chunk fails as a whole."""
     ds = tmp_path / "ds"
     shutil.copytree(pristine.root, ds)
     shard = pristine.shards[0]
-    _, off, _, _ = pristine.members[shard][0]
+    key, off, _, _ = pristine.members[shard][0]
     touched, _ = apply(ds / shard, [("write", off - 512, b"garbage tar header!")])
     assert touched
     with pytest.MonkeyPatch.context() as mp:
         _booby_trap(mp)
-        n = sum(1 for _ in make_loader(ds))
-    assert n == len(make_loader(pristine.root))
+        n = sum(1 for _ in make_loader(ds, verify_checksums=False))
+        assert n == len(make_loader(pristine.root))
+        with pytest.raises(sw.ShardError, match="checksum mismatch") as e:
+            sum(1 for _ in make_loader(ds))
+    assert e.value.member == f"{key}.npy" and e.value.offset < 4096
 
 
 # -- parse_npy_header -------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
     "errors", "arguments", "world",
-    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.manifest", "formats",
+    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.checks", "formats.fields",
+    "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.options", "plan.split", "plan.space", "plan.order", "plan.streams", "plan.mix", "plan.epoch", "plan",
     "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.tables",
@@ -18,7 +19,7 @@ ORDER = [
     "packing.inputs.iterable", "packing.inputs.units", "packing.inputs", "packing.nonfinite", "packing.encode",
     "packing.records", "packing.columns", "packing.writer", "packing.tasks", "packing.parallel", "packing.parts",
     "packing.pack", "packing.scanner", "packing.scan", "packing",
-    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames",
+    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.verify",
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "source", "batch", "nodes", "dataset", "pipeline",

@@ -15,6 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from streamwin.errors import ManifestError, PackError
+from streamwin.formats.checks import Checks
 from streamwin.formats.manifest import Manifest, NonFinite, build_manifest
 from streamwin.packing.inputs import InputUnit
 from streamwin.storage.manifests import load_manifest, write_manifest
@@ -92,7 +93,8 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
                               [s for m in parts for s in m.shards], keys, cols,
                               sum(m.dropped_empty for m in parts), value_columns=first.value_columns,
                               left_out_columns=left_out if first.value_columns is not None else None,
-                              nonfinite=nonfinite, frames=_merged_frames(parts))
+                              nonfinite=nonfinite, frames=_merged_frames(parts),
+                              checks=Checks.concat([m.checks for m in parts]))
     write_manifest(fs, root, manifest)
     return manifest
 

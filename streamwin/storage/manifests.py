@@ -19,11 +19,11 @@ def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest,
                    columnar: bool | None = None) -> None:
     """Write the index file ``name`` (the commit marker), after its columns file when columnar.
 
-    ``columnar`` None: the columnar form (version 2) from COLUMNAR_FROM sequences on, else
-    the columns inline (version 1, one file).
+    ``columnar`` None: the columnar form (version 2) from COLUMNAR_FROM sequences on (or
+    when the chunk checksums outgrow INLINE_SUMS), else the columns inline (version 1, one file).
     """
-    if columnar is None:
-        columnar = manifest.num_sequences >= COLUMNAR_FROM
+    if columnar is None:  # many sequences, or chunk checksums of more than a GB of shards: a columns file
+        columnar = manifest.num_sequences >= COLUMNAR_FROM or not manifest.sums_inline()
     if not columnar:
         remove_if_exists(fs, join(root, columns_name(name)))
         write_atomic(fs, join(root, name), manifest.to_json().encode())
