@@ -46,6 +46,10 @@ from streamwin.state import STATE_VERSION, Position, check_state, read_state, sa
 log = logging.getLogger("streamwin")
 
 
+class NonFiniteData(RuntimeWarning):
+    """A dataset whose manifest counts NaN or inf values is about to be trained on."""
+
+
 class PassIterator:
     """What ``iter(loader)`` returns: the pass begins at the first ``next()``.
 
@@ -270,6 +274,7 @@ class WindowLoader:
         if self._logged:
             return
         self._logged = True
+        self._warn_about_data()
         summary = self.dataset.summary(self.position.epoch, self.num_workers)
         if world[0] == 0:
             log.info("%s", summary)
@@ -280,6 +285,21 @@ class WindowLoader:
                 f"{summary['streams']} streams of batch_size {ds.batch_size} (window {ds.spec.window} + horizon "
                 f"{ds.spec.horizon} vs. your sequence lengths). Use a smaller window or batch, fewer workers, or "
                 "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=4)
+
+    def _warn_about_data(self) -> None:
+        """Once, when iteration starts: sources whose manifest counts NaN/inf, or carries no chunk checksums."""
+        for source in self.dataset.sources:
+            m = source.manifest
+            if m.nonfinite is not None and m.nonfinite.nan + m.nonfinite.inf:
+                warnings.warn(
+                    f"streamwin: {source.url} holds {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values (counted "
+                    "by pack, in index.json); windows that cover them reach the model as they are. Repack with "
+                    "nan='raise' to find them, clean them before packing, or use missing='mask' to mask them",
+                    NonFiniteData, stacklevel=4)
+            if m.checks is None and self.dataset.read.verify_checksums:
+                warnings.warn(f"streamwin: {source.url} was packed without chunk checksums (by an older streamwin): "
+                              "its bytes are read unverified; repack it, or run `streamwin index` on it, to add them",
+                              RuntimeWarning, stacklevel=4)
 
     def summary(self) -> dict[str, Any]:
         """The dataset's numbers for this loader's plan: windows, dropped, batches per rank, streams."""
