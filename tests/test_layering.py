@@ -12,7 +12,7 @@ ORDER = [
     "errors", "arguments", "world",
     "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.checks", "formats.fields",
     "formats.manifest", "formats",
-    "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
+    "storage.urls", "storage.retry", "storage.mapped", "storage.deadline", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.options", "plan.split", "plan.space", "plan.order", "plan.streams", "plan.mix", "plan.epoch", "plan",
     "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.tables",
     "packing.inputs.parquet", "packing.inputs.csv", "packing.inputs.jsonl", "packing.inputs.text",

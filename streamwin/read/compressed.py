@@ -96,6 +96,7 @@ class CompressedReads:
             for r, err in zip(range(r0, r1), self.shards.read_many(reads)):
                 b0, b1, q = bounds[r], bounds[r + 1], r - r0
                 if err is not None:
+                    err = self.members.from_byte(err, int(lo[b0]))
                     self.counters.skip_or_raise(self.members.name_member(err, seq[b0:b1]))
                     failed[b0:b1] = True
                     continue

@@ -125,6 +125,7 @@ class PlainReads:
         """
         u, u1, again = int(runs.first[j]), int(runs.first[j + 1]), False
         while err is not None:
+            err = self.members.from_byte(err, int(runs.lo[u]))
             self.counters.skip_or_raise(self.members.name_member(err, runs.seq[u:u1]))
             fail = err.offset
             if fail is None or (again and fail <= runs.lo[u]):  # (before lo[u]: in the chunk a read starts with)

@@ -5,6 +5,8 @@ import errno
 import time
 from typing import Callable, TypeVar
 
+from streamwin.errors import StreamwinError
+
 T = TypeVar("T")
 
 
@@ -32,14 +34,14 @@ def permanent(error: BaseException) -> str | None:
 def with_retries(call: Callable[[], T], *, retries: int, backoff: float) -> T:
     """``call()``, retried on transient errors with exponential backoff (``backoff``, 2x, 4x, ...).
 
-    A missing or forbidden object (FileNotFoundError, PermissionError) and an error that
-    retrying cannot help (see ``permanent``) are raised at once; any other error is raised as
-    is once ``retries`` retries have failed too.
+    A missing or forbidden object (FileNotFoundError, PermissionError), a StreamwinError (bad
+    data) and an error that retrying cannot help (see ``permanent``) are raised at once; any
+    other error is raised as is once ``retries`` retries have failed too.
     """
     for attempt in range(retries + 1):
         try:
             return call()
-        except (FileNotFoundError, PermissionError):
+        except (FileNotFoundError, PermissionError, StreamwinError):
             raise
         except Exception as e:
             if attempt == retries or permanent(e):
