@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from streamwin.dataset import WindowDataset
+from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, DeviceWorkerFeed
 from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, WorkerFeed
 from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
@@ -185,12 +186,13 @@ class WindowLoader:
         now = self.dataset.plan_inputs(self.num_workers)
         for run in rest:  # an earlier elastic resume of this epoch: its runs must be of this dataset too
             check_state({"version": STATE_VERSION, "inputs": run["inputs"]}, now, finished=True)
-        try:  # at the end of the epoch of the plan it was taken under (its own batch size, world, workers)?
-            done = int(rest[-1]["batches"]) if rest else 0
-            finished = taken >= done + self.dataset.plan_of(inputs, epoch, rest).batches_per_rank
-        except (TypeError, ValueError, KeyError):  # inputs no plan can have: check_state names them
-            finished = False
         check_state({"version": STATE_VERSION, "inputs": inputs}, now, finished=True)  # data, order, windows
+        done = int(rest[-1]["batches"]) if rest else 0
+        planned = done + self.dataset.plan_of(inputs, epoch, rest).batches_per_rank
+        if taken > planned:  # not a position of that epoch (hand-edited?): never skip an epoch for it
+            raise StateMismatchError(f"not a usable streamwin loader state: field batches is {taken}, more than the "
+                                     f"{planned} batches per rank of epoch {epoch} under its plan inputs")
+        finished = taken == planned  # at the end of the epoch of the plan it was taken under
         self.close_pass()
         self._resume, self._epoch_set = True, False
         pos = self.position

@@ -14,6 +14,7 @@ it may only raise ValueError.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import shutil
 import tarfile
@@ -254,3 +255,107 @@ def test_parse_npy_header_accepts_what_numpy_writes():
         assert (dtype, got_shape, hlen) == (np.dtype(descr), shape, len(_valid_header(shape, descr)))
     with pytest.raises(ValueError, match="object"):
         npyfmt.parse_npy_header(_valid_header((3,), "|O"))
+
+
+# -- states and manifests: every field checked before use ----------------------------------------------
+
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True), st.text(max_size=8),
+                 st.just(1.9), st.just(10**9), st.just(-5), st.just(2**60), st.lists(st.integers(), max_size=3),
+                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.just([[[[[[[[1]]]]]]]]))
+ALLOWED_STATE = (sw.StateMismatchError,)
+
+
+@pytest.fixture(scope="module")
+def state_case(pristine):
+    loader = make_loader(pristine.root)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    return pristine, loader.state_dict(), len(loader)
+
+
+def _paths(obj, prefix=()):
+    """Every (path to a value) of a nested dict/list."""
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _paths(v, prefix + (i,))
+
+
+def _set(obj, path, value):
+    import copy
+
+    out = copy.deepcopy(obj)
+    if not path:
+        return value
+    node = out
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return out
+
+
+@pytest.mark.timeout(120)
+@settings(FUZZ, max_examples=80)
+@given(data=st.data())
+def test_fuzz_state_dict_fields(state_case, data):
+    """A state with any one field replaced loads (then yields a whole epoch's rest) or is a StateMismatchError."""
+    p, state, n = state_case
+    path = data.draw(st.sampled_from(list(_paths(state))))
+    bad = _set(state, path, data.draw(JUNK))
+    loader = make_loader(p.root)
+    try:
+        loader.load_state_dict(bad)
+    except ALLOWED_STATE as e:
+        assert "state" in str(e) or "plan inputs differ" in str(e), e
+        return
+    got = sum(1 for _ in loader)
+    assert got <= n
+
+
+@pytest.mark.parametrize("field, value", [("epoch", 1.9), ("epoch", None), ("batches", 10**9), ("batches", -1),
+                                          ("batches", 2.0), ("inputs", None), ("version", None),
+                                          ("rest_of", [{"inputs": None, "batches": 1}])])
+def test_a_damaged_state_is_refused_naming_the_field(state_case, field, value):
+    p, state, _ = state_case
+    with pytest.raises(sw.StateMismatchError) as e:
+        make_loader(p.root).load_state_dict({**state, field: value})
+    assert field in str(e.value) or "version" in str(e.value)
+
+
+@functools.cache
+def _bomb() -> str:
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(b"\0" * (64 << 20), 9)).decode()
+
+
+@pytest.mark.timeout(120)
+@settings(FUZZ, max_examples=120)
+@given(data=st.data())
+def test_fuzz_manifest_fields(pristine, data, tmp_path_factory):
+    """index.json with any one field replaced (or a column's bytes swapped for junk) loads or is a ManifestError;
+    never an IndexError, KeyError, MemoryError, RecursionError or ZeroDivisionError."""
+    import base64
+    import json
+    import zlib
+
+    doc = json.loads((pristine.root / "index.json").read_text())
+    path = data.draw(st.sampled_from(list(_paths(doc))))
+    kind = data.draw(st.sampled_from(["junk", "bomb", "column"]))
+    if kind == "bomb":  # 64 KB that inflate to 64 MB
+        value = _bomb()
+    elif kind == "column":
+        value = base64.b64encode(zlib.compress(data.draw(st.binary(max_size=200)))).decode()
+    else:
+        value = data.draw(JUNK)
+    text = json.dumps(_set(doc, path, value))
+    try:
+        m = sw.formats.manifest.parse_manifest(text)
+    except sw.ManifestError:
+        return
+    assert m.num_sequences >= 0
