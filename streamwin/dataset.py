@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from streamwin.arguments import check_choice, check_int, is_real
+from streamwin.arguments import check_choice, check_fits, check_int, is_real
 from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
@@ -131,6 +131,16 @@ class WindowDataset:
                     raise ValueError(f"mixed datasets must share dtype and feature shape: {first.url!r} has {what} "
                                      f"{x}, {other.url!r} has {what} {y}")
 
+    def check_fits(self) -> None:
+        """ValueError naming the arguments whose buffers cannot fit in this machine's memory, with the size they
+        would need (the loader checks before it allocates anything: a batch, the blocks read ahead)."""
+        sb, span, spec = self.manifest.step_bytes, self.spec.span, self.spec
+        check_fits(self.batch_size * (span * sb + 32), f"a batch of batch_size={self.batch_size} windows of "
+                   f"window={spec.window} + horizon={spec.horizon} steps of {sb} bytes")
+        block = self.shuffle_spec.shuffle_buffer * min(spec.stride, span) * sb + span * sb
+        check_fits((self.readahead + 2) * block, f"blocks of shuffle_buffer={self.shuffle_spec.shuffle_buffer} "
+                   f"windows (stride {spec.stride}, {sb}-byte steps), readahead={self.readahead} of them ahead")
+
     # -- what the data is --------------------------------------------------------------------------
     @property
     def manifest(self) -> Manifest:
@@ -201,6 +211,9 @@ class WindowDataset:
         return replace(self.config(), **{k: inputs[k] for k in POSITION_ONLY if k in inputs})
 
     def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]]) -> Plan:
+        streams = config.world_size * max(1, config.num_workers)  # a plan keeps some 64 bytes per stream
+        check_fits(streams * 64, f"a plan for world_size={config.world_size} ranks x {max(1, config.num_workers)} "
+                   f"stream(s) ({streams:,} streams)")
         if not rest_of:
             return plan_epoch(config, epoch, [s.space for s in self.sources],
                               [s.manifest.shard_starts for s in self.sources], self.weights, self.epoch_windows,

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from streamwin.arguments import check_fits
 from streamwin.dataset import WindowDataset
 from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, DeviceWorkerFeed
@@ -49,6 +50,20 @@ log = logging.getLogger("streamwin")
 
 class NonFiniteData(RuntimeWarning):
     """A dataset whose manifest counts NaN or inf values is about to be trained on."""
+
+
+def _device(device: Any) -> torch.device | None:
+    """The device batches go to; a CUDA device without CUDA is refused here, saying so."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must be None or a torch device such as 'cuda' or 'cuda:1', got {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ValueError(f"device={device!r}, but {why} (torch {torch.__version__}); pass device=None for CPU tensors")
+    return dev
 
 
 class PassIterator:
@@ -90,7 +105,8 @@ class WindowLoader:
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer.
         persistent_workers: keep the worker processes between epochs.
-        multiprocessing_context: start method for workers ("fork", "spawn", "forkserver"). Where
+        multiprocessing_context: start method for workers: a name ("fork", "spawn", "forkserver") or a
+            multiprocessing context object (``multiprocessing.get_context(...)``), as DataLoader takes. Where
             fork cannot be used (CUDA initialized before the loader starts), use "forkserver": its
             server imports torch and streamwin once and forks every worker from there (first batch
             with 8 workers on 2 cores: 3.2 s at 1M sequences, against 22.6 s with "spawn").
@@ -98,7 +114,7 @@ class WindowLoader:
 
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
                  pin_memory: bool = False, prefetch_factor: int | None = None, persistent_workers: bool = False,
-                 multiprocessing_context: str | None = None, **kwargs: Any):
+                 multiprocessing_context: Any = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
         if kwargs.get("batch_size") is not None:
@@ -115,10 +131,10 @@ class WindowLoader:
             raise ValueError(f"prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")
         self.dataset = dataset
         self.num_workers, self.prefetch_factor = int(num_workers), int(pf)
-        self.device = torch.device(device) if device is not None else None
+        self.device = _device(device)
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
-        self.multiprocessing_context = multiprocessing_context or default_start_method()
+        self.multiprocessing_context = start_context(multiprocessing_context or default_start_method())
         self.batch_size = dataset.batch_size
         self.position = Position()
         self._epoch_set = False  # set_epoch called since the last pass began
@@ -222,6 +238,7 @@ class WindowLoader:
             pos.restart()
         self._resume = self._epoch_set = False
         world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
+        self._check_fits(world[1])
         self._log_once(world)
         self._stats.start()
         plan = self._plan()
@@ -268,9 +285,18 @@ class WindowLoader:
         if self._pool is None or self._pool.closed:
             to_cuda = self.device is not None and self.device.type == "cuda"
             self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
-                                    pin=self.pin_memory or to_cuda, context=start_context(self.multiprocessing_context),
+                                    pin=self.pin_memory or to_cuda, context=self.multiprocessing_context,
                                     ship_blocks=self.device is not None)
         return self._pool
+
+    def _check_fits(self, world_size: int) -> None:
+        """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
+        ds = self.dataset
+        ds.check_fits()
+        if self.num_workers:  # the batch slots in shared memory, allocated when the workers start
+            slots = self.num_workers * (self.prefetch_factor + 2) * ds.batch_size * (ds.spec.span * ds.manifest.step_bytes + 32)
+            check_fits(slots, f"num_workers={self.num_workers} x (prefetch_factor={self.prefetch_factor} + 2) batch "
+                       f"slots of batch_size={ds.batch_size} windows")
 
     def _log_once(self, world: tuple[int, int]) -> None:
         if self._logged:
