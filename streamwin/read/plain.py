@@ -82,7 +82,7 @@ class PlainReads:
             if err is None:
                 todo = [(int(spans[0][j]), int(spans[1][j]))]
             else:  # each kept piece over what it kept
-                lo_, hi_ = self.verifier.spans(runs.shard[keep], runs.lo[keep], hi)
+                lo_, hi_ = self.verifier.spans(np.full(len(keep), k), runs.lo[keep], hi)
                 todo = list(zip(lo_.tolist(), hi_.tolist()))
             for a, b in todo:
                 data = buf[int(at[j]) + a - int(vlo[j]) : int(at[j]) + b - int(vlo[j])]
