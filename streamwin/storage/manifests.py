@@ -20,7 +20,7 @@ import fsspec
 from streamwin.errors import ManifestError
 from streamwin.formats.manifest import (COLUMNAR_FROM, INDEX_NAME, Manifest, ShardEntry, columns_file_entry, columns_name,
                                         parse_manifest)
-from streamwin.storage.ranged import RangeReader
+from streamwin.storage.ranged import BrokenRead, RangeReader
 from streamwin.storage.retry import describe, with_retries
 from streamwin.storage.urls import is_local, join, remove_if_exists, url_to_fs, write_atomic
 
@@ -108,7 +108,31 @@ def read_object(fs, path: str, most: int, retries: int, backoff: float) -> bytes
     if is_local(fs):
         return with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
     reader = RangeReader(fs)
+    first = [True]
+
+    def read() -> bytes:
+        try:
+            return reader.read_all(path, most)
+        except BrokenRead as e:  # storage that cannot be connected to at all: say so now, not after the retries
+            if first[0] and _cannot_connect(e):
+                raise ConnectionError(f"cannot connect: {e}") from e
+            raise
+        finally:
+            first[0] = False
     try:
-        return with_retries(lambda: reader.read_all(path, most), retries=retries, backoff=backoff)
+        return with_retries(read, retries=retries, backoff=backoff)
     finally:
         reader.close()
+
+
+def _cannot_connect(error: BaseException) -> bool:
+    """Whether a GET failed before it was connected (refused, no such host, connect time-out)."""
+    names = {"NewConnectionError", "ConnectTimeoutError", "NameResolutionError", "ConnectionRefusedError"}
+    e: BaseException | None = error
+    for _ in range(8):
+        if e is None:
+            return False
+        if {c.__name__ for c in type(e).__mro__} & names:
+            return True
+        e = e.__cause__ or e.__context__
+    return False

@@ -19,8 +19,8 @@ from streamwin.storage.deadline import attempt_limit, watchdog
 
 CHUNK = 4 << 20  # cat_file fallback: a range is fetched in chunks; a retry re-fetches the chunk that broke
 PIECE = 256 << 10  # streamed GETs: read into the caller's buffer this much at a time (a break loses at most this)
-HTTP_TIMEOUTS = (10.0, 30.0)  # connect, read (a stall): aiohttp's 300 s read made a stalled GET cost 5 min a try
-S3_TIMEOUTS = (60.0, 60.0)  # botocore's connect_timeout and read_timeout defaults
+HTTP_TIMEOUTS = (5.0, 30.0)  # connect, read (a stall): aiohttp's 300 s read made a stalled GET cost 5 min a try
+S3_TIMEOUTS = (5.0, 60.0)  # connect (botocore's 60 s made an unreachable endpoint cost minutes), read: botocore's
 PRESIGN_SECONDS = 3600  # a presigned s3 URL is used for half its lifetime, then signed anew
 _HTTP_OPTIONS = {"headers", "timeout", "auth"}  # HTTPFileSystem options a streamed GET reproduces
 

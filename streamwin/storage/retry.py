@@ -24,6 +24,8 @@ def permanent(error: BaseException) -> str | None:
         seen.add(id(e))
         if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
             return "connection refused"
+        if isinstance(e, ConnectionError) and str(e).startswith("cannot connect"):  # storage.manifests says so
+            return "cannot connect"
         names = {c.__name__ for c in type(e).__mro__}
         if names & {"NoCredentialsError", "PartialCredentialsError"}:
             return "no credentials (give key/secret in storage_options, or configure AWS credentials)"
