@@ -137,7 +137,8 @@ class WindowDataset:
         sb, span, spec = self.manifest.step_bytes, self.spec.span, self.spec
         check_fits(self.batch_size * (span * sb + 32), f"a batch of batch_size={self.batch_size} windows of "
                    f"window={spec.window} + horizon={spec.horizon} steps of {sb} bytes")
-        block = self.shuffle_spec.shuffle_buffer * min(spec.stride, span) * sb + span * sb
+        data = sum(s.bytes for m in self.manifests for s in m.shards)  # a block holds at most every step, once
+        block = min(self.shuffle_spec.shuffle_buffer * min(spec.stride, span) * sb + span * sb, data)
         check_fits((self.readahead + 2) * block, f"blocks of shuffle_buffer={self.shuffle_spec.shuffle_buffer} "
                    f"windows (stride {spec.stride}, {sb}-byte steps), readahead={self.readahead} of them ahead")
 

@@ -99,7 +99,6 @@ def test_set_epoch_refuses_what_is_not_an_epoch(epoch):
     ({"window": 10**12}, 0, "window=1000000000000"),
     ({"batch_size": 10**9}, 1, "batch_size=1000000000"),
     ({"world_size": 10**9, "rank": 0}, 0, "world_size=1000000000"),
-    ({"shuffle_buffer": 10**12, "stride": 16}, 0, "shuffle_buffer=1000000000000"),
 ])
 def test_arguments_that_cannot_fit_in_memory_are_refused_with_the_size(tiny, overrides, workers, named):
     url, _ = tiny
