@@ -114,7 +114,10 @@ def read_object(fs, path: str, most: int, retries: int, backoff: float) -> bytes
         try:
             return reader.read_all(path, most)
         except BrokenRead as e:  # storage that cannot be connected to at all: say so now, not after the retries
-            if first[0] and _cannot_connect(e):
+            why = _cannot_connect(e) if first[0] else None
+            if why == "refused":
+                raise ConnectionRefusedError(f"{e}") from e
+            if why is not None:
                 raise ConnectionError(f"cannot connect: {e}") from e
             raise
         finally:
@@ -125,14 +128,17 @@ def read_object(fs, path: str, most: int, retries: int, backoff: float) -> bytes
         reader.close()
 
 
-def _cannot_connect(error: BaseException) -> bool:
-    """Whether a GET failed before it was connected (refused, no such host, connect time-out)."""
-    names = {"NewConnectionError", "ConnectTimeoutError", "NameResolutionError", "ConnectionRefusedError"}
+def _cannot_connect(error: BaseException) -> str | None:
+    """Why a GET failed before it was connected ("refused", or "failed": no such host, a connect time-out), or None."""
+    names = {"NewConnectionError", "ConnectTimeoutError", "NameResolutionError"}
     e: BaseException | None = error
+    found = None
     for _ in range(8):
         if e is None:
-            return False
+            break
+        if isinstance(e, ConnectionRefusedError) or "Connection refused" in str(e):
+            return "refused"
         if {c.__name__ for c in type(e).__mro__} & names:
-            return True
+            found = "failed"
         e = e.__cause__ or e.__context__
-    return False
+    return found
