@@ -24,7 +24,7 @@ import numpy as np
 
 from streamwin.arguments import check_choice, check_fits, check_int, is_real
 from streamwin.batch import BatchLayout
-from streamwin.formats.manifest import Manifest
+from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
 from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec
@@ -122,14 +122,8 @@ class WindowDataset:
 
     def _check_compatible(self) -> None:
         """Mixed sources share dtype and feature shape (one batch holds them all), else name both URLs."""
-        first = self.sources[0]
-        for other in self.sources[1:]:
-            a, b = first.manifest, other.manifest
-            for what, x, y in (("dtype", np.dtype(a.dtype), np.dtype(b.dtype)),
-                               ("feature shape", tuple(a.step_shape), tuple(b.step_shape))):
-                if x != y:
-                    raise ValueError(f"mixed datasets must share dtype and feature shape: {first.url!r} has {what} "
-                                     f"{x}, {other.url!r} has {what} {y}")
+        if len(self.sources) > 1:
+            check_mixable([s.url for s in self.sources], [s.manifest for s in self.sources])
 
     def check_fits(self) -> None:
         """ValueError naming the arguments whose buffers cannot fit in this machine's memory, with the size they

@@ -27,9 +27,11 @@ epoch a plan of its own: what the interrupted run had not yielded, dealt anew (p
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import warnings
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -46,6 +48,23 @@ from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
 
 log = logging.getLogger("streamwin")
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # loaders with a pass or workers running, closed at interpreter exit
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    """Stop every loader's threads and worker processes before the interpreter is torn down.
+
+    A script may end without ``loader.close()`` (or with a pass abandoned midway): its worker
+    processes and threads would then be stopped by garbage collection during interpreter
+    finalization, in whatever order, beside C++ objects (a process group's threads) being
+    destroyed too; so they are stopped here first, while everything still stands.
+    """
+    for loader in list(_OPEN):
+        try:
+            loader.close()
+        except Exception:
+            pass
 
 
 class NonFiniteData(RuntimeWarning):
@@ -244,6 +263,7 @@ class WindowLoader:
         plan = self._plan()
         ctx = FeedContext(self.dataset, self._stats, self.close_pass, self._worker_pool(world), self.device,
                           self.pin_memory, self.num_workers)
+        _OPEN.add(self)
         if self.device is not None:
             self._feed = DeviceWorkerFeed(ctx, plan, pos, world[0]) if self.num_workers else \
                 DeviceFeed(ctx, plan, pos, world[0])

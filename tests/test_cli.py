@@ -427,3 +427,15 @@ def test_unreachable_or_forbidden_object_storage_fails_the_loader_fast(s3_server
         sw.WindowDataset(f"{s3_bucket}/ds", window=8, storage_options=proxy.storage_options()).manifest
     assert time.monotonic() - t0 < 10 and f"{s3_bucket}/ds/index.json" in str(e.value)
     del opts
+
+
+def test_inspect_refuses_a_mix_that_training_refuses_with_the_same_message(tmp_path, capsys):
+    """Before: inspect printed a mixed plan for datasets that WindowDataset refuses to mix."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    sw.pack([(f"a{i}", np.zeros((50, 2), np.float32)) for i in range(4)], a, progress=False)
+    sw.pack([(f"b{i}", np.zeros((50, 3), np.float32)) for i in range(4)], b, progress=False)
+    with pytest.raises(ValueError) as e:
+        sw.WindowDataset([a, b], window=8)
+    code, out, err = run(capsys, "inspect", a, b, "--window", "8")
+    assert code == 2 and not out
+    assert err.strip() == f"streamwin inspect: error: {e.value}"

@@ -368,6 +368,17 @@ def _check_shard_name(name: str, where: str) -> None:
         raise ManifestError(f"{where} names shard {name!r}: shard names must be relative paths inside the dataset")
 
 
+def check_mixable(urls: list[str], manifests: list[Manifest]) -> None:
+    """Datasets mixed into one batch share dtype and feature shape: else a ValueError naming both URLs and what
+    differs (WindowDataset and ``streamwin inspect`` refuse alike)."""
+    for url, m in zip(urls[1:], manifests[1:]):
+        for what, x, y in (("dtype", np.dtype(manifests[0].dtype), np.dtype(m.dtype)),
+                           ("feature shape", tuple(manifests[0].step_shape), tuple(m.step_shape))):
+            if x != y:
+                raise ValueError(f"mixed datasets must share dtype and feature shape: {urls[0]!r} has {what} {x}, "
+                                 f"{url!r} has {what} {y}")
+
+
 def build_manifest(dtype: np.dtype, step_shape: tuple[int, ...], compression: str | None,
                    shards: list[ShardEntry], keys: list[str], columns: dict[str, list[int]],
                    dropped_empty: int = 0, *, value_columns: tuple[str, ...] | None = None,
