@@ -254,3 +254,33 @@ def test_a_stopped_worker_is_named_within_the_silence_limit(served, monkeypatch)
         os.kill(worker, signal.SIGCONT)
         loader.close()
     assert not _alive(worker)
+
+
+FORKSERVER_IDLE = """
+import sys, time, streamwin as sw
+if __name__ == "__main__":
+    ds = sw.WindowDataset(sys.argv[1], window=8, batch_size=4, shuffle_buffer=64)
+    loader = sw.WindowLoader(ds, num_workers=1, multiprocessing_context="forkserver", prefetch_factor=1)
+    it = iter(loader)
+    next(it)
+    time.sleep(2.5)  # a training step longer than a second: the worker waits for a slot meanwhile
+    print(1 + sum(1 for _ in it), len(loader))
+"""
+
+
+def test_a_forkserver_worker_outlives_a_slow_step(tmp_path):
+    """Before: a forkserver worker took its parent (the fork server) for a dead trainer after 1 s without
+    a message, and exited: "streamwin worker 0 exited with code 0"."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(2)
+    sw.pack([(f"s{i}", rng.standard_normal((300, 2)).astype(np.float32)) for i in range(20)], str(tmp_path / "ds"),
+            progress=False)
+    script = tmp_path / "idle.py"
+    script.write_text(FORKSERVER_IDLE)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "ds")], capture_output=True, text=True,
+                       timeout=100, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got, want = map(int, r.stdout.split())
+    assert got == want > 0
