@@ -42,25 +42,26 @@ def integer(value: Any, where: str, field: str, low: int = 0, high: int = MAX_BY
     return value
 
 
+def typed(value: Any, kind: type, what: str, where: str, field: str) -> Any:
+    """``value`` if it is a ``kind`` (a JSON string, object or array), else the error naming the field."""
+    if not isinstance(value, kind):
+        raise fail(where, field, f"must be {what}, got {str(value)[:80]!r} ({type(value).__name__})")
+    return value
+
+
 def string(value: Any, where: str, field: str) -> str:
     """A str."""
-    if not isinstance(value, str):
-        raise fail(where, field, f"must be a string, got {str(value)[:80]!r} ({type(value).__name__})")
-    return value
+    return typed(value, str, "a string", where, field)
 
 
 def mapping(value: Any, where: str, field: str) -> dict:
     """A JSON object."""
-    if not isinstance(value, dict):
-        raise fail(where, field, f"must be an object, got {str(value)[:80]!r} ({type(value).__name__})")
-    return value
+    return typed(value, dict, "an object", where, field)
 
 
 def listing(value: Any, where: str, field: str) -> list:
     """A JSON array."""
-    if not isinstance(value, list):
-        raise fail(where, field, f"must be a list, got {str(value)[:80]!r} ({type(value).__name__})")
-    return value
+    return typed(value, list, "a list", where, field)
 
 
 def inflate(text: Any, nbytes: int | None, where: str, field: str, most: int | None = None) -> bytes:
