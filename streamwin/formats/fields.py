@@ -102,7 +102,7 @@ def dtype_of(value: Any, where: str) -> np.dtype:
     string(value, where, "dtype")
     try:
         dt = np.dtype(value)
-    except TypeError as e:
+    except TypeError:
         raise fail(where, "dtype", f"is not a numpy dtype: {value!r}") from None
     if dt.hasobject or dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
         raise ManifestError(f"{where} declares dtype {dt}, streamwin stores numeric arrays only")
