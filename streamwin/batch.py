@@ -21,7 +21,6 @@ first ``crops`` of a capacity fixed by the shortest crop). ``missing="mask"`` ad
 """
 from __future__ import annotations
 
-import math
 import sys
 import warnings
 from collections.abc import Sequence

@@ -10,22 +10,21 @@ Every argument is checked once, in the constructor, into frozen option objects t
 argument as the user typed it: ``WindowSpec`` (window, stride, horizon, pad), ``ShuffleSpec``
 (shuffle, shuffle_buffer, seed, slice_windows), ``SplitSpec`` (split, split_fractions,
 split_seed, holdout) and the read options (storage_options, retries, retry_backoff, on_error,
-cache_dir, cache_limit).
+cache_dir, cache_limit, verify_checksums).
 """
 from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
-from streamwin.arguments import check_choice, check_int, is_real
+from streamwin.arguments import check_choice, check_fits, check_int, is_real
 from streamwin.batch import BatchLayout
-from streamwin.formats.manifest import Manifest
+from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
 from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_packing
@@ -76,6 +75,9 @@ class WindowDataset:
             every rank still yields the same number of batches.
         cache_dir, cache_limit: keep verified node-local copies of remote shards (fetched once
             per node, evicted least-recently-used down to ``cache_limit`` bytes).
+        verify_checksums: check every byte read against the manifest's chunk checksums (a byte that
+            differs is a ShardError, or with on_error="skip" its windows weigh 0); False only to
+            measure what that costs.
         split: None (all data), "train", "val" or "test".
         split_fractions, split_seed: with ``holdout=0``, a sequence belongs to one split, chosen by a
             stable hash of (split_seed, key): never in two splits, stable as the dataset grows.
@@ -112,7 +114,7 @@ class WindowDataset:
                  holdout: int = 0, weights: Sequence[float] | Mapping[str, float] | None = None,
                  epoch_windows: int | None = None, jitter: bool = False, min_window: int | None = None,
                  window_multiple: int = 1, windows_per_sequence: int | None = None, pack_length: int | None = None,
-                 missing: str | None = None):
+                 missing: str | None = None, verify_checksums: bool = True):
         names, urls, self.weights, self.epoch_windows = mix_of(url, weights, epoch_windows)
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad, jitter, min_window,
                                window_multiple, windows_per_sequence)
@@ -122,7 +124,7 @@ class WindowDataset:
         check_choice("equalize", equalize, EQUALIZE)
         self.batch_size, self.equalize = int(batch_size), equalize
         self._rank, self._world_size = _explicit_world(rank, world_size)
-        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit)
+        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit, verify_checksums)
         for name, value in (("readahead", readahead), ("prefetch", prefetch)):
             check_int(name, value, 0)
         self.readahead, self.prefetch = int(readahead), int(prefetch)
@@ -138,14 +140,20 @@ class WindowDataset:
 
     def _check_compatible(self) -> None:
         """Mixed sources share dtype and feature shape (one batch holds them all), else name both URLs."""
-        first = self.sources[0]
-        for other in self.sources[1:]:
-            a, b = first.manifest, other.manifest
-            for what, x, y in (("dtype", np.dtype(a.dtype), np.dtype(b.dtype)),
-                               ("feature shape", tuple(a.step_shape), tuple(b.step_shape))):
-                if x != y:
-                    raise ValueError(f"mixed datasets must share dtype and feature shape: {first.url!r} has {what} "
-                                     f"{x}, {other.url!r} has {what} {y}")
+        if len(self.sources) > 1:
+            check_mixable([s.url for s in self.sources], [s.manifest for s in self.sources])
+
+    def check_fits(self) -> None:
+        """ValueError naming the arguments whose buffers cannot fit in this machine's memory, with the size they
+        would need (the loader checks before it allocates anything: a batch, the blocks read ahead)."""
+        sb, span, spec = self.manifest.step_bytes, self.spec.span, self.spec
+        rows = f"rows of pack_length={self.pack_length}" if self.pack_length else (
+            f"windows of window={spec.window} + horizon={spec.horizon}")
+        check_fits(self.layout().nbytes, f"a batch of batch_size={self.batch_size} {rows} steps of {sb} bytes")
+        data = sum(s.bytes for m in self.manifests for s in m.shards)  # a block holds at most every step, once
+        block = min(self.shuffle_spec.shuffle_buffer * min(spec.stride, span) * sb + span * sb, data)
+        check_fits((self.readahead + 2) * block, f"blocks of shuffle_buffer={self.shuffle_spec.shuffle_buffer} "
+                   f"windows (stride {spec.stride}, {sb}-byte steps), readahead={self.readahead} of them ahead")
 
     # -- what the data is --------------------------------------------------------------------------
     @property
@@ -218,6 +226,9 @@ class WindowDataset:
         return replace(self.config(), **{k: inputs[k] for k in POSITION_ONLY if k in inputs})
 
     def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]]) -> Plan:
+        streams = config.world_size * max(1, config.num_workers)  # a plan keeps some 64 bytes per stream
+        check_fits(streams * 64, f"a plan for world_size={config.world_size} ranks x {max(1, config.num_workers)} "
+                   f"stream(s) ({streams:,} streams)")
         if not rest_of:
             return plan_epoch(config, epoch, [s.space for s in self.sources],
                               [s.manifest.shard_starts for s in self.sources], self.weights, self.epoch_windows,

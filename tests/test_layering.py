@@ -10,8 +10,9 @@ PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
     "errors", "arguments", "world",
-    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.manifest", "formats",
-    "storage.urls", "storage.retry", "storage.mapped", "storage.ranged", "storage.manifests", "storage.cache", "storage",
+    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.checks", "formats.fields",
+    "formats.manifest", "formats",
+    "storage.urls", "storage.retry", "storage.mapped", "storage.deadline", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.streams", "plan.mix",
     "plan.epoch", "plan",
     "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.tables",
@@ -22,7 +23,7 @@ ORDER = [
     "packing.dest", "packing.unit", "packing.parallel", "packing.cluster_ray", "packing.cluster_dask",
     "packing.parts", "packing.sources", "packing.engines",
     "packing.pack", "packing.scanner", "packing.scan", "packing",
-    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames",
+    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.verify",
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "source", "packer", "batch", "nodes", "dataset", "pipeline",

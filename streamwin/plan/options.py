@@ -6,6 +6,7 @@ it in ``WindowDataset(...)``; a valid object never needs checking again downstre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
