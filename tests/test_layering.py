@@ -128,6 +128,7 @@ def test_no_module_reaches_into_another_objects_private_attributes():
     for p in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
-                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) \
+                    and not (isinstance(node.value, ast.Name) and node.value.id == "os" and node.attr == "_exit"):
                 reach.append(f"{p.relative_to(PKG)}:{node.lineno} .{node.attr}")
     assert not reach, reach
