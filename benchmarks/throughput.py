@@ -1,6 +1,8 @@
 """Windows/s of streamwin next to the pipelines users write today, on the same shards, in one run.
 
-Systems (``--systems``): ``streamwin`` (WindowDataset + WindowLoader), ``webdataset`` (decode ->
+Systems (``--systems``): ``streamwin`` (WindowDataset + WindowLoader, every byte read verified against
+the manifest's chunk checksums), ``streamwin-unverified`` (the same with ``verify_checksums=False``:
+side by side, the two rows give what verification costs), ``webdataset`` (decode ->
 window generator -> shuffle -> batched), ``tutorial`` (everything in memory, a list of
 windows, DataLoader(shuffle)), and two ceilings: ``read`` (reading the shard bytes) and
 ``copy`` (one memcpy per batch into a reused array). Pipelines run at every ``--workers``
@@ -58,7 +60,7 @@ def _baselines():
 
 
 REPO = Path(__file__).resolve().parent.parent
-PIPELINES = ("streamwin", "webdataset", "tutorial")
+PIPELINES = ("streamwin", "streamwin-unverified", "webdataset", "tutorial")
 LIMITS = ("read", "copy")
 SYSTEMS = PIPELINES + LIMITS
 #: The copy ceiling runs at least this many windows so that its timing is not noise.
@@ -66,6 +68,8 @@ MIN_COPY_WINDOWS = 1_000_000
 #: Targets the project sets (README): streamwin vs the webdataset pipeline and vs the copy ceiling.
 TARGET_VS_WEBDATASET = 3.0
 TARGET_VS_COPY = 0.5
+#: Verification (chunk checksums) may cost at most this share of streamwin's throughput (issue 20).
+TARGET_CHECKSUM_COST = 0.05
 
 
 @dataclass(frozen=True)
@@ -96,20 +100,24 @@ def preload(case: str) -> None:
     _baselines()
     if case in ("webdataset", "baseline"):
         import webdataset  # noqa: F401, PLC0415
-    if case in ("streamwin", "baseline") and data.streamwin_api() is not None:
+    if case in ("streamwin", "streamwin-unverified", "baseline") and data.streamwin_api() is not None:
         import streamwin  # noqa: F401, PLC0415
         import torchdata.stateful_dataloader  # noqa: F401, PLC0415
 
 
 def build_pipeline(case: str, data_dir: Path, params: Params, workers: int) -> Iterable[Any]:
     """Construct the loader of one system; everything it does up front is its set-up cost."""
-    if case == "streamwin":
+    if case in ("streamwin", "streamwin-unverified"):
         import streamwin as sw  # noqa: PLC0415 - the library may not exist yet
 
+        verify = {"verify_checksums": False} if case == "streamwin-unverified" else {}
         dataset = sw.WindowDataset(str(data_dir), window=params.window, stride=params.stride,
                                    horizon=0, shuffle=True, shuffle_buffer=params.shuffle_buffer,
                                    seed=params.seed, batch_size=params.batch_size,
-                                   rank=0, world_size=1)
+                                   rank=0, world_size=1, **verify)
+        if case == "streamwin" and dataset.manifest.checks is None:
+            raise SystemExit(f"{data_dir} was packed without chunk checksums: delete it (it is written anew) "
+                             "to measure what verifying them costs")
         return sw.WindowLoader(dataset, num_workers=workers)
     baselines = _baselines()
 
@@ -169,6 +177,12 @@ def _maxrss_mb(who: int) -> float:
     return resource.getrusage(who).ru_maxrss * 1024 / 1e6
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process and of its children that ended."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def run_case(case: str, data_dir: Path, params: Params, workers: int) -> dict[str, Any]:
     """Measure one system once in this process and return the result record."""
     record: dict[str, Any] = {"case": case, "workers": workers}
@@ -181,6 +195,7 @@ def run_case(case: str, data_dir: Path, params: Params, workers: int) -> dict[st
                       mb_per_s=result["bytes_per_s"] / 1e6, windows_per_s=None,
                       first_batch_s=None, setup_s=0.0, workers=None)
     else:
+        cpu0 = _cpu_s()
         pipeline = build_pipeline(case, data_dir, params, workers)
         setup_s = time.perf_counter() - constructed
         try:
@@ -195,6 +210,9 @@ def run_case(case: str, data_dir: Path, params: Params, workers: int) -> dict[st
                       windows_per_s=counts["windows"] / max(seconds, 1e-9),
                       mb_per_s=counts["bytes"] / max(seconds, 1e-9) / 1e6,
                       checksum=counts["checksum"])
+        if hasattr(pipeline, "close"):  # workers end and are waited for: their CPU time is counted
+            pipeline.close()
+        record["cpu_us_per_window"] = (_cpu_s() - cpu0) / max(counts["windows"], 1) * 1e6
         if case == "copy":
             record["workers"] = None
     record["loadavg_1min_end"] = os.getloadavg()[0]
@@ -332,7 +350,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["stderr_tail"] = recs[-1].get("stderr_tail", "")
             rows.append(row)
             continue
-        for key in ("windows_per_s", "mb_per_s", "first_batch_s", "setup_s", "seconds", "other_cpu_cores"):
+        for key in ("windows_per_s", "mb_per_s", "first_batch_s", "setup_s", "seconds", "other_cpu_cores",
+                    "cpu_us_per_window"):
             values = [r[key] for r in ok if r.get(key) is not None]
             row[key] = statistics.median(values) if values else None
         for key in ("peak_rss_mb", "peak_rss_worker_mb", "peak_pss_mb", "peak_tree_rss_mb"):
@@ -409,6 +428,23 @@ def ratio_lines(ratios: list[dict[str, Any]]) -> list[str]:
             f"(target >= {TARGET_VS_WEBDATASET:g}){verdict_wds}; "
             f"streamwin/copy limit = {_fmt(vs_copy, '.2f')} (target >= {TARGET_VS_COPY:g}){verdict_copy}; "
             f"streamwin/tutorial = {_fmt(vs_tut, '.2f')}x")
+    return lines
+
+
+def checksum_lines(rows: list[dict[str, Any]], workers: Sequence[int]) -> list[str]:
+    """What verifying every byte read costs: streamwin beside streamwin-unverified, per worker count."""
+    lines = []
+    for w in workers:
+        on, off = _rate(rows, "streamwin", w), _rate(rows, "streamwin-unverified", w)
+        if on and off:
+            cost = 1 - on / off
+            verdict = " MEETS" if cost <= TARGET_CHECKSUM_COST else " ABOVE"
+            cpu = [next((r.get("cpu_us_per_window") for r in rows if r["case"] == c and r["workers"] == w), None)
+                   for c in ("streamwin", "streamwin-unverified")]
+            more = f"; CPU per window {cpu[0]:.2f} vs {cpu[1]:.2f} us (+{100 * (cpu[0] / cpu[1] - 1):.1f}%)" \
+                if all(cpu) else ""
+            lines.append(f"workers={w}: checksums cost {100 * cost:.1f}% of throughput ({on:,.0f} verified vs "
+                         f"{off:,.0f} unverified windows/s; target <= {100 * TARGET_CHECKSUM_COST:g}%){verdict}{more}")
     return lines
 
 
@@ -529,7 +565,7 @@ def parent_main(args: argparse.Namespace) -> int:
         records.append(rec)
         status = rec.get("error") or (f"{rec['windows_per_s']:,.0f} windows/s" if rec.get("windows_per_s")
                                       else f"{rec.get('mb_per_s', 0):,.0f} MB/s")
-        print(f"  {case:<10} workers={workers if case in PIPELINES else '-'}: {status}",
+        print(f"  {case:<21} workers={workers if case in PIPELINES else '-'}: {status}",
               file=sys.stderr, flush=True)
 
     rows = summarize(records)
@@ -537,7 +573,7 @@ def parent_main(args: argparse.Namespace) -> int:
     print()
     print(markdown_table(rows))
     print()
-    for line in ratio_lines(ratios):
+    for line in ratio_lines(ratios) + checksum_lines(rows, args.workers):
         print(line)
     busy = busy_warning(records)
     if busy:

@@ -79,6 +79,9 @@ def train(rank: int, world: int, port: int, url: str, steps: int, ckpt: str, pha
         s = ds.summary()
         print(f"[{phase}] {world} ranks x {len(loader)} batches per epoch; {s['windows_per_epoch']} windows per epoch, "
               f"{s['dropped_windows']} dropped for equal steps, {s['short_sequences']} files shorter than a window")
+    if len(loader) == 0:  # every rank alike: nothing to train on; say why instead of looping for ever
+        raise SystemExit(f"no step can run: 0 batches per rank ({ds.summary()['windows_per_epoch']} windows for "
+                         f"{world} ranks in batches of {ds.batch_size})")
     stop = steps // 2 if phase == "first" else steps
     t0, windows, losses = time.perf_counter(), 0, []
     while step < stop:
@@ -110,6 +113,7 @@ def train(rank: int, world: int, port: int, url: str, steps: int, ckpt: str, pha
             torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "loader": states,
                         "step": step, "epoch": epoch}, ckpt)
             print(f"[first] preempted at step {step}: saved model + loader state to {ckpt}")
+    loader.close()  # its threads end before the process group and the interpreter do
     dist.barrier()
     dist.destroy_process_group()
 
@@ -120,7 +124,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="demo_data/stdlib")
     p.add_argument("--steps", type=int, default=120)
@@ -128,9 +132,15 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     url = pack_corpus(a.data)
     ckpt = os.path.join(os.path.dirname(a.data) or ".", "demo_ckpt.pt")
+    batches = len(sw.WindowDataset(url, window=WINDOW + 1, stride=WINDOW, batch_size=32, rank=0, world_size=a.world))
+    if batches == 0 or a.steps < 2:
+        print(f"demo: no step can run: {batches} batches per rank for {a.world} ranks, --steps {a.steps}",
+              file=sys.stderr)
+        return 1
     for phase in ("first", "resume"):
         mp.spawn(train, args=(a.world, free_port(), url, a.steps, ckpt, phase), nprocs=a.world, join=True)
     print("demo done: packed, trained with DDP, preempted, resumed mid-epoch")
+    return 0
 
 
 if __name__ == "__main__":

@@ -69,6 +69,22 @@ def evaluate(model: torch.nn.Module, loader: sw.WindowLoader) -> float:
     return total / max(count, 1.0)
 
 
+def prune(trial: optuna.Trial, why: str) -> None:
+    """Prune ``trial``, saying why (in the log, in the summary table and in the study's records)."""
+    trial.set_user_attr("pruned", why)
+    log.info("trial %d pruned: %s", trial.number, why)
+    raise optuna.TrialPruned(why)
+
+
+def lagging(trial: optuna.Trial, step: int, value: float) -> str:
+    """Why the median rule prunes ``trial`` at ``step``: its value against the earlier trials' median there."""
+    done = [t.intermediate_values[step] for t in trial.study.trials
+            if t.state == optuna.trial.TrialState.COMPLETE and step in t.intermediate_values]
+    median = f"{sorted(done)[len(done) // 2]:.4f}" if done else "?"
+    return (f"val loss {value:.4f} at step {step} is worse than the median {median} of the {len(done)} completed "
+            "trials at that step (MedianPruner)")
+
+
 def objective(trial: optuna.Trial, args: argparse.Namespace) -> float:
     lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
     hidden = trial.suggest_categorical("hidden", [32, 64, 128])
@@ -78,7 +94,10 @@ def objective(trial: optuna.Trial, args: argparse.Namespace) -> float:
 
     train, val = datasets(args, window, seed)
     if len(train) == 0 or len(val) == 0:
-        raise optuna.TrialPruned(f"window {window}: no train or val batches (sequences too short?)")
+        held = f"holdout {args.holdout}: val windows end in each sequence's last {2 * args.holdout} steps" \
+            if args.split_by == "holdout" else f"val fraction {args.val_fraction}"
+        prune(trial, f"window {window} + horizon {args.horizon}: {len(train)} train and {len(val)} val batches of "
+                     f"{args.batch_size} ({held}); the sequences are too short for this window, or too few")
     train_loader, val_loader = sw.WindowLoader(train), sw.WindowLoader(val)
     torch.manual_seed(seed)
     model = Forecaster(window, args.horizon, features_of(train), hidden)
@@ -98,8 +117,7 @@ def objective(trial: optuna.Trial, args: argparse.Namespace) -> float:
                 val_loss = evaluate(model, val_loader)
                 trial.report(val_loss, step)
                 if trial.should_prune():
-                    log.info("trial %d pruned at step %d (val loss %.4f)", trial.number, step, val_loss)
-                    raise optuna.TrialPruned()
+                    prune(trial, lagging(trial, step, val_loss))
             if step >= args.steps:
                 break
         epoch += 1
@@ -141,11 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'trial':>5}  {'seed':>4}  {'lr':>8}  {'hidden':>6}  {'window':>6}  {'val loss':>9}  state")
     for t in study.trials:
         value = f"{t.value:9.4f}" if t.value is not None else f"{'-':>9}"
+        why = f": {t.user_attrs['pruned']}" if "pruned" in t.user_attrs else ""
         print(f"{t.number:5d}  {t.user_attrs.get('seed', '-'):>4}  {t.params.get('lr', float('nan')):8.2e}  "
-              f"{t.params.get('hidden', '-'):>6}  {t.params.get('window', '-'):>6}  {value}  {t.state.name.lower()}")
+              f"{t.params.get('hidden', '-'):>6}  {t.params.get('window', '-'):>6}  {value}  {t.state.name.lower()}{why}")
     completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not completed:
-        print("no trial completed")
+        reasons = sorted({t.user_attrs.get("pruned", t.state.name.lower()) for t in study.trials})
+        print(f"no trial completed: {len(study.trials)} trial(s) pruned or failed; why: " + "; ".join(reasons),
+              file=sys.stderr)
         return 1
     best = study.best_trial
     print(f"best trial {best.number}: val loss {best.value:.4f} with {best.params} (seed {best.user_attrs['seed']})")

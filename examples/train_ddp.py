@@ -270,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         log.info("%d ranks x %d batches per epoch of %d windows [%d steps -> %d]; device %s",
                  world, len(loader), args.batch_size, args.window, args.horizon, device)
+    nothing_left = start_epoch >= args.epochs or (args.steps is not None and step >= args.steps)
+    if len(loader) == 0 and not nothing_left:  # the same on every rank: every rank stops here
+        return finish(loader, rank, f"no step can run: 0 batches per rank per epoch ({no_batches(ds, world)})")
 
     def checkpoint(epoch: int) -> None:
         save_checkpoint(args.ckpt, model=net, opt=opt, loader=loader, epoch=epoch, step=step, args=args)
@@ -329,8 +332,29 @@ def main(argv: list[str] | None = None) -> int:
                  f"{windows * world / max(elapsed, 1e-9):,.0f}", world)
         for r, s in enumerate(stats):
             log.info("rank %d loader.stats(): %s", r, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in s.items()})
+    if nothing_left and rank == 0:
+        log.info("nothing left to run: the checkpoint is at epoch %d of %d, step %d", start_epoch, args.epochs, step)
+    return finish(loader, rank, None if run_steps or nothing_left else "no step ran")
+
+
+def no_batches(ds: sw.WindowDataset, world: int) -> str:
+    """Why an epoch has no batch: the windows there are for the ranks' streams and the batch size."""
+    s = ds.summary()
+    return (f"{s['windows_per_epoch']} windows for {world} ranks in batches of {ds.batch_size}; window "
+            f"{ds.spec.window} + horizon {ds.spec.horizon} vs. the sequences' lengths: {s['short_sequences']} of "
+            f"{s['sequences']} are shorter. Use a smaller --window or --batch-size")
+
+
+def finish(loader: sw.WindowLoader, rank: int, error: str | None) -> int:
+    """Stop the loader (its worker processes and threads) before the process group, then leave: 0, or 1 with
+    ``error`` said. Closing the loader first leaves no thread or process of it alive at exit."""
+    loader.close()
     dist.barrier()
     dist.destroy_process_group()
+    if error is not None:
+        if rank == 0:
+            log.error("%s", error)
+        return 1
     return 0
 
 

@@ -71,6 +71,10 @@ class WindowDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> sw.WindowLoader:
         return self.loader
 
+    def batches_per_rank(self) -> int:
+        """Batches each rank yields per epoch (0 when every sequence is shorter than a window)."""
+        return len(self.loader) if self.loader is not None else len(sw.WindowDataset(self.url, **self.kwargs))
+
 
 class LitForecaster(pl.LightningModule):
     def __init__(self, window: int, horizon: int, features: int, hidden: int = 128, lr: float = 1e-3,
@@ -186,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     if resume and trainer.is_global_zero:
         log.info("resuming from %s (model, optimizer, loops and every rank's data position)", resume)
     trainer.fit(model, datamodule=dm, ckpt_path=resume)
+    if trainer.global_step == 0:  # not one optimizer step: say why instead of reporting success
+        if trainer.is_global_zero:
+            log.error("no step ran: %d batches per rank per epoch (window %d + horizon %d vs. the sequences' lengths, "
+                      "batch size %d); use a smaller --window or --batch-size", dm.batches_per_rank(),
+                      args.window, args.horizon, args.batch_size)
+        return 1
     return 0
 
 

@@ -5,6 +5,7 @@ be valid and shows what was given (``got ...``), never an internal name.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -33,3 +34,19 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     """One of ``choices`` (strings), else a ValueError naming ``name`` and listing them."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(need: int, what: str) -> None:
+    """A ValueError when ``need`` bytes (what ``what`` asks for) exceed this machine's memory, with both sizes."""
+    total = memory_bytes()
+    if total is not None and need > total:
+        raise ValueError(f"{what} would need {need / 1e9:,.1f} GB of memory, more than this machine's "
+                         f"{total / 1e9:,.1f} GB: make it smaller")

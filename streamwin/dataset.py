@@ -10,7 +10,7 @@ Every argument is checked once, in the constructor, into frozen option objects t
 argument as the user typed it: ``WindowSpec`` (window, stride, horizon, pad), ``ShuffleSpec``
 (shuffle, shuffle_buffer, seed, slice_windows), ``SplitSpec`` (split, split_fractions,
 split_seed, holdout) and the read options (storage_options, retries, retry_backoff, on_error,
-cache_dir, cache_limit).
+cache_dir, cache_limit, verify_checksums).
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from streamwin.arguments import check_choice, check_int, is_real
+from streamwin.arguments import check_choice, check_fits, check_int, is_real
 from streamwin.batch import BatchLayout
-from streamwin.formats.manifest import Manifest
+from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
-from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec
+from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_packing
 from streamwin.plan.split import split_spec
 from streamwin.read import ReadOptions, zstd_slice_windows
 from streamwin.source import Source
@@ -75,6 +75,9 @@ class WindowDataset:
             every rank still yields the same number of batches.
         cache_dir, cache_limit: keep verified node-local copies of remote shards (fetched once
             per node, evicted least-recently-used down to ``cache_limit`` bytes).
+        verify_checksums: check every byte read against the manifest's chunk checksums (a byte that
+            differs is a ShardError, or with on_error="skip" its windows weigh 0); False only to
+            measure what that costs.
         split: None (all data), "train", "val" or "test".
         split_fractions, split_seed: with ``holdout=0``, a sequence belongs to one split, chosen by a
             stable hash of (split_seed, key): never in two splits, stable as the dataset grows.
@@ -84,6 +87,20 @@ class WindowDataset:
         prefetch: batches gathered ahead on another thread. Off by default: the gather holds the
             GIL, so on few cores a third thread only adds hand-offs (measured: 460k -> 130-310k
             windows/s); it can help when the training step leaves the GIL free for long.
+        jitter: move each window's start by a random offset in [0, stride) (staying inside its
+            sequence), drawn afresh each epoch from (seed, epoch, window); windows per sequence
+            stay the grid's.
+        min_window, window_multiple: draw each crop's length among the multiples of
+            ``window_multiple`` in [min_window, window] (patch-aligned); batches stay ``window``
+            long, right-padded with zeros, with ``batch["length"]`` and ``batch["mask"]``.
+        windows_per_sequence: k crops per sequence per epoch at stratified random starts (fewer
+            when a sequence has fewer than k distinct starts) instead of the stride grid.
+        pack_length: rows of this many steps, each holding whole crops: ``x`` [B, L, ...],
+            ``segment_ids`` and ``positions`` [B, L] (int32, 0 = padding), and per crop, flat in
+            row-major order, ``key``, ``start``, ``length``, ``row`` (``source`` when mixed).
+            A batch is B rows; needs horizon=0 and equalize="drop".
+        missing: None, or "mask": ``batch["observed"]`` (bool, like x) says where x holds a finite
+            value, and NaN and inf in x become 0.
     """
 
     def __init__(self, url: str, window: int, stride: int | None = None, horizon: int = 0, *, pad: bool = False,
@@ -95,15 +112,19 @@ class WindowDataset:
                  cache_dir: str | None = None, cache_limit: int | None = None, split: str | None = None,
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_seed: int = 0,
                  holdout: int = 0, weights: Sequence[float] | Mapping[str, float] | None = None,
-                 epoch_windows: int | None = None):
+                 epoch_windows: int | None = None, jitter: bool = False, min_window: int | None = None,
+                 window_multiple: int = 1, windows_per_sequence: int | None = None, pack_length: int | None = None,
+                 missing: str | None = None, verify_checksums: bool = True):
         names, urls, self.weights, self.epoch_windows = mix_of(url, weights, epoch_windows)
-        self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad)
+        self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad, jitter, min_window,
+                               window_multiple, windows_per_sequence)
+        self.pack_length, self.missing = pretraining(self.spec, pack_length, equalize, missing)
         self.shuffle_spec = ShuffleSpec(shuffle, shuffle_buffer, seed, slice_windows)
         check_int("batch_size", batch_size, 1)
         check_choice("equalize", equalize, EQUALIZE)
         self.batch_size, self.equalize = int(batch_size), equalize
         self._rank, self._world_size = _explicit_world(rank, world_size)
-        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit)
+        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit, verify_checksums)
         for name, value in (("readahead", readahead), ("prefetch", prefetch)):
             check_int(name, value, 0)
         self.readahead, self.prefetch = int(readahead), int(prefetch)
@@ -119,14 +140,20 @@ class WindowDataset:
 
     def _check_compatible(self) -> None:
         """Mixed sources share dtype and feature shape (one batch holds them all), else name both URLs."""
-        first = self.sources[0]
-        for other in self.sources[1:]:
-            a, b = first.manifest, other.manifest
-            for what, x, y in (("dtype", np.dtype(a.dtype), np.dtype(b.dtype)),
-                               ("feature shape", tuple(a.step_shape), tuple(b.step_shape))):
-                if x != y:
-                    raise ValueError(f"mixed datasets must share dtype and feature shape: {first.url!r} has {what} "
-                                     f"{x}, {other.url!r} has {what} {y}")
+        if len(self.sources) > 1:
+            check_mixable([s.url for s in self.sources], [s.manifest for s in self.sources])
+
+    def check_fits(self) -> None:
+        """ValueError naming the arguments whose buffers cannot fit in this machine's memory, with the size they
+        would need (the loader checks before it allocates anything: a batch, the blocks read ahead)."""
+        sb, span, spec = self.manifest.step_bytes, self.spec.span, self.spec
+        rows = f"rows of pack_length={self.pack_length}" if self.pack_length else (
+            f"windows of window={spec.window} + horizon={spec.horizon}")
+        check_fits(self.layout().nbytes, f"a batch of batch_size={self.batch_size} {rows} steps of {sb} bytes")
+        data = sum(s.bytes for m in self.manifests for s in m.shards)  # a block holds at most every step, once
+        block = min(self.shuffle_spec.shuffle_buffer * min(spec.stride, span) * sb + span * sb, data)
+        check_fits((self.readahead + 2) * block, f"blocks of shuffle_buffer={self.shuffle_spec.shuffle_buffer} "
+                   f"windows (stride {spec.stride}, {sb}-byte steps), readahead={self.readahead} of them ahead")
 
     # -- what the data is --------------------------------------------------------------------------
     @property
@@ -161,7 +188,7 @@ class WindowDataset:
         """The fields, shapes and byte offsets of every batch this dataset yields."""
         return BatchLayout(self.manifest, self.spec, self.batch_size,
                            with_weight=self.equalize == "pad" or self.read.on_error == "skip",
-                           with_source=len(self.sources) > 1)
+                           with_source=len(self.sources) > 1, pack_length=self.pack_length, missing=self.missing)
 
     # -- the plan ----------------------------------------------------------------------------------
     def config(self, num_workers: int = 0, world_size: int | None = None) -> PlanConfig:
@@ -170,7 +197,8 @@ class WindowDataset:
         return PlanConfig(spec=self.spec, batch_size=self.batch_size,
                           world_size=self.world()[1] if world_size is None else world_size,
                           num_workers=num_workers, seed=s.seed, shuffle=bool(s.shuffle), block_windows=s.shuffle_buffer,
-                          equalize=self.equalize, slice_windows=s.slice_windows or self._default_slices())
+                          equalize=self.equalize, slice_windows=s.slice_windows or self._default_slices(),
+                          pack_length=self.pack_length)
 
     def _default_slices(self) -> int:
         """Windows per read slice by default: shuffle_buffer // 8, or more for zstd (read.zstd_slice_windows)."""
@@ -198,6 +226,9 @@ class WindowDataset:
         return replace(self.config(), **{k: inputs[k] for k in POSITION_ONLY if k in inputs})
 
     def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]]) -> Plan:
+        streams = config.world_size * max(1, config.num_workers)  # a plan keeps some 64 bytes per stream
+        check_fits(streams * 64, f"a plan for world_size={config.world_size} ranks x {max(1, config.num_workers)} "
+                   f"stream(s) ({streams:,} streams)")
         if not rest_of:
             return plan_epoch(config, epoch, [s.space for s in self.sources],
                               [s.manifest.shard_starts for s in self.sources], self.weights, self.epoch_windows,
@@ -218,8 +249,8 @@ class WindowDataset:
     def plan_inputs(self, num_workers: int = 0) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed exactly (the state format of version 2)."""
         cfg = self.config(num_workers)
-        d = {k: v for k, v in asdict(cfg).items() if k != "spec"}
-        d.update(asdict(cfg.spec))
+        d = {k: v for k, v in asdict(cfg).items() if k != "spec" and (k != "pack_length" or v is not None)}
+        d.update(cfg.spec.plain())
         digests = [s.manifest.digest for s in self.sources]
         d["dataset"] = digests[0] if isinstance(self.url, str) else digests
         d["split"] = None if self.split is None else list(asdict(self.split).values())
@@ -237,6 +268,9 @@ class WindowDataset:
                "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,
                "world_size": self.world()[1], "streams": p.config.num_streams,
                "short_sequences": totals["short_sequences"], "split": self.split.split if self.split else None}
+        if self.pack_length:  # rows: every rank's batches times batch_size; rows the streams leave to stay equal
+            out.update(pack_length=self.pack_length, rows_per_rank=p.batches_per_rank * self.batch_size,
+                       dropped_rows=p.dropped_rows)
         if len(self.sources) > 1:
             out["sources"] = [{"name": s.name, "url": s.url, "windows": q.space.total, "share": q.total_windows,
                                "repeat": round(q.total_windows / q.space.total, 4) if q.space.total else 0.0,
@@ -292,6 +326,15 @@ def _weights(url: Sequence | Mapping, weights: Any) -> list[float] | None:
     except ValueError:
         raise ValueError(f"weights must be finite numbers >= 0, not all 0, got {weights!r}") from None
     return [float(w) for w in values]
+
+
+def pretraining(spec: WindowSpec, pack_length: Any, equalize: Any, missing: Any) -> tuple[int | None, str | None]:
+    """(pack_length, missing) checked against the window spec, named as the user typed them."""
+    if isinstance(equalize, str) and equalize in EQUALIZE:  # a bad equalize is named by its own check
+        check_packing(spec, pack_length, equalize)
+    if missing not in (None, "mask"):
+        raise ValueError(f"missing must be None or 'mask', got {missing!r}")
+    return None if pack_length is None else int(pack_length), missing
 
 
 def _explicit_world(rank: Any, world_size: Any) -> tuple[int | None, int | None]:

@@ -27,15 +27,19 @@ epoch a plan of its own: what the interrupted run had not yielded, dealt anew (p
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import warnings
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from streamwin.arguments import check_fits
 from streamwin.dataset import WindowDataset
+from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, DeviceWorkerFeed
 from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, WorkerFeed
 from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
@@ -44,6 +48,41 @@ from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
 
 log = logging.getLogger("streamwin")
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # loaders with a pass or workers running, closed at interpreter exit
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    """Stop every loader's threads and worker processes before the interpreter is torn down.
+
+    A script may end without ``loader.close()`` (or with a pass abandoned midway): its worker
+    processes and threads would then be stopped by garbage collection during interpreter
+    finalization, in whatever order, beside C++ objects (a process group's threads) being
+    destroyed too; so they are stopped here first, while everything still stands.
+    """
+    for loader in list(_OPEN):
+        try:
+            loader.close()
+        except Exception:
+            pass
+
+
+class NonFiniteData(RuntimeWarning):
+    """A dataset whose manifest counts NaN or inf values is about to be trained on."""
+
+
+def _device(device: Any) -> torch.device | None:
+    """The device batches go to; a CUDA device without CUDA is refused here, saying so."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must be None or a torch device such as 'cuda' or 'cuda:1', got {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ValueError(f"device={device!r}, but {why} (torch {torch.__version__}); pass device=None for CPU tensors")
+    return dev
 
 
 class PassIterator:
@@ -85,7 +124,8 @@ class WindowLoader:
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer.
         persistent_workers: keep the worker processes between epochs.
-        multiprocessing_context: start method for workers ("fork", "spawn", "forkserver"). Where
+        multiprocessing_context: start method for workers: a name ("fork", "spawn", "forkserver") or a
+            multiprocessing context object (``multiprocessing.get_context(...)``), as DataLoader takes. Where
             fork cannot be used (CUDA initialized before the loader starts), use "forkserver": its
             server imports torch and streamwin once and forks every worker from there (first batch
             with 8 workers on 2 cores: 3.2 s at 1M sequences, against 22.6 s with "spawn").
@@ -93,7 +133,7 @@ class WindowLoader:
 
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
                  pin_memory: bool = False, prefetch_factor: int | None = None, persistent_workers: bool = False,
-                 multiprocessing_context: str | None = None, **kwargs: Any):
+                 multiprocessing_context: Any = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
         if kwargs.get("batch_size") is not None:
@@ -110,10 +150,10 @@ class WindowLoader:
             raise ValueError(f"prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")
         self.dataset = dataset
         self.num_workers, self.prefetch_factor = int(num_workers), int(pf)
-        self.device = torch.device(device) if device is not None else None
+        self.device = _device(device)
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
-        self.multiprocessing_context = multiprocessing_context or default_start_method()
+        self.multiprocessing_context = start_context(multiprocessing_context or default_start_method())
         self.batch_size = dataset.batch_size
         self.position = Position()
         self._epoch_set = False  # set_epoch called since the last pass began
@@ -181,12 +221,13 @@ class WindowLoader:
         now = self.dataset.plan_inputs(self.num_workers)
         for run in rest:  # an earlier elastic resume of this epoch: its runs must be of this dataset too
             check_state({"version": STATE_VERSION, "inputs": run["inputs"]}, now, finished=True)
-        try:  # at the end of the epoch of the plan it was taken under (its own batch size, world, workers)?
-            done = int(rest[-1]["batches"]) if rest else 0
-            finished = taken >= done + self.dataset.plan_of(inputs, epoch, rest).batches_per_rank
-        except (TypeError, ValueError, KeyError):  # inputs no plan can have: check_state names them
-            finished = False
         check_state({"version": STATE_VERSION, "inputs": inputs}, now, finished=True)  # data, order, windows
+        done = int(rest[-1]["batches"]) if rest else 0
+        planned = done + self.dataset.plan_of(inputs, epoch, rest).batches_per_rank
+        if taken > planned:  # not a position of that epoch (hand-edited?): never skip an epoch for it
+            raise StateMismatchError(f"not a usable streamwin loader state: field batches is {taken}, more than the "
+                                     f"{planned} batches per rank of epoch {epoch} under its plan inputs")
+        finished = taken == planned  # at the end of the epoch of the plan it was taken under
         self.close_pass()
         self._resume, self._epoch_set = True, False
         pos = self.position
@@ -216,11 +257,13 @@ class WindowLoader:
             pos.restart()
         self._resume = self._epoch_set = False
         world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
+        self._check_fits(world[1])
         self._log_once(world)
         self._stats.start()
         plan = self._plan()
         ctx = FeedContext(self.dataset, self._stats, self.close_pass, self._worker_pool(world), self.device,
                           self.pin_memory, self.num_workers)
+        _OPEN.add(self)
         if self.device is not None:
             self._feed = DeviceWorkerFeed(ctx, plan, pos, world[0]) if self.num_workers else \
                 DeviceFeed(ctx, plan, pos, world[0])
@@ -262,14 +305,24 @@ class WindowLoader:
         if self._pool is None or self._pool.closed:
             to_cuda = self.device is not None and self.device.type == "cuda"
             self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
-                                    pin=self.pin_memory or to_cuda, context=start_context(self.multiprocessing_context),
+                                    pin=self.pin_memory or to_cuda, context=self.multiprocessing_context,
                                     ship_blocks=self.device is not None)
         return self._pool
+
+    def _check_fits(self, world_size: int) -> None:
+        """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
+        ds = self.dataset
+        ds.check_fits()
+        if self.num_workers:  # the batch slots in shared memory, allocated when the workers start
+            slots = self.num_workers * (self.prefetch_factor + 2) * ds.layout().nbytes
+            check_fits(slots, f"num_workers={self.num_workers} x (prefetch_factor={self.prefetch_factor} + 2) batch "
+                       f"slots of batch_size={ds.batch_size} windows")
 
     def _log_once(self, world: tuple[int, int]) -> None:
         if self._logged:
             return
         self._logged = True
+        self._warn_about_data()
         summary = self.dataset.summary(self.position.epoch, self.num_workers)
         if world[0] == 0:
             log.info("%s", summary)
@@ -280,6 +333,21 @@ class WindowLoader:
                 f"{summary['streams']} streams of batch_size {ds.batch_size} (window {ds.spec.window} + horizon "
                 f"{ds.spec.horizon} vs. your sequence lengths). Use a smaller window or batch, fewer workers, or "
                 "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=4)
+
+    def _warn_about_data(self) -> None:
+        """Once, when iteration starts: sources whose manifest counts NaN/inf, or carries no chunk checksums."""
+        for source in self.dataset.sources:
+            m = source.manifest
+            if m.nonfinite is not None and m.nonfinite.nan + m.nonfinite.inf and self.dataset.missing != "mask":
+                warnings.warn(
+                    f"streamwin: {source.url} holds {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values (counted "
+                    "by pack, in index.json); windows that cover them reach the model as they are. Repack with "
+                    "nan='raise' to find them, clean them before packing, or use missing='mask' to mask them",
+                    NonFiniteData, stacklevel=4)
+            if m.checks is None and self.dataset.read.verify_checksums:
+                warnings.warn(f"streamwin: {source.url} was packed without chunk checksums (by an older streamwin): "
+                              "its bytes are read unverified; repack it, or run `streamwin index` on it, to add them",
+                              RuntimeWarning, stacklevel=4)
 
     def summary(self) -> dict[str, Any]:
         """The dataset's numbers for this loader's plan: windows, dropped, batches per rank, streams."""

@@ -5,6 +5,10 @@ plus ``shutdown()``, which stops the threads it started. The states are cursors,
 payloads: the reader's is the next block index, the batcher's the number of batches it has
 produced. Everything else (which windows, in which order, which bytes) is recomputed from the
 plan, so a checkpoint is a few integers.
+
+A block holds *items*: windows, or with ``pack_length`` rows of crops (the crop stage,
+packer.py, runs on the reader's read-ahead thread). The plan says how many items each block
+holds (``SourcePlan.item_bounds``), so the batcher's cursor still locates a block and an item.
 """
 from __future__ import annotations
 
@@ -14,13 +18,18 @@ from typing import Any, Callable
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from streamwin.packer import cut, needs_cut, release_of
 from streamwin.plan.mix import quota_positions
 from streamwin.plan.streams import SourcePlan
 from streamwin.read import Block, ShardReader
 
 
 class BlockReader(BaseNode[Block]):
-    """Yields the blocks of one source's stream, reading ``readahead`` blocks ahead on a thread."""
+    """Yields the blocks of one source's stream, reading ``readahead`` blocks ahead on a thread.
+
+    Where batches need crop lengths or packed rows, each block is cut into crops there too
+    (packer.cut): a CropBlock, whose ``len()`` is its items.
+    """
 
     BLOCK_KEY = "block"
 
@@ -29,6 +38,7 @@ class BlockReader(BaseNode[Block]):
         super().__init__()
         self.reader, self.plan, self.stream, self.readahead = reader, plan, stream, readahead
         self.transform = transform  # runs on the read-ahead thread (device mode: upload the block)
+        self.cut = needs_cut(plan)
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
         self._next = 0
@@ -36,6 +46,11 @@ class BlockReader(BaseNode[Block]):
     @property
     def num_blocks(self) -> int:
         return self.plan.num_blocks(self.stream)
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """[blocks + 1]: items (windows, or packed rows) of the stream before each block."""
+        return self.plan.item_bounds(self.stream)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -58,12 +73,15 @@ class BlockReader(BaseNode[Block]):
 
     def _read(self, k: int):
         block = self.reader.read_block(self.plan, self.stream, k)
+        if self.cut:
+            block = cut(block, self.plan, self.stream, k, self.reader.manifest.step_bytes)
         return self.transform(block) if self.transform is not None else block
 
     def release(self, block) -> None:
         """Give a block's memory back once no batch needs it."""
-        if isinstance(block, Block):
-            self.reader.release(block)
+        read = release_of(block)
+        if read is not None:
+            self.reader.release(read)
 
     def get_state(self) -> dict[str, Any]:
         return {self.BLOCK_KEY: self._next}
@@ -82,20 +100,23 @@ class BlockReader(BaseNode[Block]):
 
 
 class Batcher(BaseNode[dict]):
-    """Cuts a stream's blocks into batches: batch j takes ``quotas[j, i]`` windows of source i, rows grouped by source.
+    """Cuts a stream's blocks into batches: batch j takes ``quotas[j, i]`` items (windows, or packed rows) of
+    source i, grouped by source.
 
     Each batch is gathered into the buffer ``next_buffer()`` hands out (its field views): a
     reused in-process array or a worker's shared-memory slot. The state is the batch count:
     source i's position at batch j is ``quotas[:j, i].sum()``, so a reset seeks every reader to
-    its block and offset. A dataset of one source has quotas [J, 1] of B.
+    its block and offset (each reader's ``bounds``: items before each block). A dataset of one
+    source has quotas [J, 1] of B.
     """
 
     BATCH_KEY = "batch"
 
-    def __init__(self, readers: list[BaseNode], quotas: np.ndarray, block_windows: int, gatherer,
+    def __init__(self, readers: list[BaseNode], quotas: np.ndarray, gatherer,
                  next_buffer: Callable[[], dict[str, np.ndarray] | None]):
         super().__init__()
-        self.readers, self.quotas, self.block_windows = readers, quotas, block_windows
+        self.readers, self.quotas = readers, quotas
+        self.bounds = [reader.bounds for reader in readers]
         self.gatherer, self.next_buffer = gatherer, next_buffer
         self.positions = quota_positions(quotas)
         self._batch = 0
@@ -107,7 +128,7 @@ class Batcher(BaseNode[dict]):
         self._batch = int(initial_state[self.BATCH_KEY]) if initial_state is not None else 0
         j = min(self._batch, len(self.quotas))
         for i, reader in enumerate(self.readers):
-            k, self._pos[i] = divmod(int(self.positions[j, i]), self.block_windows)
+            k, self._pos[i] = locate(self.bounds[i], int(self.positions[j, i]))
             reader.reset({BlockReader.BLOCK_KEY: k})
             self._blocks[i] = None
 
@@ -149,19 +170,37 @@ def _take(reader: BaseNode, block: Any, pos: int, need: int, parts: list, done: 
             done.append(block)
             block, pos = next(reader), 0
         take = min(need, len(block) - pos)
-        parts.append((block, pos, pos + take))
+        if take:  # a block of no items (a packed block of no crops) adds no part
+            parts.append((block, pos, pos + take))
         pos += take
         need -= take
     return block, pos
 
 
+def locate(bounds: np.ndarray, item: int) -> tuple[int, int]:
+    """(block, item within it) of a stream's item ``item``, given the items before each block (``bounds``).
+
+    Blocks of no items are passed over: the block found holds the item (or it is the end).
+    """
+    k = int(np.searchsorted(bounds, item, side="right")) - 1
+    return k, item - int(bounds[k])
+
+
 def block_order(quotas: np.ndarray, block_windows: int, first_batch: int) -> np.ndarray:
+    """``read_order`` with blocks of ``block_windows`` items each (unpacked windows)."""
+    ends = quota_positions(quotas)[-1]
+    bounds = [np.minimum(np.arange(-(-int(e) // block_windows) + 1, dtype=np.int64) * block_windows, e) for e in ends]
+    return read_order(quotas, bounds, first_batch)
+
+
+def read_order(quotas: np.ndarray, bounds: list[np.ndarray], first_batch: int) -> np.ndarray:
     """(source, block) rows: the blocks a Batcher reset to ``first_batch`` reads, in the order it reads them.
 
-    Block k of source i is read by the first batch whose windows of source i reach past
-    max(k * block_windows, the source's position at ``first_batch``); in one batch, sources go
-    in order, as its parts do. A device worker sends its blocks in this order, so the trainer
-    never waits for a block behind blocks it needs only later. One source: quotas [J, 1] of B.
+    Block k of source i (items ``bounds[i][k]`` on) is read by the first batch whose items of
+    source i reach past max(bounds[i][k], the source's position at ``first_batch``); in one
+    batch, sources go in order, as its parts do. A device worker sends its blocks in this
+    order, so the trainer never waits for a block behind blocks it needs only later. One
+    source: quotas [J, 1] of B.
     """
     cum = quota_positions(quotas)
     j0 = min(first_batch, len(quotas))
@@ -170,8 +209,9 @@ def block_order(quotas: np.ndarray, block_windows: int, first_batch: int) -> np.
         pos, end = int(cum[j0, i]), int(cum[-1, i])
         if pos >= end:
             continue
-        k = np.arange(pos // block_windows, -(-end // block_windows), dtype=np.int64)
-        need = np.searchsorted(cum[:, i], np.maximum(k * block_windows, pos), side="right") - 1
+        b = np.asarray(bounds[i], dtype=np.int64)
+        k = np.arange(locate(b, pos)[0], int(np.searchsorted(b, end, side="left")), dtype=np.int64)
+        need = np.searchsorted(cum[:, i], np.maximum(b[k], pos), side="right") - 1
         rows.append(np.stack([need, np.full(len(k), i), k], axis=1))
     rows = np.concatenate(rows)
     return rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))][:, 1:]
@@ -180,9 +220,9 @@ def block_order(quotas: np.ndarray, block_windows: int, first_batch: int) -> np.
 class ShipOrder:
     """A device worker's blocks of every source, as (source, block), in the order its stream's batcher reads them."""
 
-    def __init__(self, readers: list[BlockReader], quotas: np.ndarray, block_windows: int, first_batch: int):
+    def __init__(self, readers: list[BlockReader], quotas: np.ndarray, first_batch: int):
         self.readers = readers
-        self.order = block_order(quotas, block_windows, first_batch)
+        self.order = read_order(quotas, [reader.bounds for reader in readers], first_batch)
         for i, reader in enumerate(readers):
             mine = self.order[self.order[:, 0] == i, 1]
             reader.reset({BlockReader.BLOCK_KEY: int(mine[0]) if len(mine) else reader.num_blocks})

@@ -1,6 +1,7 @@
 """The pipeline: the one place that wires a stream's stages, top to bottom.
 
     per source:  ShardReader (bytes)  ->  BlockReader (blocks of the plan, read ahead)
+                 [-> cut (crops with drawn lengths; packed rows), on the read-ahead thread: packer.py]
     then:        Batcher (quotas of every source per batch, gathered into a buffer)
                  -> torchdata Prefetcher (optional, ``prefetch`` batches ahead on a thread)
 
@@ -63,8 +64,7 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     blocks = [BlockReader(reader, p, stream, readahead=ds.readahead,
                           transform=None if transform is None else partial(transform, source=i))
               for i, (reader, p) in enumerate(zip(readers, plan.sources))]
-    batcher = Batcher(blocks, plan.quotas, plan.config.block_windows, gatherer or Gatherer(ds.manifest, ds.spec),
-                      next_buffer)
+    batcher = Batcher(blocks, plan.quotas, gatherer or gatherer_of(ds), next_buffer)
     batcher.reset({Batcher.BATCH_KEY: first_batch})
     node: BaseNode = batcher
     if prefetch and ds.prefetch > 0:
@@ -73,17 +73,22 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     return Stream(node, batcher, readers)
 
 
+def gatherer_of(ds: WindowDataset) -> Gatherer:
+    """The CPU gather of ``ds``'s batches (windows or packed rows)."""
+    return Gatherer(ds.manifest, ds.spec, ds.pack_length, ds.missing)
+
+
 def ship_blocks(ds: WindowDataset, plan: Plan, stream: int, first_batch: int) -> Stream:
     """Every source's blocks of stream ``stream`` that its batches from ``first_batch`` on read, in the
     order they read them (device mode: workers ship blocks whole)."""
     readers = [source.reader() for source in ds.sources]
     blocks = [BlockReader(reader, p, stream, readahead=ds.readahead) for reader, p in zip(readers, plan.sources)]
-    order = ShipOrder(blocks, plan.quotas, plan.config.block_windows, first_batch)
+    order = ShipOrder(blocks, plan.quotas, first_batch)
     return Stream(order, order, readers)
 
 
 def batches_of(blocks: list[BaseNode], plan: Plan, gatherer, first_batch: int) -> Batcher:
     """A batcher over block nodes of every source that some other party reads (device mode with workers)."""
-    batcher = Batcher(blocks, plan.quotas, plan.config.block_windows, gatherer, lambda: None)
+    batcher = Batcher(blocks, plan.quotas, gatherer, lambda: None)
     batcher.reset({Batcher.BATCH_KEY: first_batch})
     return batcher

@@ -7,15 +7,20 @@ position with the plan inputs it was taken under (a few hundred bytes):
 
     {"version": 2, "epoch": e, "batches": k, "inputs": {...}, "rest_of": [...]}   # rest_of only if any
 
-Loading checks the inputs against the loader's own and names every difference; inputs that
+Loading checks every field first (``read_state``: types, ranges, sizes; a hand-edited or
+damaged state is one StateMismatchError naming the field, never a coerced value or a raw
+KeyError), then the inputs against the loader's own, naming every difference; inputs that
 only matter for a position inside an epoch (``POSITION_ONLY``: world, workers, batch size...)
 may differ, and then the rest of the epoch is dealt anew (elastic resume). States saved by
 streamwin 0.1 (a StatefulDataLoader's, with per-stream cursors) still load.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import numpy as np
 
 from streamwin.errors import StateMismatchError
 
@@ -51,29 +56,96 @@ class Position:
 
 def read_state(state: Any) -> tuple[int, int, dict[str, Any], list[dict[str, Any]]]:
     """(epoch, batches taken, plan inputs, interrupted runs) of a state of this version or of the
-    StatefulDataLoader era."""
-    if isinstance(state, dict) and state.get("version") == STATE_VERSION and "batches" in state:
-        rest = state.get("rest_of") or []
-        if not isinstance(rest, list) or not all(isinstance(r, dict) and {"inputs", "batches"} <= set(r) for r in rest):
-            raise StateMismatchError(f"not a streamwin loader state: rest_of is {str(rest)[:200]}")
-        return int(state["epoch"]), int(state["batches"]), state["inputs"], rest
-    meta = state.get("streamwin") if isinstance(state, dict) else None
-    if isinstance(meta, dict) and meta.get("version") == 1:  # saved by streamwin 0.1 (a StatefulDataLoader)
-        streams = list(_stream_states(state))
-        taken = sum(int(s["batch"]) for s in streams if s.get("epoch") == meta["epoch"])
-        return int(meta["epoch"]), taken, meta["inputs"], []
+    StatefulDataLoader era, every field checked (StateMismatchError naming the one that is wrong)."""
+    if isinstance(state, Mapping) and state.get("version") == STATE_VERSION and "batches" in state:
+        runs = _runs(state.get("rest_of") or [])
+        batches = _count(state["batches"], "batches")
+        if runs and batches < runs[-1]["batches"]:
+            raise _bad("batches", batches, f"at least the {runs[-1]['batches']} taken before the last interruption")
+        return _count(state.get("epoch"), "epoch", MAX_EPOCH), batches, check_inputs(state.get("inputs")), runs
+    meta = state.get("streamwin") if isinstance(state, Mapping) else None
+    if isinstance(meta, Mapping) and meta.get("version") == 1:  # saved by streamwin 0.1 (a StatefulDataLoader)
+        epoch = _count(meta.get("epoch"), "streamwin.epoch", MAX_EPOCH)
+        streams = list(_stream_states(state, 0))
+        taken = sum(_count(s.get("batch"), "batch of a stream") for s in streams if s.get("epoch") == epoch)
+        return epoch, taken, check_inputs(meta.get("inputs"), "streamwin.inputs"), []
     check_state(state, {})  # raises, saying what it got
     raise AssertionError("unreachable")
 
 
-def _stream_states(obj: Any):
-    """Every per-stream state inside a StatefulDataLoader state of streamwin 0.1."""
-    if isinstance(obj, dict):
+MAX_EPOCH = 1 << 31
+MAX_BATCHES = 1 << 40
+MAX_RUNS = 1000  # elastic resumes within one epoch
+MAX_STREAMS = 1 << 22  # ranks x workers a plan may deal (the planner scale test: 32,768)
+MAX_INPUTS_BYTES = 1 << 16  # a state's plan inputs as JSON (a few hundred bytes in practice)
+_DEPTH = 16
+_POSITION_RANGES = {"batch_size": (1, 1 << 31), "world_size": (1, 1 << 20), "num_workers": (0, 1 << 12),
+                    "block_windows": (1, 1 << 40), "slice_windows": (1, 1 << 40)}
+
+
+def _bad(field: str, value: Any, want: str) -> StateMismatchError:
+    return StateMismatchError(f"not a usable streamwin loader state: field {field} must be {want}, "
+                              f"got {str(value)[:120]!r} ({type(value).__name__})")
+
+
+def _count(value: Any, field: str, high: int = MAX_BATCHES, low: int = 0) -> int:
+    """An int (never a bool, a float or a string) in [low, high)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not low <= value < high:
+        raise _bad(field, value, f"an integer of {low}..{high - 1}")
+    return int(value)
+
+
+def _runs(rest: Any) -> list[dict[str, Any]]:
+    """The interrupted runs of an elastic resume (``rest_of``), checked."""
+    if not isinstance(rest, list) or len(rest) > MAX_RUNS:
+        raise _bad("rest_of", rest, f"a list of at most {MAX_RUNS} interrupted runs")
+    runs = []
+    for j, r in enumerate(rest):
+        if not isinstance(r, Mapping) or not {"inputs", "batches"} <= set(r):
+            raise _bad(f"rest_of[{j}]", r, 'a dict {"inputs": {...}, "batches": n}')
+        runs.append({"inputs": check_inputs(r["inputs"], f"rest_of[{j}].inputs"),
+                     "batches": _count(r["batches"], f"rest_of[{j}].batches")})
+    if any(a["batches"] > b["batches"] for a, b in zip(runs, runs[1:])):
+        raise _bad("rest_of", [r["batches"] for r in runs], "runs whose batches do not fall")
+    return runs
+
+
+def check_inputs(inputs: Any, field: str = "inputs") -> dict[str, Any]:
+    """Plan inputs as a state carries them: a dict of plain JSON values, small, position inputs in range."""
+    if not isinstance(inputs, Mapping) or not all(isinstance(k, str) for k in inputs):
+        raise _bad(field, inputs, "a dict of plan inputs (string keys)")
+    try:
+        size = len(json.dumps(inputs, default=_refuse))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise _bad(field, inputs, f"plain JSON values ({type(e).__name__})") from None
+    if size > MAX_INPUTS_BYTES:
+        raise _bad(field, f"{size:,} bytes of JSON", f"at most {MAX_INPUTS_BYTES:,} bytes of JSON")
+    for name, (low, high) in _POSITION_RANGES.items():
+        if name in inputs:
+            _count(inputs[name], f"{field}.{name}", high, low)
+    streams = inputs.get("world_size", 1) * max(1, inputs.get("num_workers", 0))
+    if streams > MAX_STREAMS:  # a plan keeps a few numbers per stream: 10**9 of them would not fit
+        raise _bad(f"{field}.world_size", inputs.get("world_size"), f"at most {MAX_STREAMS:,} streams with its "
+                   f"num_workers ({streams:,} would need ~{streams * 64 / 1e9:,.0f} GB to plan)")
+    if "equalize" in inputs and inputs["equalize"] not in ("drop", "pad"):
+        raise _bad(f"{field}.equalize", inputs["equalize"], '"drop" or "pad"')
+    return dict(inputs)
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _stream_states(obj: Any, depth: int):
+    """Every per-stream state inside a StatefulDataLoader state of streamwin 0.1 (nested at most _DEPTH deep)."""
+    if depth > _DEPTH:
+        raise _bad("(a streamwin 0.1 state)", "...", f"nested at most {_DEPTH} levels deep")
+    if isinstance(obj, Mapping):
         if "stream" in obj and "inputs" in obj and "batch" in obj:
             yield obj
             return
         for v in obj.values():
-            yield from _stream_states(v)
+            yield from _stream_states(v, depth + 1)
 
 
 def check_state(state: Any, inputs: Mapping[str, Any], *, finished: bool = False) -> None:
@@ -82,9 +154,9 @@ def check_state(state: Any, inputs: Mapping[str, Any], *, finished: bool = False
     A state taken after an epoch's last batch (``finished``) carries no position, so only the
     inputs that define the data and its order must agree (not world, workers or batch size).
     """
-    if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
+    if not isinstance(state, Mapping) or state.get("version") not in (1, STATE_VERSION):
         raise StateMismatchError(f"not a streamwin loader state (version {STATE_VERSION}): {str(state)[:200]}")
-    saved = state["inputs"]
+    saved = check_inputs(state.get("inputs"))
     names = sorted(set(saved) | set(inputs))
     if finished:
         names = [k for k in names if k not in POSITION_ONLY]

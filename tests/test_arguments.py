@@ -91,3 +91,44 @@ def test_set_epoch_refuses_what_is_not_an_epoch(epoch):
     assert loader.epoch == 0
     loader.set_epoch(np.int64(3))
     assert loader.epoch == 3
+
+
+# -- what cannot fit is refused up front; devices and start methods as DataLoader takes them ---------
+
+@pytest.mark.parametrize(("overrides", "workers", "named"), [
+    ({"window": 10**12}, 0, "window=1000000000000"),
+    ({"batch_size": 10**9}, 1, "batch_size=1000000000"),
+    ({"world_size": 10**9, "rank": 0}, 0, "world_size=1000000000"),
+])
+def test_arguments_that_cannot_fit_in_memory_are_refused_with_the_size(tiny, overrides, workers, named):
+    url, _ = tiny
+    loader = sw.WindowLoader(sw.WindowDataset(url, **({"window": 16} | overrides)), num_workers=workers)
+    with pytest.raises(ValueError, match=r"would need [\d,.]+ GB of memory, more than this machine's") as e:
+        next(iter(loader))
+    assert named in str(e.value)
+    with pytest.raises(ValueError, match="GB of memory"):
+        len(loader) if "world_size" in overrides else next(iter(loader))
+
+
+def test_a_cuda_device_without_cuda_says_so():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match=r"device='cuda', but .*(without CUDA|no CUDA device).*device=None"):
+        sw.WindowLoader(build(), device="cuda")
+    with pytest.raises(ValueError, match=r"device must be .*got 'gpu'"):
+        sw.WindowLoader(build(), device="gpu")
+
+
+def test_multiprocessing_context_takes_a_name_or_a_context_and_refuses_an_unknown_name(tiny):
+    import multiprocessing
+
+    with pytest.raises(ValueError, match=r"multiprocessing_context must be one of .*'fork'.* got 'frok'"):
+        sw.WindowLoader(build(), multiprocessing_context="frok")
+    url, _ = tiny
+    ds = sw.WindowDataset(url, window=16, batch_size=4)
+    ctx = multiprocessing.get_context("fork")
+    loader = sw.WindowLoader(ds, num_workers=1, multiprocessing_context=ctx)
+    assert sum(1 for _ in loader) == len(loader) > 0
+    loader.close()

@@ -9,6 +9,11 @@ computed independently, with the standard library's tarfile on the untouched sha
 With ``on_error="skip"`` the bad range is skipped with one RuntimeWarning and counted,
 its windows come out as zeros with weight 0, every other window is exact (checked against
 the original arrays) and every rank still yields ``len(loader)`` batches.
+
+These are the checks that hold without the manifest's chunk checksums too (a dataset packed
+before them): ``make_loader`` turns verification off, so each corruption meets the check it
+is about. With checksums (the default) a changed byte fails its chunk first:
+tests/test_integrity_checksums.py.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def make_loader(url, workers=0, **kw):
-    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=200, seed=2) | kw
+    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=200, seed=2, verify_checksums=False) | kw
     return sw.WindowLoader(sw.WindowDataset(str(url), **args), num_workers=workers)
 
 

@@ -369,7 +369,8 @@ def test_object_dtype_member_is_refused_without_unpickling(tmp_path, monkeypatch
     manifest = build_manifest(
         np.dtype("<f4"), (3,), None,
         [ShardEntry("shard-000000.tar", len(shard), hashlib.sha256(shard).hexdigest(), len(keys), sum(lengths))],
-        keys, {"length": lengths, "offset": offsets, "size": [len(d) for _, d in members], "hlen": hlens})
+        keys, {"length": lengths, "offset": offsets, "hlen": hlens,  # sizes as float32 [T, 3] members would have
+               "size": [h + n * 12 for h, n in zip(hlens, lengths)]})
     (ds / INDEX_NAME).write_text(manifest.to_json())
 
     forbid_unpickling(monkeypatch)
@@ -469,3 +470,47 @@ def test_skip_a_shard_that_fails_verification_fetches_it_once_per_block(served, 
     assert lost == loader.stats()["skipped_windows"] > 0
     plan = loader.dataset.plan()
     assert 0 < srv.stats.get_requests <= plan.sources[0].num_blocks(0)  # one fetch per block that needs it
+
+
+# -- a download killed midway leaves nothing behind -----------------------------------------------------
+
+KILLED_FETCH = """
+import sys, fsspec
+from streamwin.storage.cache import ShardCache
+from streamwin.storage.manifests import load_manifest
+url, cache_dir = sys.argv[1:]
+m = load_manifest(url)
+entry = m.shards[0]
+print("fetching", flush=True)
+ShardCache(cache_dir).fetch(f"{url}/{entry.name}", fsspec.filesystem("http", skip_instance_cache=True),
+                            f"{url}/{entry.name}", entry)
+"""
+
+
+def test_a_download_killed_midway_leaves_no_temporary_file(served, http_server, tmp_path):
+    """SIGKILL a process while it downloads a shard into the cache: its temporary file stays until the next
+    download or eviction on the node, which removes it (before: eviction skipped it, for ever)."""
+    import subprocess
+    import sys
+    import time
+
+    root, _, m = served
+    srv = http_server(root, FaultPlan(stall_seconds=5.0, stall_times=1, path_contains="shard-"))
+    cache_dir = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_FETCH, srv.url_for("ds"), str(cache_dir)],
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert proc.stdout.readline().strip() == "fetching"
+    t0 = time.monotonic()
+    while not [p for p in cache_dir.glob("*") if ".tmp-" in p.name] and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    left = [p.name for p in cache_dir.glob("*") if ".tmp-" in p.name]
+    assert left, "the download had not started"
+    srv.clear_faults()
+    cache = ShardCache(str(cache_dir), limit_bytes=1 << 30)
+    entry = m.shards[1]
+    cache.fetch(f"{srv.url_for('ds')}/{entry.name}", fsspec.filesystem("http", skip_instance_cache=True),
+                f"{srv.url_for('ds')}/{entry.name}", entry)
+    assert not [p.name for p in cache_dir.glob("*") if ".tmp-" in p.name]
+    assert len(cache_files(cache_dir)) == 1

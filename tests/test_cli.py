@@ -384,3 +384,68 @@ def test_a_table_pack_that_fails_exits_cleanly(tmp_path, fmt):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
         assert r.returncode == 2 and "terminate called" not in r.stderr, (r.returncode, r.stderr)
         assert r.stderr.startswith("streamwin pack: error: sequence 'a' has 1 NaN")
+
+
+# ---- object storage that cannot be reached, or refuses us: one line, exit 2, within 10 s ---------
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+STORAGE_VERBS = [["inspect"], ["verify"], ["index"], ["merge"], ["bench", "--window", "8", "--batches", "2"]]
+
+
+@pytest.mark.parametrize("verb", STORAGE_VERBS, ids=[v[0] for v in STORAGE_VERBS])
+def test_unreachable_object_storage_fails_fast_in_one_line(verb):
+    """Before: index and merge printed ~150 lines of botocore traceback after ~10 s (exit 1)."""
+    import time
+
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    opts = ["--storage-option", "key=testing", "--storage-option", "secret=testing",
+            "--storage-option", f"client_kwargs.endpoint_url={endpoint}",
+            "--storage-option", "client_kwargs.region_name=us-east-1"]
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "streamwin.cli", verb[0], "s3://bucket/ds", *verb[1:], *opts],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    took = time.monotonic() - t0
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"streamwin {verb[0]}: error:"), r.stderr[-2000:]
+    assert "s3://bucket/ds" in lines[0] and ("connect" in lines[0].lower())
+    assert took < 10, took
+
+
+def test_unreachable_or_forbidden_object_storage_fails_the_loader_fast(s3_server, s3_bucket, s3_fault_proxy):
+    import time
+
+    from servers import FaultPlan, s3_storage_options
+
+    opts = s3_storage_options(f"http://127.0.0.1:{_closed_port()}")
+    t0 = time.monotonic()
+    with pytest.raises(sw.ManifestError, match="cannot connect|connection refused"):
+        sw.WindowDataset("s3://bucket/ds", window=8).manifest
+    assert time.monotonic() - t0 < 10
+    seqs = {f"k{i}": np.arange(100, dtype=np.float32) for i in range(3)}
+    sw.pack(list(seqs.items()), f"{s3_bucket}/ds", storage_options=s3_server.storage_options(), progress=False)
+    proxy = s3_fault_proxy(FaultPlan(status_503_times=10**6, error_status=403, path_contains="index.json"))
+    t0 = time.monotonic()
+    with pytest.raises(sw.ManifestError, match="403") as e:
+        sw.WindowDataset(f"{s3_bucket}/ds", window=8, storage_options=proxy.storage_options()).manifest
+    assert time.monotonic() - t0 < 10 and f"{s3_bucket}/ds/index.json" in str(e.value)
+    del opts
+
+
+def test_inspect_refuses_a_mix_that_training_refuses_with_the_same_message(tmp_path, capsys):
+    """Before: inspect printed a mixed plan for datasets that WindowDataset refuses to mix."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    sw.pack([(f"a{i}", np.zeros((50, 2), np.float32)) for i in range(4)], a, progress=False)
+    sw.pack([(f"b{i}", np.zeros((50, 3), np.float32)) for i in range(4)], b, progress=False)
+    with pytest.raises(ValueError) as e:
+        sw.WindowDataset([a, b], window=8)
+    code, out, err = run(capsys, "inspect", a, b, "--window", "8")
+    assert code == 2 and not out
+    assert err.strip() == f"streamwin inspect: error: {e.value}"

@@ -350,3 +350,45 @@ def test_world_from_slurm_variables_and_torchrun_first(monkeypatch):
     monkeypatch.delenv("RANK")
     with pytest.raises(ValueError, match="SLURM_PROCID"):
         resolve_world()
+
+
+# ---- runs that can do nothing say so and exit non-zero ----------------------------------------------
+
+def run_failing(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc = subprocess.run(cmd, cwd=ROOT, env=env or clean_env(), capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_train_ddp_with_a_window_longer_than_every_sequence_exits_non_zero_saying_why(data, tmp_path):
+    """Before: 0 steps, exit 0."""
+    args = ["--data", data, "--ckpt", str(tmp_path / "run.pt"), "--window", "1000", "--horizon", "4", "--epochs", "1"]
+    code, out = run_failing([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             os.path.join(EXAMPLES, "train_ddp.py"), *args])
+    assert code != 0 and "no step can run: 0 batches per rank per epoch" in out, out[-3000:]
+    assert "window 1000 + horizon 4" in out and "Use a smaller --window" in out
+
+
+def test_lightning_with_no_batch_exits_non_zero_saying_why(data, tmp_path):
+    if importlib.util.find_spec("lightning") is None and importlib.util.find_spec("pytorch_lightning") is None:
+        pytest.skip("the Lightning example needs `pip install lightning` (part of the dev extra)")
+    cmd = [sys.executable, os.path.join(EXAMPLES, "train_lightning.py"), "--data", data, "--ckpt-dir",
+           str(tmp_path / "ckpt"), "--accelerator", "cpu", "--devices", "1", "--window", "1000", "--epochs", "1"]
+    code, out = run_failing(cmd, clean_env(MASTER_PORT=str(free_port())))
+    assert code == 1 and "no step ran: 0 batches per rank per epoch" in out, out[-3000:]
+
+
+def test_demo_with_no_batch_exits_non_zero_saying_why(tmp_path):
+    url = str(tmp_path / "stdlib")
+    sw.pack([(f"f{i}", np.frombuffer(b"short text %d" % i, np.uint8)) for i in range(20)], url, progress=False)
+    code, out = run_failing([sys.executable, os.path.join(EXAMPLES, "demo.py"), "--data", url, "--steps", "10"])
+    assert code == 1 and "no step can run: 0 batches per rank" in out, out[-3000:]
+
+
+def test_optuna_says_why_each_trial_was_pruned(data):
+    pytest.importorskip("optuna", reason="the HPO example needs `pip install optuna` (part of the dev extra)")
+    code, out = run_failing([sys.executable, os.path.join(EXAMPLES, "hpo_optuna.py"), "--data", data, "--trials", "2",
+                             "--steps", "10", "--windows", "1000", "--horizon", str(H), "--holdout", "24"])
+    assert code == 1, out[-3000:]
+    assert "no trial completed: 2 trial(s) pruned or failed; why: window 1000 + horizon 4: 0 train" in out
+    assert out.count("pruned: window 1000 + horizon 4") >= 2  # the log line and the table, per trial

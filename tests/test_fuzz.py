@@ -3,9 +3,9 @@
 A small dataset is packed once; each hypothesis example copies it, flips / overwrites /
 truncates bytes at random offsets of one shard (biased towards the .npy headers, where the
 checks are), and iterates a full epoch. Allowed outcomes: a ShardError, or a clean pass in
-which every window whose bytes were not touched equals the original array (array payload
-bytes are not checksummed on the range-read path, so touched windows may differ). A
-corruption that touches no .npy header and truncates nothing must pass. Pickle is
+which every window equals the original array: every byte a read covers is verified against
+the manifest's chunk checksums, so no changed byte is trained on. A corruption that touches
+no checksum chunk holding member content, and truncates nothing, must pass. Pickle is
 booby-trapped during the loop.
 
 ``streamwin.npyfmt.parse_npy_header`` is fuzzed directly with random and near-valid headers:
@@ -14,6 +14,7 @@ it may only raise ValueError.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import shutil
 import tarfile
@@ -144,10 +145,8 @@ def run_corrupted(p: Pristine, shard: str, ops) -> None:
         ds = Path(tmp) / "ds"
         shutil.copytree(p.root, ds)
         touched, truncated = apply(ds / shard, ops)
-        if p.compressed:  # a compressed member is read whole: any touched byte in it may break it
-            checked = [(off, off + size) for _, off, size, _ in p.members[shard]]
-        else:  # only .npy headers are checked; tar headers, padding and array data are not
-            checked = p.headers(shard)
+        c = sw.load_manifest(str(p.root)).checks.chunk  # a read verifies whole chunks: any touched byte in a
+        checked = [(off // c * c, -(-(off + size) // c) * c) for _, off, size, _ in p.members[shard]]  # member's
         may_fail = truncated or any(overlaps(touched, a, b) for a, b in checked)
         loader = make_loader(ds)
         with pytest.MonkeyPatch.context() as mp:
@@ -164,14 +163,9 @@ def run_corrupted(p: Pristine, shard: str, ops) -> None:
         if not p.compressed:
             for key, off, _, _ in p.members[shard]:
                 assert not (key in read_from_0 and overlaps(touched, off, off + 6)), ("bad magic went unnoticed", key, ops)
-        step = p.seqs[next(iter(p.seqs))][0].nbytes
-        where = {key: (off, hlen) for key, off, _, hlen in p.members[shard]}
-        for keys, starts, x in batches:
+        for keys, starts, x in batches:  # verified: every window is exact, touched or not
             for i, (k, s) in enumerate(zip(keys, starts)):
-                if k in where and (p.compressed or overlaps(touched, where[k][0] + where[k][1] + s * step,
-                                                            where[k][0] + where[k][1] + (s + W + H) * step)):
-                    continue  # its bytes were touched: any values are allowed
-                assert np.array_equal(x[i], p.seqs[k][s : s + W]), (k, s)
+                assert np.array_equal(x[i], p.seqs[k][s : s + W]), (k, s, ops)
 
 
 @pytest.mark.timeout(60)
@@ -190,18 +184,21 @@ def test_fuzz_zstd_shard_corruption(pristine_zstd, data):
     run_corrupted(pristine_zstd, shard, ops)
 
 
-def test_untouched_payload_corruption_passes(pristine, tmp_path):
-    """Not every corruption is an error: bytes of tar headers and padding are never read."""
+def test_tar_header_corruption_fails_its_chunk_and_is_never_read_unverified(pristine, tmp_path):
+    """Bytes of tar headers are never read for windows; with checksums, their chunk fails as a whole."""
     ds = tmp_path / "ds"
     shutil.copytree(pristine.root, ds)
     shard = pristine.shards[0]
-    _, off, _, _ = pristine.members[shard][0]
+    key, off, _, _ = pristine.members[shard][0]
     touched, _ = apply(ds / shard, [("write", off - 512, b"garbage tar header!")])
     assert touched
     with pytest.MonkeyPatch.context() as mp:
         _booby_trap(mp)
-        n = sum(1 for _ in make_loader(ds))
-    assert n == len(make_loader(pristine.root))
+        n = sum(1 for _ in make_loader(ds, verify_checksums=False))
+        assert n == len(make_loader(pristine.root))
+        with pytest.raises(sw.ShardError, match="checksum mismatch") as e:
+            sum(1 for _ in make_loader(ds))
+    assert e.value.member == f"{key}.npy" and e.value.offset < 4096
 
 
 # -- parse_npy_header -------------------------------------------------------------------------------
@@ -258,3 +255,107 @@ def test_parse_npy_header_accepts_what_numpy_writes():
         assert (dtype, got_shape, hlen) == (np.dtype(descr), shape, len(_valid_header(shape, descr)))
     with pytest.raises(ValueError, match="object"):
         npyfmt.parse_npy_header(_valid_header((3,), "|O"))
+
+
+# -- states and manifests: every field checked before use ----------------------------------------------
+
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True), st.text(max_size=8),
+                 st.just(1.9), st.just(10**9), st.just(-5), st.just(2**60), st.lists(st.integers(), max_size=3),
+                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.just([[[[[[[[1]]]]]]]]))
+ALLOWED_STATE = (sw.StateMismatchError,)
+
+
+@pytest.fixture(scope="module")
+def state_case(pristine):
+    loader = make_loader(pristine.root)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    return pristine, loader.state_dict(), len(loader)
+
+
+def _paths(obj, prefix=()):
+    """Every (path to a value) of a nested dict/list."""
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _paths(v, prefix + (i,))
+
+
+def _set(obj, path, value):
+    import copy
+
+    out = copy.deepcopy(obj)
+    if not path:
+        return value
+    node = out
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return out
+
+
+@pytest.mark.timeout(120)
+@settings(FUZZ, max_examples=80)
+@given(data=st.data())
+def test_fuzz_state_dict_fields(state_case, data):
+    """A state with any one field replaced loads (then yields a whole epoch's rest) or is a StateMismatchError."""
+    p, state, n = state_case
+    path = data.draw(st.sampled_from(list(_paths(state))))
+    bad = _set(state, path, data.draw(JUNK))
+    loader = make_loader(p.root)
+    try:
+        loader.load_state_dict(bad)
+    except ALLOWED_STATE as e:
+        assert "state" in str(e) or "plan inputs differ" in str(e), e
+        return
+    got = sum(1 for _ in loader)
+    assert got <= n
+
+
+@pytest.mark.parametrize("field, value", [("epoch", 1.9), ("epoch", None), ("batches", 10**9), ("batches", -1),
+                                          ("batches", 2.0), ("inputs", None), ("version", None),
+                                          ("rest_of", [{"inputs": None, "batches": 1}])])
+def test_a_damaged_state_is_refused_naming_the_field(state_case, field, value):
+    p, state, _ = state_case
+    with pytest.raises(sw.StateMismatchError) as e:
+        make_loader(p.root).load_state_dict({**state, field: value})
+    assert field in str(e.value) or "version" in str(e.value)
+
+
+@functools.cache
+def _bomb() -> str:
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(b"\0" * (64 << 20), 9)).decode()
+
+
+@pytest.mark.timeout(120)
+@settings(FUZZ, max_examples=120)
+@given(data=st.data())
+def test_fuzz_manifest_fields(pristine, data, tmp_path_factory):
+    """index.json with any one field replaced (or a column's bytes swapped for junk) loads or is a ManifestError;
+    never an IndexError, KeyError, MemoryError, RecursionError or ZeroDivisionError."""
+    import base64
+    import json
+    import zlib
+
+    doc = json.loads((pristine.root / "index.json").read_text())
+    path = data.draw(st.sampled_from(list(_paths(doc))))
+    kind = data.draw(st.sampled_from(["junk", "bomb", "column"]))
+    if kind == "bomb":  # 64 KB that inflate to 64 MB
+        value = _bomb()
+    elif kind == "column":
+        value = base64.b64encode(zlib.compress(data.draw(st.binary(max_size=200)))).decode()
+    else:
+        value = data.draw(JUNK)
+    text = json.dumps(_set(doc, path, value))
+    try:
+        m = sw.formats.manifest.parse_manifest(text)
+    except sw.ManifestError:
+        return
+    assert m.num_sequences >= 0

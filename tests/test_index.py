@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import tarfile
 import zlib
 from pathlib import Path
@@ -73,7 +74,16 @@ def test_flipped_byte_in_array_data_is_a_checksum_mismatch(tmp_path):
     root = tmp_path / "d"
     m = make_dataset(root)
     i = int(m.shard_starts[1])
-    flip(root / m.shards[1].name, int(m.offset[i] + m.hlen[i]) + 5)
+    at = int(m.offset[i] + m.hlen[i]) + 5
+    flip(root / m.shards[1].name, at)
+    with pytest.raises(ShardError, match="checksum mismatch") as info:  # the chunk checksums say where
+        verify(str(root), progress=False)
+    e = info.value
+    assert e.shard.endswith(m.shards[1].name) and e.member == f"{m.key(i)}.npy"
+    assert e.offset <= at < e.offset + m.checks.chunk
+    old = json.loads((root / "index.json").read_text())
+    del old["checks"]  # a manifest without chunk checksums: the shard's sha256 still finds it
+    (root / "index.json").write_text(json.dumps(old))
     with pytest.raises(ShardError, match="sha256 mismatch") as info:
         verify(str(root), progress=False)
     assert info.value.shard.endswith(m.shards[1].name)
@@ -130,6 +140,11 @@ def test_edited_manifest(tmp_path, what):
             s = doc["shards"][2]
             s[what] = ("0" + s[what][1:]) if what == "sha256" else s[what] + 1
         edit_index(root, bump)
+    if what in ("length", "size", "hlen", "num_steps"):  # fields that disagree are refused when index.json is read
+        field = "shards[2].num_steps" if what == "num_steps" else f"sequence {i}:"
+        with pytest.raises(ManifestError, match=re.escape(field)):
+            verify(str(root), progress=False)
+        return
     with pytest.raises(ShardError) as info:
         verify(str(root), progress=False)
     e = info.value

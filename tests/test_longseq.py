@@ -218,10 +218,14 @@ def test_zstd_corrupt_frame_names_member_and_offset(tmp_path):
     with open(path, "r+b") as f:
         f.seek(at)
         f.write(b"\0\0\0\0")
-    with pytest.raises(sw.ShardError) as e:
-        for _ in make(url, num_workers=0):
+    with pytest.raises(sw.ShardError) as e:  # unverified: zstd's own checks name the frame's first byte
+        for _ in make(url, num_workers=0, verify_checksums=False):
             pass
     assert e.value.member == "s0000.npy.zst" and e.value.offset == at and m.shards[0].name in e.value.shard
+    with pytest.raises(sw.ShardError, match="checksum mismatch") as e:  # verified: the chunk that holds it
+        for _ in make(url, num_workers=0):
+            pass
+    assert e.value.member == "s0000.npy.zst" and e.value.offset <= at < e.value.offset + m.checks.chunk
 
 
 def test_merge_keeps_each_parts_frames(tmp_path):

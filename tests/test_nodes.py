@@ -10,8 +10,8 @@ from torchdata.nodes import Prefetcher
 import streamwin as sw
 from conftest import make_sequences
 from resume import assert_resumes_identically
-from streamwin.batch import Gatherer
 from streamwin.nodes import Batcher, BlockReader
+from streamwin.pipeline import gatherer_of
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,7 @@ def batcher(ds, stream=1, workers=2):
     plan = ds.plan(1, workers)
     readers = [BlockReader(s.reader(), p, stream) for s, p in zip(ds.sources, plan.sources)]
     layout = ds.layout()
-    return Batcher(readers, plan.quotas, plan.config.block_windows, Gatherer(ds.manifest, ds.spec),
-                   lambda: layout.views(np.empty(layout.nbytes, dtype=np.uint8)))
+    return Batcher(readers, plan.quotas, gatherer_of(ds), lambda: layout.views(np.empty(layout.nbytes, dtype=np.uint8)))
 
 
 def digest(batch) -> str:

@@ -198,7 +198,7 @@ def test_plain_windows_land_on_their_bytes(case, mapped):
     m, sb = case.m, case.m.step_bytes
     seq, start, end, p = block(case, runs_mod.MERGE_GAP // sb)
     r = plain_runs(m, p)
-    run_at, nbytes = paged(r) if mapped else packed(r)
+    run_at, nbytes = paged(r.run_lo, r.run_hi) if mapped else packed(r.run_lo, r.run_hi)
     size = r.run_hi - r.run_lo
     assert (run_at[1:] >= run_at[:-1] + size[:-1]).all() and run_at[-1] + size[-1] <= nbytes
     if mapped:

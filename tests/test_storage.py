@@ -223,6 +223,8 @@ def test_shutdown_stops_the_readers_get_threads_and_a_later_read_starts_them_aga
     assert len(ds.manifest.shards) > 2 and len(gets) > 1
     first = [block.buf[o : o + 400].tobytes() for o in block.offs]
     reader.shutdown()
+    for t in gets:  # idle threads end as soon as they see the pool shut (shutdown does not wait on a GET)
+        t.join(2.0)
     assert not any(t.is_alive() for t in gets)
     again = reader.read_block(plan, 0, 0)
     assert [again.buf[o : o + 400].tobytes() for o in again.offs] == first

@@ -17,7 +17,7 @@ import numpy as np
 from streamwin.cli.args import add_command, add_storage, add_window, int_at_least, storage_options, weights_arg
 from streamwin.cli.report import layout, mb, nonfinite_shards, value_columns
 from streamwin.errors import StreamwinError
-from streamwin.formats.manifest import Manifest
+from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import make_plan, plan_epoch
 from streamwin.plan.options import PlanConfig, WindowSpec
 from streamwin.plan.space import WindowSpace
@@ -30,11 +30,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise StreamwinError("--png draws one dataset's histogram: inspect one URL at a time")
     if args.weights is not None and len(args.weights) != len(args.url):
         raise StreamwinError(f"--weights lists {len(args.weights)} numbers for {len(args.url)} URLs")
-    manifests = []
-    for i, url in enumerate(args.url):
+    manifests = [load_manifest(url, storage_options(args.storage_option)) for url in args.url]
+    try:  # what training would refuse, refused here with the same message
+        check_mixable(args.url, manifests)
+    except ValueError as e:
+        raise StreamwinError(str(e)) from None
+    for i, (url, m) in enumerate(zip(args.url, manifests)):
         if i:
             print()
-        manifests.append(_inspect_one(url, args))
+        _inspect_one(url, m, args)
     if len(args.url) > 1 and args.window is not None:
         _inspect_mix(args, manifests)
     return 0
@@ -70,9 +74,8 @@ def _inspect_mix(args: argparse.Namespace, manifests: list[Manifest]) -> None:
     print(f"  dropped windows    {plan.dropped_windows:,} ({100 * plan.dropped_windows / max(plan.total_windows, 1):.2f}%)")
 
 
-def _inspect_one(url: str, args: argparse.Namespace) -> Manifest:
-    """One dataset's summary (and its plan for the window spec); returns its manifest."""
-    m = load_manifest(url, storage_options(args.storage_option))
+def _inspect_one(url: str, m: Manifest, args: argparse.Namespace) -> None:
+    """One dataset's summary (and its plan for the window spec)."""
     lengths = m.length
     print(f"dataset      {url}")
     print(f"shards       {len(m.shards):,}  ({mb(sum(s.bytes for s in m.shards))})")
@@ -111,7 +114,6 @@ def _inspect_one(url: str, args: argparse.Namespace) -> Manifest:
     if args.png:
         _histogram_png(lengths, args.png, url)
         print(f"wrote {args.png}")
-    return m
 
 
 def length_histogram(lengths: np.ndarray, bins: int = 12, width: int = 40) -> list[str]:

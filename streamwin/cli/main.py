@@ -59,12 +59,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # stdout's reader has gone (`| head -1`): stop quietly, as Unix tools do
         _discard_stdout()
         return 141
-    except (StreamwinError, OSError, ValueError, ImportError) as e:
+    except Exception as e:
+        if not isinstance(e, (StreamwinError, OSError, ValueError, ImportError)) and not _storage_error(e):
+            raise
         # data, storage and argument-value errors: one clear line, no traceback
         kind = "" if isinstance(e, StreamwinError) else f"{type(e).__name__}: "
         message = _unmerged_parts(args, e) or cli_words(str(e))
         print(f"streamwin {args.command}: error: {kind}{message}", file=sys.stderr)
         return 2
+
+
+def _storage_error(e: Exception) -> bool:
+    """An error of a storage client library (botocore, aiohttp, s3fs, gcsfs...): the storage's problem, said in
+    one line like ours."""
+    return type(e).__module__.split(".")[0] in {"botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "urllib3",
+                                                "gcsfs", "adlfs", "google", "azure", "requests"}
 
 
 def _discard_stdout() -> None:

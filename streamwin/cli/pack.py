@@ -20,6 +20,7 @@ from streamwin.packing.inputs import FORMATS
 from streamwin.packing.pack import NonFiniteWarning, pack
 from streamwin.packing.parts import merge
 from streamwin.packing.scan import index_shards, verify
+from streamwin.storage.urls import reach
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -58,6 +59,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     """Merge the part indexes at DEST into index.json."""
+    reach(args.dest, storage_options(args.storage_option))
     m = merge(args.dest, storage_options=storage_options(args.storage_option))
     print(f"merged {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}), "
           f"{mb(sum(s.bytes for s in m.shards))}, into {args.dest.rstrip('/')}/index.json")
@@ -67,6 +69,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     """Write index.json for the tar shards at URL."""
     start = time.perf_counter()
+    reach(args.url, storage_options(args.storage_option))
     m = index_shards(args.url, pattern=args.pattern, storage_options=storage_options(args.storage_option),
                      progress=not args.no_progress)
     print(f"indexed {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}), "
@@ -81,6 +84,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _verify(url: str, args: argparse.Namespace) -> int:
+    reach(url, storage_options(args.storage_option))
     try:
         r = verify(url, storage_options=storage_options(args.storage_option), progress=not args.no_progress)
     except ShardError as e:

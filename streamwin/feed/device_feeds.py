@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from streamwin.feed.device import TABLE_BYTES, DeviceBlock, DeviceBytes, DeviceGatherer, Uploader, device_block, table_at
+from streamwin.feed.device import DeviceBlock, DeviceBytes, DeviceGatherer, Uploader, device_block, table_at
 from streamwin.feed.feeds import Feed, FeedContext
 from streamwin.feed.protocol import BLOCK
 from streamwin.feed.stats import read_counters
 from streamwin.nodes import BlockReader
+from streamwin.packer import needs_cut
 from streamwin.pipeline import batches_of, open_stream
 from streamwin.plan.epoch import Plan
 from streamwin.plan.streams import worker_batches
@@ -31,7 +32,7 @@ def device_gatherer(ctx: FeedContext) -> DeviceGatherer:
     """The device gather of the context's dataset."""
     ds = ctx.dataset
     return DeviceGatherer(ds.manifests, ds.spec, ctx.device, with_weight=ds.layout().has("weight"),
-                          batch_size=ds.batch_size)
+                          batch_size=ds.batch_size, pack_length=ds.pack_length, missing=ds.missing)
 
 
 class DeviceTotals:
@@ -102,6 +103,7 @@ class DeviceWorkerFeed(Feed):
         # blocks uploaded ahead per worker, counted in the order they are read: device memory stays bounded
         self.ahead = max(1, ctx.dataset.readahead) * sources
         gatherer = device_gatherer(ctx)
+        self.crops = any(needs_cut(p) for p in plan.sources)  # blocks arrive with crop tables (packer.py)
         self.inboxes = [Inbox(self, w, sources) for w in range(n)]
         first = [worker_batches(self.first_batch(), n, w) for w in range(n)]
         self.batchers = [batches_of([RemoteBlocks(inbox, i, p, rank * n + w) for i, p in enumerate(plan.sources)],
@@ -114,16 +116,16 @@ class DeviceWorkerFeed(Feed):
             inbox.pump()
         return next(self.batchers[self.first_batch() % self.ctx.num_workers])
 
-    def begin_block(self, nbytes: int, windows: int, source: int) -> dict[str, Any]:
+    def begin_block(self, nbytes: int, table_bytes: int, source: int) -> dict[str, Any]:
         """A device buffer for a block of ``source`` about to arrive: its bytes, then its window table."""
-        total = table_at(nbytes) + TABLE_BYTES * windows
+        total = table_at(nbytes) + table_bytes
         if self.cuda:
             with torch.cuda.stream(self.side):
                 dev = torch.empty(total, dtype=torch.uint8, device=self.device)
         else:
             dev = torch.empty(total, dtype=torch.uint8, device=self.device)
         self.uploads.counter.count(dev, total)
-        return {"dev": dev, "nbytes": nbytes, "table": np.empty(TABLE_BYTES * windows, dtype=np.uint8), "got": 0,
+        return {"dev": dev, "nbytes": nbytes, "table": np.empty(table_bytes, dtype=np.uint8), "got": 0,
                 "ready": None, "source": source}
 
     def add_chunk(self, block: dict[str, Any], w: int, slot: int, k: int) -> bool:
@@ -184,7 +186,8 @@ class Inbox:
                 self.partial = feed.begin_block(a, b, c)
             elif feed.add_chunk(self.partial, self.w, a, b):
                 p, self.partial = self.partial, None
-                self.ready[p["source"]].append(device_block(p["dev"], p["nbytes"], p["table"], p["ready"], p["source"]))
+                self.ready[p["source"]].append(device_block(p["dev"], p["nbytes"], p["table"], p["ready"], p["source"],
+                                                            crops=feed.crops))
                 if wait:
                     return
 
@@ -196,6 +199,11 @@ class RemoteBlocks(BaseNode):
         super().__init__()
         self.inbox, self.source, self.plan, self.stream = inbox, source, plan, stream
         self.k = 0
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """[blocks + 1]: items (windows, or packed rows) of the stream before each block."""
+        return self.plan.item_bounds(self.stream)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)

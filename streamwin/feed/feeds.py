@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from streamwin.batch import BatchKeys, BufferPool
+from streamwin.batch import PER_CROP, BatchKeys, BufferPool
 from streamwin.dataset import WindowDataset
 from streamwin.feed.pool import WorkerPool
 from streamwin.feed.stats import STAT_FIELDS, RunStats, read_counters
@@ -44,7 +44,12 @@ class FeedContext:
 
 
 def to_batch(views: dict[str, np.ndarray], manifests: list) -> dict[str, Any]:
-    """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed)."""
+    """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed).
+
+    Packed rows: the per-crop fields cut to the batch's ``crops``."""
+    if "crops" in views:
+        n = int(views["crops"][0])
+        views = {k: v[:n] if k in PER_CROP else v for k, v in views.items() if k != "crops"}
     out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
     source = views["source"].copy() if "source" in views else None
     out["key"] = BatchKeys(manifests=manifests, seq=views["seq"].copy(), source=source)

@@ -5,7 +5,8 @@ per worker. A slot the trainer hands to the training loop is *held* until nothin
 its memory any more (every view of a slot's array refers to that array, so its reference
 count tells) and, when page-locked, until the CUDA work queued before that point has
 finished; only then does it go back to its worker. A dead worker is named within POLL_S of
-the trainer waiting on it.
+the trainer waiting on it; one that stops answering (stopped by SIGSTOP, or hung so that not
+even its watchdog thread runs: its heartbeat in shared memory stands still) within SILENT_S.
 """
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, CHUNK_BYTES, ERROR, MS
                                      raise_warning, rebuild_error, send)
 from streamwin.feed.slots import SharedFile, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
-from streamwin.feed.worker import worker_main
+from streamwin.feed.worker import HEARTBEAT, worker_main
 
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
+SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the trainer waits on it is named
 UNHELD = 2  # references to a slot's array when nobody holds it: the pool's list and getrefcount's argument
 
 
@@ -39,12 +41,18 @@ def default_start_method() -> str | None:
 FORKSERVER_PRELOAD = ("torch", "streamwin.feed.worker")
 
 
-def start_context(method: str | None) -> multiprocessing.context.BaseContext:
-    """The start method's context; for forkserver, one whose server imports torch and streamwin
-    before it forks any worker, so a worker starts in milliseconds instead of importing them.
-    The preload list is per process and read when its server starts: a server already running
-    (started without it) is used as it is."""
-    ctx = multiprocessing.get_context(method)
+def start_context(method: Any) -> multiprocessing.context.BaseContext:
+    """The context of a start method (a name, or a context object as DataLoader takes); for forkserver, one
+    whose server imports torch and streamwin before it forks any worker, so a worker starts in milliseconds
+    instead of importing them. The preload list is per process and read when its server starts: a server
+    already running (started without it) is used as it is. An unknown name is a ValueError listing the known."""
+    if isinstance(method, multiprocessing.context.BaseContext):
+        ctx = method
+    elif method is None or isinstance(method, str) and method in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context(method)
+    else:
+        raise ValueError(f"multiprocessing_context must be one of {multiprocessing.get_all_start_methods()} or a "
+                         f"multiprocessing context object, got {method!r}")
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
@@ -57,12 +65,14 @@ def start_context(method: str | None) -> multiprocessing.context.BaseContext:
     return ctx
 
 
-def default_workers(context: str | None = None) -> int:
+def default_workers(context: Any = None) -> int:
     """1 worker process when a core is free for it and workers can fork, else 0 (in-process)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
+    if isinstance(context, multiprocessing.context.BaseContext):
+        context = context.get_start_method()
     method = context or default_start_method()
     return 1 if cores >= 2 and method == "fork" else 0
 
@@ -80,6 +90,7 @@ class WorkerPool:
         self.run = 0
         self.closed = False
         self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
+        self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
         try:
             self.pinned = pin and self.shm.pin()
             self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
@@ -135,6 +146,7 @@ class WorkerPool:
                 self.recycle()
                 while not conn.poll(POLL_S):
                     self._check_alive(w)
+                    self._check_answering(w)
                     self.recycle()
             kind, run, a, b, c = self._message(w)
             if kind in (BATCH, BLOCK, CHUNK):
@@ -209,6 +221,18 @@ class WorkerPool:
             hint = " (out of memory?)" if code == -signal.SIGKILL else ""
             raise WorkerError(f"streamwin worker {w} (pid {p.pid}) {how}{hint}")
 
+    def _check_answering(self, w: int) -> None:
+        """WorkerError naming worker w if its heartbeat has not moved for SILENT_S of this process's waiting."""
+        beat, now = int(self.counters[w][HEARTBEAT]), time.monotonic()
+        last, moved, looked = self._beats.get(w, (beat, now, now))
+        if beat != last or now - looked > 1.0:  # it moved; or this process itself was not running (stopped too)
+            moved = now
+        self._beats[w] = (beat, moved, now)
+        if now - moved > SILENT_S:
+            p = self.procs[w]
+            raise WorkerError(f"streamwin worker {w} (pid {p.pid}) has not answered for {now - moved:.0f} s: it is "
+                              f"{_state(p.pid)}; it is killed when the loader closes")
+
     def close(self) -> None:
         """Stop the workers (politely, then by force) and give up the shared memory."""
         if self.closed:
@@ -232,3 +256,15 @@ class WorkerPool:
             conn.close()
         self.bases = self.regions = []
         self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go
+
+
+def _state(pid: int) -> str:
+    """How a process is, from /proc (Linux): stopped (SIGSTOP?), running, sleeping...; else "not answering"."""
+    names = {"T": "stopped (SIGSTOP or SIGTSTP: `kill -CONT` resumes it)", "t": "stopped by a debugger",
+             "R": "running (hung in a loop?)", "S": "sleeping (hung in a wait?)", "D": "in uninterruptible I/O",
+             "Z": "a zombie"}
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return names.get(f.read().rsplit(")", 1)[1].split()[0], "not answering")
+    except (OSError, IndexError):
+        return "not answering"

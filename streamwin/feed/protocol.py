@@ -2,7 +2,7 @@
 
     trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slot) | STOP
     worker -> trainer   READY | BATCH(run, slot)      | an error, as JSON (rare)
-    device mode         BLOCK(run, bytes, windows, source), then CHUNK(run, slot, bytes) ...
+    device mode         BLOCK(run, bytes, table bytes, source), then CHUNK(run, slot, bytes) ...
 
 ``run`` numbers passes: after a pass is abandoned midway (persistent workers), the trainer
 discards and releases what the old pass still sends. After an elastic resume, RUN carries the

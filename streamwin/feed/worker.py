@@ -5,13 +5,18 @@ into a slot the trainer has released, so a batch the trainer still holds is neve
 overwritten; per batch it sends the slot's number. In device mode it ships whole blocks
 instead, every source's of its stream, in the order its batcher will read them
 (``nodes.block_order``), through the slots in chunks. A worker ignores SIGINT (the trainer
-stops it) and exits when the trainer dies.
+stops it) and exits when the trainer dies: a thread of its own (``watch_parent``) checks every
+HEARTBEAT_S that the trainer lives and exits the process at once when it does not, even while
+the worker is blocked in a read; the same thread bumps a heartbeat counter in shared memory,
+by which the trainer tells a worker that stopped answering (SIGSTOP, a hung interpreter).
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -25,6 +30,10 @@ from streamwin.feed.stats import STAT_FIELDS, read_counters
 from streamwin.pipeline import open_stream, ship_blocks
 
 
+HEARTBEAT = 15  # the worker's counter (feed.slots.COUNTERS per worker) that its watchdog thread bumps
+HEARTBEAT_S = 0.25  # how often
+
+
 class Interrupted(Exception):
     """A command arrived while a pass was running."""
 
@@ -36,10 +45,39 @@ class ParentGone(Exception):
     """The trainer process died."""
 
 
+def parent_gone(parent_pid: int, ppid: int) -> bool:
+    """Whether the trainer ``parent_pid`` is gone: this process was given another parent (fork: the trainer
+    died; forkserver: its server, which exits with the trainer), or no process has that pid any more."""
+    if os.getppid() != ppid:
+        return True
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a process of that pid exists (another user's, after pid reuse: a rare miss)
+        pass
+    return False
+
+
+def watch_parent(parent_pid: int, heartbeat: np.ndarray) -> None:
+    """Start the worker's watchdog thread: every HEARTBEAT_S it bumps ``heartbeat[0]`` and, once the trainer is
+    gone, exits this process at once (a read blocked on a stalled server would otherwise outlive it)."""
+    ppid = os.getppid()
+
+    def run() -> None:
+        while True:
+            heartbeat[0] += 1
+            if parent_gone(parent_pid, ppid):
+                os._exit(0)  # nothing of ours to clean: shared memory has no name; a cache temp file is swept
+            time.sleep(HEARTBEAT_S)
+    threading.Thread(target=run, name="streamwin-watchdog", daemon=True).start()
+
+
 def receive(conn, parent_pid: int) -> tuple:
     """The next message to a worker; raises ParentGone if the trainer died meanwhile."""
+    ppid = os.getppid()
     while not conn.poll(1.0):
-        if os.getppid() != parent_pid:
+        if parent_gone(parent_pid, ppid):
             raise ParentGone
     try:
         return unpack(conn.recv_bytes())
@@ -64,6 +102,7 @@ def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[i
     raw = [slot_layout.slot(arr, worker, i) for i in range(slot_layout.slots)]
     slots = Slots(raw if ship else [ds.layout().views(r) for r in raw], conn, parent_pid)
     counters = slot_layout.counters(arr, worker)
+    watch_parent(parent_pid, counters[HEARTBEAT:])
     send(conn, READY, worker)
     totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
     plans: dict[str, Any] = {}
@@ -155,9 +194,9 @@ def run_pass(ds: WindowDataset, plan, stream: int, run: int, first: int, slots: 
 
 
 def ship_block(block, slots: Slots, run: int, source: int) -> None:
-    """BLOCK(bytes, windows, source), then the window table and the bytes in slot-sized CHUNKs."""
+    """BLOCK(bytes, table bytes, source), then the window table and the bytes in slot-sized CHUNKs."""
     table = window_table(block)
-    send(slots.conn, BLOCK, run, len(block.buf), len(block), source)
+    send(slots.conn, BLOCK, run, len(block.buf), len(table), source)
     for part in (table, block.buf):
         for pos in range(0, len(part), len(slots.slots[0])):
             dest = slots.take()

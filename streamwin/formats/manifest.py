@@ -22,7 +22,10 @@ ignores and which read as None from older manifests: ``value_columns`` (the tabl
 the values came from, one per feature) with ``left_out_columns`` (the others, and why), and
 ``nonfinite`` (NaN and ±inf values counted at pack time, in all and per shard), and
 ``frames`` (long zstd members packed as independent frames: where each frame ends, so a
-reader decompresses only the frames a block needs; see `Frames`).
+reader decompresses only the frames a block needs; see `Frames`), and ``checks`` (a checksum
+per 4 KiB chunk of every shard, which every read verifies; see formats/checks.py), inline or,
+past INLINE_SUMS bytes of them, a column of the columns file. Every field is checked for type
+and range when parsed (formats/fields.py).
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamwin.errors import ManifestError
+import streamwin.formats.fields as fields
+from streamwin.formats.checks import Checks
 
 FORMAT = "streamwin"
 VERSION = 1  # per-sequence columns inline, compressed
@@ -46,6 +51,7 @@ COLUMNAR_FROM = 100_000  # sequences from which pack, index and merge write the 
 COLUMNS = {"length": "<i8", "offset": "<i8", "size": "<i8", "hlen": "<i4"}
 _FILE_COLUMNS = {**COLUMNS, "key_ends": "<i8", "keys": "|u1"}  # the columns file, in this order
 _ALIGN = 64
+INLINE_SUMS = 1 << 20  # chunk checksums past this many bytes (1 GB of shards) go to the columns file
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,7 @@ class Manifest:
     left_out_columns: dict[str, str] | None = None
     nonfinite: NonFinite | None = None
     frames: Frames | None = None
+    checks: Checks | None = None
     shard_starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +146,8 @@ class Manifest:
         if self.nonfinite is not None and len(self.nonfinite.per_shard) != len(self.shards):
             raise ManifestError(f"manifest counts NaN/inf for {len(self.nonfinite.per_shard)} shards, "
                                 f"it lists {len(self.shards)}")
+        if self.checks is not None and self.checks.sizes.tolist() != [s.bytes for s in self.shards]:
+            raise ManifestError("manifest checks were computed for other shard sizes than the shards it lists")
 
     @property
     def num_sequences(self) -> int:
@@ -169,12 +178,17 @@ class Manifest:
     def shard_of(self, i: int) -> int:
         return int(np.searchsorted(self.shard_starts, i, side="right") - 1)
 
+    def sums_inline(self) -> bool:
+        """Whether index.json can hold the chunk checksums itself (else they go to the columns file)."""
+        return self.checks is None or self.checks.sums.nbytes <= INLINE_SUMS
+
     def column_parts(self) -> tuple[list, dict[str, list]]:
         """The columns file as byte buffers to write in order, and its layout: name -> [offset, dtype, rows]."""
         parts, layout, at = [], {}, 0
-        for name, dt in _FILE_COLUMNS.items():
-            data = (np.frombuffer(self.key_blob, dtype=np.uint8) if name == "keys"
-                    else np.ascontiguousarray(getattr(self, name), dtype=dt))
+        names = {**_FILE_COLUMNS, **({"check_sums": "<u4"} if self.checks is not None else {})}
+        for name, dt in names.items():
+            data = (np.frombuffer(self.key_blob, dtype=np.uint8) if name == "keys" else self.checks.sums.astype(dt)
+                    if name == "check_sums" else np.ascontiguousarray(getattr(self, name), dtype=dt))
             pad = -at % _ALIGN
             if pad:
                 parts.append(bytes(pad))
@@ -213,22 +227,16 @@ class Manifest:
                                 "per_shard": list(self.nonfinite.per_shard)}
         if self.frames is not None:
             doc["frames"] = self.frames.to_doc()
+        if self.checks is not None:
+            doc["checks"] = self.checks.to_doc()
+            if columns_file is None:
+                doc["checks"]["sums"] = _encode(self.checks.sums.astype("<u4"))
         return json.dumps(doc, separators=(",", ":"))
 
 
 def _encode(arr: np.ndarray) -> str:
     # level 1: ~6x faster than 6 at 1M sequences for ~5% more bytes
     return base64.b64encode(zlib.compress(np.ascontiguousarray(arr).tobytes(), 1)).decode("ascii")
-
-
-def _decode(text: str, dtype: str, n: int, where: str) -> np.ndarray:
-    try:
-        arr = np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=dtype)
-    except (ValueError, zlib.error) as e:
-        raise ManifestError(f"{where}: column cannot be decoded: {e}") from e
-    if len(arr) != n:
-        raise ManifestError(f"{where}: column has {len(arr)} rows, expected {n}")
-    return arr.astype(dtype.replace("<", "="), copy=False)
 
 
 def columns_name(index_name: str) -> str:
@@ -240,56 +248,68 @@ def columns_file_entry(text: str | bytes, where: str = INDEX_NAME) -> ShardEntry
     """The columns file a version 2 index.json names (name, bytes, sha256), or None for version 1."""
     try:
         doc = json.loads(text)
-        spec = doc.get("columns_file") if isinstance(doc, dict) and doc.get("version") == COLUMNAR_VERSION else None
-        if spec is None:
-            return None
-        entry = ShardEntry(spec["name"], int(spec["bytes"]), str(spec["sha256"]), 0, 0)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ManifestError(f"{where} is malformed: {type(e).__name__}: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{where} is not valid JSON: {e}") from e
+    spec = doc.get("columns_file") if isinstance(doc, dict) and doc.get("version") == COLUMNAR_VERSION else None
+    if spec is None:
+        return None
+    spec = fields.mapping(spec, where, "columns_file")
+    try:
+        entry = ShardEntry(fields.string(spec["name"], where, "columns_file.name"),
+                           fields.integer(spec["bytes"], where, "columns_file.bytes"),
+                           fields.string(spec["sha256"], where, "columns_file.sha256"), 0, 0)
+    except KeyError as e:
+        raise fields.fail(where, "columns_file", f"lacks {e}") from None
     _check_shard_name(entry.name, where)
     return entry
 
 
 def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> Manifest:
-    """Parse index.json text; raise ManifestError naming ``where`` if it is not a valid manifest.
+    """Parse index.json text; raise ManifestError naming ``where`` and the field if it is not a valid manifest.
 
     A version 2 manifest needs ``columns``: the bytes (or a read-only mmap) of the columns
-    file it names; the arrays are views of them, never copies.
+    file it names; the arrays are views of them, never copies. Every field is checked before
+    use (formats.fields): types, ranges, and sizes against the shards and sane limits.
     """
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"{where} is not valid JSON: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ManifestError(f"{where} is not valid JSON: {type(e).__name__}: {e}") from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError(f"{where} is not a streamwin manifest (no \"format\": \"{FORMAT}\")")
-    if doc.get("version") not in VERSIONS:
-        raise ManifestError(f"{where} has manifest version {doc.get('version')}, this streamwin reads versions "
+    if doc.get("version") not in VERSIONS or isinstance(doc.get("version"), bool):
+        raise ManifestError(f"{where} has manifest version {doc.get('version')!r}, this streamwin reads versions "
                             f"{' and '.join(map(str, VERSIONS))}")
-    try:
-        shards = tuple(ShardEntry(**s) for s in doc["shards"])
-        n = sum(s.num_sequences for s in shards)
-        if doc["version"] == COLUMNAR_VERSION:
-            cols = _map_columns(doc["columns_file"], columns, n, where)
-            key_ends, blob = cols.pop("key_ends"), cols.pop("keys")
-        else:
-            cols = {name: _decode(doc["columns"][name], dt, n, f"{where} column {name}") for name, dt in COLUMNS.items()}
-            key_ends = _decode(doc["columns"]["key_ends"], "<i8", n, f"{where} column key_ends")
-            blob = zlib.decompress(base64.b64decode(doc["keys"]))
-        dtype = np.dtype(doc["dtype"])
-        step_shape = tuple(int(x) for x in doc["step_shape"])
-        optional = _optional_fields(doc)
-        optional["frames"] = _frames(doc.get("frames"), cols["length"], where)
-    except ManifestError:
-        raise
-    except (KeyError, TypeError, zlib.error, ValueError) as e:
-        raise ManifestError(f"{where} is malformed: {type(e).__name__}: {e}") from e
-    if dtype.hasobject or dtype.kind not in "biufc":
-        raise ManifestError(f"{where} declares dtype {dtype}, streamwin stores numeric arrays only")
+    dtype = fields.dtype_of(doc.get("dtype"), where)
+    step_shape = fields.step_shape_of(doc.get("step_shape"), dtype, where)
+    compression = doc.get("compression")
+    if compression not in (None, "zstd"):
+        raise fields.fail(where, "compression", f"must be null or \"zstd\", got {compression!r}")
+    shards = tuple(ShardEntry(**fields.shard_fields(s, where, i))
+                   for i, s in enumerate(fields.listing(doc.get("shards"), where, "shards")))
     for s in shards:
         _check_shard_name(s.name, where)
+    n = sum(s.num_sequences for s in shards)
+    if doc["version"] == COLUMNAR_VERSION:
+        cols = _map_columns(fields.mapping(doc.get("columns_file"), where, "columns_file"), columns, n, where)
+        key_ends, blob = cols.pop("key_ends"), cols.pop("keys")
+        sums = cols.pop("check_sums", None)
+    else:
+        inline = fields.mapping(doc.get("columns"), where, "columns")
+        cols = {name: fields.column(inline.get(name), dt, n, where, f"columns.{name}") for name, dt in COLUMNS.items()}
+        key_ends = fields.column(inline.get("key_ends"), "<i8", n, where, "columns.key_ends")
+        blob = fields.inflate(doc.get("keys"), None, where, "keys", most=n * fields.MAX_KEY_BYTES)
+        sums = None
+    step_bytes = int(dtype.itemsize * np.prod(step_shape, dtype=np.int64))
+    starts = np.concatenate([[0], np.cumsum([s.num_sequences for s in shards], dtype=np.int64)])
+    fields.check_columns(cols, key_ends, len(blob), starts, np.array([s.bytes for s in shards], dtype=np.int64),
+                         np.array([s.num_steps for s in shards], dtype=np.int64), step_bytes, compression is not None,
+                         where)
+    optional = _optional_fields(doc, shards, cols["length"], cols["size"], sums, where)
     return Manifest(
-        dtype=dtype, step_shape=step_shape, compression=doc.get("compression"), shards=shards,
-        key_blob=blob, key_ends=key_ends, dropped_empty=int(doc.get("dropped_empty", 0)),
+        dtype=dtype, step_shape=step_shape, compression=compression, shards=shards,
+        key_blob=blob, key_ends=key_ends,
+        dropped_empty=fields.integer(doc.get("dropped_empty", 0), where, "dropped_empty"),
         digest=hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()[:16],
         **cols, **optional,
     )
@@ -297,57 +317,47 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> 
 
 def _map_columns(spec: dict, columns, n: int, where: str) -> dict:
     """Views of the columns file's arrays; ManifestError naming the file if it is not the one index.json names."""
-    name = f"{where.rsplit('/', 1)[0]}/{spec['name']}" if "/" in where else spec["name"]
+    name = spec.get("name")
+    path = f"{where.rsplit('/', 1)[0]}/{name}" if "/" in where else name
     if columns is None:
-        raise ManifestError(f"{where} keeps its per-sequence columns in {spec['name']}: load it with "
+        raise ManifestError(f"{where} keeps its per-sequence columns in {name}: load it with "
                             "streamwin.load_manifest(url), which maps that file")
-    if len(columns) != spec["bytes"]:
-        raise ManifestError(f"{name} is damaged: it has {len(columns)} bytes, {where} says {spec['bytes']} "
-                            f"(sha256 {str(spec['sha256'])[:16]}...); repack, or rerun `streamwin index`")
+    if len(columns) != spec.get("bytes"):
+        raise ManifestError(f"{path} is damaged: it has {len(columns)} bytes, {where} says {spec.get('bytes')} "
+                            f"(sha256 {str(spec.get('sha256'))[:16]}...); repack, or rerun `streamwin index`")
+    layout = fields.mapping(spec.get("layout"), where, "columns_file.layout")
     out = {}
-    for col, dt in _FILE_COLUMNS.items():
-        offset, dtype, rows = spec["layout"][col]
-        if dtype != dt or (col != "keys" and rows != n) or offset % _ALIGN or rows < 0:
-            raise ManifestError(f"{where} describes column {col} of {name} as {dtype} x {rows} at byte {offset}; "
+    for col, dt in {**_FILE_COLUMNS, **({"check_sums": "<u4"} if "check_sums" in layout else {})}.items():
+        got = fields.listing(layout.get(col), where, f"columns_file.layout.{col}")
+        if len(got) != 3:
+            raise fields.fail(where, f"columns_file.layout.{col}", f"must be [offset, dtype, rows], got {got!r}")
+        offset = fields.integer(got[0], where, f"columns_file.layout.{col}[0]")
+        rows = fields.integer(got[2], where, f"columns_file.layout.{col}[2]")
+        if got[1] != dt or (col in COLUMNS or col == "key_ends") and rows != n or offset % _ALIGN:
+            raise ManifestError(f"{where} describes column {col} of {path} as {got[1]} x {rows} at byte {offset}; "
                                 f"expected {dt} x {n if col != 'keys' else 'the key bytes'}, 64-byte aligned")
         if offset + rows * np.dtype(dt).itemsize > len(columns):
-            raise ManifestError(f"{name} is damaged: column {col} would end past its {len(columns)} bytes")
+            raise ManifestError(f"{path} is damaged: column {col} would end past its {len(columns)} bytes")
         arr = np.frombuffer(columns, dtype=dt, count=rows, offset=offset)
         out[col] = arr if col == "keys" else arr.view(dt.replace("<", "="))
     ends = out["key_ends"]
     if n and (int(ends[-1]) != len(out["keys"]) or int(ends[0]) < 0):
-        raise ManifestError(f"{name} is damaged: its key offsets end at {int(ends[-1])}, its key bytes number "
+        raise ManifestError(f"{path} is damaged: its key offsets end at {int(ends[-1])}, its key bytes number "
                             f"{len(out['keys'])}")
     out["keys"] = memoryview(out["keys"])
     return out
 
 
-def _optional_fields(doc: dict) -> dict:
-    """The fields a manifest of an older streamwin lacks (None then), checked for type."""
-    out: dict = {"value_columns": None, "left_out_columns": None, "nonfinite": None}
-    if doc.get("value_columns") is not None:
-        names, left_out = doc["value_columns"], doc.get("left_out_columns") or {}
-        if not all(isinstance(x, str) for x in [*names, *left_out, *left_out.values()]):
-            raise TypeError("value_columns and left_out_columns must hold strings")
-        out["value_columns"], out["left_out_columns"] = tuple(names), dict(left_out)
-    if doc.get("nonfinite") is not None:
-        nf = doc["nonfinite"]
-        counts = [nf["nan"], nf["inf"], *nf["per_shard"]]
-        if not all(isinstance(c, int) and c >= 0 for c in counts):
-            raise ValueError(f"nonfinite counts must be integers >= 0, got {nf}")
-        out["nonfinite"] = NonFinite(nf["nan"], nf["inf"], tuple(nf["per_shard"]))
-    return out
-
-
-def _frames(doc: dict | None, length: np.ndarray, where: str) -> Frames | None:
-    """The optional ``frames`` field (absent from older manifests and from unframed datasets)."""
-    if doc is None:
-        return None
-    seq = np.frombuffer(zlib.decompress(base64.b64decode(doc["seq"])), dtype="<i8")
-    ends = np.frombuffer(zlib.decompress(base64.b64decode(doc["ends"])), dtype="<i8")
-    if not isinstance(doc["rows"], int):
-        raise ValueError(f"frames rows must be an integer, got {doc['rows']!r}")
-    return Frames.make(doc["rows"], seq, ends, length)
+def _optional_fields(doc: dict, shards: tuple[ShardEntry, ...], length: np.ndarray, size: np.ndarray, sums,
+                     where: str) -> dict:
+    """The fields a manifest of an older streamwin lacks (None then), each checked (formats.fields)."""
+    named = fields.value_columns(doc, where)
+    counts = fields.nonfinite(doc.get("nonfinite"), len(shards), where)
+    frames = fields.frames(doc.get("frames"), length, size, where)
+    return {"value_columns": named[0], "left_out_columns": named[1],
+            "nonfinite": None if counts is None else NonFinite(*counts),
+            "frames": None if frames is None else Frames.make(*frames, length),
+            "checks": fields.chunk_checks(doc.get("checks"), sums, [s.bytes for s in shards], where)}
 
 
 def _check_shard_name(name: str, where: str) -> None:
@@ -358,11 +368,22 @@ def _check_shard_name(name: str, where: str) -> None:
         raise ManifestError(f"{where} names shard {name!r}: shard names must be relative paths inside the dataset")
 
 
+def check_mixable(urls: list[str], manifests: list[Manifest]) -> None:
+    """Datasets mixed into one batch share dtype and feature shape: else a ValueError naming both URLs and what
+    differs (WindowDataset and ``streamwin inspect`` refuse alike)."""
+    for url, m in zip(urls[1:], manifests[1:]):
+        for what, x, y in (("dtype", np.dtype(manifests[0].dtype), np.dtype(m.dtype)),
+                           ("feature shape", tuple(manifests[0].step_shape), tuple(m.step_shape))):
+            if x != y:
+                raise ValueError(f"mixed datasets must share dtype and feature shape: {urls[0]!r} has {what} {x}, "
+                                 f"{url!r} has {what} {y}")
+
+
 def build_manifest(dtype: np.dtype, step_shape: tuple[int, ...], compression: str | None,
                    shards: list[ShardEntry], keys: list[str], columns: dict[str, list[int]],
                    dropped_empty: int = 0, *, value_columns: tuple[str, ...] | None = None,
                    left_out_columns: dict[str, str] | None = None, nonfinite: NonFinite | None = None,
-                   frames: tuple[int, list[int], list[int]] | None = None) -> Manifest:
+                   frames: tuple[int, list[int], list[int]] | None = None, checks: Checks | None = None) -> Manifest:
     """Assemble a Manifest from per-sequence lists (used by pack, index and merge)."""
     encoded = [k.encode("ascii") for k in keys]
     lengths = np.fromiter((len(k) for k in encoded), dtype=np.int64, count=len(encoded))
@@ -372,6 +393,6 @@ def build_manifest(dtype: np.dtype, step_shape: tuple[int, ...], compression: st
         dtype=np.dtype(dtype), step_shape=tuple(step_shape), compression=compression, shards=tuple(shards),
         key_blob=b"".join(encoded), key_ends=np.cumsum(lengths),
         dropped_empty=dropped_empty, value_columns=None if value_columns is None else tuple(value_columns),
-        left_out_columns=left_out_columns, nonfinite=nonfinite, frames=frames,
+        left_out_columns=left_out_columns, nonfinite=nonfinite, frames=frames, checks=checks,
         **{name: np.asarray(columns[name], dtype=dt.replace("<", "=")) for name, dt in COLUMNS.items()},
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamwin.errors import PackError
+from streamwin.formats.checks import Checks
 from streamwin.formats.manifest import Frames, Manifest, NonFinite, ShardEntry, parse_manifest
 from streamwin.packing.columns import SequenceColumns, duplicate_key
 from streamwin.packing.inputs import Columns
@@ -66,6 +67,7 @@ class FragmentMerger:
         self.framed: list[np.ndarray] = []
         self.frame_ends: list[np.ndarray] = []
         self.frame_rows: set[int] = set()
+        self.checks: list[Checks | None] = []  # each unit's chunk checksums, in unit order
 
     def add(self, manifest: Manifest | None, dropped: int = 0, columns: Columns | None = None, where: str = "") -> None:
         """Append one unit's manifest (None: it wrote nothing) after the ones added before."""
@@ -90,6 +92,7 @@ class FragmentMerger:
         self.sequences.extend(keys, manifest.key_ends, length=manifest.length, offset=manifest.offset,
                               size=manifest.size, hlen=manifest.hlen)
         self.shards.extend(manifest.shards)
+        self.checks.append(manifest.checks)
         nf = manifest.nonfinite
         self.counted = self.counted and nf is not None
         if nf is not None:
@@ -141,7 +144,7 @@ class FragmentMerger:
         return Manifest(dtype=first.dtype, step_shape=first.step_shape, compression=first.compression,
                         shards=tuple(self.shards), key_blob=memoryview(keys), key_ends=key_ends,
                         dropped_empty=self.dropped, value_columns=self._taken(), left_out_columns=self._left_out(),
-                        nonfinite=nonfinite, frames=frames, **cols)
+                        nonfinite=nonfinite, frames=frames, checks=Checks.concat(self.checks), **cols)
 
     def _taken(self) -> tuple[str, ...] | None:
         return self.columns.taken if self.columns else None
@@ -165,10 +168,11 @@ class FragmentMerger:
             self.sequences.discard()
 
 
-# the Manifest fields this merger merges; a field added to Manifest (per-member checksums, say) must be merged in
+# the Manifest fields this merger merges; a field added to Manifest must be merged in
 # `_append` and `finish` (concatenated in unit order, per-sequence offsets shifted) before a fragment may carry it
 _MERGED = {"dtype", "step_shape", "compression", "shards", "length", "offset", "size", "hlen", "key_blob", "key_ends",
-           "dropped_empty", "digest", "value_columns", "left_out_columns", "nonfinite", "frames", "shard_starts"}
+           "dropped_empty", "digest", "value_columns", "left_out_columns", "nonfinite", "frames", "checks",
+           "shard_starts"}
 
 
 def _check_known(m: Manifest) -> None:

@@ -20,7 +20,11 @@ import posixpath
 import time
 from typing import Any
 
+import numpy as np
+
 from streamwin.errors import ManifestError, ShardError
+from streamwin.formats import tar as tarfmt
+from streamwin.formats.checks import Checks
 from streamwin.formats.manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
 from streamwin.packing.scanner import CHUNK, NpyMember, ShardScan, scan_all
 from streamwin.storage.manifests import load_manifest, write_manifest
@@ -110,6 +114,14 @@ def _compare(m: Manifest, k: int, scan: ShardScan, url: str) -> ShardError | Non
     if steps != entry.num_steps:
         return ShardError(f"steps mismatch: the manifest's sequences of this shard sum to {steps} steps, its shard "
                           f"entry says {entry.num_steps}", shard=shard_url)
+    bad = m.checks.first_bad(k, scan.sums) if m.checks is not None and scan.sums is not None else None
+    if bad is not None:  # where the bytes differ from what was packed, to the chunk
+        at = bad * m.checks.chunk
+        i = lo + int(np.searchsorted(m.offset[lo:hi] + m.size[lo:hi], at, side="right"))  # first member ending past it
+        named = i < hi
+        return ShardError(f"checksum mismatch: bytes {at}..{min(at + m.checks.chunk, scan.nbytes)} (chunk {bad}) differ "
+                          "from what was packed", shard=shard_url, member=m.key(i) + suffix if named else None,
+                          offset=max(at, int(m.offset[i]) - tarfmt.BLOCK) if named else at)
     for what, have, want in (("bytes", scan.nbytes, entry.bytes), ("sha256", scan.sha256, entry.sha256)):
         if have != want:
             return ShardError(f"{what} mismatch: shard has {have}, manifest says {want}", shard=shard_url)
@@ -155,6 +167,7 @@ class _Indexer:
         self.seen: dict[str, str] = {}
         self.nan = self.inf = 0
         self.shard_nonfinite: list[int] = []
+        self.sums: list = []
 
     def add(self, k: int, scan: ShardScan | ShardError) -> None:
         """Take shard k's members as the next sequences (raise the error a shard's scan gave)."""
@@ -172,6 +185,7 @@ class _Indexer:
         nan, inf = sum(mem.nan for mem in scan.members), sum(mem.inf for mem in scan.members)
         self.nan, self.inf = self.nan + nan, self.inf + inf
         self.shard_nonfinite.append(nan + inf)
+        self.sums.append(scan.sums)
 
     def _check(self, mem: NpyMember, shard_url: str) -> None:
         where = dict(shard=shard_url, member=mem.name, offset=mem.offset)
@@ -196,4 +210,5 @@ class _Indexer:
         first = self.first[1]
         return build_manifest(first.dtype, first.shape[1:], "zstd" if first.compressed else None,
                               self.shards, self.keys, self.columns,
-                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)))
+                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)),
+                              checks=Checks.of_shards(self.sums, [s.bytes for s in self.shards]))

@@ -21,6 +21,7 @@ import numpy as np
 
 from streamwin.errors import PackError
 from streamwin.formats import tar as tarfmt
+from streamwin.formats.checks import Checks, ChunkSums
 from streamwin.formats.manifest import Frames, Manifest, NonFinite, ShardEntry
 from streamwin.formats.zstd import frame_rows
 from streamwin.packing.columns import SequenceColumns
@@ -90,6 +91,7 @@ class ShardWriter:
         self.shard_nonfinite: list[int] = []  # NaN + inf values per finished shard
         self.framed: list[int] = []  # sequences packed as several zstd frames
         self.frame_ends = array("q")  # their frames' ends, in order
+        self.chunk_sums: list[np.ndarray] = []  # per finished shard: a checksum per 4 KiB chunk (formats.checks)
         self._first_key = ""
         self._file = None
         self._hash_pool = ThreadPoolExecutor(1, thread_name_prefix="streamwin-sha256")
@@ -206,11 +208,13 @@ class ShardWriter:
         self._tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if is_local(self.fs) else None
         self._file = open(self._tmp, "wb", buffering=1 << 20) if self._tmp else self.fs.open(path, "wb")
         self._hash = _Hasher(self._hash_pool)
+        self._sums = ChunkSums()
         self._pos = self._count = self._steps = self._nonfinite = 0
 
     def _write(self, data) -> None:
         self._file.write(data)
         self._hash.update(data)
+        self._sums.update(data)
 
     def _member(self, name: str, chunks: tuple, size: int, record: EncodedSeq | None = None) -> int:
         start = self._pos
@@ -247,6 +251,7 @@ class ShardWriter:
             os.replace(self._tmp, join(self.root, self._name))
         self.shards.append(ShardEntry(self._name, self._pos, self._hash.hexdigest(), self._count, self._steps))
         self.shard_nonfinite.append(self._nonfinite)
+        self.chunk_sums.append(self._sums.finish())
 
     def manifest(self, dropped_empty: int, columns: Columns | None) -> Manifest:
         """The manifest of what was written (after `close`): PackError if nothing was. Keys are checked
@@ -263,4 +268,5 @@ class ShardWriter:
                         shards=tuple(self.shards), key_blob=memoryview(keys), key_ends=key_ends,
                         dropped_empty=dropped_empty, value_columns=columns.taken if columns else None,
                         left_out_columns=dict(columns.left_out) if columns else None,
-                        nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)), frames=frames, **cols)
+                        nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)), frames=frames,
+                        checks=Checks.of_shards(self.chunk_sums, [s.bytes for s in self.shards]), **cols)

@@ -4,7 +4,8 @@ In: per source, the sequence lengths and shard boundaries (from its manifest) an
 window spec, seed, epoch, world size, workers, batch size and mixing weights. Out: a ``Plan``
 whose per-source ``SourcePlan`` blocks name global window indices of that source's window
 space (``WindowSpace``, which maps them to (sequence, start step)), and the batch quotas.
-Modules, in import order: options, split, space, order, streams, mix, epoch.
+Modules, in import order: options, split, space, crops (where each window's crop starts and how long it
+is), rows (packed rows per block), order, streams, mix, epoch.
 """
 from streamwin.plan.epoch import Plan, make_plan, plan_epoch, rest_plan
 from streamwin.plan.options import PlanConfig, ShuffleSpec, WindowSpec

@@ -22,7 +22,7 @@ way over the new world: each source's order is then what its old streams had not
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -30,6 +30,7 @@ import numpy as np
 from streamwin.plan.mix import epoch_quotas, normalized, quota_positions, shares
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import ONLY_SOURCE, ShareOrder, cut_slices
+from streamwin.plan.rows import RowPlan
 from streamwin.plan.space import WindowSpace, array_views
 from streamwin.plan.streams import RestOrder, SourcePlan, stream_ranges, worker_batches
 
@@ -41,8 +42,8 @@ class Plan:
     config: PlanConfig
     epoch: int
     weights: np.ndarray  # normalized
-    sources: tuple[SourcePlan, ...]  # per source: its order dealt over the streams, windows_per_stream = sum of its quotas
-    quotas: np.ndarray  # [J, sources] windows of each source in batch j of every stream
+    sources: tuple[SourcePlan, ...]  # per source: its order dealt over the streams; items_per_stream = its quotas' sum
+    quotas: np.ndarray  # [J, sources] windows (rows when packed) of each source in batch j of every stream
     generation: int = 0  # elastic resumes this epoch has been through
 
     @property
@@ -71,13 +72,19 @@ class Plan:
     def repeated_windows(self) -> int:
         return sum(p.repeated_windows for p in self.sources)
 
+    @property
+    def dropped_rows(self) -> int:
+        """Packed: rows the streams could fill but leave out to yield equally many (0 unpacked)."""
+        return sum(p.dropped_rows for p in self.sources)
+
     def taken(self, stream: int, batches_per_rank: int) -> int:
         """Batches ``stream`` has yielded once its rank took ``batches_per_rank`` (round robin over workers)."""
         n = self.config.workers_per_rank
         return min(worker_batches(batches_per_rank, n, stream % n), self.batches_per_stream)
 
     def used(self, batches_per_rank: int) -> np.ndarray:
-        """[sources, streams]: windows of each source each stream has yielded after ``batches_per_rank``."""
+        """[sources, streams]: windows (rows when packed) of each source each stream has yielded after
+        ``batches_per_rank``."""
         steps = [self.taken(s, batches_per_rank) for s in range(self.config.num_streams)]
         return self.positions[steps].T.copy()
 
@@ -87,11 +94,34 @@ def deal(config: PlanConfig, epoch: int, weights: Sequence[float], orders: Seque
     """Deal each source's order over ``config``'s streams and fix the quotas and batch count J."""
     w = normalized(weights)
     ranges = [stream_ranges(o.total, config.num_streams) for o in orders]
+    keyed = [ONLY_SOURCE] if len(orders) == 1 else range(len(orders))
+    if config.pack_length is not None:
+        return _deal_rows(config, epoch, w, orders, spaces, ranges, list(keyed), generation)
     quotas = epoch_quotas(config, w, [np.diff(r) for r in ranges])
     per_stream = quotas.sum(axis=0)
-    keyed = [ONLY_SOURCE] if len(orders) == 1 else range(len(orders))
     plans = tuple(SourcePlan(config, epoch, space, order, r, int(per_stream[i]), generation, source=key)
                   for i, (space, order, r, key) in enumerate(zip(spaces, orders, ranges, keyed)))
+    return Plan(config, epoch, w, plans, quotas, generation)
+
+
+def _deal_rows(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, spaces: Sequence[WindowSpace],
+               ranges: list[np.ndarray], keyed: list, generation: int) -> Plan:
+    """``deal`` with packed rows: each stream reads all the windows it owns; the quotas count rows.
+
+    A source's rows in a batch follow its share of the rows every stream fills (its weight times
+    its crops' length), so every source's rows run out together and few are left out.
+    """
+    row_units = config.pack_length // config.spec.window_multiple
+    plans, rows = [], []
+    for space, order, r, key in zip(spaces, orders, ranges, keyed):
+        p = SourcePlan(config, epoch, space, order, r, int(np.diff(r).max(initial=0)), generation, source=key)
+        plans.append(p)
+        rows.append(RowPlan(p, row_units))
+    sizes = [r.per_stream for r in rows]
+    filled = np.array([s.sum() for s in sizes], dtype=np.float64)
+    quotas = epoch_quotas(config, filled if filled.sum() else w, sizes)
+    per_stream = quotas.sum(axis=0)
+    plans = tuple(replace(p, rows=r, rows_per_stream=int(per_stream[i])) for i, (p, r) in enumerate(zip(plans, rows)))
     return Plan(config, epoch, w, plans, quotas, generation)
 
 

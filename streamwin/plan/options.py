@@ -6,6 +6,7 @@ it in ``WindowDataset(...)``; a valid object never needs checking again downstre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,39 +17,90 @@ EQUALIZE = ("drop", "pad")
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """How windows are cut from a sequence of length T.
+    """How windows (crops) are cut from a sequence of length T.
 
     Windows start at 0, stride, 2*stride, ... while start + window + horizon <= T. With
     ``pad`` a sequence shorter than window + horizon (but not empty) gives one window at 0,
-    padded with zeros and masked.
+    padded with zeros and masked. The pretraining options change where a window starts and
+    how long it is (see plan/crops.py), and only ``windows_per_sequence`` how many a sequence has:
+
+    - ``jitter``: each start moves by a random offset in [0, stride), staying in the sequence;
+    - ``min_window`` / ``window_multiple``: each crop's length is a multiple of
+      ``window_multiple`` drawn in [min_window, window] (the window is read, the rest masked);
+    - ``windows_per_sequence``: k crops per sequence at stratified random starts (fewer when
+      it has fewer than k distinct starts) instead of the stride grid.
     """
 
     window: int
     stride: int
     horizon: int = 0
     pad: bool = False
+    jitter: bool = False
+    min_window: int | None = None
+    window_multiple: int = 1
+    windows_per_sequence: int | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (("window", 1), ("stride", 1), ("horizon", 0)):
+        for name, low in (("window", 1), ("stride", 1), ("horizon", 0), ("window_multiple", 1)):
             check_int(name, getattr(self, name), low)
         check_bool("pad", self.pad)
+        check_bool("jitter", self.jitter)
+        if self.window % self.window_multiple:
+            raise ValueError(f"window must be a multiple of window_multiple ({self.window_multiple}), "
+                             f"got window={self.window}")
+        if self.min_window is not None:
+            check_int("min_window", self.min_window, 1)
+            if self.min_window > self.window:
+                raise ValueError(f"min_window must be <= window ({self.window}), got {self.min_window}")
+        if self.windows_per_sequence is not None:
+            check_int("windows_per_sequence", self.windows_per_sequence, 1)
 
     @property
     def span(self) -> int:
         """Steps one window reads: the window and its horizon."""
         return self.window + self.horizon
 
+    @property
+    def variable(self) -> bool:
+        """Whether crop lengths vary (``min_window`` set): batches then carry ``length`` and ``mask``."""
+        return self.min_window is not None
+
+    @property
+    def shortest(self) -> int:
+        """The shortest length a crop draws: the least multiple of window_multiple >= min_window (or window)."""
+        if self.min_window is None:
+            return self.window
+        p = self.window_multiple
+        return -(-self.min_window // p) * p
+
+    @property
+    def cropped(self) -> bool:
+        """Whether starts or lengths are drawn (any pretraining option), not the plain stride grid."""
+        return self.jitter or self.variable or self.windows_per_sequence is not None
+
     def counts(self, lengths: np.ndarray) -> np.ndarray:
         """Windows per sequence (int64), vectorized."""
         # float64 division is exact here (lengths < 2**52) and several times faster than int64 //
         room = np.asarray(lengths, dtype=np.float64) - self.span
-        n = np.floor_divide(room, self.stride, out=room)
-        n += 1
+        if self.windows_per_sequence is not None:  # k crops, or one per distinct start when fewer
+            n = np.minimum(room + 1, float(self.windows_per_sequence))
+        else:
+            n = np.floor_divide(room, self.stride, out=room)
+            n += 1
         np.maximum(n, 1.0 if self.pad else 0.0, out=n)
         n = n.astype(np.int64)
         if self.pad:
             n[np.asarray(lengths) <= 0] = 0
         return n
+
+    def plain(self) -> dict[str, Any]:
+        """The spec as plan inputs: the fields of streamwin 0.1, and the pretraining ones only where set
+        (so a checkpoint written before they existed still matches)."""
+        out = {"window": self.window, "stride": self.stride, "horizon": self.horizon, "pad": self.pad}
+        extra = {"jitter": self.jitter or None, "min_window": self.min_window,
+                 "window_multiple": self.window_multiple if self.window_multiple != 1 else None,
+                 "windows_per_sequence": self.windows_per_sequence}
+        return out | {k: v for k, v in extra.items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -71,6 +123,25 @@ class ShuffleSpec:
             check_int("slice_windows", self.slice_windows, 1)
 
 
+def check_packing(spec: WindowSpec, pack_length: Any, equalize: str) -> None:
+    """Refuse a ``pack_length`` that cannot hold whole crops in rows, naming the argument as typed."""
+    if pack_length is None:
+        return
+    check_int("pack_length", pack_length, 1)
+    if pack_length < spec.window:
+        raise ValueError(f"pack_length must be >= window ({spec.window}): a row holds whole crops, "
+                         f"got pack_length={pack_length}")
+    if pack_length % spec.window_multiple:
+        raise ValueError(f"pack_length must be a multiple of window_multiple ({spec.window_multiple}), so that "
+                         f"crops start on patch boundaries, got pack_length={pack_length}")
+    if spec.horizon:
+        raise ValueError(f"pack_length packs whole crops into rows with no target after each: use horizon=0 with "
+                         f"it (predict within the row), got horizon={spec.horizon}")
+    if equalize != "drop":
+        raise ValueError("pack_length packs crops for training; equalize='pad' (every window at least once, "
+                         "for validation) is not supported with it, use unpacked batches for validation")
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     """Everything besides the data that the plan depends on; part of the checkpoint fingerprint."""
@@ -84,6 +155,7 @@ class PlanConfig:
     block_windows: int = 10_000
     slice_windows: int = 1_250
     equalize: str = "drop"
+    pack_length: int | None = None  # rows of this many steps, each holding whole crops (plan/rows.py)
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("world_size", 1), ("num_workers", 0), ("seed", 0),
@@ -93,6 +165,7 @@ class PlanConfig:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.equalize not in EQUALIZE:
             raise ValueError(f"equalize must be 'drop' or 'pad', got {self.equalize!r}")
+        check_packing(self.spec, self.pack_length, self.equalize)
 
     @property
     def workers_per_rank(self) -> int:

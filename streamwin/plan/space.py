@@ -87,19 +87,21 @@ class WindowSpace:
         return self.coarse[chunks] + np.where(before, counts, 0).sum(axis=1)
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(sequence index, window start step) of global window indices ``g``."""
+        """(sequence index, window start step) of global window indices ``g`` on the stride grid."""
+        seq, j, lo = self.slots(g)
+        return seq, lo + j * self.spec.stride
+
+    def slots(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sequence index, slot within its sequence, first step of its view) of global window indices ``g``."""
         g = np.asarray(g, dtype=np.int64)
         if not len(g):
-            return g.copy(), g.copy()
+            return g.copy(), g.copy(), g.copy()
         # the chunk of each window is the last one starting at or before it; count only those chunks
         chunks = np.unique(np.searchsorted(self.coarse, g, side="right") - 1)
         seqs, first, lo = self._rows(chunks)
         # first windows are sorted across the rows: the last one at or before g is g's sequence
         pos = np.searchsorted(first, g, side="right") - 1
-        start = (g - first[pos]) * self.spec.stride
-        if lo is not None:
-            start = start + lo[pos]
-        return seqs[pos], start
+        return seqs[pos], g - first[pos], np.zeros_like(g) if lo is None else lo[pos]
 
     def ends(self, seqs: np.ndarray) -> np.ndarray:
         """Step where each sequence's usable data ends (its length, or its view's end under a split)."""

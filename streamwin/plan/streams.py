@@ -10,17 +10,23 @@
    (equalize="pad": repeats, each marked not real, weight 0).
 3. A stream's windows are cut into blocks of ``block_windows``; each block is permuted with an
    RNG keyed by (seed, epoch, stream, block). That is the shuffle; its state is a position.
+4. Each window is a crop: where it starts and how long it is are drawn from (seed, epoch,
+   source, window) alone (crops.py). With ``pack_length`` a stream yields rows instead of
+   windows: each block's crops fill a number of rows known from their lengths (rows.py), and
+   the batch quotas count rows; the stream reads its windows' blocks until its rows are out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
+from streamwin.plan.crops import lengths, place, units
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import block_key
+from streamwin.plan.rows import RowPlan, pack
 from streamwin.plan.space import WindowSpace
 
 
@@ -43,9 +49,29 @@ class SourcePlan:
     space: WindowSpace  # the source's window space (shared by every epoch's plan)
     order: "object"  # the epoch's window order V (ShareOrder or RestOrder) that the streams cut into ranges
     stream_lo: np.ndarray  # [S + 1] range of V owned by each stream
-    windows_per_stream: int  # windows of this source each stream yields in the epoch
+    windows_per_stream: int  # windows of this source each stream takes from its range (packed: all it owns)
     generation: int = 0  # elastic resumes this epoch has been through (keys the block shuffle)
     source: int | None = None  # the source this plan deals, None for a dataset of one (keys the block shuffle)
+    rows: RowPlan | None = None  # packed (pack_length): every stream's rows per block
+    rows_per_stream: int = 0  # packed: rows of this source each stream yields in the epoch
+    _recent: dict = field(default_factory=dict, init=False, repr=False)  # the last blocks' parts (read, then cut)
+
+    @property
+    def items_per_stream(self) -> int:
+        """What each stream yields of this source: rows when packed, else windows (the batch quotas' unit)."""
+        return self.rows_per_stream if self.rows is not None else self.windows_per_stream
+
+    def item_bounds(self, stream: int) -> np.ndarray:
+        """[blocks + 1]: items (rows when packed, else windows) of ``stream`` before each of its blocks."""
+        if self.rows is not None:
+            return self.rows.bounds(stream)
+        nb = self.num_blocks(stream)
+        return np.minimum(np.arange(nb + 1, dtype=np.int64) * self.config.block_windows, self.windows_per_stream)
+
+    @property
+    def crop_key(self) -> tuple[int, int, int | None]:
+        """What a crop's draws are keyed by besides its window: (seed, epoch, source)."""
+        return self.config.seed, self.epoch, self.source
 
     @property
     def total_windows(self) -> int:
@@ -54,9 +80,17 @@ class SourcePlan:
 
     @property
     def dropped_windows(self) -> int:
-        """Windows of the epoch not yielded (equalize="drop"; after an elastic resume, by either plan)."""
+        """Windows of the epoch not yielded (equalize="drop"; after an elastic resume, by either plan).
+
+        Packed: the windows dealt to no stream (the rows a stream leaves are ``dropped_rows``).
+        """
         owned = np.minimum(np.diff(self.stream_lo), self.windows_per_stream)
         return self.order.dropped_before + self.total_windows - int(owned.sum())
+
+    @property
+    def dropped_rows(self) -> int:
+        """Packed: rows the streams could fill but leave out so that every stream yields as many (else 0)."""
+        return 0 if self.rows is None else int((self.rows.per_stream - self.rows_per_stream).sum())
 
     @property
     def repeated_windows(self) -> int:
@@ -81,6 +115,15 @@ class SourcePlan:
         ``g`` is in stream order, runs of consecutive windows, which the reader finds and
         groups by sequence faster than a shuffled order; ``order`` is None without shuffle.
         """
+        parts = self._recent.get((stream, block))
+        if parts is None:
+            parts = self._block_parts(stream, block)
+            if len(self._recent) >= 4:
+                self._recent.clear()
+            self._recent[(stream, block)] = parts
+        return parts
+
+    def _block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         cfg = self.config
         lo = block * cfg.block_windows
         hi = min(lo + cfg.block_windows, self.windows_per_stream)
@@ -93,11 +136,45 @@ class SourcePlan:
         if cfg.shuffle:
             key = block_key(cfg.seed, self.epoch, stream, block, self.generation, self.source)
             order = np.random.default_rng(key).permutation(len(g))
+        for a in (g, real, order):
+            if a is not None:
+                a.flags.writeable = False  # shared by the callers of the same block
         return g, real, order
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(sequence index, window start step) of global window indices."""
-        return self.space.locate(g)
+        """(sequence index, crop start step) of global window indices: the grid's, or drawn (crops.place)."""
+        spec = self.config.spec
+        if not (spec.jitter or spec.windows_per_sequence is not None):
+            return self.space.locate(g)
+        seq, j, lo = self.space.slots(g)
+        return seq, place(spec, self.crop_key, g, j, lo, self.space.ends(seq))
+
+    def crop_lengths(self, g: np.ndarray) -> np.ndarray:
+        """Steps of the crops at global window indices ``g`` (the window, or drawn; a padded short one's steps)."""
+        spec = self.config.spec
+        if spec.pad:  # only a padded window of a short sequence has fewer steps than its span
+            seq, start = self.locate(g)
+            valid = np.minimum(self.space.ends(seq) - start, spec.span)
+        else:
+            valid = np.full(len(g), spec.span, dtype=np.int64)
+        return lengths(spec, self.crop_key, g, valid)
+
+    def packed(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(order, row_ptr, offset) of block ``block``'s crops packed into its rows (rows.pack), indices
+        into the block's windows in yield order (``block()``); offsets in patches."""
+        g, real = self.block(stream, block)
+        mine = np.flatnonzero(real)
+        size = units(self.config.spec, self.crop_lengths(g[mine]))
+        order, row_ptr, offset = pack(size, self.rows.rows(stream, block), self.rows.row_units,
+                                      self.row_key(stream, block))
+        return mine[order], row_ptr, offset
+
+    def row_key(self, stream: int, block: int) -> list[int] | None:
+        """RNG key of the order of a packed block's rows (None without shuffle)."""
+        cfg = self.config
+        if not cfg.shuffle:
+            return None
+        return block_key(cfg.seed, self.epoch, stream, block, self.generation, self.source) + [3]
 
     def ends(self, seq: np.ndarray) -> np.ndarray:
         """Step where each sequence's usable data ends (its length, or its view's end under a split)."""
@@ -120,24 +197,13 @@ class RestOrder:
             raise ValueError(f"used lists {len(used)} streams, the plan has {streams}")
         self.base, self.used = base, [int(u) for u in used]
         self.dropped_before = base.dropped_windows
-        bw, length = base.config.block_windows, base.windows_per_stream
         rows, counts = [], []
         for s in range(streams):
-            used_s, owned = self.used[s], base.owned(s)
-            for b in range(used_s // bw, base.num_blocks(s)):
-                lo, hi = b * bw, min((b + 1) * bw, length)
-                skip = max(used_s - lo, 0)
-                if hi <= owned:  # every window of the block is real
-                    left = hi - lo - skip
-                elif lo >= owned:  # padding only (equalize="pad")
-                    left = 0
-                elif skip == 0:
-                    left = owned - lo
-                else:  # a partly yielded block holding padding: which are real depends on its shuffle
-                    left = int(base.block(s, b)[1][skip:].sum())
-                if left > 0:
+            left = self._packed_left(s) if base.rows is not None else self._left_of(s)
+            for b, skip, n in left:
+                if n > 0:
                     rows.append((s, b, skip))
-                    counts.append(left)
+                    counts.append(n)
         self.rows = np.array(rows, dtype=np.int64).reshape(-1, 3)
         self.row_pos = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         self.total = int(self.row_pos[-1])
@@ -145,11 +211,51 @@ class RestOrder:
         # that): the last rows' windows are kept, so each old block is shuffled about once per pass
         self._left = lru_cache(maxsize=32)(self._row_windows)
 
+    def _left_of(self, s: int):
+        """(block, windows of it yielded, windows left) of old stream ``s``'s blocks with windows left."""
+        base, used_s = self.base, self.used[s]
+        bw, length, owned = base.config.block_windows, base.windows_per_stream, base.owned(s)
+        for b in range(used_s // bw, base.num_blocks(s)):
+            lo, hi = b * bw, min((b + 1) * bw, length)
+            skip = max(used_s - lo, 0)
+            if hi <= owned:  # every window of the block is real
+                left = hi - lo - skip
+            elif lo >= owned:  # padding only (equalize="pad")
+                left = 0
+            elif skip == 0:
+                left = owned - lo
+            else:  # a partly yielded block holding padding: which are real depends on its shuffle
+                left = int(base.block(s, b)[1][skip:].sum())
+            yield b, skip, left
+
+    def _packed_left(self, s: int):
+        """(block, rows of it yielded, crops left) of old stream ``s``'s blocks (packed): every crop not in a
+        yielded row, those of the block the stream stopped in (packing it) and every one of the blocks after."""
+        base, used_s = self.base, self.used[s]
+        bw, length, owned = base.config.block_windows, base.windows_per_stream, base.owned(s)
+        bounds = base.rows.bounds(s)
+        first = int(np.searchsorted(bounds, used_s, side="right")) - 1
+        for b in range(first, base.num_blocks(s)):
+            real = max(min(owned, (b + 1) * bw, length) - b * bw, 0)
+            skip = used_s - int(bounds[b]) if b == first else 0
+            yield b, skip, real - (int(base.packed(s, b)[1][skip]) if skip else 0)
+
     def _row_windows(self, row: int) -> np.ndarray:
-        """The windows row ``row`` has left, in the order its old stream would have yielded them."""
+        """The windows row ``row`` has left, in the order its old stream would have yielded them.
+
+        Packed, from a block partly yielded: the crops of its rows not yielded, row by row, then
+        any crop that fit in no row, in block order.
+        """
         s, block, skip = self.rows[row].tolist()
         g, real = self.base.block(s, block)
-        return g[skip:][real[skip:]]
+        if self.base.rows is None:
+            return g[skip:][real[skip:]]
+        if not skip:
+            return g[real]
+        order, row_ptr, _ = self.base.packed(s, block)
+        placed = np.zeros(len(g), dtype=bool)
+        placed[order] = True
+        return g[np.concatenate([order[row_ptr[skip]:], np.flatnonzero(real & ~placed)])]
 
     def at(self, v: np.ndarray) -> np.ndarray:
         """Global window indices at positions ``v`` of the order."""

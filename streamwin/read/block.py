@@ -54,3 +54,4 @@ class ReadStats:
     skipped_windows: int = 0
     cache_hits: int = 0
     bytes_decompressed: int = 0  # zstd output (npy headers included): near the members' bytes when frames are used once
+    bytes_verified: int = 0  # bytes checked against the manifest's chunk checksums (whole chunks: a little more than read)

@@ -5,7 +5,9 @@ them (each decompressed once for the block and kept for the next, see inflate.py
 whole member, once for all the pieces of its sequence. The units the frame cache holds at
 either end of a piece are laid out first; the compressed bytes of the rest are read in
 runs (neighbours in a shard as one, concurrently on remote storage), RAW_BATCH bytes at a
-time, then decompressed piece by piece straight into the block buffer or the frame cache.
+time, each widened to whole checksum chunks and verified (verify.py), then decompressed piece
+by piece straight into the block buffer or the frame cache. A piece whose compressed bytes
+fail loses all its steps (with on_error="skip"); no damaged byte is ever decompressed.
 """
 from __future__ import annotations
 
@@ -21,18 +23,20 @@ from streamwin.read.inflate import Inflater
 from streamwin.read.members import Members
 from streamwin.read.pieces import Pieces
 from streamwin.read.transport import Transport
+from streamwin.read.verify import Damage, Verifier
 from streamwin.storage import mapped
 
 
 class CompressedReads:
     """Reads the pieces of a block of zstd members through ``shards`` and decompresses them."""
 
-    def __init__(self, shards: Transport, members: Members, counters: Counters):
-        self.shards, self.members, self.counters = shards, members, counters
+    def __init__(self, shards: Transport, members: Members, counters: Counters, verifier: Verifier):
+        self.shards, self.members, self.counters, self.verifier = shards, members, counters, verifier
         self.inflater = Inflater(members, counters)
 
-    def read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
+    def read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Damage]]:
+        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece, no damage:
+        a piece that failed verification has none of its steps readable).
 
         The buffer ends in ``tail`` zero bytes. What a piece reads is decompressed whole: with
         on_error="skip" a piece whose bytes fail loses all its steps.
@@ -65,7 +69,7 @@ class CompressedReads:
                     self.counters.skip_or_raise(e)
                     failed[n] = True
         good[own[todo[failed]]] = 0
-        return buf, u.base(m.step_bytes), good[u.owner]
+        return buf, u.base(m.step_bytes), good[u.owner], []
 
     def _read_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                    failed: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
@@ -77,16 +81,31 @@ class CompressedReads:
         """
         runs = compressed_runs(shard, lo, hi)
         bounds = runs.first
+        vlo, vhi = self.verifier.spans(shard[bounds[:-1]], runs.run_lo, runs.run_hi)  # whole chunks, to verify
         for r0, r1 in raw_batches(runs):
             pos = np.zeros(r1 - r0 + 1, dtype=np.int64)
-            np.cumsum(runs.run_hi[r0:r1] - runs.run_lo[r0:r1], out=pos[1:])
+            np.cumsum(vhi[r0:r1] - vlo[r0:r1], out=pos[1:])
             raw = mapped.anonymous(int(pos[-1]))
-            reads = [(int(shard[bounds[r]]), int(runs.run_lo[r]), memoryview(raw)[pos[r - r0] : pos[r - r0 + 1]])
-                     for r in range(r0, r1)]
+            ks = shard[bounds[r0:r1]]
+            rlo, rhi = self.verifier.reuse_edges(ks, vlo[r0:r1], vhi[r0:r1], runs.run_lo[r0:r1], runs.run_hi[r0:r1],
+                                                 raw, pos)
+            rhi = np.maximum(rhi, rlo)
+            into = pos[:-1] + rlo - vlo[r0:r1]
+            reads = [(int(ks[r]), int(rlo[r]), memoryview(raw)[into[r] : into[r] + rhi[r] - rlo[r]])
+                     for r in range(r1 - r0)]
             for r, err in zip(range(r0, r1), self.shards.read_many(reads)):
+                b0, b1, q = bounds[r], bounds[r + 1], r - r0
                 if err is not None:
-                    self.counters.skip_or_raise(self.members.name_member(err, seq[bounds[r] : bounds[r + 1]]))
-                    failed[bounds[r] : bounds[r + 1]] = True
+                    err = self.members.from_byte(err, int(lo[b0]))
+                    self.counters.skip_or_raise(self.members.name_member(err, seq[b0:b1]))
+                    failed[b0:b1] = True
+                    continue
+                data = raw[into[q] : into[q] + rhi[q] - rlo[q]]
+                found = self.verifier.check(int(ks[q]), int(rlo[q]), data, seq[b0:b1], lo[b0:b1], hi[b0:b1])
+                for n, _, _ in found:
+                    failed[b0 + n] = True
+                if not found:
+                    self.verifier.keep_edges(int(ks[q]), int(rlo[q]), data, int(runs.run_lo[r]), int(runs.run_hi[r]))
             n0, n1 = int(bounds[r0]), int(bounds[r1])
             run = runs.run[n0:n1]
-            yield n0, n1, raw, pos[run - r0] + (lo[n0:n1] - runs.run_lo[run])
+            yield n0, n1, raw, pos[run - r0] + (lo[n0:n1] - vlo[run])

@@ -73,6 +73,15 @@ class Members:
         named.__cause__ = err.__cause__
         return named
 
+    def from_byte(self, err: ShardError, lo: int) -> ShardError:
+        """``err`` at byte ``lo`` at least: a read that starts at the checksum chunk before the bytes it needs
+        names the first needed byte it could not get, not a byte of the chunk before it."""
+        if err.offset is None or err.offset >= lo:
+            return err
+        moved = ShardError(err.reason, shard=err.shard, member=err.member, offset=int(lo))
+        moved.__cause__ = err.__cause__
+        return moved
+
     def byte_order_error(self, i: int) -> ShardError:
         """Why a manifest of big-endian dtype cannot be read (named at member i)."""
         m = self.manifest

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streamwin.arguments import check_choice, check_int, is_real
+from streamwin.arguments import check_bool, check_choice, check_int, is_real
 
 ON_ERROR = ("raise", "skip")
 
@@ -28,6 +28,8 @@ class ReadOptions:
             become zeros of weight 0, counted in the reader's stats.
         cache_dir, cache_limit: keep verified node-local copies of the shards under ``cache_dir``
             (fetched once per node), evicted least-recently-used down to ``cache_limit`` bytes.
+        verify_checksums: check every byte read against the manifest's chunk checksums (False only to
+            measure what that costs; manifests packed before checksums have none to check).
     """
 
     storage_options: Mapping[str, Any] | None = None
@@ -36,6 +38,7 @@ class ReadOptions:
     on_error: str = "raise"
     cache_dir: str | os.PathLike | None = None
     cache_limit: int | None = None
+    verify_checksums: bool = True
 
     def __post_init__(self) -> None:
         check_int("retries", self.retries, 0)
@@ -46,6 +49,7 @@ class ReadOptions:
             error = ValueError if is_real(backoff) else TypeError
             raise error(f"retry_backoff must be a number of seconds >= 0, got {backoff!r}")
         check_choice("on_error", self.on_error, ON_ERROR)
+        check_bool("verify_checksums", self.verify_checksums)
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise TypeError(f"storage_options must be a dict of fsspec options (or None), got {self.storage_options!r}")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):

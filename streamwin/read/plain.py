@@ -4,7 +4,9 @@ The runs come from runs.py. Where the shards are local files (the dataset's own,
 node cache's copies) each run is mapped into one reserved address range, so the batch
 gather is the only copy a window's bytes make; with more than MAX_MAPPED_RUNS runs, or when
 the system refuses a mapping, the runs are read into anonymous memory instead. Every npy
-header a run covers is checked against the manifest before any window is cut from it.
+header a run covers is checked against the manifest before any window is cut from it, and
+every run's chunks against the manifest's checksums (verify.py): a read runs from the chunk
+boundary before its first byte to the one after its last (a mapping maps those pages anyway).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from streamwin.read.members import Members
 from streamwin.read.pieces import Pieces
 from streamwin.read.runs import PlainRuns, packed, paged, plain_runs
 from streamwin.read.transport import Transport
+from streamwin.read.verify import Damage, Verifier
 from streamwin.storage import mapped
 
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
@@ -26,17 +29,21 @@ MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (map
 class PlainReads:
     """Reads the pieces of a block of plain members through ``shards``; maps them where ``map_files``."""
 
-    def __init__(self, shards: Transport, members: Members, counters: Counters, *, map_files: bool):
+    def __init__(self, shards: Transport, members: Members, counters: Counters, *, map_files: bool,
+                 verifier: Verifier):
         self.shards, self.members, self.counters, self.map_files = shards, members, counters, map_files
+        self.verifier = verifier
 
-    def read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece).
+    def read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Damage]]:
+        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece, damage).
 
         The buffer ends in ``tail`` zero bytes. Each run's headers are checked once it is in
-        (after ``_recover`` read again what a failed run lost, with on_error="skip").
+        (after ``_recover`` read again what a failed run lost, with on_error="skip"), then its
+        chunks: with on_error="skip", ``damage`` lists the steps of each piece in a damaged chunk.
         """
         runs = plain_runs(self.members.manifest, p)
-        buf, run_at, errors, refill = self._fetch(runs, tail)
+        vlo, vhi = self.verifier.spans(runs.shard, runs.run_lo, runs.run_hi)
+        buf, run_at, errors, refill, spans = self._fetch(runs, vlo, vhi, tail)
         base, header_at = runs.land(run_at)
         at, hlens, bounds = header_at.tolist(), runs.hlen.tolist(), runs.first.tolist()
         heads = runs.covers_header().tolist()
@@ -44,7 +51,7 @@ class PlainReads:
         for j, err in enumerate(errors):
             k, u0, u1 = int(runs.shard[j]), bounds[j], bounds[j + 1]
             if err is not None:  # skip mode: keep what the run delivered, read the rest member by member
-                self._recover(err, runs, j, run_at, refill, good)
+                self._recover(err, runs, j, run_at, refill, good, int(vhi[j]))
             for u in range(u0, u1):
                 if heads[u] and good[u] > 0:  # the read covers this member's .npy header: check it
                     try:
@@ -52,19 +59,61 @@ class PlainReads:
                     except ShardError as e:
                         self.counters.skip_or_raise(e)
                         good[u] = 0
-        return buf, base, good
+        damage = self._verify(runs, buf, run_at - (runs.run_lo - vlo), vlo, spans, errors, good)
+        return buf, base, good, damage
 
-    def _fetch(self, runs: PlainRuns, tail: int):
-        """The runs mapped (local files, up to MAX_MAPPED_RUNS of them) or else read: see ``_read_runs``."""
+    def _verify(self, runs: PlainRuns, buf: np.ndarray, at: np.ndarray, vlo: np.ndarray, spans, errors: list,
+                good: np.ndarray) -> list[Damage]:
+        """Check each run's chunks (run j's bytes from ``vlo[j]`` lie at ``at[j]`` in ``buf``; ``spans``: the
+        bytes [lo, hi) of each that were read, else None: mapped, all); the steps of each damaged piece.
+
+        A run that failed and was recovered (on_error="skip") is checked piece by piece over
+        the bytes each kept: a chunk it only partly got fails, and loses that piece's steps in it.
+        Read edge chunks are kept for the next reads (``Verifier.keep_edges``).
+        """
+        if self.verifier.checks is None:
+            return []
+        damage: list[Damage] = []
+        sb, bounds = runs.step_bytes, runs.first.tolist()
+        for j, err in enumerate(errors):
+            k, u0, u1 = int(runs.shard[j]), bounds[j], bounds[j + 1]
+            keep = np.arange(u0, u1)[good[u0:u1] > 0]
+            hi = np.minimum(runs.hi[keep], runs.data0[keep] + np.minimum(good[keep], runs.hi[keep]) * sb)
+            if err is None:
+                todo = [(int(spans[0][j]), int(spans[1][j]))]
+            else:  # each kept piece over what it kept
+                lo_, hi_ = self.verifier.spans(np.full(len(keep), k), runs.lo[keep], hi)
+                todo = list(zip(lo_.tolist(), hi_.tolist()))
+            for a, b in todo:
+                data = buf[int(at[j]) + a - int(vlo[j]) : int(at[j]) + b - int(vlo[j])]
+                found = self.verifier.check(k, a, data, runs.seq[keep], runs.lo[keep], hi)
+                for u, x, y in found:
+                    v = int(keep[u])
+                    s0 = max(0, (x - int(runs.data0[v])) // sb)
+                    damage.append((int(runs.seq[v]), s0, -(-(y - int(runs.data0[v])) // sb)))
+                if not found and err is None and spans[2]:
+                    self.verifier.keep_edges(k, a, data, int(runs.run_lo[j]), int(runs.run_hi[j]))
+        return damage
+
+    def _fetch(self, runs: PlainRuns, vlo: np.ndarray, vhi: np.ndarray, tail: int):
+        """The runs mapped (local files, up to MAX_MAPPED_RUNS of them) or else read: see ``_read_runs``.
+
+        Read, a run is fetched from ``vlo`` to ``vhi`` (whole chunks, to be verified) but for the
+        edge chunks this thread kept; mapped, only its own bytes, whose pages hold those chunks
+        when a chunk divides a page. Returns (buffer, run starts, errors, refill, (read from,
+        read to, edges kept: whether this was read)).
+        """
         if self.map_files and len(runs) <= MAX_MAPPED_RUNS:
+            whole = self.verifier.chunk == 0 or mapped.PAGE % self.verifier.chunk == 0
             try:
-                return self._map_runs(runs, tail)
+                out = self._map_runs(runs, runs.run_lo if whole else vlo, runs.run_hi if whole else vhi, tail)
+                return (*out, (vlo, vhi, False))
             except OSError:  # out of address space or mappings: read instead
                 pass
-        return self._read_runs(runs, tail)
+        return self._read_runs(runs, vlo, vhi, tail)
 
     def _recover(self, err: ShardError, runs: PlainRuns, j: int, run_at: np.ndarray, refill,
-                 good: np.ndarray) -> None:
+                 good: np.ndarray, end: int) -> None:
         """After run j failed: the steps each member got before the failure; the rest read again.
 
         A failed read leaves every byte before the error's offset in place. The member holding
@@ -76,9 +125,10 @@ class PlainReads:
         """
         u, u1, again = int(runs.first[j]), int(runs.first[j + 1]), False
         while err is not None:
+            err = self.members.from_byte(err, int(runs.lo[u]))
             self.counters.skip_or_raise(self.members.name_member(err, runs.seq[u:u1]))
             fail = err.offset
-            if fail is None or fail < runs.lo[u] or (again and fail == runs.lo[u]):
+            if fail is None or (again and fail <= runs.lo[u]):  # (before lo[u]: in the chunk a read starts with)
                 good[u:u1] = 0
                 return
             v = u + int(np.searchsorted(runs.hi[u:u1], fail, side="right"))  # members before v are whole
@@ -88,37 +138,43 @@ class PlainReads:
             if v == u1:
                 return
             into = int(run_at[j] + runs.lo[v] - runs.run_lo[j])  # member v's place in the buffer
-            err, u, again = refill(int(runs.shard[j]), int(runs.lo[v]), int(runs.run_hi[j]), into), v, True
+            err, u, again = refill(int(runs.shard[j]), int(runs.lo[v]), end, into), v, True
 
-    def _read_runs(self, runs: PlainRuns, tail: int):
-        """Read each run of its shard into one buffer, back to back.
+    def _read_runs(self, runs: PlainRuns, lo: np.ndarray, hi: np.ndarray, tail: int):
+        """Read bytes [lo[j], hi[j]) of each run's shard (its bytes and more) into one buffer, back to back.
 
         Returns (buffer, run starts, errors, refill), where ``refill(k, lo, hi, at)`` reads bytes
         [lo, hi) of shard k to ``at`` in the buffer again (ShardError or None).
         """
-        run_at, nbytes = packed(runs)
+        at, nbytes = packed(lo, hi)
         buf = mapped.anonymous(nbytes + tail)  # zeroed: the tail too
-        size = runs.run_hi - runs.run_lo
-        reads = [(int(runs.shard[j]), int(runs.run_lo[j]), memoryview(buf)[run_at[j] : run_at[j] + size[j]])
-                 for j in range(len(runs))]
+        rlo, rhi = self.verifier.reuse_edges(runs.shard, lo, hi, runs.run_lo, runs.run_hi, buf, at)
+        todo = np.flatnonzero(rhi > rlo)
+        reads = [(int(runs.shard[j]), int(rlo[j]), memoryview(buf)[at[j] + rlo[j] - lo[j] : at[j] + rhi[j] - lo[j]])
+                 for j in todo.tolist()]
+        errors: list[ShardError | None] = [None] * len(runs)
+        for j, err in zip(todo.tolist(), self.shards.read_many(reads)):
+            errors[j] = err
+        run_at = at + (runs.run_lo - lo)
 
         def refill(k: int, a: int, b: int, at: int) -> ShardError | None:
             return self.shards.try_read((k, a, memoryview(buf)[at : at + b - a]))
-        return buf, run_at, self.shards.read_many(reads), refill
+        return buf, run_at, errors, refill, (rlo, np.maximum(rhi, rlo), True)
 
-    def _map_runs(self, runs: PlainRuns, tail: int):
-        """Map each run of its (local or cached) shard file into one address range.
+    def _map_runs(self, runs: PlainRuns, lo: np.ndarray, hi: np.ndarray, tail: int):
+        """Map bytes [lo[j], hi[j]) of each run's (local or cached) shard file into one address range.
 
-        No bytes are copied: the gather reads the page cache directly. Each run starts at a
-        page boundary of the range, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors,
+        No bytes are copied: the gather reads the page cache directly. Each range starts at a
+        page boundary of the buffer, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors,
         refill) as ``_read_runs`` does; raises OSError when the system refuses a mapping.
         """
-        run_at, nbytes = paged(runs)
+        at, nbytes = paged(lo, hi)
         target = mapped.MappedBuffer(nbytes + tail)
+        run_at = at + (runs.run_lo - lo)
         errors: list[ShardError | None] = []
         for j, k in enumerate(runs.shard.tolist()):
             try:
-                map_range(self.shards, target, int(run_at[j]), k, int(runs.run_lo[j]), int(runs.run_hi[j]))
+                map_range(self.shards, target, int(at[j]), k, int(lo[j]), int(hi[j]))
                 errors.append(None)
             except ShardError as e:
                 errors.append(e)

@@ -12,7 +12,8 @@ many short sequences is one read; pieces of different slices only across a gap s
 beside them, so an epoch reads each shard byte about once (bytes read / shard bytes near
 1, in ``stats``), and a block's buffer holds what its windows cover, however long the
 sequences. Every ``.npy`` header that a read covers is checked against the manifest
-(dtype, shape, header length) before any window is cut from it. Reads retry with
+(dtype, shape, header length) before any window is cut from it, and every byte it covers
+against the manifest's chunk checksums (verify.py). Reads retry with
 exponential backoff; what still fails is a ShardError naming the shard, the member and the
 byte offset (or, with on_error="skip", windows of weight 0, counted).
 """
@@ -38,6 +39,7 @@ from streamwin.read.plain import PlainReads
 from streamwin.read.remote import RemoteShards
 from streamwin.read.runs import MERGE_GAP
 from streamwin.read.transport import Transport
+from streamwin.read.verify import Verifier, lost_windows
 from streamwin.storage import mapped
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.urls import is_local, url_to_fs
@@ -76,11 +78,13 @@ class ShardReader:
         self.members = Members(url, manifest)
         self.counters = Counters(options.on_error)
         self.shards = _transport(url, self.members, self.counters, options)
+        verifier = Verifier(self.members, self.counters, options.verify_checksums)
         if manifest.compression:
-            self.reads: PlainReads | CompressedReads = CompressedReads(self.shards, self.members, self.counters)
+            self.reads: PlainReads | CompressedReads = CompressedReads(self.shards, self.members, self.counters,
+                                                                       verifier)
         else:  # local and cached shards are mapped, not read: the gather then copies straight from the page cache
             map_files = self.shards.mappable and mapped.available()
-            self.reads = PlainReads(self.shards, self.members, self.counters, map_files=map_files)
+            self.reads = PlainReads(self.shards, self.members, self.counters, map_files=map_files, verifier=verifier)
         self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
         self._lock = threading.Lock()
 
@@ -109,8 +113,11 @@ class ShardReader:
         p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
         uniq, inv = np.unique(seq, return_inverse=True)
         valid = np.minimum(length - start, span)
-        buf, base, good = self.reads.read(p, span * sb)
+        buf, base, good, damage = self.reads.read(p, span * sb)
         offs, lost = land(p, base, good, start, valid, sb, len(buf) - span * sb)
+        if damage:  # on_error="skip": windows with a step in a chunk that failed verification
+            bad = lost_windows(damage, seq, start, valid) & ~lost
+            offs[bad], lost = len(buf) - span * sb, lost | bad
         if lost.any():  # on_error="skip": unreadable windows become zeros of weight 0
             real = real & ~lost
             valid = np.where(lost, 0, valid)

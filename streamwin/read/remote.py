@@ -20,7 +20,7 @@ class RemoteShards(Transport):
                  retries: int, backoff: float):
         super().__init__(root, members, counters, concurrent=True)
         self.ranges = RangeReader(fs)  # streamed GETs, pooled connections
-        self.retrying = Retrying(members, counters, retries, backoff)
+        self.retrying = Retrying(members, counters, retries, backoff, limit=self.ranges.attempt_limit)
 
     def read_into(self, k: int, offset: int, out: memoryview) -> None:
         self.retrying.fill(self.ranges.read_into, self.path(k), k, offset, out)

@@ -12,8 +12,9 @@ shard are read as one run:
   at most MERGE_GAP): the gap is other blocks' data, which an epoch would read twice.
 
 So an epoch reads each shard byte about once, and a block's buffer holds about what its
-windows cover, however long the sequences. Runs land in the buffer back to back when read
-(``packed``), or each at its own page, ``lo % PAGE`` bytes in, when mapped (``paged``).
+windows cover, however long the sequences. Runs (widened to whole checksum chunks when read,
+see verify.py) land in the buffer back to back when read (``packed``), or each at its own
+page, ``lo % PAGE`` bytes in, when mapped (``paged``).
 Pure numpy, no I/O.
 """
 from __future__ import annotations
@@ -87,20 +88,20 @@ def plain_runs(m: Manifest, p: Pieces) -> PlainRuns:
                      np.append(first, len(seq)), shard[first], lo[first], run_hi, sb)
 
 
-def packed(runs: PlainRuns) -> tuple[np.ndarray, int]:
-    """(where each run starts, bytes in all) in a buffer that holds the runs back to back (read)."""
-    pos = np.zeros(len(runs) + 1, dtype=np.int64)
-    np.cumsum(runs.run_hi - runs.run_lo, out=pos[1:])
+def packed(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, int]:
+    """(where each range [lo, hi) starts, bytes in all) in a buffer that holds the ranges back to back (read)."""
+    pos = np.zeros(len(lo) + 1, dtype=np.int64)
+    np.cumsum(hi - lo, out=pos[1:])
     return pos[:-1], int(pos[-1])
 
 
-def paged(runs: PlainRuns) -> tuple[np.ndarray, int]:
-    """(where each run starts, bytes in all) in a buffer that maps each run from its page boundary on.
+def paged(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, int]:
+    """(where each range [lo, hi) starts, bytes in all) in a buffer that maps each range from its page boundary on.
 
-    Run r starts ``run_lo[r] % PAGE`` bytes into a page of its own, so that a file mapped
-    from the page boundary before ``run_lo[r]`` puts byte ``run_lo[r]`` there.
+    Range r starts ``lo[r] % PAGE`` bytes into a page of its own, so that a file mapped
+    from the page boundary before ``lo[r]`` puts byte ``lo[r]`` there.
     """
-    lead = runs.run_lo - page_floor(runs.run_lo)
-    pos = np.zeros(len(runs) + 1, dtype=np.int64)
-    np.cumsum(page_ceil(runs.run_hi - runs.run_lo + lead), out=pos[1:])
+    lead = lo - page_floor(lo)
+    pos = np.zeros(len(lo) + 1, dtype=np.int64)
+    np.cumsum(page_ceil(hi - lo + lead), out=pos[1:])
     return pos[:-1] + lead, int(pos[-1])

@@ -19,6 +19,7 @@ from typing import BinaryIO, Callable
 from streamwin.errors import ShardError
 from streamwin.read.counts import Counters
 from streamwin.read.members import Members
+from streamwin.storage.deadline import total_limit
 from streamwin.storage.ranged import BrokenRead
 from streamwin.storage.retry import describe, permanent
 from streamwin.storage.urls import join
@@ -83,15 +84,22 @@ class Retrying:
     many). ``retries`` bounds failures in a row: an attempt that delivered bytes before it
     broke starts the count anew, so a long range on a flaky link goes on as long as it
     advances. Waits ``backoff`` seconds before the first retry, doubling with each failure.
+    ``limit(nbytes)``, where given, is the time one attempt may take (storage.deadline): the
+    whole range then fails once it has run for its ``total_limit``, however much each attempt
+    delivered (a server that trickles, or sends a little and stalls, again and again).
     """
 
-    def __init__(self, members: Members, counters: Counters, retries: int, backoff: float):
+    def __init__(self, members: Members, counters: Counters, retries: int, backoff: float,
+                 limit: Callable[[int], float] | None = None):
         self.members, self.counters, self.retries, self.backoff = members, counters, retries, backoff
+        self.limit = limit
 
     def fill(self, read_some: Callable[[str, int, memoryview], int], path: str, k: int, offset: int,
              out: memoryview) -> None:
         """Fill ``out`` from byte ``offset`` of shard k (at ``path``) by ``read_some`` calls (0: the shard ends)."""
         done = attempt = 0
+        budget = total_limit(self.limit(len(out)), self.retries, self.backoff) if self.limit else float("inf")
+        started = time.monotonic()
         while done < len(out):
             try:
                 n = read_some(path, offset + done, out[done:])
@@ -105,6 +113,10 @@ class Retrying:
                 if attempt > self.retries or permanent(e):
                     raise ShardError(f"read {describe(e, self.retries)}", shard=self.members.shard_url(k),
                                      offset=offset + done) from e
+                if time.monotonic() - started > budget:
+                    raise ShardError(f"read gave up after {time.monotonic() - started:.0f} s, past its time limit of "
+                                     f"{budget:.0f} s for {len(out):,} bytes ({done:,} arrived): {type(e).__name__}: {e}",
+                                     shard=self.members.shard_url(k), offset=offset + done) from e
                 self.counters.add(retries=1)
                 time.sleep(self.backoff * 2 ** (attempt - 1))
                 continue

@@ -8,7 +8,10 @@ evicted. A copy is keyed by content: its file name holds a hash of the shard URL
 manifest's sha256 of the shard, so a dataset re-packed in place (same names, same sizes)
 is fetched anew, and the copies of the old shards age out by LRU. File names are made only
 of hex digits and a sanitized base name, never of anything inside a shard, so no shard or
-manifest can make the cache write outside its directory.
+manifest can make the cache write outside its directory. A download killed midway leaves its
+temporary file (``<copy>.tmp-<pid>-<hex>``); the next download or eviction on the node removes
+every one whose copy's lock nobody holds (its download is over: a download holds the lock
+until it renames its file), whatever process namespace wrote it.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import os
 import re
 import uuid
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from streamwin.errors import ShardError
 from streamwin.formats.manifest import ShardEntry
@@ -26,6 +29,7 @@ from streamwin.storage.retry import describe, with_retries
 from streamwin.storage.urls import join, url_to_fs
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
+_TMP = re.compile(r"\.tmp-\d+-[0-9a-f]+$")
 COPY_CHUNK = 8 << 20
 
 
@@ -67,6 +71,7 @@ class ShardCache:
                 _touch(local)
                 return local
             self.misses += 1
+            self.sweep()
             self._download(url, fs, path, entry, local)
         self.evict(keep=local)
         return local
@@ -97,11 +102,34 @@ class ShardCache:
             if os.path.exists(tmp):
                 os.remove(tmp)
 
+    def sweep(self) -> int:
+        """Remove the temporary files of downloads that are over (killed midway: nobody holds their copy's
+        lock); returns how many."""
+        removed = 0
+        for name in os.listdir(self.dir):
+            m = _TMP.search(name)
+            if m is None:
+                continue
+            lock = FileLock(os.path.join(self.dir, name[: m.start()]) + ".lock")
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:  # a download in progress
+                continue
+            try:
+                os.remove(os.path.join(self.dir, name))
+                removed += 1
+            except OSError:  # removed meanwhile
+                pass
+            finally:
+                lock.release()
+        return removed
+
     def evict(self, keep: str | None = None) -> int:
         """Delete least recently used shards until the cache holds at most limit_bytes; returns bytes freed."""
         if self.limit_bytes is None:
             return 0
         with FileLock(os.path.join(self.dir, ".evict.lock")):
+            self.sweep()
             files = []
             for name in os.listdir(self.dir):
                 p = os.path.join(self.dir, name)

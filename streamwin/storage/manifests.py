@@ -1,4 +1,13 @@
-"""The manifest on storage: index.json (and its columns file) written last, read with retries."""
+"""The manifest on storage: index.json (and its columns file) written last, read with retries in bounded time.
+
+Over http(s) and s3, index.json and a remote columns file are read like shard bytes: with
+streamwin's own streamed GET (storage.ranged.RangeReader), on connections of their own that
+are closed afterwards, under its time limits (a stall: 30 s over http, 60 s over s3; a
+transfer: that plus 1 s per MiB) and retries. Through fsspec's shared aiohttp session a
+manifest load could wait on a pooled keep-alive connection whose server side had gone
+without a FIN (in tests: a loopback server's socket still held open by a forked worker),
+until aiohttp's 5 minute timeout, once per retry.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -11,20 +20,24 @@ import fsspec
 from streamwin.errors import ManifestError
 from streamwin.formats.manifest import (COLUMNAR_FROM, INDEX_NAME, Manifest, ShardEntry, columns_file_entry, columns_name,
                                         parse_manifest)
+from streamwin.storage.ranged import BrokenRead, RangeReader
 from streamwin.storage.retry import describe, with_retries
 from streamwin.storage.urls import is_local, join, remove_if_exists, url_to_fs, write_atomic
+
+MAX_INDEX_BYTES = 1 << 30  # an index.json larger than this is not one streamwin wrote
 
 
 def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest, name: str = INDEX_NAME,
                    columnar: bool | None = None, columns: str | None = None) -> None:
     """Write the index file ``name`` (the commit marker), after its columns file when columnar.
 
-    ``columnar`` None: the columnar form (version 2) from COLUMNAR_FROM sequences on, else
-    the columns inline (version 1, one file). ``columns``: the columns file's name (default
-    ``columns_name(name)``); given, a columns file of that name is left alone when inline.
+    ``columnar`` None: the columnar form (version 2) from COLUMNAR_FROM sequences on (or
+    when the chunk checksums outgrow INLINE_SUMS), else the columns inline (version 1, one file).
+    ``columns``: the columns file's name (default ``columns_name(name)``); given, a columns
+    file of that name is left alone when inline.
     """
-    if columnar is None:
-        columnar = manifest.num_sequences >= COLUMNAR_FROM
+    if columnar is None:  # many sequences, or chunk checksums of more than a GB of shards: a columns file
+        columnar = manifest.num_sequences >= COLUMNAR_FROM or not manifest.sums_inline()
     if not columnar:
         if columns is None:
             remove_if_exists(fs, join(root, columns_name(name)))
@@ -51,13 +64,11 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     memory-mapped where it is a local file; a remote one is mapped from the local path
     ``fetch_columns(url, fs, path, entry)`` returns (the node cache), else read into memory.
     """
-    # a session of its own: a manifest load through fsspec's shared http session once waited forever on a
-    # pooled keep-alive connection (a loopback server in a process that forks workers; seen in CI)
     fs, root = url_to_fs(url, storage_options, own_retries=True, fresh=True)
     path = join(root, name)
     where = f"{url.rstrip('/')}/{name}"
     try:
-        text = with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
+        text = read_object(fs, path, MAX_INDEX_BYTES, retries, backoff)
     except FileNotFoundError as e:
         raise ManifestError(
             f"no {INDEX_NAME} at {url}: not a streamwin dataset, or its pack did not finish "
@@ -81,7 +92,7 @@ def _columns_bytes(url: str, fs, path: str, entry: ShardEntry, fetch_columns, re
         if not is_local(fs) and fetch_columns is not None:
             path = fetch_columns(where, fs, path, entry)
         elif not is_local(fs):
-            return with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
+            return read_object(fs, path, entry.bytes, retries, backoff)
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return b""
@@ -93,3 +104,45 @@ def _columns_bytes(url: str, fs, path: str, entry: ShardEntry, fetch_columns, re
         raise
     except Exception as e:
         raise ManifestError(f"cannot read {where}: {type(e).__name__}: {e}") from e
+
+
+def read_object(fs, path: str, most: int, retries: int, backoff: float) -> bytes:
+    """A whole (small) object: local files read, http(s) and s3 through a RangeReader of its own (our
+    connections, time limits and retries), anything else through fsspec's cat_file; retried."""
+    if is_local(fs):
+        return with_retries(lambda: fs.cat_file(path), retries=retries, backoff=backoff)
+    reader = RangeReader(fs)
+    first = [True]
+
+    def read() -> bytes:
+        try:
+            return reader.read_all(path, most)
+        except BrokenRead as e:  # storage that cannot be connected to at all: say so now, not after the retries
+            why = _cannot_connect(e) if first[0] else None
+            if why == "refused":
+                raise ConnectionRefusedError(f"{e}") from e
+            if why is not None:
+                raise ConnectionError(f"cannot connect: {e}") from e
+            raise
+        finally:
+            first[0] = False
+    try:
+        return with_retries(read, retries=retries, backoff=backoff)
+    finally:
+        reader.close()
+
+
+def _cannot_connect(error: BaseException) -> str | None:
+    """Why a GET failed before it was connected ("refused", or "failed": no such host, a connect time-out), or None."""
+    names = {"NewConnectionError", "ConnectTimeoutError", "NameResolutionError"}
+    e: BaseException | None = error
+    found = None
+    for _ in range(8):
+        if e is None:
+            break
+        if isinstance(e, ConnectionRefusedError) or "Connection refused" in str(e):
+            return "refused"
+        if {c.__name__ for c in type(e).__mro__} & names:
+            found = "failed"
+        e = e.__cause__ or e.__context__
+    return found

@@ -1,4 +1,4 @@
-"""Byte ranges of remote objects read straight into the caller's buffer, resumable at the byte."""
+"""Byte ranges of remote objects read straight into the caller's buffer, resumable at the byte, in bounded time."""
 from __future__ import annotations
 
 import http.client
@@ -12,12 +12,15 @@ from typing import Callable
 import fsspec
 import urllib3
 
+from streamwin.errors import ManifestError
+from streamwin.storage.deadline import attempt_limit, watchdog
+
 # -- byte ranges of remote objects ------------------------------------------------------------
 
 CHUNK = 4 << 20  # cat_file fallback: a range is fetched in chunks; a retry re-fetches the chunk that broke
 PIECE = 256 << 10  # streamed GETs: read into the caller's buffer this much at a time (a break loses at most this)
-HTTP_TIMEOUTS = (30.0, 300.0)  # connect, read: aiohttp's defaults, which fsspec's http used until now
-S3_TIMEOUTS = (60.0, 60.0)  # botocore's connect_timeout and read_timeout defaults
+HTTP_TIMEOUTS = (5.0, 30.0)  # connect, read (a stall): aiohttp's 300 s read made a stalled GET cost 5 min a try
+S3_TIMEOUTS = (5.0, 60.0)  # connect (botocore's 60 s made an unreachable endpoint cost minutes), read: botocore's
 PRESIGN_SECONDS = 3600  # a presigned s3 URL is used for half its lifetime, then signed anew
 _HTTP_OPTIONS = {"headers", "timeout", "auth"}  # HTTPFileSystem options a streamed GET reproduces
 
@@ -75,6 +78,8 @@ class RangeReader:
             if opts.get("auth") is not None:  # an aiohttp.BasicAuth
                 self.headers["Authorization"] = opts["auth"].encode()
         connect, read = _timeouts(fs, self.kind, opts)
+        self.stall = read
+        self.total = getattr(opts.get("timeout"), "total", None) if self.kind == "http" else None
         verify = opts.get("verify", True)
         self._pool = urllib3.PoolManager(
             maxsize=16, cert_reqs="CERT_REQUIRED" if verify is not False else "CERT_NONE",
@@ -87,6 +92,61 @@ class RangeReader:
         """Close the pooled connections (a later read opens new ones)."""
         if self._pool is not None:
             self._pool.clear()
+
+    def attempt_limit(self, nbytes: int) -> float:
+        """Seconds one GET of ``nbytes`` may take before it is cut (storage.deadline), streamed GETs only."""
+        if self.kind is None:
+            return float("inf")  # fsspec's cat_file: its own timeouts
+        return attempt_limit(nbytes, self.stall, self.total)
+
+    def read_all(self, path: str, most: int) -> bytes:
+        """The whole object at ``path`` (at most ``most`` bytes), with one GET of this reader's own
+        connections and time limits: FileNotFoundError, PermissionError, ManifestError (too large) or BrokenRead."""
+        url = self._url(path) if self.kind is not None else None
+        if url is None:
+            data = self.fs.cat_file(path)
+            if len(data) > most:
+                raise ManifestError(f"{path} holds {len(data):,} bytes, more than the {most:,} expected at most")
+            return data
+        what = f"GET {path}"
+        resp = self._request(url, {**self.headers}, what)
+        try:
+            if resp.status != 200:
+                self._check(resp, path, 0, 1, what, may_resign=False)
+                raise BrokenRead(f"{what}: HTTP {resp.status} to a GET of the whole object", 0)
+            size = resp.length_remaining
+            if size is None or size > most:
+                raise ManifestError(f"{path}: the server announces {size} bytes, at most {most:,} are expected")
+            out = bytearray(size)
+            self._stream_watched(resp, size, memoryview(out), what)
+            return bytes(out)
+        finally:
+            if not resp.closed:
+                resp.close()
+            resp.release_conn()
+
+    def _request(self, url: str, headers: dict, what: str):
+        """A GET's response, body not read yet; BrokenRead when it cannot be had (connect error, stall)."""
+        try:
+            return self._pool.request("GET", url, headers=headers, preload_content=False, decode_content=False)
+        except urllib3.exceptions.MaxRetryError as e:  # a connect error or a stall before the headers
+            raise BrokenRead(f"{what} from {_endpoint(url)}: {type(e.reason).__name__}: {e.reason}", 0) from e.reason
+        except Exception as e:
+            raise BrokenRead(f"{what} from {_endpoint(url)}: {type(e).__name__}: {e}", 0) from e
+
+    def _stream_watched(self, resp, want: int, out: memoryview, what: str) -> int:
+        """``_stream_into`` cut at this GET's time limit (a trickle or a stall after some bytes)."""
+        limit = self.attempt_limit(want)
+        watch = watchdog().watch(limit, resp.shutdown)
+        try:
+            return _stream_into(resp, want, out, what)
+        except BrokenRead as e:
+            if watch.cut:
+                raise BrokenRead(f"{what}: cut after {limit:.0f} s, its time limit (the stall timeout + 1 s per MiB): "
+                                 f"{e.delivered} of {want} bytes had arrived", e.delivered) from e
+            raise
+        finally:
+            watchdog().finish(watch)
 
     def read_into(self, path: str, offset: int, out: memoryview) -> int:
         """Fill a prefix of ``out`` with the object's bytes from ``offset``: how many (0 past the object's end)."""
@@ -120,19 +180,14 @@ class RangeReader:
         """One ranged GET into ``out``; the bytes delivered (short only at the object's end)."""
         what = f"GET {path} bytes {offset}-{offset + len(out) - 1}"  # never the presigned URL: it is a credential
         headers = {**self.headers, "Range": f"bytes={offset}-{offset + len(out) - 1}"}
-        try:
-            resp = self._pool.request("GET", url, headers=headers, preload_content=False, decode_content=False)
-        except urllib3.exceptions.MaxRetryError as e:  # a connect error or a stall before the headers
-            raise BrokenRead(f"{what}: {type(e.reason).__name__}: {e.reason}", 0) from e.reason
-        except Exception as e:
-            raise BrokenRead(f"{what}: {type(e).__name__}: {e}", 0) from e
+        resp = self._request(url, headers, what)
         try:
             try:
                 want = self._check(resp, path, offset, len(out), what, may_resign=self.kind == "s3" and not resigned)
             except _SignAnew:
                 pass
             else:
-                return _stream_into(resp, want, out, what)
+                return self._stream_watched(resp, want, out, what)
         finally:
             if not resp.closed:  # body not read to its end (an object of which we wanted a prefix, a long
                 resp.close()     # error page): this connection cannot serve another request
@@ -165,6 +220,12 @@ class RangeReader:
         if status == 200:
             text = "HTTP 200: the server ignored the Range header"
         raise BrokenRead(f"{what}: {text}", 0)
+
+
+def _endpoint(url: str) -> str:
+    """scheme://host:port of a URL (never its path or query: a presigned URL's query is a credential)."""
+    u = urllib3.util.parse_url(url)
+    return f"{u.scheme}://{u.host}" + (f":{u.port}" if u.port else "")
 
 
 class _SignAnew(Exception):

@@ -5,6 +5,8 @@ import errno
 import time
 from typing import Callable, TypeVar
 
+from streamwin.errors import StreamwinError
+
 T = TypeVar("T")
 
 
@@ -22,6 +24,8 @@ def permanent(error: BaseException) -> str | None:
         seen.add(id(e))
         if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
             return "connection refused"
+        if isinstance(e, ConnectionError) and str(e).startswith("cannot connect"):  # storage.manifests says so
+            return "cannot connect"
         names = {c.__name__ for c in type(e).__mro__}
         if names & {"NoCredentialsError", "PartialCredentialsError"}:
             return "no credentials (give key/secret in storage_options, or configure AWS credentials)"
@@ -32,14 +36,14 @@ def permanent(error: BaseException) -> str | None:
 def with_retries(call: Callable[[], T], *, retries: int, backoff: float) -> T:
     """``call()``, retried on transient errors with exponential backoff (``backoff``, 2x, 4x, ...).
 
-    A missing or forbidden object (FileNotFoundError, PermissionError) and an error that
-    retrying cannot help (see ``permanent``) are raised at once; any other error is raised as
-    is once ``retries`` retries have failed too.
+    A missing or forbidden object (FileNotFoundError, PermissionError), a StreamwinError (bad
+    data) and an error that retrying cannot help (see ``permanent``) are raised at once; any
+    other error is raised as is once ``retries`` retries have failed too.
     """
     for attempt in range(retries + 1):
         try:
             return call()
-        except (FileNotFoundError, PermissionError):
+        except (FileNotFoundError, PermissionError, StreamwinError):
             raise
         except Exception as e:
             if attempt == retries or permanent(e):

@@ -13,6 +13,10 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from streamwin.errors import StreamwinError
+
+REACH_TIMEOUT = 5.0  # seconds to connect (and to answer) when probing object storage
+
 
 def url_to_fs(url: str, storage_options: dict[str, Any] | None = None, *,
               own_retries: bool = False, fresh: bool = False) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -103,3 +107,29 @@ def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> b
             return False
         raise
     return True
+
+def reach(url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Fail fast, in one line, when the object storage of ``url`` (s3) cannot be reached or refuses us.
+
+    One listing of the URL's prefix with no retries and REACH_TIMEOUT seconds to connect and to
+    answer: a refused connection, an unknown host, a time-out, missing or rejected credentials
+    are a StreamwinError naming the URL and the cause within seconds, where the verb's own
+    calls (with retries for transient errors) would take tens of seconds and end in a
+    traceback. A missing prefix is no error here (the verb says what is missing).
+    """
+    if fsspec.core.split_protocol(str(url))[0] not in ("s3", "s3a"):
+        return
+    opts = dict(storage_options or {})
+    config = {"connect_timeout": REACH_TIMEOUT, "read_timeout": REACH_TIMEOUT, **(opts.get("config_kwargs") or {}),
+              "retries": {"total_max_attempts": 1}}
+    opts.update(config_kwargs=config, skip_instance_cache=True)
+    try:
+        fs, root = url_to_fs(url, opts, own_retries=True)
+        fs.ls(root, refresh=True)
+    except FileNotFoundError:
+        return
+    except PermissionError as e:
+        raise StreamwinError(f"access to {url} denied: {e} (check the credentials in --storage-option / "
+                             "storage_options or the environment)") from e
+    except Exception as e:
+        raise StreamwinError(f"cannot reach {url}: {type(e).__name__}: {e}") from e

@@ -1,0 +1,148 @@
+"""Every read verified: the chunks a read covers checked against the manifest's checksums.
+
+A read of shard bytes [lo, hi) verifies the whole chunks that hold them (formats/checks.py),
+so it reads up to a chunk (4 KiB) more at either end (``spans``); a local file mapped by the
+page maps those bytes anyway. A chunk whose checksum differs from the manifest's is damage:
+with on_error="raise" a ShardError naming the shard, the first member whose bytes the read
+needs in it, and the byte offset; with "skip" it is counted as a skipped range and only
+the windows whose steps lie in a damaged chunk are lost (``lost_windows``). Damage in bytes
+no window of the block needs (tar headers or json members between two read pieces) is not
+an error of this read.
+
+A read's edge chunks are partly other pieces' bytes: a neighbouring piece, read by another
+block, needs the same chunk. Each reading thread keeps the edge chunks it verified last
+(``EdgeChunks``, EDGE_BYTES), and a read whose edge chunk is there takes it from there
+instead of reading it again; so neighbouring pieces read a chunk they share once while it
+is kept, and a read costs its bytes plus at most a chunk at either end when it is not.
+Pure numpy besides the counters, no I/O.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from streamwin.errors import ShardError
+from streamwin.formats.checks import Checks
+from streamwin.read.counts import Counters
+from streamwin.read.members import Members
+
+Damage = tuple[int, int, int]  # (sequence, first step, end step) whose bytes failed verification
+EDGE_BYTES = 4 << 20  # verified edge chunks kept per reading thread
+
+
+class EdgeChunks:
+    """Verified chunks at the edges of recent reads, by (shard, chunk); the least recently used dropped first."""
+
+    def __init__(self, limit: int = EDGE_BYTES):
+        self.limit, self.nbytes = limit, 0
+        self.entries: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+
+    def get(self, k: int, j: int) -> np.ndarray | None:
+        """Chunk j of shard k, if kept."""
+        data = self.entries.get((k, j))
+        if data is not None:
+            self.entries.move_to_end((k, j))
+        return data
+
+    def keep(self, k: int, j: int, data: np.ndarray) -> None:
+        """Keep a copy of chunk j of shard k (verified)."""
+        if (k, j) in self.entries:
+            return
+        self.entries[(k, j)] = data.copy()
+        self.nbytes += len(data)
+        while self.nbytes > self.limit:
+            self.nbytes -= len(self.entries.popitem(last=False)[1])
+
+
+class Verifier:
+    """Chunk checks of one dataset's reads (a no-op when the manifest has none, or ``enabled`` is False)."""
+
+    def __init__(self, members: Members, counters: Counters, enabled: bool = True):
+        self.members, self.counters = members, counters
+        self.checks: Checks | None = members.manifest.checks if enabled else None
+        self._local = threading.local()
+
+    def edges(self) -> EdgeChunks:
+        """This thread's kept edge chunks (blocks are read on one thread; they need no lock)."""
+        local = self._local
+        if getattr(local, "edges", None) is None:
+            local.edges = EdgeChunks()
+        return local.edges
+
+    def reuse_edges(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, need_lo: np.ndarray,
+                    need_hi: np.ndarray, buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For reads of whole chunks [lo, hi) of runs that need [need_lo, need_hi), placed at ``at`` in ``buf``:
+        copy each edge chunk kept by this thread into place; (lo, hi) left to read (hi <= lo: nothing)."""
+        rlo, rhi = lo.copy(), hi.copy()
+        if self.checks is None:
+            return rlo, rhi
+        c, edges = self.checks.chunk, self.edges()
+        for j in range(len(lo)):
+            k, a, b = int(shard[j]), int(lo[j]), int(hi[j])
+            first = edges.get(k, a // c) if a < need_lo[j] else None
+            if first is not None and len(first) == min(c, b - a):
+                buf[at[j] : at[j] + len(first)] = first
+                rlo[j] = a + len(first)
+            last_at = (b - 1) // c * c
+            last = edges.get(k, last_at // c) if b > need_hi[j] and last_at >= rlo[j] else None
+            if last is not None and len(last) == b - last_at:
+                buf[at[j] + last_at - a : at[j] + b - a] = last
+                rhi[j] = last_at
+        return rlo, rhi
+
+    def keep_edges(self, k: int, a: int, data: np.ndarray, need_lo: int, need_hi: int) -> None:
+        """Keep the first and last chunk of verified bytes ``data`` of shard k (from ``a``) where they reach past
+        the bytes needed [need_lo, need_hi): a neighbouring read needs them."""
+        if self.checks is None or not len(data):
+            return
+        c, edges, b = self.checks.chunk, self.edges(), a + len(data)
+        if a < need_lo:
+            edges.keep(k, a // c, data[: min(c, len(data))])
+        last_at = (b - 1) // c * c
+        if b > need_hi and last_at >= a:
+            edges.keep(k, last_at // c, data[last_at - a :])
+
+    @property
+    def chunk(self) -> int:
+        """Bytes per chunk (0 when nothing is verified)."""
+        return self.checks.chunk if self.checks is not None else 0
+
+    def spans(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges to verify (and so to read) for ranges [lo, hi) of shards ``shard``: whole chunks."""
+        if self.checks is None:
+            return lo, hi
+        c = self.checks.chunk
+        return lo // c * c, np.minimum(-(-hi // c) * c, self.checks.sizes[shard])
+
+    def check(self, k: int, at: int, data: np.ndarray, seq: np.ndarray, need_lo: np.ndarray,
+              need_hi: np.ndarray) -> list[tuple[int, int, int]]:
+        """Verify shard k's bytes ``data`` (from byte ``at``, a chunk boundary). Of each damaged range that
+        overlaps a needed range [need_lo[u], need_hi[u]) (of member seq[u]): (u, first byte, end byte), after
+        raising (on_error "raise") or counting it (a skipped range, "skip")."""
+        if self.checks is None or not len(data):
+            return []
+        self.counters.add(bytes_verified=len(data))
+        out = []
+        for a, b in self.checks.bad(k, at, data):
+            hit = np.flatnonzero((need_hi > a) & (need_lo < b))
+            if not len(hit):
+                continue  # bytes of this read that no window needs (tar headers, json members between pieces)
+            u = int(hit[0])
+            self.counters.skip_or_raise(self.error(k, a, b, int(seq[u]), max(a, int(need_lo[u]))))
+            out += [(int(v), a, b) for v in hit.tolist()]
+        return out
+
+    def error(self, k: int, a: int, b: int, i: int, at: int) -> ShardError:
+        """The ShardError of damaged bytes [a, b) of shard k, named at member i and byte ``at``."""
+        return self.members.error(f"checksum mismatch: shard bytes {a}..{b} differ from what was packed (chunk "
+                                  f"checksums of {self.checks.chunk} bytes, {self.checks.algorithm})", i, k, at)
+
+
+def lost_windows(damage: list[Damage], seq: np.ndarray, start: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Which windows (of sequences ``seq``, steps [start, start + valid)) have a step in a damaged range."""
+    lost = np.zeros(len(seq), dtype=bool)
+    for i, s0, s1 in damage:
+        lost |= (seq == i) & (start < s1) & (start + valid > s0)
+    return lost

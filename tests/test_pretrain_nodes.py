@@ -1,0 +1,61 @@
+"""The crop stage's nodes resume exactly from their state at every step (tests/resume.py): a BlockReader that
+cuts its blocks into crops (drawn lengths, packed rows), the Batcher over packed rows of one or two sources,
+and torchdata's Prefetcher over it. Their states are cursors: the block index, the batch count."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from torchdata.nodes import Prefetcher
+
+import streamwin as sw
+from resume import assert_resumes_identically
+from streamwin.batch import PER_CROP
+from streamwin.nodes import BlockReader
+from streamwin.packer import CropBlock
+from test_nodes import batcher, two  # noqa: F401  (two: the corpora, a fixture)
+
+
+def dataset(urls, **kw):
+    args = dict(window=8, stride=4, batch_size=3, shuffle_buffer=40, seed=3, rank=0, world_size=2, min_window=3,
+                jitter=True) | kw
+    return sw.WindowDataset(urls if len(urls) > 1 else urls[0], **args)
+
+
+def digest(batch) -> str:
+    """The batch's fields, the per-crop ones cut to its ``crops`` (what follows them is not the batch's)."""
+    n = int(batch["crops"][0]) if "crops" in batch else None
+    fields = [v[:n] if n is not None and k in PER_CROP else v for k, v in sorted(batch.items())]
+    return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in fields)).hexdigest()
+
+
+def crops(block: CropBlock):
+    rows = None if block.row_ptr is None else (block.row_ptr.tolist(), block.offset.tolist())
+    return block.start.tolist(), block.length.tolist(), block.seq.tolist(), rows
+
+
+@pytest.mark.parametrize("pack", [None, 24])
+def test_a_cutting_block_reader_resumes_at_every_block(two, pack):
+    ds = dataset(two[:1], pack_length=pack)
+    plan = ds.plan(0, 0).sources[0]
+    blocks = assert_resumes_identically(lambda: BlockReader(ds.sources[0].reader(), plan, 0, readahead=2), crops)
+    assert len(blocks) == plan.num_blocks(0) > 1
+    if pack:
+        assert [len(b[3][0]) - 1 for b in blocks] == np.diff(plan.item_bounds(0)).tolist()
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("pack", [None, 24])
+def test_the_batcher_over_crops_resumes_at_every_batch(two, mixed, pack):
+    ds = dataset(two if mixed else two[:1], pack_length=pack, **({"weights": [0.7, 0.3]} if mixed else {}))
+    batches = assert_resumes_identically(lambda: batcher(ds), digest)
+    assert len(batches) == ds.plan(1, 2).batches_per_stream > 3
+
+
+def test_torchdatas_prefetcher_over_a_packed_batcher_resumes_at_every_batch(two):
+    ds = dataset(two, pack_length=24, missing="mask")
+    plain = assert_resumes_identically(lambda: batcher(ds), digest)
+    prefetched = assert_resumes_identically(lambda: Prefetcher(batcher(ds), prefetch_factor=2), digest,
+                                            shutdown=lambda node: node.source.shutdown())
+    assert prefetched == plain
