@@ -208,13 +208,15 @@ def test_a_worker_in_a_stalled_read_dies_with_its_trainer(served, tmp_path):
             proc.kill()
 
 
-def _children(pid: int, wait: float) -> list[int]:
+def _children(pid: int, wait: float, besides: frozenset[int] = frozenset()) -> list[int]:
+    """The child processes of ``pid`` other than ``besides`` (those it had before), once it has one."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < wait:
         try:
             kids = [int(x) for x in open(f"/proc/{pid}/task/{pid}/children").read().split()]
         except OSError:
             kids = []
+        kids = [k for k in kids if k not in besides]
         if kids:
             return kids
         time.sleep(0.1)
@@ -240,9 +242,10 @@ def test_a_stopped_worker_is_named_within_the_silence_limit(served, monkeypatch)
     monkeypatch.setattr(pool, "SILENT_S", 2.0)
     loader = sw.WindowLoader(sw.WindowDataset(srv.url("ds"), window=8, batch_size=4, shuffle_buffer=64),
                              num_workers=1, prefetch_factor=1)
+    before = frozenset(_children(os.getpid(), wait=0.01))  # the suite's servers and other tests' helpers
     it = iter(loader)
     next(it)
-    worker, = _children(os.getpid(), wait=5)
+    worker, = _children(os.getpid(), wait=5, besides=before)
     os.kill(worker, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
