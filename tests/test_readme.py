@@ -9,6 +9,8 @@ import re
 import shutil
 import subprocess
 import sys
+import argparse
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,44 @@ def test_elastic_resume_snippet_runs_as_pasted(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     m = re.search(r"batches per rank: \[(\d+), (\d+), (\d+)\] after 10, len (\d+)", r.stdout)
     assert m and len(set(m.groups()[:3])) == 1 and int(m.group(4)) == 10 + int(m.group(1)) > 10, r.stdout
+
+
+class _Parsed(Exception):
+    """Raised instead of parsing: carries the example's parser out of its main()."""
+
+
+def parser_of(script: str, monkeypatch) -> argparse.ArgumentParser:
+    """The argument parser an example builds, caught where it would parse (nothing of the example runs)."""
+    spec = importlib.util.spec_from_file_location(f"example_{script[:-3]}", REPO / "examples" / script)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    spec.loader.exec_module(module)
+
+    def caught(self, args=None, namespace=None):
+        raise _Parsed(self)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
+    with pytest.raises(_Parsed) as got:
+        module.main([])
+    return got.value.args[0]
+
+
+@pytest.mark.parametrize("script", ["train_ddp.py", "train_lightning.py", "hpo_optuna.py"])
+def test_the_examples_readme_states_each_scripts_defaults(script, monkeypatch):
+    """examples/README.md: every default it states for a script (its "Defaults:" line, and "`--x`
+    ... (default N" in its prose) is the default of that script's parser."""
+    text = _example_section(script)
+    stated = re.findall(r"`(--[\w-]+) ([^`]+)`", text.split("Defaults:", 1)[1].split("\n\n", 1)[0])
+    stated += re.findall(r"`(--[\w-]+)(?: [A-Z]+)?`[^`(]*\(default:? ([\w.]+)", text)
+    assert len(stated) >= 5, text
+    parser = parser_of(script, monkeypatch)
+    for option, value in stated:
+        default = parser.get_default(option[2:].replace("-", "_"))
+        assert str(default) == value, f"examples/README.md says {option} defaults to {value}; {script}: {default}"
+    assert "DataLoader workers per rank" not in text
+
+
+def _example_section(script: str) -> str:
+    text = (REPO / "examples" / "README.md").read_text()
+    m = re.search(rf"^## {re.escape(script)}:.*?\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    assert m, f"examples/README.md has no section for {script}"
+    return m.group(1)
