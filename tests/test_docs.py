@@ -40,6 +40,12 @@ RUN_ELSEWHERE = {
     ("docs/packing.md", "Packing a corpus on a cluster", "import numpy as np"):
         "tests/test_pack_sources.py::test_the_readme_chronos_corpus_packs_end_to_end",
 }
+#: (page, heading, start of first line): what the block's output must show (stdout and stderr).
+EXPECT = {
+    ("README.md", "From nothing to a resumed DDP run", "python - <<'PY'"): r"resumed from ckpt/sines.pt: step 40, epoch 0",
+    ("README.md", "The `streamwin` command", "python -c"): r"merged \d+ shards, 200 sequences",
+    ("docs/integrity.md", "Validation, splits, faults, caching", "import streamwin as sw"): r"'skipped_windows': 0",
+}
 #: What only a cluster, a scheduler or a real bucket runs: a block holding one must be marked.
 NEEDS_ELSEWHERE = re.compile(r"\bsbatch\b|\bsrun\b|--nnodes|ray://|s3://bucket|address=\"ray")
 FENCE = re.compile(r"^(?:<!-- not run: (?P<why>.+?) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)^```$", re.M | re.S)
@@ -56,7 +62,7 @@ class Block:
     @property
     def key(self) -> tuple[str, str, str]:
         first = self.code.splitlines()[0]
-        for k in (*NOT_RUN, *RUN_ELSEWHERE):
+        for k in (*NOT_RUN, *RUN_ELSEWHERE, *EXPECT):
             if k[:2] == (self.page, self.heading) and first.startswith(k[2]):
                 return k
         return (self.page, self.heading, first)
@@ -97,7 +103,7 @@ def run_block(block: Block, cwd: Path) -> str:
     r = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, (f"{block.page}, under {block.heading!r}: the {block.lang} block starting "
                                f"{block.code.splitlines()[0]!r} fails as pasted:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-    return r.stdout
+    return r.stdout + r.stderr
 
 
 def to_run(page: str) -> list[Block]:
@@ -110,7 +116,9 @@ def test_every_block_of_the_page_runs_as_pasted(page, tmp_path):
     for name in ("examples", "tools", "benchmarks"):
         (tmp_path / name).symlink_to(REPO / name)
     for block in todo:
-        run_block(block, tmp_path)
+        out = run_block(block, tmp_path)
+        if block.key in EXPECT:
+            assert re.search(EXPECT[block.key], out), f"{block.key}: no {EXPECT[block.key]!r} in:\n{out[-3000:]}"
 
 
 def test_blocks_that_do_not_run_here_are_marked_and_listed():
@@ -127,6 +135,7 @@ def test_blocks_that_do_not_run_here_are_marked_and_listed():
 
 def test_blocks_run_elsewhere_exist_and_their_tests_too():
     keys = {b.key for page in PAGES for b in blocks(page)}
+    assert set(EXPECT) <= keys, f"no block {set(EXPECT) - keys}: update EXPECT"
     for key, test in RUN_ELSEWHERE.items():
         assert key in keys, f"no block {key}: update RUN_ELSEWHERE"
         path, name = test.split("::")
