@@ -148,9 +148,19 @@ def test_every_docs_page_is_linked_from_the_readme():
     assert not missing, f"README.md links no {missing}"
 
 
-@pytest.mark.parametrize("page", PAGES)
-def test_relative_links_resolve(page):
-    text = (REPO / page).read_text()
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
-        if "://" not in target:
-            assert (REPO / page).parent.joinpath(target).resolve().exists(), f"{page} links {target}, which is not there"
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes of a markdown file's headings (lower case, punctuation dropped, spaces -> -)."""
+    text = re.sub(r"^```.*?^```$", "", path.read_text(), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("page", [*PAGES, "examples/README.md"])
+def test_relative_links_and_their_anchors_resolve(page):
+    here = REPO / page
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", here.read_text()):
+        if "://" in target:
+            continue
+        path = here.parent.joinpath(target).resolve() if target else here
+        assert path.exists(), f"{page} links {target}, which is not there"
+        if anchor and path.suffix == ".md":
+            assert anchor in anchors(path), f"{page} links {target}#{anchor}: no such heading in {path.name}"
