@@ -34,7 +34,8 @@ RUN_ELSEWHERE = {
     ("README.md", "Quick start", "import numpy as np"): "tests/test_readme.py::test_quick_start_runs_as_pasted",
     ("docs/resume.md", "Elastic resume", "import numpy as np"):
         "tests/test_readme.py::test_elastic_resume_snippet_runs_as_pasted",
-    ("docs/mixing.md", "Mixing datasets", "import numpy as np"): "tests/test_mix.py::test_readme_mixing_snippet_runs_as_pasted",
+    ("docs/mixing.md", "Mixing datasets", "import numpy as np"):
+        "tests/test_mix.py::test_readme_mixing_snippet_runs_as_pasted",
     ("docs/pretraining.md", "Pretraining a foundation model", "import numpy as np"):
         "tests/test_pretrain.py::test_readme_pretraining_snippet_runs_as_pasted",
     ("docs/packing.md", "Packing a corpus on a cluster", "import numpy as np"):
@@ -42,7 +43,8 @@ RUN_ELSEWHERE = {
 }
 #: (page, heading, start of first line): what the block's output must show (stdout and stderr).
 EXPECT = {
-    ("README.md", "From nothing to a resumed DDP run", "python - <<'PY'"): r"resumed from ckpt/sines.pt: step 40, epoch 0",
+    ("README.md", "From nothing to a resumed DDP run", "python - <<'PY'"):
+        r"resumed from ckpt/sines.pt: step 40, epoch 0",
     ("README.md", "The `streamwin` command", "python -c"): r"merged \d+ shards, 200 sequences",
     ("docs/integrity.md", "Validation, splits, faults, caching", "import streamwin as sw"): r"'skipped_windows': 0",
 }
@@ -102,7 +104,8 @@ def run_block(block: Block, cwd: Path) -> str:
         cmd, where = ["bash", "-e", "-o", "pipefail", "-c", block.code], cwd
     r = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, (f"{block.page}, under {block.heading!r}: the {block.lang} block starting "
-                               f"{block.code.splitlines()[0]!r} fails as pasted:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+                               f"{block.code.splitlines()[0]!r} fails as pasted:\n"
+                               f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     return r.stdout + r.stderr
 
 
@@ -126,7 +129,8 @@ def test_blocks_that_do_not_run_here_are_marked_and_listed():
     marked = {b.key: b.not_run for b in every if b.not_run is not None}
     assert set(marked) == set(NOT_RUN), f"marked in the pages: {sorted(marked)}; listed here: {sorted(NOT_RUN)}"
     unmarked = [b.key for b in every if b.not_run is None and NEEDS_ELSEWHERE.search(b.code)]
-    assert not unmarked, f"these blocks need a cluster, a scheduler or a bucket: mark them `<!-- not run: why -->`: {unmarked}"
+    assert not unmarked, ("these blocks need a cluster, a scheduler or a bucket: "
+                          f"mark them `<!-- not run: why -->`: {unmarked}")
     print(f"\n{len(every)} blocks: {len(every) - len(marked) - len(RUN_ELSEWHERE)} run here, "
           f"{len(RUN_ELSEWHERE)} by other tests, {len(marked)} not run:")
     for key, why in sorted(marked.items()):
