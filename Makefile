@@ -3,15 +3,21 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Where pip looks for torch besides its usual places. Unset (the default): PyPI, whose torch==2.13.0
+# on Linux x86_64 is the CUDA build (~2.5 GB with its nvidia-* wheels). TORCH_INDEX=cpu: PyTorch's
+# CPU wheels (~190 MB); or any index URL. `make setup TORCH_INDEX=cpu`.
+TORCH_INDEX ?=
+TORCH_INDEX_URL := $(if $(filter cpu,$(TORCH_INDEX)),https://download.pytorch.org/whl/cpu,$(TORCH_INDEX))
+TORCH_PIP := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 
 .PHONY: setup demo test bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	# torch is pinned first so that nothing downstream pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
+	# torch is pinned first so that nothing downstream pulls another build of it.
+	$(PY) -m pip install -q $(TORCH_PIP) torch==2.13.0
 	# the cluster extras ([ray], [dask], [hf]) too, for their tests; with torch again, so none pulls another build
-	$(PY) -m pip install -q torch==2.13.0 -e ".[dev,ray,dask,hf]"
+	$(PY) -m pip install -q $(TORCH_PIP) torch==2.13.0 -e ".[dev,ray,dask,hf]"
 	touch $(STAMP)
 
 setup: $(STAMP)

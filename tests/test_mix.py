@@ -354,11 +354,11 @@ def test_readme_mixing_snippet_runs_as_pasted(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    text = (repo / "README.md").read_text()
-    m = re.search(r"^### Mixing datasets\n(.*?)(?=^#{1,3} |\Z)", text, flags=re.M | re.S)
-    assert m, "README.md has no 'Mixing datasets' subsection"
+    text = (repo / "docs" / "mixing.md").read_text()
+    m = re.search(r"^# Mixing datasets\n(.*?)(?=^# |\Z)", text, flags=re.M | re.S)
+    assert m, "docs/mixing.md has no 'Mixing datasets' section"
     blocks = re.findall(r"^```python\n(.*?)^```", m.group(1), flags=re.M | re.S)
-    assert len(blocks) == 1, "the subsection has one python block"
+    assert len(blocks) == 1, "the page has one python block"
     r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(repo)))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -128,15 +128,15 @@ def test_fsspec_urls_and_globs_work_where_paths_do(tmp_path):
 
 
 def test_the_readme_chronos_corpus_packs_end_to_end(tmp_path):
-    """README, "Packing a corpus on a cluster": its first python block runs as pasted (Dask, a LocalCluster)."""
+    """docs/packing.md, "Packing a corpus on a cluster": its first python block runs as pasted (Dask, a LocalCluster)."""
     import re
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    readme = (repo / "README.md").read_text()
-    section = readme.split("### Packing a corpus on a cluster", 1)[1]
+    page = (repo / "docs" / "packing.md").read_text()
+    section = page.split("## Packing a corpus on a cluster", 1)[1]
     block = re.search(r"^```python\n(.*?)^```", section, flags=re.M | re.S).group(1)
     (tmp_path / "chronos.py").write_text(block)
     r = subprocess.run([sys.executable, "chronos.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,

@@ -257,7 +257,7 @@ def test_rows_are_97_percent_full_for_lengths_64_to_512_into_2048(tmp_path):
 def test_readme_pretraining_snippet_runs_as_pasted(tmp_path):
     from test_readme import code_blocks, section
 
-    blocks = code_blocks(section("Pretraining a foundation model"), "python")
+    blocks = code_blocks(section("Pretraining a foundation model", "docs/pretraining.md"), "python")
     assert len(blocks) == 1
     r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parent.parent)))
