@@ -65,7 +65,7 @@ LIMITS = ("read", "copy")
 SYSTEMS = PIPELINES + LIMITS
 #: The copy ceiling runs at least this many windows so that its timing is not noise.
 MIN_COPY_WINDOWS = 1_000_000
-#: Targets the project sets (README): streamwin vs the webdataset pipeline and vs the copy ceiling.
+#: Targets the project sets (docs/performance.md): streamwin vs the webdataset pipeline and vs the copy ceiling.
 TARGET_VS_WEBDATASET = 3.0
 TARGET_VS_COPY = 0.5
 #: Verification (chunk checksums) may cost at most this share of streamwin's throughput (issue 20).

@@ -212,7 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--horizon", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=64, help="windows per batch per rank")
     p.add_argument("--shuffle-buffer", type=int, default=4096)
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank (0: in-process, often fastest)")
+    p.add_argument("--workers", type=int, default=0, help="streamwin worker processes per rank (0: in-process; 1 or more keeps the gather off the training thread)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--hidden", type=int, default=128)

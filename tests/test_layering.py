@@ -30,7 +30,7 @@ ORDER = [
     "feed.stats", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.worker", "feed.pool",
     "feed.feeds", "feed.device_feeds", "feed",
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
-    "__init__",
+    "__init__", "__main__",
 ]
 PURE = {"errors", "arguments", "formats", "storage", "plan", "packing", "read", "state", "source", "packer"}  # no torch
 READ_SIDE = {"plan", "read", "state", "source", "packer", "batch", "nodes", "dataset", "pipeline", "feed", "loader"}
