@@ -47,9 +47,7 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
@@ -62,9 +60,11 @@ from torch import nn
 
 try:  # imported as benchmarks.gpu_feed
     from . import data, throughput
+    from .children import run_child as run_in_child
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import data
     import throughput
+    from children import run_child as run_in_child
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("streamwin", "streamwin-device", "webdataset")
@@ -372,23 +372,9 @@ def _child_env(streamwin_root: str | None) -> dict[str, str]:
 def run_job(job: dict[str, Any], timeout: float, env: dict[str, str]) -> dict[str, Any]:
     """Run one job in a fresh child process; a crash or timeout gives a record with ``error``."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)]
-    cpu_before, wall_before = throughput._busy_cpu_seconds(), time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
-                             env=env, start_new_session=True)
-    try:
-        stdout, stderr = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the child's own session: it and its workers only
-        stdout, stderr = child.communicate()
-        stderr += f"\ntimed out after {timeout:.0f}s"
-    wall = time.perf_counter() - wall_before
-    record = throughput._parse_record(stdout)
-    if record is None or child.returncode != 0:
-        record = {k: job[k] for k in ("kind", "model", "case", "repeat")}
-        record.update(error=f"exit {child.returncode}", stderr_tail=stderr[-2000:])
-    cpu_after = throughput._busy_cpu_seconds()
-    others = (cpu_after["busy"] - cpu_before["busy"]) - (cpu_after["own"] - cpu_before["own"])
-    record["other_cpu_cores"] = max(0.0, others) / max(wall, 1e-9)
+    run = run_in_child(cmd, timeout, cwd=str(REPO), env=env)
+    record = run.record or {**{k: job[k] for k in ("kind", "model", "case", "repeat")}, **run.failed()}
+    record["other_cpu_cores"] = run.other_cpu_cores
     return record
 
 

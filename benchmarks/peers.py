@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ if str(HERE) not in sys.path:
 
 import data  # noqa: E402
 import throughput  # noqa: E402
+from children import run_child as run_in_child  # noqa: E402
 from peers_report import CHECK_NAMES, FEED_WORKERS, markdown_table, plot  # noqa: E402
 from peers_systems import Params, System, all_systems, tree_bytes  # noqa: E402
 
@@ -54,27 +54,11 @@ REPO = HERE.parent
 def run_child(python: str, job: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run one job in a fresh ``python``; its record plus the sampled peak memory of its tree."""
     cmd = [python, str(Path(__file__).resolve()), "--child", json.dumps(job)]
-    cpu_before, wall_before = throughput._busy_cpu_seconds(), time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
-                             start_new_session=True)
-    sampler = throughput.TreeSampler(child.pid).start()
-    try:
-        stdout, stderr = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the child's own session: it and its workers only
-        stdout, stderr = child.communicate()
-        stderr += f"\ntimed out after {timeout:.0f}s"
-    finally:
-        sampler.stop()
-    wall = time.perf_counter() - wall_before
-    record = throughput._parse_record(stdout)
+    run = run_in_child(cmd, timeout, cwd=str(REPO), sample_memory=True)
     base = {k: job[k] for k in ("kind", "system", "workers", "repeat", "pair") if k in job}
-    if record is None or child.returncode != 0:
-        record = {"error": f"exit {child.returncode}", "stderr_tail": stderr[-2500:]}
-    cpu_after = throughput._busy_cpu_seconds()
-    others = (cpu_after["busy"] - cpu_before["busy"]) - (cpu_after["own"] - cpu_before["own"])
-    return {**base, **record, "peak_pss_mb": sampler.peak_pss / 1e6, "wall_s": wall,
-            "other_cpu_cores": max(0.0, others) / max(wall, 1e-9)}
+    record = run.record or run.failed(2500)
+    return {**base, **record, "peak_pss_mb": run.peak_pss_mb, "wall_s": run.wall_s,
+            "other_cpu_cores": run.other_cpu_cores}
 
 
 def child_main(job_json: str) -> None:

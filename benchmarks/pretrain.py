@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,11 +42,12 @@ from typing import Any, Iterator
 import torch
 
 try:  # imported as benchmarks.pretrain
-    from . import data, gpu_feed, throughput
+    from . import data, gpu_feed
+    from .children import run_child as run_in_child
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import data
     import gpu_feed
-    import throughput
+    from children import run_child as run_in_child
 
 REPO = Path(__file__).resolve().parent.parent
 WINDOW, STRIDE, SHORTEST, ROW, PATCH = 512, 256, 64, 2048, 16
@@ -143,14 +143,10 @@ def run_job(job: dict[str, Any], timeout: float) -> dict[str, Any]:
     of the machine used meanwhile (``other_cpu_cores``: on a shared machine, what a timing competed with)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    before, started = throughput._busy_cpu_seconds(), time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(REPO), env=env)
-    after, wall = throughput._busy_cpu_seconds(), time.perf_counter() - started
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {**{k: job[k] for k in ("kind", "case", "repeat")}, "error": proc.stderr[-2000:]}
-    others = (after["busy"] - before["busy"]) - (after["own"] - before["own"])
-    return {**json.loads(lines[-1]), "other_cpu_cores": max(0.0, others) / max(wall, 1e-9)}
+    run = run_in_child(cmd, timeout, cwd=str(REPO), env=env)
+    if run.record is None:
+        return {**{k: job[k] for k in ("kind", "case", "repeat")}, "error": run.stderr[-2000:]}
+    return {**run.record, "other_cpu_cores": run.other_cpu_cores}
 
 
 def medians(records: list[dict], kind: str, case: str, key: str) -> float | None:

@@ -32,21 +32,20 @@ import json
 import os
 import platform
 import resource
-import signal
 import statistics
-import subprocess
 import sys
 import textwrap
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 try:  # imported as benchmarks.throughput
     from . import data
+    from .children import run_child
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import data
+    from children import run_child
 
 
 
@@ -224,52 +223,6 @@ def run_case(case: str, data_dir: Path, params: Params, workers: int) -> dict[st
 # =========================================================================== parent side
 
 
-@dataclass
-class TreeSampler:
-    """Samples RSS and PSS summed over a process and all its descendants, keeping the peaks."""
-
-    pid: int
-    interval: float = 0.1
-    peak_rss: int = 0
-    peak_pss: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> "TreeSampler":
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        import psutil  # noqa: PLC0415
-
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.Error:
-            return
-        while not self._stop.is_set():
-            rss = pss = 0
-            try:
-                procs = [root] + root.children(recursive=True)
-            except psutil.Error:
-                break
-            for proc in procs:
-                try:
-                    info = proc.memory_full_info()
-                except psutil.Error:
-                    continue
-                rss += info.rss
-                pss += getattr(info, "pss", info.rss)
-            self.peak_rss = max(self.peak_rss, rss)
-            self.peak_pss = max(self.peak_pss, pss)
-            self._stop.wait(self.interval)
-
-
 def run_case_subprocess(case: str, workers: int, data_dir: Path, params: Params,
                         timeout: float = 900.0) -> dict[str, Any]:
     """Run ``--case`` in a fresh child process and return its record plus sampled memory.
@@ -278,56 +231,10 @@ def run_case_subprocess(case: str, workers: int, data_dir: Path, params: Params,
     """
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", case, "--workers", str(workers),
            "--data-dir", str(data_dir), *params.cli()]
-    cpu_before = _busy_cpu_seconds()
-    wall_before = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=str(REPO), start_new_session=True)
-    sampler = TreeSampler(child.pid).start()
-    try:
-        stdout, stderr = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the child's own session: it and its workers only
-        stdout, stderr = child.communicate()
-        stderr += f"\ntimed out after {timeout:.0f}s"
-    finally:
-        sampler.stop()
-    wall = time.perf_counter() - wall_before
-    record = _parse_record(stdout)
-    if record is None or child.returncode != 0:
-        record = {"case": case, "workers": workers if case in PIPELINES else None,
-                  "error": f"exit {child.returncode}", "stderr_tail": stderr[-2000:]}
-    cpu_after = _busy_cpu_seconds()
-    others = (cpu_after["busy"] - cpu_before["busy"]) - (cpu_after["own"] - cpu_before["own"])
-    record["other_cpu_cores"] = max(0.0, others) / max(wall, 1e-9)
-    record["peak_tree_rss_mb"] = sampler.peak_rss / 1e6
-    record["peak_pss_mb"] = sampler.peak_pss / 1e6
+    run = run_child(cmd, timeout, cwd=str(REPO), sample_memory=True)
+    record = run.record or {"case": case, "workers": workers if case in PIPELINES else None, **run.failed()}
+    record.update(other_cpu_cores=run.other_cpu_cores, peak_tree_rss_mb=run.peak_rss_mb, peak_pss_mb=run.peak_pss_mb)
     return record
-
-
-def _busy_cpu_seconds() -> dict[str, float]:
-    """CPU seconds the whole machine was busy (steal included), and those this process and
-    its reaped descendants used; their difference over a run is what others took."""
-    import psutil  # noqa: PLC0415
-
-    t = psutil.cpu_times()
-    busy = sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
-    own = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        own += usage.ru_utime + usage.ru_stime
-    return {"busy": busy, "own": own}
-
-
-def _parse_record(stdout: str) -> dict[str, Any] | None:
-    """The last JSON object line a child printed, or None."""
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                return None
-    return None
 
 
 def plan_runs(systems: Sequence[str], workers: Sequence[int], repeats: int) -> list[tuple[str, int]]:
