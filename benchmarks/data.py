@@ -39,6 +39,17 @@ MARKER = "corpus.json"
 
 
 @dataclass(frozen=True)
+class WindowSetup:
+    """The window, batch and shuffle setup every benchmark runs with (perf-notes); each adds its own fields."""
+
+    window: int = 256
+    stride: int = 64
+    batch_size: int = 256
+    shuffle_buffer: int = 10_000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class CorpusSpec:
     """Everything that determines a corpus's bytes (plus the shard size and writer)."""
 

@@ -85,14 +85,9 @@ GPU_WAIT_TARGETS = {"small": 0.03, "mlp": 0.10}
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(data.WindowSetup):
     """What every child runs with: the window setup, the step counts and the device."""
 
-    window: int = 256
-    stride: int = 64
-    batch_size: int = 256
-    shuffle_buffer: int = 10_000
-    seed: int = 0
     features: int = 8
     steps: int = 300
     warmup: int = 30
@@ -182,7 +177,7 @@ def _webdataset_loader(workers: int, data_dir: str, p: Params, cuda: bool, persi
     """The baselines' webdataset pipeline in a plain DataLoader, as the probe ran it."""
     import webdataset as wds  # noqa: PLC0415
 
-    baselines = throughput._baselines()
+    baselines = throughput.baselines_module()
     shards = data.shard_paths(data_dir)
     dataset = (wds.WebDataset(shards, shardshuffle=len(shards), seed=p.seed, nodesplitter=wds.split_by_node,
                               workersplitter=wds.split_by_worker, empty_check=False)
@@ -194,7 +189,7 @@ def _webdataset_loader(workers: int, data_dir: str, p: Params, cuda: bool, persi
 
 def batches_forever(loader: Any) -> Iterator[torch.Tensor]:
     """The loader's [B, W, F] tensors, epoch after epoch (set_epoch before each pass)."""
-    batch_tensor = throughput._baselines().batch_tensor
+    batch_tensor = throughput.baselines_module().batch_tensor
     epoch = 0
     while True:
         if hasattr(loader, "set_epoch"):
@@ -735,7 +730,7 @@ def parent_main(args: argparse.Namespace) -> int:
     models, cases = _selection(args, device)
     repeats = args.repeats or (1 if args.quick else 3)
     header = _header(p, data_dir, models, repeats)
-    throughput._baselines().read_limit(data.shard_paths(data_dir), min_seconds=0.0)  # warm the page cache
+    throughput.baselines_module().read_limit(data.shard_paths(data_dir), min_seconds=0.0)  # warm the page cache
     common = {"params": asdict(p), "data": str(data_dir)}
     jobs = [{**job, **common} for job in plan_runs(models, cases.run, cases.loader, repeats)]
     records = _run_all(jobs, args.timeout)

@@ -158,7 +158,7 @@ def warm(system: System, corpus: Path, store: Path) -> float:
     files = [str(f) for path in system.disk(corpus, store)
              for f in ([path] if path.is_file() else sorted(path.rglob("*"))) if Path(f).is_file()]
     started = time.perf_counter()
-    throughput._baselines().read_limit(files, min_seconds=0.0)
+    throughput.baselines_module().read_limit(files, min_seconds=0.0)
     return time.perf_counter() - started
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import itertools
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -35,15 +34,7 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
     import data
 
 
-@dataclass(frozen=True)
-class Params:
-    """The window, batch and shuffle setup of every system (perf-notes)."""
-
-    window: int = 256
-    stride: int = 64
-    batch_size: int = 256
-    shuffle_buffer: int = 10_000
-    seed: int = 0
+Params = data.WindowSetup  # the window, batch and shuffle setup of every system
 
 
 def iter_sequences(corpus: Path) -> Iterator[tuple[str, np.ndarray]]:

@@ -49,7 +49,7 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
 
 
 
-def _baselines():
+def baselines_module():
     """The baselines module, imported lazily (it imports torch; the parent stays light)."""
     try:
         from . import baselines  # noqa: PLC0415
@@ -72,14 +72,9 @@ TARGET_CHECKSUM_COST = 0.05
 
 
 @dataclass(frozen=True)
-class Params:
-    """The window/batch/shuffle setup every system is run with (perf-notes defaults)."""
+class Params(data.WindowSetup):
+    """The window setup every system is run with, and where a run stops."""
 
-    window: int = 256
-    stride: int = 64
-    batch_size: int = 256
-    shuffle_buffer: int = 10_000
-    seed: int = 0
     max_windows: int = 0  # 0: one full epoch
 
     def cli(self) -> list[str]:
@@ -96,7 +91,7 @@ def preload(case: str) -> None:
     """Import what a case needs before its clock starts, so import time is not set-up time."""
     import torch  # noqa: F401, PLC0415
 
-    _baselines()
+    baselines_module()
     if case in ("webdataset", "baseline"):
         import webdataset  # noqa: F401, PLC0415
     if case in ("streamwin", "streamwin-unverified", "baseline") and data.streamwin_api() is not None:
@@ -118,7 +113,7 @@ def build_pipeline(case: str, data_dir: Path, params: Params, workers: int) -> I
             raise SystemExit(f"{data_dir} was packed without chunk checksums: delete it (it is written anew) "
                              "to measure what verifying them costs")
         return sw.WindowLoader(dataset, num_workers=workers)
-    baselines = _baselines()
+    baselines = baselines_module()
 
     paths = data.shard_paths(data_dir)
     if case == "webdataset":
@@ -142,7 +137,7 @@ def consume(batches: Iterable[Any], max_windows: int) -> dict[str, float]:
 
     Returns counts and the times of iteration start, first batch and end (perf_counter).
     """
-    baselines = _baselines()
+    baselines = baselines_module()
 
     windows = batches_seen = nbytes = 0
     checksum = 0.0
@@ -189,7 +184,7 @@ def run_case(case: str, data_dir: Path, params: Params, workers: int) -> dict[st
     if case == "baseline":  # the interpreter with every module imported and no data: memory's zero
         record.update(windows_per_s=None, mb_per_s=None, first_batch_s=None, setup_s=0.0, workers=None)
     elif case == "read":
-        result = _baselines().read_limit(data.shard_paths(data_dir))
+        result = baselines_module().read_limit(data.shard_paths(data_dir))
         record.update(bytes=result["bytes"], seconds=result["seconds"],
                       mb_per_s=result["bytes_per_s"] / 1e6, windows_per_s=None,
                       first_batch_s=None, setup_s=0.0, workers=None)
@@ -464,7 +459,7 @@ def parent_main(args: argparse.Namespace) -> int:
               f"{spec.dtype}; W={params.window} stride={params.stride} batch={params.batch_size} "
               f"shuffle={params.shuffle_buffer}; {expected:,} windows/epoch; median of {repeats}")
     print(f"# throughput: {header}", flush=True)
-    _baselines().read_limit(data.shard_paths(data_dir))  # warm the page cache
+    baselines_module().read_limit(data.shard_paths(data_dir))  # warm the page cache
 
     records = []
     for case, workers in plan_runs(systems, args.workers, repeats):
