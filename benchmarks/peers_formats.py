@@ -1,8 +1,8 @@
 """The peers that store records of their own format: MosaicML Streaming, LitData, Hugging Face datasets.
 
-None of them cuts overlapping windows out of variable-length records at read time, so each has two
-reasonable set-ups for this job, both measured (peers.py shows the faster, named, and the other in
-the notes):
+None of them cuts overlapping windows out of variable-length records as it iterates, so each has
+two reasonable set-ups for this job, LitData a third; all are measured (peers.py shows each peer's
+faster, named, and the others in a second table):
 
 - ``mosaic-windows``: every window a sample of an MDS dataset (``MDSWriter``, column
   ``ndarray:float32:256,8``), fixed-size samples as Mosaic's docs and LLM Foundry's converters make
@@ -15,6 +15,10 @@ the notes):
 - ``litdata-windows`` / ``litdata-seqs``: the same two set-ups with ``litdata.optimize`` chunks and
   ``StreamingDataset(dir, shuffle=True, seed)`` (+ ``StreamingDataLoader`` for windows). Ranks are
   simulated by giving the dataset the ``_DistributedEnv`` it would detect from torch.distributed.
+- ``litdata-temporal``: LitData's own window API (its README and ``examples/temporal_arrays``):
+  every sequence a ``TemporalArrayLoader`` record, each window a ``read_window(record, start, W)``
+  of a map-style (record, start) index over ``frame_counts``, the sampler, rank split and resume
+  the application's (StatefulDataLoader(shuffle=True), a DistributedSampler for ranks).
 - ``hf-arrow``: the sequences as an Arrow dataset (``Array2D((None, 8))``), every window
   materialized by a batched ``map`` into an Arrow file of ``Array2D((256, 8))`` rows,
   ``with_format("torch")``, ``split_dataset_by_node`` for ranks, torchdata's StatefulDataLoader
