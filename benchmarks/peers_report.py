@@ -125,7 +125,8 @@ def plot(rows: list[dict[str, Any]], workers: Sequence[int], path: Path, title: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    names = [r["system"] + "\n" + " ".join(f"{t}{'✓' if short(r[k]) == 'yes' else '✗'}"
+    marks = {"yes": "✓", "n/a": "–"}  # a check not run is no failure
+    names = [r["system"] + "\n" + " ".join(f"{t}{marks.get(short(r[k]), '✗')}"
                                          for t, k in zip(("R", "E", "S"), CHECK_NAMES)) for r in rows]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 1.4]})
     width = 0.8 / len(workers)
