@@ -42,15 +42,27 @@ class Fields:
 
     def __init__(self, layout: BatchLayout):
         self.nbytes = layout.nbytes
-        self.spans = [(f.name, f.offset, f.offset + f.nbytes, torch_dtype(f.dtype), f.shape)
-                      for f in layout.fields if f.name not in HOST_ONLY]
+        # per dtype, its fields as (name, shape, strides, offset) in elements: one view of the buffer per dtype,
+        # then one as_strided per field (fields start 64-byte aligned, so every offset is whole elements)
+        self.groups: dict[torch.dtype, list] = {}
+        self.order = [f.name for f in layout.fields if f.name not in HOST_ONLY]
+        for f in layout.fields:
+            if f.name not in HOST_ONLY:
+                strides = tuple(int(np.prod(f.shape[i + 1 :], dtype=np.int64)) for i in range(len(f.shape)))
+                self.groups.setdefault(torch_dtype(f.dtype), []).append(
+                    (f.name, f.shape, strides, f.offset // f.dtype.itemsize))
         at = {f.name: f.offset for f in layout.fields}
         self.seq, self.source, self.crops = at["seq"], at.get("source"), at.get("crops")
         self.items = next(f.shape[0] for f in layout.fields if f.name == "seq")  # windows (or crops) per batch
 
     def views(self, raw: torch.Tensor) -> dict[str, torch.Tensor]:
         """The device fields as tensors over ``raw`` (uint8, ``nbytes``)."""
-        return {name: raw[lo:hi].view(dtype).view(shape) for name, lo, hi, dtype, shape in self.spans}
+        out = {}
+        for dtype, fields in self.groups.items():
+            typed = raw.view(dtype)
+            for name, shape, strides, offset in fields:
+                out[name] = typed.as_strided(shape, strides, offset)
+        return {name: out[name] for name in self.order}  # in the layout's order, as CPU batches
 
     def crops_of(self, host: np.ndarray) -> int | None:
         """Packed rows: how many crops the batch in ``host`` holds (its per-crop fields are cut to them)."""
