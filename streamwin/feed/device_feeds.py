@@ -115,6 +115,7 @@ class WorkerDeviceFeed(Feed):
     def close(self) -> None:
         if self.closed:
             return
-        self.pool.recycle()  # slots still held stay held, released by a later pass once their copies are done
+        self.copy.settle()  # the workers' memory may be unmapped next (workers that do not persist)
+        self.pool.recycle()  # every copy is done: every slot goes back
         self.ctx.stats.device = self.device_totals()
         super().close()

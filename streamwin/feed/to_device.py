@@ -116,6 +116,7 @@ class ToDevice:
         self.cuda = device.type == "cuda"
         self.side = torch.cuda.Stream(device) if self.cuda else None
         self.fixed, self.pinned = fixed, pinned
+        self.last = None  # the event of the latest copy: copies on the side stream complete in order
         self.copies = 0  # batches copied
         self.waits = 0  # copies during which this thread waited for the device (pageable host memory)
 
@@ -136,7 +137,7 @@ class ToDevice:
             with torch.cuda.stream(self.side):  # memory of the side stream, filled there
                 raw = torch.empty(fields.nbytes, dtype=torch.uint8, device=self.device)
                 raw.copy_(src, non_blocking=True)
-                done = torch.cuda.Event()
+                done = self.last = torch.cuda.Event()
                 done.record()
             current = torch.cuda.current_stream(self.device)
             current.wait_event(done)  # the device waits for the copy, this thread does not
@@ -151,3 +152,10 @@ class ToDevice:
         batch = cut_crops(batch, crops)
         batch["key"] = fields.keys(host, self.manifests, crops)
         return batch, done
+
+    def settle(self) -> None:
+        """Wait until every copy queued so far has read its host buffer (before that memory may be unmapped:
+        a pass ends). Counted in ``waits`` when it had to wait."""
+        if self.last is not None and not self.last.query():
+            self.waits += 1
+            self.last.synchronize()
