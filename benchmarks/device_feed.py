@@ -14,6 +14,8 @@ another checkout's ``streamwin`` package (say, the code before a change), interl
 
     .venv/bin/python benchmarks/device_feed.py --data bench_data/quick --cases device:0 device:1 static:1 \\
         --tree /tmp/old --repeats 3
+    .venv/bin/python benchmarks/device_feed.py --ops-by-layout bench_data/layouts --cases device:0 device:1 \\
+        static:0 static:1 --tree /tmp/old --repeats 1      # launches per batch of each batch layout
 """
 from __future__ import annotations
 
@@ -26,40 +28,79 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 WINDOW, STRIDE, BATCH = 256, 64, 256
+#: --ops-by-layout: the batch layouts whose launches are counted (W=128, stride 64, batch 64, F=8)
+LAYOUTS = {"windows": {}, "horizon + pad": dict(horizon=16, pad=True, equalize="pad"),
+           "mixed (two sources)": dict(weights=[0.7, 0.3]), "missing='mask'": dict(horizon=16, missing="mask"),
+           "drawn lengths": dict(min_window=32, window_multiple=16, horizon=16, pad=True),
+           "packed rows": dict(pack_length=512, min_window=32, window_multiple=16, jitter=True)}
+
+
+class Ops(TorchDispatchMode):
+    """Counts the ops that compute or copy (a kernel launch each on a GPU): not views, not allocations."""
+
+    FREE = ("empty", "view", "slice", "alias", "as_strided", "_reshape_alias", "reshape", "unsqueeze", "detach",
+            "lift_fresh", "expand", "select", "split", "unbind", "t", "squeeze", "permute", "narrow")
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.overloadpacket.__name__.rstrip("_").startswith(self.FREE):
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def loader_kwargs(kind: str) -> dict:
+    """The WindowLoader arguments of a case's kind (cpu, device, static)."""
+    return {} if kind == "cpu" else {"device": "cpu", "static": True} if kind == "static" else {"device": "cpu"}
+
+
+def ops_by_layout(case: str, root: str) -> dict:
+    """Launches per batch inside next() for each of LAYOUTS (a small corpus of two sources under ``root``)."""
+    import streamwin as sw
+
+    torch.set_num_threads(1)
+    if not os.path.exists(os.path.join(root, "b", "index.json")):
+        rng = np.random.default_rng(0)
+        for name, n in (("a", 300), ("b", 100)):
+            seqs = [(f"{name}{i:04d}", rng.standard_normal((int(t), 8)).astype(np.float32))
+                    for i, t in enumerate(rng.integers(200, 3000, n))]
+            sw.pack(seqs, os.path.join(root, name), shard_bytes=1 << 20, progress=False)
+    kind, workers = case.split(":")
+    out = {"case": case, "tree": os.path.dirname(os.path.dirname(sw.__file__))}
+    for name, kw in LAYOUTS.items():
+        url = [os.path.join(root, "a"), os.path.join(root, "b")] if "weights" in kw else os.path.join(root, "a")
+        ds = sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=2000, seed=0, rank=0,
+                              world_size=1, **kw)
+        loader = sw.WindowLoader(ds, num_workers=int(workers), **loader_kwargs(kind))
+        it = iter(loader)
+        next(it)
+        ops, n = Ops(), min(20, len(loader) - 1)
+        for _ in range(n):
+            with ops:
+                next(it)
+        loader.close()
+        out[name] = round(ops.n / n, 2)
+    return out
 
 
 def child(data: str, case: str, batches: int, sleep_ms: float) -> dict:
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     import streamwin as sw
-
-    class Ops(TorchDispatchMode):
-        """Ops that compute or copy (a kernel each on a GPU)."""
-
-        FREE = ("empty", "view", "slice", "alias", "as_strided", "_reshape_alias", "reshape", "unsqueeze", "detach",
-                "lift_fresh", "expand", "select", "split", "unbind", "t", "squeeze", "permute", "narrow")
-
-        def __init__(self):
-            super().__init__()
-            self.n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__.rstrip("_")
-            if not name.startswith(self.FREE):
-                self.n += 1
-            return func(*args, **(kwargs or {}))
 
     torch.set_num_threads(1)  # on a busy machine torch's intra-op threads spin in a copy: CPU time, not work
     kind, workers = case.split(":")
     workers = int(workers)
     ds = sw.WindowDataset(data, window=WINDOW, stride=STRIDE, batch_size=BATCH, shuffle_buffer=10_000, seed=0,
                           rank=0, world_size=1)
-    kw = {} if kind == "cpu" else {"device": "cpu"}
-    if kind == "static":
-        kw["static"] = True
-    loader = sw.WindowLoader(ds, num_workers=workers, persistent_workers=workers > 0, **kw)
+    loader = sw.WindowLoader(ds, num_workers=workers, persistent_workers=workers > 0, **loader_kwargs(kind))
 
     def forever():
         epoch = 0
@@ -104,10 +145,14 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=600)
     p.add_argument("--sleep-ms", type=float, default=2.0, help="the step: asleep, using no CPU")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ops-by-layout", metavar="DIR", help="instead: launches per batch of each batch layout, on a "
+                   "small corpus written to DIR once (once per case and tree)")
     p.add_argument("--child", nargs=2, metavar=("CASE", "TREE"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        print(json.dumps(child(a.data, a.child[0], a.batches, a.sleep_ms)), flush=True)
+        rec = ops_by_layout(a.child[0], a.ops_by_layout) if a.ops_by_layout else \
+            child(a.data, a.child[0], a.batches, a.sleep_ms)
+        print(json.dumps(rec), flush=True)
         return
     trees = ["."] + ([a.tree] if a.tree else [])
     rows: dict[tuple[str, str], list[dict]] = {}
@@ -117,8 +162,9 @@ def main() -> None:
                 env = dict(os.environ)
                 if tree != ".":
                     env["PYTHONPATH"] = os.path.abspath(tree)
+                extra = ["--ops-by-layout", os.path.abspath(a.ops_by_layout)] if a.ops_by_layout else []
                 out = subprocess.run([sys.executable, __file__, "--data", a.data, "--batches", str(a.batches),
-                                      "--sleep-ms", str(a.sleep_ms), "--child", case, tree], env=env,
+                                      "--sleep-ms", str(a.sleep_ms), *extra, "--child", case, tree], env=env,
                                      capture_output=True, text=True, timeout=900)
                 if out.returncode:
                     print(json.dumps({"case": case, "tree": tree, "error": out.stderr.strip().splitlines()[-1:]}))
@@ -126,6 +172,8 @@ def main() -> None:
                 rec = json.loads(out.stdout.strip().splitlines()[-1])
                 print(json.dumps({"repeat": r, **rec}), flush=True)
                 rows.setdefault((case, tree), []).append(rec)
+    if a.ops_by_layout:
+        return
     print("| case | tree | trainer CPU us/batch (median) | ops per batch | copy alone us |")
     print("|---|---|---:|---:|---:|")
     for (case, tree), recs in rows.items():
