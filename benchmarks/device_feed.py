@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-WINDOW, STRIDE, BATCH = 256, 64, 256
+WINDOW, BATCH = 256, 256  # stride: window / 4, as perf-notes
 #: --ops-by-layout: the batch layouts whose launches are counted (W=128, stride 64, batch 64, F=8)
 LAYOUTS = {"windows": {}, "horizon + pad": dict(horizon=16, pad=True, equalize="pad"),
            "mixed (two sources)": dict(weights=[0.7, 0.3]), "missing='mask'": dict(horizon=16, missing="mask"),
@@ -90,7 +90,7 @@ def ops_by_layout(case: str, root: str) -> dict:
     return out
 
 
-def child(data: str, case: str, batches: int, sleep_ms: float) -> dict:
+def child(data: str, case: str, batches: int, sleep_ms: float, window: int = WINDOW, batch_size: int = BATCH) -> dict:
     import torch
 
     import streamwin as sw
@@ -98,14 +98,16 @@ def child(data: str, case: str, batches: int, sleep_ms: float) -> dict:
     torch.set_num_threads(1)  # on a busy machine torch's intra-op threads spin in a copy: CPU time, not work
     kind, workers = case.split(":")
     workers = int(workers)
-    ds = sw.WindowDataset(data, window=WINDOW, stride=STRIDE, batch_size=BATCH, shuffle_buffer=10_000, seed=0,
-                          rank=0, world_size=1)
+    ds = sw.WindowDataset(data, window=window, stride=max(1, window // 4), batch_size=batch_size,
+                          shuffle_buffer=10_000, seed=0, rank=0, world_size=1)
     loader = sw.WindowLoader(ds, num_workers=workers, persistent_workers=workers > 0, **loader_kwargs(kind))
 
     def forever():
         epoch = 0
         while True:
             loader.set_epoch(epoch)
+            if not len(loader):
+                raise SystemExit(f"{data}: no batch of {batch_size} windows of {window}: a smaller --window or --batch-size")
             yield from loader
             epoch += 1
 
@@ -143,6 +145,8 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", default=["cpu:1", "device:0", "device:1", "static:0", "static:1"])
     p.add_argument("--tree", default=None, help="another checkout whose streamwin/ to run the cases against too")
     p.add_argument("--batches", type=int, default=600)
+    p.add_argument("--window", type=int, default=WINDOW, help="stride: window / 4")
+    p.add_argument("--batch-size", type=int, default=BATCH)
     p.add_argument("--sleep-ms", type=float, default=2.0, help="the step: asleep, using no CPU")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ops-by-layout", metavar="DIR", help="instead: launches per batch of each batch layout, on a "
@@ -151,7 +155,7 @@ def main() -> None:
     a = p.parse_args()
     if a.child:
         rec = ops_by_layout(a.child[0], a.ops_by_layout) if a.ops_by_layout else \
-            child(a.data, a.child[0], a.batches, a.sleep_ms)
+            child(a.data, a.child[0], a.batches, a.sleep_ms, a.window, a.batch_size)
         print(json.dumps(rec), flush=True)
         return
     trees = ["."] + ([a.tree] if a.tree else [])
@@ -164,7 +168,8 @@ def main() -> None:
                     env["PYTHONPATH"] = os.path.abspath(tree)
                 extra = ["--ops-by-layout", os.path.abspath(a.ops_by_layout)] if a.ops_by_layout else []
                 out = subprocess.run([sys.executable, __file__, "--data", a.data, "--batches", str(a.batches),
-                                      "--sleep-ms", str(a.sleep_ms), *extra, "--child", case, tree], env=env,
+                                      "--sleep-ms", str(a.sleep_ms), "--window", str(a.window), "--batch-size",
+                                      str(a.batch_size), *extra, "--child", case, tree], env=env,
                                      capture_output=True, text=True, timeout=900)
                 if out.returncode:
                     print(json.dumps({"case": case, "tree": tree, "error": out.stderr.strip().splitlines()[-1:]}))

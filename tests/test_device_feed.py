@@ -234,6 +234,17 @@ def test_the_cuda_graph_example_runs_on_the_cpu_without_capture(corpus, tmp_path
     assert last["device_waits"] == 0
 
 
+def test_the_device_feed_benchmark_runs(corpus):
+    """benchmarks/device_feed.py: trainer CPU and launches per batch, one quick case (a smoke test, no target)."""
+    url, _ = corpus
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "device_feed.py"), "--data", url, "--cases",
+                          "static:1", "--batches", "20", "--repeats", "1", "--window", "16", "--batch-size", "4"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout.splitlines()[0])
+    assert rec["case"] == "static:1" and rec["ops_per_batch"] == 1 and rec["trainer_us_per_batch"] > 0
+
+
 # -- on a GPU ------------------------------------------------------------------------------------------
 @cuda
 @pytest.mark.parametrize("workers", [0, 1])
