@@ -24,13 +24,17 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+try:  # imported as benchmarks.device_feed
+    from .children import run_child
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    from children import run_child
 
 WINDOW, BATCH = 256, 256  # stride: window / 4, as perf-notes
 #: --ops-by-layout: the batch layouts whose launches are counted (W=128, stride 64, batch 64, F=8)
@@ -167,14 +171,13 @@ def main() -> None:
                 if tree != ".":
                     env["PYTHONPATH"] = os.path.abspath(tree)
                 extra = ["--ops-by-layout", os.path.abspath(a.ops_by_layout)] if a.ops_by_layout else []
-                out = subprocess.run([sys.executable, __file__, "--data", a.data, "--batches", str(a.batches),
-                                      "--sleep-ms", str(a.sleep_ms), "--window", str(a.window), "--batch-size",
-                                      str(a.batch_size), *extra, "--child", case, tree], env=env,
-                                     capture_output=True, text=True, timeout=900)
-                if out.returncode:
-                    print(json.dumps({"case": case, "tree": tree, "error": out.stderr.strip().splitlines()[-1:]}))
+                res = run_child([sys.executable, __file__, "--data", a.data, "--batches", str(a.batches),
+                                 "--sleep-ms", str(a.sleep_ms), "--window", str(a.window), "--batch-size",
+                                 str(a.batch_size), *extra, "--child", case, tree], 900, cwd=os.getcwd(), env=env)
+                if res.record is None:
+                    print(json.dumps({"case": case, "tree": tree, "error": res.stderr.strip().splitlines()[-1:]}))
                     continue
-                rec = json.loads(out.stdout.strip().splitlines()[-1])
+                rec = {**res.record, "other_cpu_cores": round(res.other_cpu_cores, 2)}
                 print(json.dumps({"repeat": r, **rec}), flush=True)
                 rows.setdefault((case, tree), []).append(rec)
     if a.ops_by_layout:
