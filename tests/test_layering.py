@@ -28,7 +28,7 @@ ORDER = [
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "source", "packer", "batch", "nodes", "dataset", "pipeline",
-    "feed.stats", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.worker", "feed.pool",
+    "feed.stats", "feed.to_device", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.worker", "feed.pool",
     "feed.feeds", "feed.device_feeds", "feed",
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__", "__main__",
