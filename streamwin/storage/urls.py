@@ -54,25 +54,45 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
+TEMP_MARK = ".streamwin-tmp-"  # a write in progress: <final name>.streamwin-tmp-<32 hex digits>
+
+
+def temp_path(path: str) -> str:
+    """A unique temporary name beside ``path`` for a write in progress: ``<path>.streamwin-tmp-<32 hex digits>``,
+    which no user's file matches by accident (so a clean-up can tell it from theirs)."""
+    return f"{path}{TEMP_MARK}{uuid.uuid4().hex}"
+
+
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes | list) -> None:
     """Write ``data`` (bytes, or a list of buffers written in order) so that readers see either nothing or all of it.
 
-    Local files go through a temporary name and os.replace; object stores make a PUT
+    Local files go through a temporary name (`temp_path`) and os.replace; object stores make a PUT
     visible only once it is complete, so they are written directly.
     """
     parts = data if isinstance(data, list) else [data]
     if is_local(fs):
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        tmp = temp_path(path)
+        try:
+            with open(tmp, "wb") as f:
+                for part in parts:
+                    f.write(part)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
     else:
         with fs.open(path, "wb") as f:
             for part in parts:
                 f.write(part)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
@@ -87,10 +107,49 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
 def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> bool:
     """Create ``path`` holding ``data`` only if nothing is there; False when something is (a lock's create).
 
-    Local files use O_CREAT | O_EXCL; s3 a PUT with ``If-None-Match: *`` (s3fs ``mode="create"``),
-    which the store refuses atomically when the key exists; other filesystems check, then write.
+    The store itself decides, atomically, so of two processes creating one path at once exactly
+    one succeeds, and a reader never sees the file without its content: local files are written
+    under a temporary name and hard-linked into place (link fails when the name exists; O_EXCL
+    where links are not supported); s3 is a PUT with ``If-None-Match: *``, gcs an upload with
+    ``ifGenerationMatch=0``, azure a blob upload with ``If-None-Match: *`` (each refused by the
+    store when the object exists). Other filesystems (memory, ftp, ...) check, then write.
     """
     if is_local(fs):
+        return _create_local(path, data)
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    try:
+        if protocols & {"s3", "s3a"}:
+            fs.pipe_file(path, data, mode="create")
+        elif protocols & {"gs", "gcs"}:
+            _create_gcs(fs, path, data)
+        elif protocols & {"az", "abfs", "abfss"}:
+            fs.pipe_file(path, data, overwrite=False)
+        else:  # no conditional create known here (memory, ftp, ...): check, then write
+            if fs.exists(path):
+                return False
+            fs.pipe_file(path, data)
+    except FileExistsError:
+        return False
+    except OSError as e:  # 412 Precondition Failed / 409 BlobAlreadyExists when the object exists
+        if _exists_error(e):
+            return False
+        raise
+    fs.invalidate_cache(path)
+    return True
+
+
+def _create_local(path: str, data: bytes) -> bool:
+    tmp = temp_path(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # atomic, and the content is whole before the name appears
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here: an exclusive create, written at once
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
@@ -98,15 +157,29 @@ def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> b
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return True
+    finally:
+        _unlink(tmp)
+
+
+def _create_gcs(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """An upload that GCS refuses (412) when the object exists: ``ifGenerationMatch=0``."""
+    from gcsfs.core import simple_upload  # gcsfs' own upload, with its preconditions
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(path)
     try:
-        fs.pipe_file(path, data, mode="create")
-    except FileExistsError:
-        return False
-    except OSError as e:  # s3fs: 412 Precondition Failed when the key exists
-        if "PreconditionFailed" in repr(e) or "412" in str(e):
-            return False
+        sync(fs.loop, simple_upload, fs, bucket, key, data, if_generation_match=0)
+    except Exception as e:  # gcsfs raises its HttpError for 412
+        if _exists_error(e):
+            raise FileExistsError(path) from e
         raise
-    return True
+
+
+def _exists_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e!r} {e}"
+    return any(word in text for word in ("PreconditionFailed", "Precondition Failed", "412", "BlobAlreadyExists",
+                                          "ResourceExists", "ConditionNotMet"))
+
 
 def reach(url: str, storage_options: dict[str, Any] | None = None) -> None:
     """Fail fast, in one line, when the object storage of ``url`` (s3) cannot be reached or refuses us.
