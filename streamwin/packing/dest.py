@@ -210,7 +210,8 @@ def commit(fs, root: str, dest: str, manifest: Manifest, gen: int, start: Survey
             remove_if_exists(fs, join(root, name))
     if overwrite:
         for name in start.foreign:
-            _remove_tree(fs, join(root, name))
+            if name != INDEX_NAME:  # (a foreign index.json is replaced by ours, not kept)
+                _remove_tree(fs, join(root, name))
 
 
 def _remove_tree(fs, path: str) -> None:
