@@ -37,6 +37,7 @@ SHARD = re.compile(r"shard-g(\d+)-u\d+-\d+\.tar")  # a generation's shard: shard
 RETIRED = re.compile(r"index-g(\d+)\.json")  # the index a commit replaced
 COLUMNS = re.compile(r"index-g(\d+)\.columns")  # a generation's columns file
 TEMPORARY = re.compile(rf"(.+){re.escape(TEMP_MARK)}[0-9a-f]{{32}}")  # a write in progress (local disks)
+LEGACY_TEMPORARY = re.compile(r"(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}")  # streamwin's before, of a generation's file only
 PART_INDEX = re.compile(r"index\.part\d+-of-(\d+)\.(json|columns)")
 OLD_LAYOUT = re.compile(r"(part\d{5}-)?shard-\d{6}\.tar|index\.columns")  # generation 0, named by an index
 
@@ -144,7 +145,10 @@ def temp_final(name: str) -> str | None:
     """The name a temporary file of a write in progress will have (None: ``name`` is not one): one of ours only
     when that name is one pack writes, so no user's file (``notes.tmp-2024-05-01``) is taken for one."""
     m = TEMPORARY.fullmatch(name)
-    return m.group(1) if m and _ours(m.group(1), set(), temporary=False) else None
+    if m:
+        return m.group(1) if _ours(m.group(1), set(), temporary=False) else None
+    m = LEGACY_TEMPORARY.fullmatch(name)
+    return m.group(1) if m and generation(m.group(1)) is not None else None
 
 
 def _ours(name: str, named: set[str], temporary: bool = True) -> bool:

@@ -107,29 +107,26 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
 def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> bool:
     """Create ``path`` holding ``data`` only if nothing is there; False when something is (a lock's create).
 
-    The store itself decides, atomically, so of two processes creating one path at once exactly
-    one succeeds, and a reader never sees the file without its content: local files are written
-    under a temporary name and hard-linked into place (link fails when the name exists; O_EXCL
-    where links are not supported); s3 is a PUT with ``If-None-Match: *``, gcs an upload with
-    ``ifGenerationMatch=0``, azure a blob upload with ``If-None-Match: *`` (each refused by the
-    store when the object exists). Other filesystems (memory, ftp, ...) check, then write.
+    The store itself decides, atomically, so of processes creating one path at once exactly one
+    succeeds, and a reader never sees the file without its content: a local file is written
+    under a temporary name and hard-linked into place (a link fails when the name exists;
+    O_EXCL where there are no links); s3 is a PUT with ``If-None-Match: *``, gcs an upload
+    with ``ifGenerationMatch=0``, azure a blob upload with ``If-None-Match: *`` (each refused
+    by the store when the object exists), other filesystems fsspec's ``mode="create"``.
     """
     if is_local(fs):
         return _create_local(path, data)
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     try:
-        if protocols & {"s3", "s3a"}:
+        if protocols & {"az", "abfs", "abfss"}:
+            fs.pipe_file(path, data, overwrite=False)  # adlfs: If-None-Match: *
+        else:  # s3fs: IfNoneMatch="*"; gcsfs: ifGenerationMatch=0
             fs.pipe_file(path, data, mode="create")
-        elif protocols & {"gs", "gcs"}:
-            _create_gcs(fs, path, data)
-        elif protocols & {"az", "abfs", "abfss"}:
-            fs.pipe_file(path, data, overwrite=False)
-        else:  # no conditional create known here (memory, ftp, ...): check, then write
-            if fs.exists(path):
-                return False
-            fs.pipe_file(path, data)
     except FileExistsError:
         return False
+    except TypeError as e:  # a gcsfs too old to know mode="create"
+        raise StreamwinError(f"cannot create {path} exclusively: this {type(fs).__name__} has no exclusive create "
+                             f"({e}); upgrade it (pip install -U gcsfs s3fs adlfs)") from e
     except OSError as e:  # 412 Precondition Failed / 409 BlobAlreadyExists when the object exists
         if _exists_error(e):
             return False
@@ -159,20 +156,6 @@ def _create_local(path: str, data: bytes) -> bool:
         return True
     finally:
         _unlink(tmp)
-
-
-def _create_gcs(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """An upload that GCS refuses (412) when the object exists: ``ifGenerationMatch=0``."""
-    from gcsfs.core import simple_upload  # gcsfs' own upload, with its preconditions
-    from fsspec.asyn import sync
-
-    bucket, key, _ = fs.split_path(path)
-    try:
-        sync(fs.loop, simple_upload, fs, bucket, key, data, if_generation_match=0)
-    except Exception as e:  # gcsfs raises its HttpError for 412
-        if _exists_error(e):
-            raise FileExistsError(path) from e
-        raise
 
 
 def _exists_error(e: BaseException) -> bool:
