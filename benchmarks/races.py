@@ -18,8 +18,8 @@ here, not by the code under test:
                  fork, or from outside 0-400 ms after it starts. Orphans: its processes still alive
                  3 s after it died.
 
-    python benchmarks/races.py --rounds 50             # every scenario, local disk
-    python benchmarks/races.py --rounds 50 --s3        # takeover and stale_pack on the S3 server too
+    python benchmarks/races.py --rounds 50                                  # every scenario, local disk
+    python benchmarks/races.py --rounds 50 --where s3 --scenarios takeover stale_pack   # on the S3 server
 
 Prints one line per scenario (rounds, damage, orphans, outcomes) and a JSON line at the end.
 tests/test_pack_races.py runs each scenario for a couple of rounds.
@@ -226,7 +226,7 @@ def takeover(work: Path, dest: str, options: dict | None, rng: random.Random, co
     return overlap or bool(raw), 0, f"{len(held)} won" + (f" raw:{raw[:1]}" if raw else "")
 
 
-def _contend(dest: str, options: dict | None, start, queue) -> None:
+def _contend(dest: str, options: dict | None, start, queue, hold: float = 0.1) -> None:
     from streamwin.errors import PackError
     from streamwin.packing.lock import PackLock
     from streamwin.storage.urls import url_to_fs
@@ -242,7 +242,7 @@ def _contend(dest: str, options: dict | None, start, queue) -> None:
         queue.put(("raw", 0, 0, repr(e)))
         return
     t0 = time.time()
-    time.sleep(0.1)
+    time.sleep(hold)
     try:
         lock.check()  # still ours
         held = True
@@ -250,7 +250,7 @@ def _contend(dest: str, options: dict | None, start, queue) -> None:
         held = False
     t1 = time.time()
     lock.release()
-    queue.put(("won", t0, t1, "") if held else ("raw", 0, 0, "lost its lock while holding it"))
+    queue.put(("won", t0, t1, f"pid {os.getpid()}") if held else ("raw", 0, 0, "lost its lock while holding it"))
 
 
 def stale_pack(work: Path, dest: str, options: dict | None, rng: random.Random) -> tuple[bool, int, str]:
@@ -350,14 +350,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
-    ap.add_argument("--s3", action="store_true", help="also on the S3 server on loopback (moto)")
+    ap.add_argument("--where", nargs="*", default=["local"], choices=["local", "s3"],
+                    help="local disk, and/or the S3 server on loopback (moto; scenarios " + ", ".join(S3_SCENARIOS) + ")")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     results = []
-    for name in args.scenarios:
-        results.append(run(name, args.rounds, seed=args.seed))
-        print(_line(results[-1]), flush=True)
-    if args.s3:
+    if "local" in args.where:
+        for name in args.scenarios:
+            results.append(run(name, args.rounds, seed=args.seed))
+            print(_line(results[-1]), flush=True)
+    if "s3" in args.where:
         sys.path.insert(0, str(REPO / "tests"))
         from servers import _aws_env, start_moto
 

@@ -151,6 +151,39 @@ def test_two_packs_taking_over_a_dead_packs_lock_leave_one_whole_dataset(tmp_pat
     assert not damaged, outcome
 
 
+def test_a_slow_reader_of_a_dead_packs_lock_never_takes_it_from_the_pack_that_took_it_over(s3_server):
+    """The takeover race at a chosen moment: pack B reads the dead pack's lock through a link that delivers it
+    5 s late; meanwhile pack A takes it over. Before, B then removed A's lock and took it too: both held it."""
+    import multiprocessing as mp
+
+    from servers import FaultPlan
+    from streamwin.storage.urls import url_to_fs
+
+    dest = f"{s3_server.make_bucket()}/ds"
+    fs, root = url_to_fs(dest, s3_server.storage_options())
+    races.dead_lock(fs, root)
+    slow = s3_server.fault_proxy(FaultPlan(stall_seconds=5.0, stall_times=1, path_contains=packlock.LOCK_NAME))
+    ctx = mp.get_context("fork")
+    go_b, go_a, queue = ctx.Event(), ctx.Event(), ctx.Queue()
+    b = ctx.Process(target=races._contend, args=(dest, slow.storage_options(), go_b, queue, 6.5))
+    a = ctx.Process(target=races._contend, args=(dest, s3_server.storage_options(), go_a, queue, 6.5))
+    b.start()
+    a.start()
+    try:
+        go_b.set()
+        _wait_for(lambda: slow.stats.stalls >= 1)  # B's read of the lock is on its way, late
+        go_a.set()
+        got = [queue.get(timeout=120) for _ in range(2)]
+    finally:
+        go_a.set()
+        for p in (a, b):
+            p.join(timeout=60)
+            p.kill()
+    assert sorted(kind for kind, *_ in got) == ["lost", "won"], got  # (A, unless B got there first under load)
+    winner, lost = (next(msg for kind, _, _, msg in got if kind == k) for k in ("won", "lost"))
+    assert f"{dest} is locked by another pack ({winner} on {socket.gethostname()}" in lost, got
+
+
 def _lock_doc(pid: int, **extra) -> bytes:
     return json.dumps({"host": socket.gethostname(), "pid": pid, "token": uuid.uuid4().hex, "what": "pack",
                        "gen": 0, "beat": time.time(), **extra}).encode()

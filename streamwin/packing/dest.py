@@ -18,8 +18,12 @@ temporary files). A pack killed at any moment thus leaves the old dataset readab
 unchanged, or the new one complete. Datasets packed before generations existed
 (``shard-NNNNNN.tar``) count as generation 0.
 
+Only a holder of the pack lock with no live part beside it (``lock.exclude_parts``) removes
+anything, so what it removes was left by dead writers. Temporary files are
+``<name>.streamwin-tmp-<32 hex digits>`` where ``<name>`` is one pack writes (`temp_final`).
 Files that are not this dataset's (not named by its index, nor by the kept one, nor by a
-name pack writes) make a pack refuse the destination, naming them, unless ``overwrite``.
+name pack writes; an index.json that is not a streamwin manifest) make a pack refuse the
+destination, naming them, unless ``overwrite``.
 """
 from __future__ import annotations
 

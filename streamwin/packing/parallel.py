@@ -58,11 +58,9 @@ def _chain(*heads_and_rest) -> Iterator[Job]:
 
 
 def _in_processes(jobs: Iterator[Job], workers: int, progress: Progress) -> Iterator[Fragment]:
-    global _FORKING
-    linux = sys.platform.startswith("linux")
-    ctx = mp.get_context("fork" if linux else "spawn")
+    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     _load_prctl()
-    _FORKING = (os.getpid(), threading.get_ident())  # the pool forks its workers in this thread (at the first submit)
+    _FORKING[threading.get_ident()] = os.getpid()  # the pool forks its workers in this thread (at the first submit)
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_die_with_parent, initargs=(os.getpid(),))
     pending: collections.deque[Future] = collections.deque()
     try:
@@ -76,7 +74,7 @@ def _in_processes(jobs: Iterator[Job], workers: int, progress: Progress) -> Iter
         for f in pending:
             f.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
-        _FORKING = None
+        _FORKING.pop(threading.get_ident(), None)
 
 
 def _done(future: Future, progress: Progress) -> Fragment:
@@ -88,7 +86,7 @@ def _done(future: Future, progress: Progress) -> Fragment:
     return fragment
 
 
-_FORKING: tuple[int, int] | None = None  # (pid, thread) of a pack forking its workers now
+_FORKING: dict[int, int] = {}  # thread -> pid of the pack whose workers that thread forks now
 _PRCTL = None  # libc's prctl, loaded before the fork (nothing to load in the child)
 PR_SET_PDEATHSIG = 1
 
@@ -104,13 +102,13 @@ def _load_prctl() -> None:
 
 def _after_fork_in_child() -> None:
     """In a process just forked: if it is a worker of a pack (forked by the pack's thread), die with the pack."""
-    global _FORKING
-    forking, _FORKING = _FORKING, None
-    if forking is None or threading.get_ident() != forking[1]:
-        return  # another fork of this process (or of a worker): not ours to change
+    pack = _FORKING.get(threading.get_ident())
+    _FORKING.clear()  # (a worker's own forks are not a pack's)
+    if pack is None:
+        return  # another fork of this process: not ours to change
     if _PRCTL:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != forking[0]:  # the pack died before the line above: nothing would signal this worker
+    if os.getppid() != pack:  # the pack died before the line above: nothing would signal this worker
         os._exit(1)
 
 
@@ -119,9 +117,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def _die_with_parent(parent: int) -> None:
-    """In a worker, first thing: let Ctrl-C stop the parent only (which ends the pool); where the fork could not
-    tie the worker to the pack (no PR_SET_PDEATHSIG), watch the parent from a thread and end with it."""
+    """In a worker, first thing: let Ctrl-C stop the parent only (which ends the pool); tie the worker to the pack
+    again (for a fork the hook did not see); where there is no PR_SET_PDEATHSIG, watch the parent from a thread."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _PRCTL:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
     if not _PRCTL:
