@@ -6,8 +6,8 @@ as a part index (``index.partIIIII-of-NNNNN.json``). Units keep their numbers, s
 writes exactly the shards a pack in one piece would (``shard-gG-uU-K.tar``), and all parts
 write one generation (`part_generation`: the one the other parts of the job write, else a
 new one). A part holds its own lock (``lock.part_lock_name``) and gives way to a whole
-pack, merge or index, which wait for no part (see ``lock``): so no part writes a name a
-pack writes, and no pack removes a part's files. `merge` (under the pack lock, like a pack)
+pack, merge or index, which in turn run only while no part runs (see ``lock``): so no part
+writes a name a pack writes, and no pack removes a part's files. `merge` (under the pack lock, like a pack)
 checks that every part is there and agrees with the others, and that no two name one shard
 (parts of different inputs), then commits the combined index: byte-identical to a pack in
 one piece. The part indexes are removed once merged.
