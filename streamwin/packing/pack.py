@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 from tqdm.auto import tqdm
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import PackError
 from streamwin.formats.manifest import Manifest
 from streamwin.packing.dest import Survey, commit, prepare, refuse_foreign, remove_generations, survey
@@ -69,6 +70,7 @@ def _accepts_source(func: Callable[..., Manifest]) -> Callable[..., Manifest]:
 
 
 @_accepts_source
+@check_keywords(PackError)
 def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | None = None,
          workers: int = 1, compression: str | None = None, cast: str | None = None,
          empty: str = "skip", nan: str = "count", part: str | tuple[int, int] | None = None,
