@@ -3,7 +3,8 @@
 ``id_column`` names each row's sequence, ``order_column`` (optional) sorts its rows (stable:
 file order on ties, and file order without one), and the value columns are stacked to
 [T, F] ([T] for one column when ``squeeze``, the default). Without ``value_columns`` (or with
-``value_columns="*"``) every numeric column is taken (a CSV asks instead, when that is more than one) but the id, the order and a pandas index (``__index_level_0__``,
+``value_columns="*"``) every numeric column is taken (a CSV with neither ``order_column`` nor ``value_columns``
+asks instead, when that is more than one) but the id, the order and a pandas index (``__index_level_0__``,
 ``Unnamed: 0``, an unnamed column, the index named in parquet's pandas metadata). Sequences
 come in order of their id's first row; a sequence must lie within one file. The reader
 reports the `Columns` it took (one name per feature) and the ones it left out, and why.
@@ -53,7 +54,8 @@ def long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, repor
                    index_columns: Iterable[str] = (), ask: bool = False) -> Batch:
     """One sequence per id: its rows, sorted by the order column (stable: file order on ties);
     ids in order of first appearance in the file. ``ask``: refuse to guess between several numeric
-    columns when ``value_columns`` is not given (a CSV's time or label column would become a feature)."""
+    columns when neither ``value_columns`` nor ``order_column`` is given (a CSV's time column would become
+    a feature); with ``order_column`` named, the other numeric columns are the values, in file order."""
     id_col, order_col = opts.get("id_column"), opts.get("order_column")
     if id_col is None:
         raise PackError(f"{where}: long layout needs id_column= (or list columns for one row per sequence)")
@@ -61,11 +63,11 @@ def long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, repor
         if name not in columns:
             raise PackError(f"{where}: no column {name!r} (columns: {list(columns)})")
     chosen = choose_columns({c: a.dtype.kind for c, a in columns.items()}, opts, where, index_columns)
-    if ask and opts.get("value_columns") is None and len(chosen.taken) > 1:
+    if ask and opts.get("value_columns") is None and order_col is None and len(chosen.taken) > 1:
         raise PackError(f"{where}: id_column={id_col!r} leaves {len(chosen.taken)} numeric columns, "
                         f"{', '.join(map(repr, chosen.taken))}, and each would become a feature of every step. Name "
-                        "the values: value_columns=[...] (a time or step column: order_column=...), or "
-                        "value_columns='*' to take them all")
+                        "the time or step column, order_column=... (the other numeric columns are then the values), "
+                        "or the values, value_columns=[...], or pass value_columns='*' to take them all")
     values = _value_matrix(columns, chosen.taken, opts, where)
     report(chosen)
     uniq, first, inverse = np.unique(columns[id_col], return_index=True, return_inverse=True)
