@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             # between epochs must name the next one.
             checkpoint(args.epochs)
 
+    if preempted:  # saved and leaving: a second SIGTERM (torchrun's, after SLURM's) must not end it -15
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if preempted and rank == 0:
         why = f"signal {signal.Signals(stop.signal).name}" if stop.signal else (
             "stop file" if run_steps != args.stop_after else f"--stop-after {args.stop_after}")
@@ -416,6 +418,9 @@ def failed(error: Exception, args: argparse.Namespace, logger: logging.Logger = 
     its report of the ranks' exit codes follows)."""
     hint = " (check --data)" if isinstance(error, sw.ManifestError) else ""
     logger.error("error: %s: %s%s", type(error).__name__, in_flags(str(error), set(vars(args))), hint)
+    # torchrun sends SIGTERM to the ranks still running once one has failed; Python restores the default
+    # action (death, -15) while it shuts down, so this rank's 2 would be lost: it is leaving anyway
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     dist.destroy_process_group()
     return 2
 

@@ -6,7 +6,8 @@ int64 or float64 when all its cells parse (an empty cell is NaN), else text. Opt
 which columns are values: when neither ``value_columns`` nor ``order_column`` is given and more
 than one numeric column is left besides the id column (a time stamp among them?), pack asks
 (a PackError naming the columns) instead of taking them all. Naming the time column as
-``order_column`` answers it (the other numeric columns are the values, in file order), and so
+``order_column`` answers it (the other numeric columns are the values, in file order, unless one of
+them holds one value per id, a label or a year: then pack asks again), and so
 do ``value_columns=[...]`` and ``value_columns="*"`` (all of them).
 """
 from __future__ import annotations
