@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from streamwin.arguments import check_choice, check_fits, check_int, is_real
+from streamwin.arguments import check_choice, check_fits, check_int, check_keywords, is_real
 from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
@@ -37,6 +37,7 @@ from streamwin.world import resolve
 log = logging.getLogger("streamwin")
 
 
+@check_keywords()
 class WindowDataset:
     """Sliding windows over the sequences of a packed dataset (or a mix of several), as batches.
 

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from streamwin.arguments import check_fits
+from streamwin.arguments import check_fits, check_keywords
 from streamwin.dataset import WindowDataset
 from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, WorkerDeviceFeed
@@ -112,6 +112,7 @@ class PassIterator:
         return self.length()
 
 
+@check_keywords()
 class WindowLoader:
     """Yields the batches of ``dataset`` for this rank; ``len()`` is equal on every rank.
 

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 from tqdm.auto import tqdm
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import PackError
 from streamwin.formats.manifest import Manifest
 from streamwin.packing.dest import (Survey, commit, generation, prepare, refuse_foreign, refuse_unmerged,
@@ -71,6 +72,7 @@ def _accepts_source(func: Callable[..., Manifest]) -> Callable[..., Manifest]:
 
 
 @_accepts_source
+@check_keywords(PackError)
 def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | None = None,
          workers: int = 1, compression: str | None = None, cast: str | None = None,
          empty: str = "skip", nan: str = "count", part: str | tuple[int, int] | None = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import ManifestError, PackError
 from streamwin.formats.manifest import Manifest
 from streamwin.packing.dest import PART_INDEX, Survey, commit, generation, survey
@@ -75,6 +76,7 @@ def write_part(fs, root: str, manifest: Manifest, part: tuple[int, int]) -> None
     write_manifest(fs, root, manifest, part_index_name(*part))
 
 
+@check_keywords()
 def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
     """Combine the part indexes written by ``pack(..., part="i/n")`` into one index.json, committed as a pack commits.
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import ManifestError, ShardError
 from streamwin.formats import tar as tarfmt
 from streamwin.formats.checks import Checks
@@ -34,6 +35,7 @@ from streamwin.storage.urls import join, url_to_fs
 
 # ---- verify --------------------------------------------------------------------------------------
 
+@check_keywords()
 def verify(url: str, storage_options: dict | None = None, progress: bool = True) -> dict[str, Any]:
     """Re-read every shard of the dataset at ``url`` and check it against index.json.
 
@@ -131,6 +133,7 @@ def _compare(m: Manifest, k: int, scan: ShardScan, url: str) -> ShardError | Non
 
 # ---- index ---------------------------------------------------------------------------------------
 
+@check_keywords()
 def index_shards(url: str, pattern: str = "*.tar", storage_options: dict | None = None,
                  progress: bool = True) -> Manifest:
     """Write ``<url>/index.json`` for the existing tar shards matching ``pattern`` under ``url``.

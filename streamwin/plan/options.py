@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from streamwin.arguments import check_bool, check_int
+from streamwin.arguments import check_bool, check_int, check_keywords
 
 EQUALIZE = ("drop", "pad")
 
 
+@check_keywords()
 @dataclass(frozen=True)
 class WindowSpec:
     """How windows (crops) are cut from a sequence of length T.
@@ -142,6 +143,7 @@ def check_packing(spec: WindowSpec, pack_length: Any, equalize: str) -> None:
                          "for validation) is not supported with it, use unpacked batches for validation")
 
 
+@check_keywords()
 @dataclass(frozen=True)
 class PlanConfig:
     """Everything besides the data that the plan depends on; part of the checkpoint fingerprint."""

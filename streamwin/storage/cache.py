@@ -22,6 +22,7 @@ import uuid
 
 from filelock import FileLock, Timeout
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import ShardError
 from streamwin.formats.manifest import ShardEntry
 from streamwin.storage.manifests import load_manifest
@@ -33,6 +34,7 @@ _TMP = re.compile(r"\.tmp-\d+-[0-9a-f]+$")
 COPY_CHUNK = 8 << 20
 
 
+@check_keywords()
 class ShardCache:
     """Verified local copies of remote shards under ``cache_dir``, evicted LRU down to ``limit_bytes``."""
 
@@ -174,6 +176,7 @@ def _copy(fs, path: str, dest: str) -> str:
     return h.hexdigest()
 
 
+@check_keywords()
 def prefetch(url: str, cache_dir: str, *, storage_options: dict | None = None, local_rank: int | None = None,
              local_world_size: int | None = None, limit_bytes: int | None = None) -> int:
     """Warm the node cache with every shard of a dataset; returns the shards this process fetched.

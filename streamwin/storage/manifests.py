@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import fsspec
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import ManifestError
 from streamwin.formats.manifest import (COLUMNAR_FROM, INDEX_NAME, Manifest, ShardEntry, columns_file_entry, columns_name,
                                         parse_manifest)
@@ -54,6 +55,7 @@ def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest,
     write_atomic(fs, join(root, name), manifest.to_json(columns_file=spec).encode())
 
 
+@check_keywords()
 def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, retries: int = 5,
                   backoff: float = 0.2, name: str = INDEX_NAME,
                   fetch_columns: Callable[[str, Any, str, ShardEntry], str] | None = None) -> Manifest:
