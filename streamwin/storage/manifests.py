@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import warnings
 from typing import Any, Callable
 
 import fsspec
@@ -69,7 +70,11 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     where = f"{url.rstrip('/')}/{name}"
     try:
         text = read_object(fs, path, MAX_INDEX_BYTES, retries, backoff)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, NotADirectoryError) as e:
+        if isinstance(e, NotADirectoryError) or _is_file(fs, root):
+            parent = url.rstrip("/").rsplit("/", 1)[0] if "/" in url.rstrip("/") else "."
+            raise ManifestError(f"{url} is a file, not a dataset: pass the directory that holds {INDEX_NAME} "
+                                f"and the shards (here perhaps {parent!r})") from None
         raise ManifestError(
             f"no {INDEX_NAME} at {url}: not a streamwin dataset, or its pack did not finish "
             "(index.json is written last); rerun the pack, or `streamwin index` existing tar shards"
@@ -85,14 +90,41 @@ def load_manifest(url: str, storage_options: dict[str, Any] | None = None, *, re
     return parse_manifest(text, where=where, columns=columns)
 
 
+def _is_file(fs, path: str) -> bool:
+    """Whether ``path`` is a file (a dataset URL that names index.json or a shard instead of its directory)."""
+    try:
+        return bool(fs.isfile(path))
+    except Exception:  # only asked to word an error better: never an error of its own
+        return False
+
+
 def _columns_bytes(url: str, fs, path: str, entry: ShardEntry, fetch_columns, retries: int, backoff: float):
-    """The columns file's bytes: a read-only map of a local file, or the bytes read from storage."""
+    """The columns file's bytes, checked against the size and sha256 index.json names: a read-only map of a
+    local file (the dataset's, or the node cache's copy), or the bytes read from storage.
+
+    A cached copy that no longer matches is dropped and fetched again, once, with a warning;
+    a damaged file of the dataset itself is a ManifestError naming it.
+    """
     where = f"{url.rstrip('/')}/{entry.name}"
     try:
-        if not is_local(fs) and fetch_columns is not None:
-            path = fetch_columns(where, fs, path, entry)
-        elif not is_local(fs):
-            return read_object(fs, path, entry.bytes, retries, backoff)
+        if not is_local(fs) and fetch_columns is None:
+            data = read_object(fs, path, entry.bytes, retries, backoff)
+            _check_columns(hashlib.sha256(data).hexdigest(), len(data), entry, where)
+            return data
+        if not is_local(fs):
+            local = fetch_columns(where, fs, path, entry)
+            digest, size = _file_sha256(local)
+            if (size, digest) != (entry.bytes, entry.sha256):  # the copy was damaged in the cache: fetch it anew
+                warnings.warn(f"streamwin: the node cache's copy {local} of {where} is damaged (sha256 {digest[:16]}..., "
+                              f"index.json says {entry.sha256[:16]}...): dropped it, fetching it again", RuntimeWarning,
+                              stacklevel=4)
+                os.remove(local)
+                local = fetch_columns(where, fs, path, entry)
+                digest, size = _file_sha256(local)
+            path = local
+        else:
+            digest, size = _file_sha256(path)
+        _check_columns(digest, size, entry, where)
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return b""
@@ -104,6 +136,24 @@ def _columns_bytes(url: str, fs, path: str, entry: ShardEntry, fetch_columns, re
         raise
     except Exception as e:
         raise ManifestError(f"cannot read {where}: {type(e).__name__}: {e}") from e
+
+
+def _file_sha256(path: str) -> tuple[str, int]:
+    """(sha256, size) of a local file, read in pieces (never mapped: hashing leaves no page in this process)."""
+    h, size, buf = hashlib.sha256(), 0, bytearray(1 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(memoryview(buf)[:n])
+            size += n
+    return h.hexdigest(), size
+
+
+def _check_columns(digest: str, size: int, entry: ShardEntry, where: str) -> None:
+    """ManifestError naming the columns file when it is not the one index.json names (size, sha256)."""
+    if (size, digest) != (entry.bytes, entry.sha256):
+        raise ManifestError(f"{where} is damaged or was changed: it has {size} bytes with sha256 {digest[:16]}..., "
+                            f"index.json names {entry.bytes} bytes with sha256 {entry.sha256[:16]}...; rebuild the "
+                            "index with `streamwin index`, or repack")
 
 
 def read_object(fs, path: str, most: int, retries: int, backoff: float) -> bytes:
