@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamwin.arguments import check_int, is_real
+from streamwin.arguments import MAX_STEPS, check_int, is_real
 
 SPLITS = ("train", "val", "test")
 _P = np.uint64(0x100000001B3)  # FNV prime: odd, hence invertible modulo 2**64
@@ -46,7 +46,7 @@ class SplitSpec:
             raise ValueError(f"split_fractions must be three numbers >= 0 summing to 1 (train, val, test), "
                              f"got {fractions!r}")
         check_int("split_seed", self.seed, 0)
-        check_int("holdout", self.holdout, 0)
+        check_int("holdout", self.holdout, 0, MAX_STEPS)
         object.__setattr__(self, "fractions", tuple(fractions))
 
 
