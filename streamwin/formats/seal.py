@@ -4,8 +4,8 @@ Every field of index.json is validated on load (formats/fields.py), but an edit 
 every field valid passes that: two members' offsets swapped (same size, same header) train
 one sequence's values under the other's key. So index.json carries the sha256 of all its other
 fields as canonical JSON (keys sorted, no spaces, ASCII): the columns (inline), or the columns
-file's name, size and sha256 (whose bytes are checked against it when they are mapped), the
-shard list, the chunk checks, every count. Every writer (pack, its workers and cluster units,
+file's name, size, sha256 and xxh3_128 (its bytes are checked against the latter when they are
+mapped, storage/manifests.py), the shard list, the chunk checks, every count. Every writer (pack, its workers and cluster units,
 merge, index) writes index.json through ``Manifest.to_json``, which seals it; a manifest whose
 content no longer matches its seal is refused, naming the file and the way to rebuild it. A
 manifest written before the seal existed has none: it loads (``Manifest.sealed`` False), and
