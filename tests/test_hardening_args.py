@@ -81,3 +81,25 @@ def test_a_bad_npy_header_is_named_in_plain_words():
     text = str(e.value)
     assert "TokenError" not in text and "EOF in multi-line" not in text
     assert "bad .npy header" in text and "'shape': (5, (2" in text
+
+
+def test_numpy_arguments_make_a_state_that_loads(tiny):
+    """numpy integers and bools are accepted as arguments; their state's plan inputs must be plain JSON (before:
+    the state of such a loader was refused by its own load_state_dict)."""
+    url, _ = tiny
+
+    def make():
+        ds = sw.WindowDataset(url, window=np.int64(8), stride=np.int32(4), seed=np.int64(3), batch_size=np.int64(4),
+                              shuffle_buffer=np.int64(100), pad=np.bool_(False), shuffle=np.bool_(True), split="train",
+                              split_fractions=[np.float32(0.5), np.float32(0.25), np.float32(0.25)],
+                              split_seed=np.int64(2))
+        return sw.WindowLoader(ds, num_workers=0)
+
+    full = [b["start"].tolist() for b in make()]
+    loader = make()
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    again = make()
+    again.load_state_dict(loader.state_dict())
+    assert [b["start"].tolist() for b in again] == full[3:]

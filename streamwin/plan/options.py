@@ -54,6 +54,8 @@ class WindowSpec:
                 raise ValueError(f"min_window must be <= window ({self.window}), got {self.min_window}")
         if self.windows_per_sequence is not None:
             check_int("windows_per_sequence", self.windows_per_sequence, 1, MAX_STEPS)
+        _plain(self, ("window", "stride", "horizon", "window_multiple", "min_window", "windows_per_sequence"),
+               ("pad", "jitter"))
 
     @property
     def span(self) -> int:
@@ -121,6 +123,17 @@ class ShuffleSpec:
         check_int("seed", self.seed, 0)
         if self.slice_windows is not None:
             check_int("slice_windows", self.slice_windows, 1, MAX_WINDOWS)
+        _plain(self, ("shuffle_buffer", "seed", "slice_windows"), ("shuffle",))
+
+
+def _plain(spec: Any, ints: tuple[str, ...], flags: tuple[str, ...]) -> None:
+    """Hold numpy integers and bools (accepted as arguments) as Python ones: a checkpoint's plan inputs are
+    plain JSON, and a numpy value there made the state unloadable."""
+    for name in ints:
+        if getattr(spec, name) is not None:
+            object.__setattr__(spec, name, int(getattr(spec, name)))
+    for name in flags:
+        object.__setattr__(spec, name, bool(getattr(spec, name)))
 
 
 def check_packing(spec: WindowSpec, pack_length: Any, equalize: str) -> None:

@@ -47,7 +47,9 @@ class SplitSpec:
                              f"got {fractions!r}")
         check_int("split_seed", self.seed, 0)
         check_int("holdout", self.holdout, 0, MAX_STEPS)
-        object.__setattr__(self, "fractions", tuple(fractions))
+        object.__setattr__(self, "fractions", tuple(float(f) for f in fractions))  # plain values (a state's JSON)
+        object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "holdout", int(self.holdout))
 
 
 def split_spec(split: str | None, fractions: Sequence[float], seed: int, holdout: int) -> SplitSpec | None:

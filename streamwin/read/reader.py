@@ -35,7 +35,7 @@ from streamwin.read.frames import zstd_slice_windows
 from streamwin.read.local import LocalShards
 from streamwin.read.members import Members
 from streamwin.read.options import ReadOptions
-from streamwin.read.pieces import land, pieces
+from streamwin.read.pieces import Pieces, land, pieces
 from streamwin.read.plain import PlainReads
 from streamwin.read.remote import RemoteShards
 from streamwin.read.runs import MERGE_GAP
@@ -126,7 +126,7 @@ class ShardReader:
         offs, start, real, valid, inv = (a[into_yield] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, uniq, inv)
 
-    def _read(self, p, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    def _read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
         """The pieces' bytes (``reads.read``). Through the node cache, a read that fails is first done with
         every failure raised; if the shard's copy turns out damaged it is dropped (CachedShards.repair) and
         the block read again from a fresh copy, else read again as on_error says."""
