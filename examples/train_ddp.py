@@ -446,5 +446,22 @@ def finish(loader: sw.WindowLoader, rank: int, error: str | None) -> int:
     return 0
 
 
+def leave(code: int) -> None:
+    """End the process with ``code`` once its output is out, without finalizing Python.
+
+    torch's gloo threads outlive ``destroy_process_group`` once DDP has used the group (its
+    reducer keeps it). A thread that a busy machine preempts between finishing a collective and
+    letting go of its tensors lets go of them after Python has begun to finalize; taking the GIL
+    then ends the thread in a way C++ cannot unwind, and the process aborts ("terminate called
+    without an active exception", exit -6) after the checkpoint was written. Everything this
+    script must do before exiting is done by now (checkpoint synced, loader closed, group
+    destroyed): what finalizing Python would add is that race.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

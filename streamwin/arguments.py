@@ -22,12 +22,20 @@ def is_real(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
-def check_int(name: str, value: Any, low: int) -> None:
-    """An integer (numpy ones too, bool not) of at least ``low``, else an error naming ``name``."""
+# Bounds of counts no data can need: past them, sizes computed from them would overflow 64-bit integers.
+MAX_STEPS = 1 << 50  # window, stride, horizon, pack_length...: steps (a sequence of 1-byte steps holds fewer)
+MAX_WINDOWS = (1 << 40) - 1  # shuffle_buffer, slice_windows: windows (what a loader state allows)
+MAX_BATCH = (1 << 31) - 1  # batch_size (what a loader state allows)
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    """An integer (numpy ones too, bool not) of at least ``low`` (and at most ``high``), else an error naming
+    ``name``."""
+    want = f"an integer >= {low}" if high is None else f"an integer in {low}..{high:,}"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer >= {low}, got {value!r} ({type(value).__name__})")
-    if value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise TypeError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be {want}, got {value!r}")
 
 
 def check_bool(name: str, value: Any) -> None:
