@@ -142,39 +142,57 @@ def shard_fields(value: Any, where: str, i: int) -> dict:
     return out
 
 
+ROWS = 1 << 16  # sequences checked at a time: the checks' temporaries stay small, whatever the manifest holds
+
+
 def check_columns(cols: dict[str, np.ndarray], key_ends: np.ndarray, nkeys: int, shard_starts: np.ndarray,
                   shard_bytes: np.ndarray, shard_steps: np.ndarray, step_bytes: int, compressed: bool,
                   where: str) -> None:
     """Per-sequence columns against each other and their shards: members inside their shard, npy header
-    lengths, lengths that the member bytes can hold, keys that end where the key bytes do, step counts."""
+    lengths, lengths that the member bytes can hold, keys that end where the key bytes do, step counts.
+
+    ROWS sequences at a time, so that a manifest of millions of sequences is checked in a few
+    MB of temporaries (all of them at once took ~50 bytes per sequence, much of it kept by
+    the allocator afterwards).
+    """
     n = len(key_ends)
     if not n:
         return
-    length, offset, size, hlen = (np.asarray(cols[c], dtype=np.int64) for c in ("length", "offset", "size", "hlen"))
-    shard = np.repeat(np.arange(len(shard_bytes)), np.diff(shard_starts))
-    bad = {
-        "length": (length < 0) | (length > MAX_BYTES // max(step_bytes, 1)),
-        "offset": (offset < 512) | (offset > MAX_BYTES),
-        "size": (size < 0) | (size > shard_bytes[shard] - np.minimum(offset, MAX_BYTES)),
-        "hlen": (hlen < 10) | (hlen > (1 << 20)),
-    }
-    if compressed:  # a zstd member holds what it declares, at no more than ZLIB_RATIO-like expansion
-        bad["length"] |= length * step_bytes > np.maximum(size, 1) * (1 << 20)
-    for name, wrong in bad.items():
-        if wrong.any():
-            i = int(np.flatnonzero(wrong)[0])
-            raise fail(where, f"columns.{name}", f"is out of range for sequence {i} (length {length[i]}, offset "
-                       f"{offset[i]}, size {size[i]}, header {hlen[i]}, shard bytes {int(shard_bytes[shard[i]])})")
-    wrong = np.flatnonzero(size != hlen + length * step_bytes) if not compressed else []
-    if len(wrong):  # a plain member is its npy header and its steps, exactly
-        i = int(wrong[0])
-        raise fail(where, "columns.length, size and hlen", f"disagree for sequence {i}: size {size[i]}, but header "
-                   f"{hlen[i]} + {length[i]} steps of {step_bytes} bytes make {hlen[i] + length[i] * step_bytes}")
-    ends = np.asarray(key_ends, dtype=np.int64)
-    if ends[0] < 1 or np.any(np.diff(ends) < 1) or ends[-1] != nkeys:
+    steps = np.zeros(len(shard_bytes), dtype=np.int64)
+    last_end = 0
+    for r0 in range(0, n, ROWS):
+        r1 = min(r0 + ROWS, n)
+        length, offset, size, hlen = (np.asarray(cols[c][r0:r1], dtype=np.int64)
+                                      for c in ("length", "offset", "size", "hlen"))
+        shard = np.searchsorted(shard_starts, np.arange(r0, r1), side="right") - 1
+        bad = {
+            "length": (length < 0) | (length > MAX_BYTES // max(step_bytes, 1)),
+            "offset": (offset < 512) | (offset > MAX_BYTES),
+            "size": (size < 0) | (size > shard_bytes[shard] - np.minimum(offset, MAX_BYTES)),
+            "hlen": (hlen < 10) | (hlen > (1 << 20)),
+        }
+        if compressed:  # a zstd member holds what it declares, at no more than ZLIB_RATIO-like expansion
+            bad["length"] |= length * step_bytes > np.maximum(size, 1) * (1 << 20)
+        for name, wrong in bad.items():
+            if wrong.any():
+                j = int(np.flatnonzero(wrong)[0])
+                raise fail(where, f"columns.{name}", f"is out of range for sequence {r0 + j} (length {length[j]}, "
+                           f"offset {offset[j]}, size {size[j]}, header {hlen[j]}, shard bytes "
+                           f"{int(shard_bytes[shard[j]])})")
+        wrong = np.flatnonzero(size != hlen + length * step_bytes) if not compressed else []
+        if len(wrong):  # a plain member is its npy header and its steps, exactly
+            j = int(wrong[0])
+            raise fail(where, "columns.length, size and hlen", f"disagree for sequence {r0 + j}: size {size[j]}, but "
+                       f"header {hlen[j]} + {length[j]} steps of {step_bytes} bytes make "
+                       f"{hlen[j] + length[j] * step_bytes}")
+        ends = np.asarray(key_ends[r0:r1], dtype=np.int64)
+        if ends[0] < last_end + 1 or np.any(np.diff(ends) < 1):
+            raise fail(where, "columns.key_ends", f"must rise by at least 1 per key and end at the {nkeys:,} key bytes")
+        last_end = int(ends[-1])
+        first = np.flatnonzero(np.diff(shard, prepend=-1))  # each shard's first row here (rows are in shard order)
+        steps[shard[first]] += np.add.reduceat(length, first)
+    if last_end != nkeys:
         raise fail(where, "columns.key_ends", f"must rise by at least 1 per key and end at the {nkeys:,} key bytes")
-    steps = np.add.reduceat(length, shard_starts[:-1]) if len(shard_starts) > 1 else np.zeros(0, np.int64)
-    steps = np.where(np.diff(shard_starts) > 0, steps, 0)
     wrong = np.flatnonzero(steps != shard_steps)
     if len(wrong):
         k = int(wrong[0])
