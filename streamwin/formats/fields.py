@@ -246,15 +246,28 @@ def frames(doc: Any, length: np.ndarray, size: np.ndarray, where: str) -> tuple[
 
 
 def chunk_checks(doc: Any, sums: np.ndarray | None, shard_bytes: list[int], where: str) -> checks.Checks | None:
-    """The ``checks`` field: chunk checksums, inline (``sums`` None) or a column of the columns file."""
+    """The ``checks`` field: the digests of the sums files beside the shards, or (older) the chunk checksums
+    themselves, inline (``sums`` None) or a column of the columns file."""
     if doc is None:
         return None
     doc = mapping(doc, where, "checks")
     chunk = integer(doc.get("chunk"), where, "checks.chunk", checks.MIN_CHUNK, checks.MAX_CHUNK)
-    if sums is None:
-        total = sum(checks.chunk_count(b, chunk) for b in shard_bytes)
-        sums = np.frombuffer(inflate(doc.get("sums"), 4 * total, where, "checks.sums"), dtype="<u4")
     try:
+        if "digests" in doc:  # sums files beside the shards
+            if sums is not None or "sums" in doc:
+                raise fail(where, "checks", "names sums files and holds sums too")
+            return checks.Checks.stored(doc.get("algorithm"), chunk,
+                                        integer(doc.get("block"), where, "checks.block", chunk, checks.MAX_CHUNK),
+                                        integer(doc.get("page_blocks"), where, "checks.page_blocks", 1,
+                                                checks.MAX_PAGE_BLOCKS),
+                                        listing(doc["digests"], where, "checks.digests"),
+                                        listing(doc.get("sha256"), where, "checks.sha256"), shard_bytes,
+                                        string(doc.get("suffix"), where, "checks.suffix"))
+        if sums is None:
+            total = sum(checks.chunk_count(b, chunk) for b in shard_bytes)
+            sums = np.frombuffer(inflate(doc.get("sums"), 4 * total, where, "checks.sums"), dtype="<u4")
         return checks.Checks.make(doc.get("algorithm"), chunk, sums.astype(np.uint32, copy=False), shard_bytes)
     except ValueError as e:
+        if isinstance(e, ManifestError):
+            raise
         raise ManifestError(f"{where}: {e}") from None

@@ -8,6 +8,7 @@ import fsspec
 from streamwin.errors import ShardError
 from streamwin.read.counts import Counters
 from streamwin.read.members import Members
+from streamwin.formats.manifest import ShardEntry
 from streamwin.read.transport import Transport, read_file
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.urls import is_local
@@ -18,7 +19,8 @@ class CachedShards(Transport):
 
     A shard that fails to fetch is not fetched again for the same block (each of its runs
     would fail alike). Runs of remote shards are read concurrently: several shards are
-    fetched at once.
+    fetched at once. The shards' sums files are cached the same way (fetched whole, checked
+    against their sha256), then read in ranges like the shards.
     """
 
     mappable = True
@@ -28,6 +30,18 @@ class CachedShards(Transport):
         super().__init__(root, members, counters, concurrent=not is_local(fs))
         self.cache, self.fs = cache, fs
         self._unfetchable: dict[int, ShardError] = {}  # shards that failed to fetch for the current block
+
+    def read_sums_into(self, k: int, offset: int, out: memoryview) -> None:
+        checks = self.members.manifest.checks
+        name = self.members.manifest.shards[k].name + checks.suffix
+        entry = ShardEntry(name, checks.layout(k).file_bytes, checks.file_sha256(k), 0, 0)
+        local = self.cache.fetch(self.sums_url(k), self.fs, self.path(k) + checks.suffix, entry)
+        with open(local, "rb", buffering=0) as f:
+            got = read_file(f, offset, out)
+        if got < len(out):
+            raise ShardError(f"cached sums file ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
+                             shard=self.sums_url(k), offset=offset + got)
+        self.counters.add(bytes_sums=len(out))
 
     def begin_block(self) -> None:
         self._unfetchable.clear()
