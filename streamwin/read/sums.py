@@ -41,8 +41,9 @@ class Sums:
     is held: each shard's page table, and runs of pages as they were read (``_Pages``).
     """
 
-    def __init__(self, checks: Checks, fetch: Fetch, sums_url: Callable[[int], str], limit: int = SUMS_LIMIT):
-        self.checks, self.fetch, self.sums_url, self.limit = checks, fetch, sums_url, limit
+    def __init__(self, checks: Checks, fetch: Fetch, sums_url: Callable[[int], str], limit: int | None = None):
+        self.checks, self.fetch, self.sums_url = checks, fetch, sums_url
+        self.limit = SUMS_LIMIT if limit is None else limit
         self.nbytes = 0  # bytes held
         self._held: OrderedDict[tuple[int, int], np.ndarray | _Pages] = OrderedDict()  # (shard, -1 | first page)
         self._page: dict[tuple[int, int], int] = {}  # (shard, page) -> the first page of the run holding it
