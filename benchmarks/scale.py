@@ -1,11 +1,13 @@
-"""Scale: millions of short sequences in one dataset (issue 13).
+"""Scale: millions of short sequences in one dataset (issue 13), and checksums of a terabyte (issue 28).
 
 For each size (1M and 10M sequences; ``--quick``: 1M only) it builds a synthetic corpus of
 short sequences (float32, 8..56 steps, 1,024 bytes per tar member, 100,000 sequences per
 shard; written directly with numpy, the same layout pack writes, with a columnar manifest;
 kept in ``--root`` and reused), then measures, each in a fresh process:
 
-  manifest     ``load_manifest``: seconds, and private memory (USS) added, per sequence
+  manifest     ``load_manifest``: seconds, and per sequence the memory it adds to the process: its
+               resident set (VmRSS: the columns file's pages it touched to check them, and
+               anything it allocated), its peak (VmHWM) and its private memory
   plan         the dataset's window index (built once per process that plans; with
                ``split="train"`` it hashes every key once), a plan of another epoch, ``len()``
                first and second call; 8 ranks x 8 workers
@@ -24,9 +26,19 @@ processes, and whether the shards are byte-identical). With N workers the writer
 its own CPU per sequence and the workers theirs, so on a machine with more cores than 2 the
 rate is bounded by about min(1 / writer, N / workers) sequences per second of CPU time.
 
+and, with ``--sums-gb`` (e.g. 1 10 100 1000), checksum memory per process as the corpus grows:
+a corpus of that many GB of sparse shards (256 MB each, one long member of zeros, written
+with ``truncate``: no disk but the sums files, ~1 GB per TB) with real sums files and a manifest
+naming their digests; a fresh process loads it and reads ``--sums-blocks`` shuffled blocks
+(W=256, stride 65,536: sparse windows, so blocks touch many shards); reported are the
+checksums the manifest holds, the sums its reader holds (``ShardReader.sums.nbytes``, bounded
+by read.sums.SUMS_LIMIT), the sums bytes it read, the process's private memory added, and
+what the form before sums files held in every process (4 bytes per 4 KiB of shards).
+
 Usage:
   python benchmarks/scale.py --quick    # 1M sequences (~2 min on 2 cores)
   python benchmarks/scale.py            # 1M and 10M (~10 min on 2 cores, 11 GB of disk)
+  python benchmarks/scale.py --sizes 2000000 --sums-gb 1 10 100 1000 --no-loaders   # issue 28's numbers
 Prints a markdown table and one JSON line.
 """
 from __future__ import annotations
@@ -89,31 +101,39 @@ def _digits(first: int, n: int) -> np.ndarray:
 
 def make_corpus(root: Path, n: int) -> str:
     """A dataset of ``n`` short sequences at ``root`` (reused when its marker matches)."""
+    from streamwin.formats.checks import SUFFIX, Checks
     from streamwin.formats.manifest import Manifest, NonFinite, ShardEntry
+    from streamwin.formats.sums import ShardSumsWriter
     from streamwin.storage.manifests import write_manifest
     from streamwin.storage.urls import url_to_fs
 
     marker = root / "corpus.json"
-    if marker.exists() and json.loads(marker.read_text()) == {"n": n}:
+    if marker.exists() and json.loads(marker.read_text()) == {"n": n, "sums": True}:
         return str(root)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     lengths = np.random.default_rng(n).integers(8, 57, size=n).astype(np.int64)
-    shards, offsets = [], np.empty(n, dtype=np.int64)
+    shards, offsets, digests = [], np.empty(n, dtype=np.int64), []
     for k, lo in enumerate(range(0, n, PER_SHARD)):
         hi = min(lo + PER_SHARD, n)
         body = _members(lo, lengths[lo:hi]).tobytes() + bytes(1024)
         name = f"shard-{k:06d}.tar"
         (root / name).write_bytes(body)
+        sums = ShardSumsWriter()  # its chunk checksums, beside it, as pack writes them
+        sums.update(body)
+        data, digest = sums.file()
+        (root / (name + SUFFIX)).write_bytes(data)
+        digests.append(digest)
         offsets[lo:hi] = np.arange(hi - lo) * MEMBER + 512
         shards.append(ShardEntry(name, len(body), hashlib.sha256(body).hexdigest(), hi - lo, int(lengths[lo:hi].sum())))
     keys = np.concatenate([np.full((n, 1), ord("s"), dtype=np.uint8), _digits(0, n)], axis=1)
     m = Manifest(dtype=np.dtype("<f4"), step_shape=(), compression=None, shards=tuple(shards), length=lengths,
                  offset=offsets, size=128 + 4 * lengths, hlen=np.full(n, 128, dtype=np.int32),
                  key_blob=keys.tobytes(), key_ends=np.arange(1, n + 1, dtype=np.int64) * 9,
-                 nonfinite=NonFinite(0, 0, (0,) * len(shards)))
+                 nonfinite=NonFinite(0, 0, (0,) * len(shards)),
+                 checks=Checks.of_shards(digests, [s.bytes for s in shards]))
     write_manifest(*url_to_fs(str(root)), m)
-    marker.write_text(json.dumps({"n": n}))
+    marker.write_text(json.dumps({"n": n, "sums": True}))
     return str(root)
 
 
@@ -135,19 +155,30 @@ def anon_mb(pid: int | None = None) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
 
 
+def status_mb(field: str) -> float:
+    """A /proc/self/status field (VmRSS, VmHWM, RssAnon, ...) in MB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+
+
 def child_manifest(url: str) -> dict:
     import streamwin as sw
 
-    before = anon_mb()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM from here
+    rss, peak, before = status_mb("VmRSS"), status_mb("VmHWM"), anon_mb()
     t = time.perf_counter()
     m = sw.load_manifest(url)
     load_s = time.perf_counter() - t
+    per = 2**20 / m.num_sequences
+    grew = {"rss_bytes_per_seq": (status_mb("VmRSS") - rss) * per, "peak_bytes_per_seq": (status_mb("VmHWM") - peak) * per,
+            "anon_bytes_per_seq": (anon_mb() - before) * per}
     total = int(m.length.sum()) + int(m.offset.sum()) + int(m.size.sum()) + int(m.hlen.sum())
     total += int(m.key_ends.sum()) + len(m.keys(np.arange(0, m.num_sequences, 4096)))  # touch every page
     private = anon_mb() - before
     shared = os.path.getsize(os.path.join(url, "index.columns")) + os.path.getsize(os.path.join(url, "index.json"))
     return {"load_s": load_s, "private_mb": private, "bytes_per_seq": private * 2**20 / m.num_sequences,
-            "shared_mb": shared / 2**20, "check": total > 0}
+            "shared_mb": shared / 2**20, "check": total > 0, **grew}
 
 
 def child_plan(url: str) -> dict:
@@ -326,6 +357,104 @@ def pack_memory(root: Path, sizes: list[int]) -> list[dict]:
             for n in sizes]
 
 
+# -- checksums of a terabyte ---------------------------------------------------------------------
+
+SPARSE_SHARD = 256 << 20  # bytes of each sparse shard
+SUMS_WINDOW, SUMS_STRIDE = 256, 65_536
+
+
+def make_sparse_corpus(root: Path, gb: int) -> str:
+    """``gb`` GB of sparse shards of SPARSE_SHARD bytes, each one member ``s<k>.npy`` of float32 zeros, with
+    real sums files (computed from the bytes they hold: a header, then zeros) and a manifest (reused)."""
+    from streamwin.formats import npy as npyfmt, tar as tarfmt
+    from streamwin.formats.checks import BLOCK, CHUNK, SUFFIX, Checks
+    from streamwin.formats.manifest import Manifest, ShardEntry
+    from streamwin.formats.sums import Layout, digest_of, sums_file, sums_of
+    from streamwin.storage.manifests import write_manifest
+    from streamwin.storage.urls import url_to_fs
+
+    n = max(1, (gb << 30) // SPARSE_SHARD)
+    marker = root / "corpus.json"
+    if marker.exists() and json.loads(marker.read_text()) == {"shards": n, "bytes": SPARSE_SHARD}:
+        return str(root)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    steps = (SPARSE_SHARD - 3 * 512 - 128) // 4
+    head_npy = npyfmt.npy_header_for(np.dtype("<f4"), (steps,))
+    content = len(head_npy) + 4 * steps
+    size = 512 + content + (-content % 512) + 1024
+    zero_chunk, zero_block = sums_of(bytes(CHUNK))[0], sums_of(bytes(BLOCK))[0]
+    layout = Layout(size)
+    shards, digests = [], []
+    for k in range(n):
+        name = f"shard-{k:06d}.tar"
+        head = tarfmt.tar_header(f"s{k:06d}.npy", content) + head_npy
+        with open(root / name, "wb") as f:
+            f.write(head)
+            f.truncate(size)  # the rest: zeros, not on disk
+        fine = np.full(-(-size // CHUNK), zero_chunk, dtype=np.uint32)
+        coarse = np.full(-(-size // BLOCK), zero_block, dtype=np.uint32)
+        first = head + bytes(BLOCK - len(head))
+        fine[: BLOCK // CHUNK], coarse[0] = sums_of(first, CHUNK), sums_of(first, BLOCK)[0]
+        fine[-1], coarse[-1] = sums_of(bytes(size - (len(fine) - 1) * CHUNK))[0], \
+            sums_of(bytes(size - (len(coarse) - 1) * BLOCK), BLOCK)[0]
+        data = sums_file(fine, coarse, layout)
+        (root / (name + SUFFIX)).write_bytes(data)
+        digests.append((digest_of(data[: layout.table_bytes]), hashlib.sha256(data).hexdigest()))
+        shards.append(ShardEntry(name, size, "0" * 64, 1, steps))
+    keys = np.frombuffer(b"".join(f"s{k:06d}".encode() for k in range(n)), dtype=np.uint8)
+    m = Manifest(dtype=np.dtype("<f4"), step_shape=(), compression=None, shards=tuple(shards),
+                 length=np.full(n, steps, dtype=np.int64), offset=np.full(n, 512, dtype=np.int64),
+                 size=np.full(n, content, dtype=np.int64), hlen=np.full(n, len(head_npy), dtype=np.int32),
+                 key_blob=keys.tobytes(), key_ends=np.arange(1, n + 1, dtype=np.int64) * 7,
+                 checks=Checks.of_shards(digests, [s.bytes for s in shards]))
+    write_manifest(*url_to_fs(str(root)), m)
+    marker.write_text(json.dumps({"shards": n, "bytes": SPARSE_SHARD}))
+    return str(root)
+
+
+def child_sums(url: str, blocks: str) -> dict:
+    """Load the sparse corpus, read ``blocks`` shuffled blocks: the checksums held and the memory added."""
+    import streamwin as sw
+    from streamwin.read import ShardReader
+
+    ds = sw.WindowDataset(url, window=SUMS_WINDOW, stride=SUMS_STRIDE, batch_size=256, seed=0, rank=0, world_size=1)
+    m = ds.manifest
+    plan = ds.plan(0, 0).sources[0]
+    before, rss = anon_mb(), status_mb("VmRSS")  # what reading adds (the manifest's checks: manifest_checks_kb)
+    reader = ShardReader(url, m, ds.read)
+    touched, windows = set(), 0
+    for b in range(min(int(blocks), plan.num_blocks(0))):
+        block = reader.read_block(plan, 0, b)
+        windows += len(block)
+        touched |= {m.shard_of(int(i)) for i in block.seq_ids}
+        reader.release(block)
+    corpus = sum(s.bytes for s in m.shards)
+    return {"corpus_gb": corpus / 2**30, "shards": len(m.shards), "index_json_kb": os.path.getsize(
+                os.path.join(url, "index.json")) / 1024,
+            "manifest_checks_kb": (m.checks.digests.nbytes + m.checks.sha256.nbytes + m.checks.sizes.nbytes) / 1024,
+            "held_kb": reader.sums.nbytes / 1024, "held_shards": len(reader.sums.held()),
+            "shards_read": len(touched), "windows": windows, "sums_read_kb": reader.stats.bytes_sums / 1024,
+            "bytes_read_mb": reader.stats.bytes_read / 2**20, "private_mb": anon_mb() - before,
+            "rss_mb": status_mb("VmRSS") - rss, "before_sums_files_mb": 4 * -(-corpus // 4096) / 2**20}
+
+
+def sums_rows(root: Path, sizes_gb: list[int], blocks: int) -> list[dict]:
+    """`child_sums` at each corpus size, each in a fresh process."""
+    return [run_child("sums", make_sparse_corpus(root / f"sparse-{gb}gb", gb), str(blocks)) for gb in sizes_gb]
+
+
+def print_sums(rows: list[dict], blocks: int) -> None:
+    print(f"\nchecksums per process, {blocks} shuffled blocks read (W={SUMS_WINDOW}, stride {SUMS_STRIDE:,}):\n")
+    print("| corpus | shards | shards read | checksums in the manifest | sums held by the reader (shards) | "
+          "sums read | private memory reading added | before sums files (every process) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['corpus_gb']:,.0f} GB | {r['shards']:,} | {r['shards_read']:,} | {r['manifest_checks_kb']:,.1f} KB | "
+              f"{r['held_kb']:,.0f} KB ({r['held_shards']}) | {r['sums_read_kb']:,.0f} KB | {r['private_mb']:,.1f} MB | "
+              f"{r['before_sums_files_mb']:,.1f} MB |")
+
+
 # -- main --------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -338,29 +467,53 @@ def main() -> None:
     ap.add_argument("--pack-memory", type=int, nargs="*", default=[],
                     help="also measure pack's peak memory at these sequence counts (e.g. 1000000 4000000)")
     ap.add_argument("--pack-only", action="store_true", help="only the pack measurements")
+    ap.add_argument("--no-loaders", action="store_true", help="skip the loaders' start-up and memory (and packing)")
+    ap.add_argument("--sums-gb", type=int, nargs="*", default=[],
+                    help="checksum memory at these corpus sizes in GB of sparse shards (e.g. 1 10 100 1000)")
+    ap.add_argument("--sums-blocks", type=int, default=8, help="blocks each checksum measurement reads")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, url, *rest = args.child
-        result = {"manifest": child_manifest, "plan": child_plan, "packmem": lambda u: child_pack_memory(u, *rest)}.get(kind)
+        result = {"manifest": child_manifest, "plan": child_plan, "packmem": lambda u: child_pack_memory(u, *rest),
+                  "sums": lambda u: child_sums(u, *rest)}.get(kind)
         print(json.dumps(result(url) if result else child_loader(url, *rest)))
         return
     root = Path(args.root)
-    sizes = [] if args.pack_only else args.sizes or ([1_000_000] if args.quick else [1_000_000, 10_000_000])
+    default = [1_000_000] if args.quick else [1_000_000, 10_000_000]
+    sizes = [] if args.pack_only else default if args.sizes is None else args.sizes  # --sizes alone: none
     rows = []
     for n in sizes:
         t = time.perf_counter()
         url = make_corpus(root / f"n{n}", n)
         row = {"sequences": n, "corpus_s": time.perf_counter() - t, "manifest": run_child("manifest", url),
                "plan": run_child("plan", url)}
-        for method in METHODS:
+        for method in [] if args.no_loaders else METHODS:
             row[method] = run_child("loader", url, method)
         rows.append(row)
         print(f"{n:,}: {json.dumps(row)}", file=sys.stderr)
-    pack = pack_rates(root, args.pack_seqs, args.pack_workers)
-    pack["memory"] = pack_memory(root, args.pack_memory)
-    print_table(rows, pack, args.pack_seqs)
-    print(json.dumps({"rows": rows, "pack": pack, "cores": len(os.sched_getaffinity(0))}))
+    pack = {}
+    if not args.no_loaders:
+        pack = pack_rates(root, args.pack_seqs, args.pack_workers)
+        pack["memory"] = pack_memory(root, args.pack_memory)
+        print_table(rows, pack, args.pack_seqs)
+    print_manifests(rows)
+    sums = sums_rows(root, args.sums_gb, args.sums_blocks)
+    if sums:
+        print_sums(sums, args.sums_blocks)
+    print(json.dumps({"rows": rows, "pack": pack, "sums": sums, "cores": len(os.sched_getaffinity(0))}))
+
+
+def print_manifests(rows: list[dict]) -> None:
+    """What loading each manifest added to a fresh process, per sequence (goal: <= 40 bytes)."""
+    if not rows:
+        return
+    print("\n| sequences | manifest load s | resident B/seq (goal <= 40) | peak B/seq | private B/seq | columns file MB |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        m = r["manifest"]
+        print(f"| {r['sequences']:,} | {m['load_s']:.3f} | {m['rss_bytes_per_seq']:.1f} | {m['peak_bytes_per_seq']:.1f} | "
+              f"{m['anon_bytes_per_seq']:.1f} | {m['shared_mb']:.0f} |")
 
 
 def print_table(rows: list[dict], pack: dict, pack_seqs: int) -> None:

@@ -76,12 +76,14 @@ class Params(data.WindowSetup):
     """The window setup every system is run with, and where a run stops."""
 
     max_windows: int = 0  # 0: one full epoch
+    torch_threads: int = 0  # 0: torch's default; else torch.set_num_threads in each case's process
 
     def cli(self) -> list[str]:
         """These parameters as command-line flags for a child process."""
         return ["--window", str(self.window), "--stride", str(self.stride),
                 "--batch-size", str(self.batch_size), "--shuffle-buffer", str(self.shuffle_buffer),
-                "--seed", str(self.seed), "--max-windows", str(self.max_windows)]
+                "--seed", str(self.seed), "--max-windows", str(self.max_windows),
+                "--torch-threads", str(self.torch_threads)]
 
 
 # =========================================================================== child side
@@ -413,6 +415,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", nargs="+", type=int, default=[0, 2], help="num_workers values")
     parser.add_argument("--repeats", type=int, help="runs per system (default 1 quick, 3 full)")
     parser.add_argument("--max-windows", type=int, default=0, help="stop each run after this many windows")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="torch.set_num_threads in each case's process (0: torch's default); on busy cores "
+                             "torch's intra-op threads spin in an in-process gather (docs/performance.md)")
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--stride", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -427,12 +432,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def params_from(args: argparse.Namespace) -> Params:
     return Params(args.window, args.stride, args.batch_size, args.shuffle_buffer, args.seed,
-                  args.max_windows)
+                  args.max_windows, args.torch_threads)
 
 
 def child_main(args: argparse.Namespace) -> int:
     """Child mode: measure one case, print its JSON record as the last stdout line, exit."""
     preload(args.case)
+    if args.torch_threads:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(args.torch_threads)
     record = run_case(args.case, args.data_dir.resolve(), params_from(args), args.workers[0])
     print(json.dumps(record), flush=True)
     sys.stderr.flush()

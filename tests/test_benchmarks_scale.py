@@ -41,3 +41,20 @@ def test_pack_rows_report_speed_up_per_core_and_memory(tmp_path, capsys):
     assert pack["identical"] and set(pack["seq_per_s"]) == {1, 2}
     assert "2 workers:" in out and "x)" in out and "in the writer" in out
     assert [m["sequences"] for m in pack["memory"]] == [1_000, 3_000] and "growth per sequence" in out
+
+
+def test_sparse_corpus_reads_verified_and_its_reader_holds_bounded_sums(tmp_path, monkeypatch):
+    """The terabyte stand-in: sparse shards whose sums files are real, read through a bounded sums cache."""
+    scale = load_scale()
+    monkeypatch.setattr(scale, "SPARSE_SHARD", 8 << 20)
+    url = scale.make_sparse_corpus(tmp_path / "sparse", 1)  # 128 shards of 8 MB, no disk but the sums files
+    m = sw.load_manifest(url)
+    assert len(m.shards) == 128 and m.checks.in_files
+    from streamwin.read import sums as read_sums
+
+    monkeypatch.setattr(read_sums, "SUMS_LIMIT", 64 << 10)
+    monkeypatch.setattr(scale, "SUMS_STRIDE", 4096)  # 512 windows a shard: a block of 10,000 reads ~20 shards
+    got = scale.child_sums(url, "3")
+    assert got["windows"] == 30_000 and got["shards_read"] > got["held_shards"] >= 1
+    assert got["held_kb"] <= 64 + 21 * 8.2  # the bound, plus what one block's reads need (~20 shards' sums)
+    assert got["before_sums_files_mb"] == 1.0  # 4 bytes per 4 KiB of a GB

@@ -113,7 +113,8 @@ def test_http_retry_resumes_at_the_byte_that_broke(dataset, http_server, fast_ba
 
     Every body byte the server sent (it counts them, the cut responses' partial bodies too)
     is a byte the loader needed: what it served equals index.json plus the loader's
-    ``bytes_read``. Only the retried requests' headers are extra.
+    ``bytes_read`` and ``bytes_sums`` (the shards' checksums). Only the retried requests'
+    headers are extra.
     """
     root, _, ref = dataset
     srv = http_server(root, FaultPlan(drop_every_bytes=6_000, path_contains=SHARDS))  # ~30 drops in ~180 kB read
@@ -122,7 +123,7 @@ def test_http_retry_resumes_at_the_byte_that_broke(dataset, http_server, fast_ba
     st, fs = loader.stats(), srv.stats
     assert fs.drops >= 20
     assert st["retries"] == fs.drops
-    assert fs.bytes_served - index_size(root) == st["bytes_read"], (fs.bytes_served, st["bytes_read"])
+    assert fs.bytes_served - index_size(root) == st["bytes_read"] + st["bytes_sums"], (fs.bytes_served, st)
 
 
 def test_http_every_response_cut_after_a_few_kb_still_completes(dataset, http_server, fast_backoff):
@@ -139,7 +140,7 @@ def test_http_every_response_cut_after_a_few_kb_still_completes(dataset, http_se
     st, fs = loader.stats(), srv.stats
     assert fs.drops > 2 * len(loader.dataset.manifest.shards)
     assert st["retries"] == fs.drops
-    assert fs.bytes_served - index_size(root) == st["bytes_read"]
+    assert fs.bytes_served - index_size(root) == st["bytes_read"] + st["bytes_sums"]  # shards' and sums files' bytes
 
 
 def test_http_retries_count_failures_in_a_row_not_per_range(dataset, http_server, monkeypatch, fast_backoff):
@@ -268,7 +269,7 @@ def test_s3_drop_mid_body_resumes_at_the_byte(s3_dataset, s3_fault_proxy, s3_ser
     assert fs.drops > 2 * len(loader.dataset.manifest.shards)
     assert st["retries"] == fs.drops
     index = s3_server.filesystem().size(f"{url}/index.json")
-    assert fs.bytes_served - index == st["bytes_read"], (fs.bytes_served, index, st["bytes_read"])
+    assert fs.bytes_served - index == st["bytes_read"] + st["bytes_sums"], (fs.bytes_served, index, st)
 
 
 def test_s3_permanent_error_names_url_and_offset(s3_dataset, s3_fault_proxy, monkeypatch, fast_backoff, dataset):

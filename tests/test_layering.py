@@ -11,7 +11,8 @@ PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
     "errors", "arguments", "world",
-    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.checks", "formats.fields", "formats.seal",
+    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.sums", "formats.checks", "formats.fields",
+    "formats.seal",
     "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.deadline", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.streams", "plan.mix",
@@ -24,7 +25,7 @@ ORDER = [
     "packing.dest", "packing.unit", "packing.parallel", "packing.cluster_ray", "packing.cluster_dask",
     "packing.parts", "packing.sources", "packing.engines",
     "packing.pack", "packing.scanner", "packing.scan", "packing",
-    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.verify",
+    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.sums", "read.verify",
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "source", "packer", "batch", "nodes", "dataset", "pipeline",

@@ -106,6 +106,11 @@ def files_of(root: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
 
 
+def files_with_sums(m) -> list[str]:
+    """The files a pack writes for manifest ``m``'s shards: each shard and its sums file (formats/checks.py)."""
+    return [s.name for s in m.shards] + [s.name + ".sums" for s in m.shards]
+
+
 @pytest.fixture
 def npy_dir(tmp_path) -> tuple[Path, dict[str, np.ndarray]]:
     """40 .npy files in two folders (so there are many units to parallelize), plus one empty."""
@@ -138,7 +143,7 @@ def test_round_trip_iterable_local(tmp_path):
     sizes = [s.bytes for s in m.shards]
     assert all(b >= 64 << 10 for b in sizes[:-1])
     assert sizes == [os.path.getsize(dest / s.name) for s in m.shards]
-    assert sorted(os.listdir(dest)) == sorted([s.name for s in m.shards] + ["index.json"])
+    assert sorted(os.listdir(dest)) == sorted(files_with_sums(m) + ["index.json"])
 
 
 def test_round_trip_npy_directory_two_workers(npy_dir, tmp_path):
@@ -166,7 +171,7 @@ def test_round_trip_s3(s3_server, s3_bucket, tmp_path, monkeypatch):
     assert metas == {k: meta for k, _, meta in seqs if meta is not None}
     # the object store holds exactly the shards and the index, and they verify
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(url.removeprefix("s3://"))) == sorted(
-        [s.name for s in m.shards] + ["index.json"])
+        files_with_sums(m) + ["index.json"])
     assert verify(url, storage_options=opts, progress=False)["sequences"] == 25
     # a crash while re-packing: the old dataset stays as it was, the new shards are removed
     index = fs.cat_file(f"{url}/index.json")
@@ -175,7 +180,7 @@ def test_round_trip_s3(s3_server, s3_bucket, tmp_path, monkeypatch):
     fs.invalidate_cache()
     assert fs.cat_file(f"{url}/index.json") == index
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(url.removeprefix("s3://"))) == sorted(
-        [s.name for s in m.shards] + ["index.json"])
+        files_with_sums(m) + ["index.json"])
     assert_same_arrays(read_via_manifest(url, opts), expected)
     # a directory of .npy files packed straight to S3 by two workers
     src = tmp_path / "src"
@@ -337,8 +342,9 @@ def test_interrupted_repack_over_a_finished_dataset(tmp_path):
     (dest / "shard-g000002-u000000-000001.tar.tmp-99999-0a1b2c3d").write_bytes(b"partial")
     m = sw.pack(new, str(dest), shard_bytes=32 << 10, progress=False)
     # the new dataset is the clean pack's bytes under generation 2's names; generation 1 stays for its readers
-    assert [(dest / s.name).read_bytes() for s in m.shards] == [v for k, v in sorted(files_of(clean).items()) if k != "index.json"]
-    assert sorted(os.listdir(dest)) == sorted([s.name for s in m.shards] + ["index.json", "index-g000001.json"]
+    assert [(dest / s.name).read_bytes() for s in m.shards] == [v for k, v in sorted(files_of(clean).items())
+                                                                if k.endswith(".tar")]
+    assert sorted(os.listdir(dest)) == sorted(files_with_sums(m) + ["index.json", "index-g000001.json"]
                                               + [k for k in before if k != "index.json"])
     assert_same_arrays(read_via_manifest(str(dest)), {k: a for k, a, _ in new})
 
@@ -512,7 +518,7 @@ def test_merge_refuses_missing_parts_and_shards_and_a_failed_part_leaves_no_part
     m = sw.merge(str(dest))
     assert not list(dest.glob("index.part*"))  # merged parts are gone; the dataset is an ordinary one
     assert_same_arrays(read_via_manifest(str(dest)), expected)
-    assert sorted(os.listdir(dest)) == sorted([s.name for s in m.shards] + ["index.json"])
+    assert sorted(os.listdir(dest)) == sorted(files_with_sums(m) + ["index.json"])
     with pytest.raises(ManifestError, match="no part indexes"):
         sw.merge(str(tmp_path / "nothing"))
 

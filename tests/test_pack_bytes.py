@@ -4,7 +4,9 @@ The digests in ``pack_digests.json`` were first recorded at the start of the pac
 redesign-pack, from b381173), before any packing code moved, and recorded anew when packing
 became a function of one unit of input (branch cluster-pack): each unit writes its own shards,
 named from a generation and the unit's number (``shard-g000001-u000003-000000.tar``), so shards
-no longer span input files; the members' bytes are unchanged. Each case packs one input
+no longer span input files; the members' bytes are unchanged. Recorded anew when the chunk
+checksums moved from index.json (or its columns file) into a sums file beside each shard
+(branch checks): every shard's bytes unchanged, index files changed, ``.sums`` files added. Each case packs one input
 (npy files with a big-endian one and an empty one, stored and compressed npz with a cast,
 long and row parquet, csv, jsonl with metadata, text, an iterable with NaN, metadata and
 long zstd members, two workers, parts then merge, a columnar manifest) and every file the

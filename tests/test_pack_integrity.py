@@ -109,7 +109,7 @@ def test_foreign_files_are_refused_by_name_and_replaced_only_when_asked(tmp_path
         sw.pack(seqs, str(dest), shard_bytes=4 << 10, progress=False)
     assert {p.name: p.read_bytes() for p in dest.iterdir()} == theirs  # untouched, and no lock left behind
     m = sw.pack(seqs, str(dest), shard_bytes=4 << 10, progress=False, overwrite=True)
-    assert sorted(os.listdir(dest)) == sorted([s.name for s in m.shards] + ["index.json"])
+    assert sorted(os.listdir(dest)) == sorted([s.name + x for s in m.shards for x in ("", ".sums")] + ["index.json"])
     assert same(read_all(str(dest)), dict(seqs))
     # a streamwin dataset is not foreign: re-packing it needs no overwrite
     sw.pack(seqs[:5], str(dest), shard_bytes=4 << 10, progress=False)
@@ -208,7 +208,8 @@ def test_sigkill_at_any_moment_leaves_the_old_dataset_or_the_new_one(tmp_path, w
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
     kept = json.loads(fs.cat_file(f"{root}/{[n for n in names if n.startswith('index-g')][0]}"))
     # what the killed packs left is gone: the new dataset, and the one it replaced (kept for its readers), only
-    assert names == sorted([s.name for s in m.shards] + [s["name"] for s in kept["shards"]]
+    assert names == sorted([s.name + x for s in m.shards for x in ("", ".sums")]  # each shard, and its sums file
+                           + [s["name"] + x for s in kept["shards"] for x in ("", ".sums")]
                            + ["index.json", [n for n in names if n.startswith("index-g")][0]])
     assert same(read_all(dest, options), expected(9, 10))
 

@@ -1,106 +1,66 @@
-"""Checksums a reader can afford: one per 4 KiB chunk of every shard, verified on every read.
+"""Checksums a reader can afford: one per 4 KiB chunk and one per 256 KiB block of every shard.
 
 A shard's sha256 (in the manifest) proves a whole shard, but a reader reads a few windows of
-it, so it could only check what it never reads whole. Instead every shard is cut into chunks
-of ``CHUNK`` bytes from its first byte (the last one shorter), and the manifest keeps one
-checksum per chunk: the low 32 bits of xxh3_64 (``ALGORITHM``). A read of bytes [lo, hi)
-verifies the chunks those bytes lie in, which means reading up to a chunk more at either end
-(a local file mapped by the page is read by the page anyway). xxh3 verifies a 4 KiB chunk at
-~12 GB/s here with its call (~20 GB/s for long runs of them) and releases the GIL while it
-hashes, so the reading threads verify beside the training step.
+it, so it could only check what it never reads whole. Instead every shard has a checksum
+per 4 KiB chunk and per 256 KiB block (formats/sums.py: the low 32 bits of xxh3), and a read
+of bytes [lo, hi) verifies the chunks those bytes lie in, reading up to a chunk more at
+either end: the blocks it covers whole with one xxh3 call each (~14 GB/s from memory here,
+twice what a call per 4 KiB chunk reaches), the chunks at its ends one by one. A block that
+fails is looked at chunk by chunk, so damage is found (and, with on_error="skip", lost) to the chunk.
 
-Chunks are counted from the shard's first byte, not per member: what pack writes, what
-`verify` and `index` scan and what a reader reads are all runs of shard bytes, so each needs
-only ``ChunkSums`` over the bytes as they go by, and a run of short members is one run of
-chunks. The sums of every shard sit end to end in shard order (``Checks.first[k]`` is shard
-k's first), stored like the manifest's columns. Manifests written before this have none:
-readers then verify nothing (and say so once).
+Where the sums live. Each shard has a sums file beside it, ``<shard>.sums`` (``SUFFIX``),
+written by whatever writes the shard (pack, on this machine or a Ray or Dask worker; index),
+and index.json keeps per shard only the xxh3_64 of its page table (``Checks.digests``). A
+reader reads a shard's table when a block of it first needs it (checked against the
+digest), and then only the pages its reads cover (each checked against the table), so what
+a process holds follows the shards in flight, not the corpus: 8 bytes of index.json per
+shard, a few KiB per shard being read, instead of 1 GB per TB. A damaged, truncated or
+swapped sums file fails its digest.
+
+Manifests written before sums files keep every shard's chunk sums (no blocks) in index.json
+or its columns file, end to end in shard order (``Checks.sums``); they load and verify as
+before. Manifests written before chunk checksums have none: readers verify nothing (and say so).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
-import xxhash
 
-ALGORITHM = "xxh3_64_low32"  # the low 32 bits of XXH3_64bits(chunk), seed 0, little-endian uint32
-CHUNK = 4096  # bytes per chunk: the page of a local mapping; a read's extra is at most one chunk at either end
+from streamwin.formats.sums import (ALGORITHM, BLOCK, CHUNK, PAGE_BLOCKS, SUFFIX, Layout, SumsSpan, chunk_count,
+                                    digest_of, layout_of, parse_pages)
+
+__all__ = ["ALGORITHM", "BLOCK", "CHUNK", "MAX_CHUNK", "MAX_PAGE_BLOCKS", "MIN_CHUNK", "PAGE_BLOCKS", "SUFFIX",
+           "Checks", "chunk_count"]
+
 MIN_CHUNK, MAX_CHUNK = 512, 1 << 30  # chunk sizes a manifest may declare
-_MASK = 0xFFFFFFFF
-_hash = xxhash.xxh3_64_intdigest
-
-
-def chunk_count(nbytes: int, chunk: int) -> int:
-    """Chunks of a shard of ``nbytes`` bytes (the last may be shorter; an empty shard has none)."""
-    return -(-nbytes // chunk)
-
-
-def sums_of(data, chunk: int = CHUNK) -> np.ndarray:
-    """The checksum of each ``chunk``-byte piece of ``data`` (any bytes-like), the last one possibly shorter."""
-    raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    whole = len(raw) // chunk
-    sums = np.empty(whole + (len(raw) > whole * chunk), dtype=np.uint64)
-    # the one Python step per chunk: rows of a 2-D view cost less to hand over than memoryview slices (~1.4x)
-    sums[:whole] = np.fromiter(map(_hash, raw[: whole * chunk].reshape(whole, chunk)), dtype=np.uint64, count=whole)
-    if len(sums) > whole:
-        sums[whole] = _hash(raw[whole * chunk :])
-    return sums.astype(np.uint32)  # the low 32 bits
-
-
-class ChunkSums:
-    """Checksums of a stream of bytes that arrives in pieces of any size (a shard as pack writes it).
-
-    ``update`` takes the next bytes; ``finish`` returns one checksum per ``chunk`` bytes seen,
-    the last chunk possibly shorter. Whole chunks are hashed straight from the caller's
-    buffer; only a chunk split across calls is copied.
-    """
-
-    def __init__(self, chunk: int = CHUNK):
-        self.chunk = chunk
-        self._sums: list[int] = []
-        self._part = bytearray()  # the start of a chunk split across calls
-
-    def update(self, data) -> None:
-        """Hash the next bytes of the stream."""
-        view = memoryview(data).cast("B")
-        at, c = 0, self.chunk
-        if self._part:
-            at = min(c - len(self._part), len(view))
-            self._part += view[:at]
-            if len(self._part) < c:
-                return
-            self._sums.append(_hash(bytes(self._part)) & _MASK)
-            self._part.clear()
-        whole = at + (len(view) - at) // c * c
-        if whole > at:
-            self._sums.extend(sums_of(view[at:whole], c).tolist())
-        self._part += view[whole:]
-
-    def finish(self) -> np.ndarray:
-        """Every chunk's checksum (the last chunk may be short); the stream ends here."""
-        if self._part:
-            self._sums.append(_hash(bytes(self._part)) & _MASK)
-            self._part.clear()
-        return np.asarray(self._sums, dtype=np.uint32)
+MAX_PAGE_BLOCKS = 1 << 16
+_HEX16, _HEX64 = re.compile(r"[0-9a-f]{16}"), re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, eq=False)
 class Checks:
-    """The chunk checksums of a dataset's shards: ``sums[first[k]:first[k + 1]]`` are shard k's."""
+    """The checksums of a dataset's shards: in sums files beside them (per shard ``digests``, the xxh3_64 of
+    its sums file's page table, which a reader reading parts of it checks, and ``sha256``, of the whole file,
+    which the node cache fetching it whole checks), or, in manifests written before those, every shard's
+    chunk sums in memory (``sums[first[k]:first[k + 1]]`` are shard k's)."""
 
     algorithm: str
     chunk: int
-    sums: np.ndarray = field(repr=False)  # uint32, every shard's chunks end to end
-    first: np.ndarray = field(repr=False)  # [shards + 1]: where each shard's sums begin
     sizes: np.ndarray = field(repr=False)  # [shards]: each shard's bytes
+    sums: np.ndarray | None = field(default=None, repr=False)  # uint32, every shard's chunks end to end (older)
+    first: np.ndarray | None = field(default=None, repr=False)  # [shards + 1]: where each shard's sums begin
+    digests: np.ndarray | None = field(default=None, repr=False)  # uint64 per shard: its sums file's table
+    sha256: np.ndarray | None = field(default=None, repr=False)  # [shards, 32] uint8: its whole sums file
+    block: int = 0  # bytes per block sum (sums files only)
+    page_blocks: int = 0
+    suffix: str = SUFFIX
 
     @classmethod
     def make(cls, algorithm: str, chunk: int, sums: np.ndarray, shard_bytes) -> "Checks":
-        """Checks of shards of ``shard_bytes`` bytes; ValueError naming the field that is wrong."""
-        if algorithm != ALGORITHM:
-            raise ValueError(f"checks.algorithm is {algorithm!r}; this streamwin verifies {ALGORITHM!r}")
-        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or not MIN_CHUNK <= chunk <= MAX_CHUNK:
-            raise ValueError(f"checks.chunk must be an integer of {MIN_CHUNK}..{MAX_CHUNK} bytes, got {chunk!r}")
+        """Checks held in memory (manifests before sums files); ValueError naming the field that is wrong."""
+        _check(algorithm, chunk)
         sizes = np.asarray(shard_bytes, dtype=np.int64)
         first = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(-(-sizes // int(chunk)), out=first[1:])
@@ -108,63 +68,122 @@ class Checks:
         if sums.dtype != np.uint32 or sums.ndim != 1 or len(sums) != first[-1]:
             raise ValueError(f"checks.sums holds {len(sums)} checksums, the shards' sizes make {int(first[-1])} "
                              f"chunks of {chunk} bytes")
-        return cls(algorithm, int(chunk), sums, first, sizes)
+        return cls(algorithm, int(chunk), sizes, sums, first)
 
     @classmethod
-    def of_shards(cls, per_shard: list[np.ndarray], shard_bytes, chunk: int = CHUNK) -> "Checks":
-        """Checks from each shard's sums (ChunkSums.finish), in shard order."""
-        sums = np.concatenate(per_shard).astype(np.uint32) if per_shard else np.zeros(0, np.uint32)
-        return cls.make(ALGORITHM, chunk, sums, shard_bytes)
+    def stored(cls, algorithm: str, chunk: int, block: int, page_blocks: int, digests, sha256, shard_bytes,
+               suffix: str = SUFFIX) -> "Checks":
+        """Checks in sums files beside the shards, ``digests`` naming each one's page table and ``sha256`` each
+        whole file (hex strings, or arrays as ``Checks`` holds them); ValueError naming the field that is wrong."""
+        _check(algorithm, chunk)
+        if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < chunk or block % chunk:
+            raise ValueError(f"checks.block must be a multiple of checks.chunk ({chunk}), got {block!r}")
+        if isinstance(page_blocks, bool) or not isinstance(page_blocks, (int, np.integer)) \
+                or not 1 <= page_blocks <= MAX_PAGE_BLOCKS:
+            raise ValueError(f"checks.page_blocks must be an integer of 1..{MAX_PAGE_BLOCKS}, got {page_blocks!r}")
+        if suffix != SUFFIX:
+            raise ValueError(f"checks.suffix is {suffix!r}; this streamwin reads sums files named <shard>{SUFFIX}")
+        sizes = np.asarray(shard_bytes, dtype=np.int64)
+        tables = digests.astype(np.uint64) if isinstance(digests, np.ndarray) else \
+            np.array([int(d, 16) for d in _hex(digests, 16, "digests", len(sizes))], dtype=np.uint64)
+        files = sha256.astype(np.uint8) if isinstance(sha256, np.ndarray) else \
+            np.frombuffer(b"".join(bytes.fromhex(d) for d in _hex(sha256, 64, "sha256", len(sizes))),
+                          dtype=np.uint8).reshape(len(sizes), 32)
+        if len(tables) != len(sizes) or files.shape != (len(sizes), 32):
+            raise ValueError(f"checks.digests and checks.sha256 must name one sums file per shard ({len(sizes)})")
+        return cls(algorithm, int(chunk), sizes, digests=tables, sha256=files, block=int(block),
+                   page_blocks=int(page_blocks))
+
+    @classmethod
+    def of_shards(cls, written: list[tuple[str, str]], shard_bytes, chunk: int = CHUNK, block: int = BLOCK) -> "Checks":
+        """Checks of the sums files a writer wrote, in shard order: each one's (table digest, sha256), as
+        ``ShardSumsWriter.file`` gives them."""
+        return cls.stored(ALGORITHM, chunk, block, PAGE_BLOCKS, [d for d, _ in written], [h for _, h in written],
+                          shard_bytes)
+
+    @property
+    def in_files(self) -> bool:
+        """Whether the sums are in sums files beside the shards (else in memory)."""
+        return self.digests is not None
 
     @staticmethod
     def concat(parts: list["Checks | None"]) -> "Checks | None":
-        """The checks of datasets whose shards are listed one after the other (None if one has none)."""
-        if not parts or any(p is None for p in parts) or len({p.chunk for p in parts}) > 1:
+        """The checks of datasets whose shards are listed one after the other (None if one has none, or they
+        keep their sums differently)."""
+        if not parts or any(p is None for p in parts):
             return None
-        return Checks.make(ALGORITHM, parts[0].chunk, np.concatenate([p.sums for p in parts]),
-                           np.concatenate([p.sizes for p in parts]))
+        kinds = {(p.chunk, p.in_files, p.block, p.page_blocks) for p in parts}
+        if len(kinds) > 1:
+            return None
+        sizes = np.concatenate([p.sizes for p in parts])
+        if parts[0].in_files:
+            return Checks.stored(ALGORITHM, parts[0].chunk, parts[0].block, parts[0].page_blocks,
+                                 np.concatenate([p.digests for p in parts]), np.concatenate([p.sha256 for p in parts]),
+                                 sizes)
+        return Checks.make(ALGORITHM, parts[0].chunk, np.concatenate([p.sums for p in parts]), sizes)
 
-    def first_bad(self, k: int, sums: np.ndarray) -> int | None:
-        """The first chunk of shard k whose checksum in ``sums`` (all of the shard's) differs, or None."""
-        want = self.shard(k)
-        if len(sums) != len(want):
-            return min(len(sums), len(want))
-        wrong = np.flatnonzero(sums != want)
-        return int(wrong[0]) if len(wrong) else None
+    def layout(self, k: int) -> Layout:
+        """Where shard k's sums lie in its sums file."""
+        return layout_of(int(self.sizes[k]), self.chunk, self.block, self.page_blocks)
+
+    def digest(self, k: int) -> str:
+        """The digest index.json keeps of shard k's sums file's page table."""
+        return f"{int(self.digests[k]):016x}"
+
+    def file_sha256(self, k: int) -> str:
+        """The sha256 index.json keeps of shard k's whole sums file."""
+        return bytes(self.sha256[k]).hex()
+
+    def table(self, k: int, data) -> np.ndarray:
+        """The page table of shard k's sums file, from its bytes ``data``; ValueError when it is not the one
+        index.json names (damaged, or another shard's)."""
+        layout = self.layout(k)
+        raw = memoryview(data).cast("B")
+        if len(raw) != layout.table_bytes or digest_of(raw) != self.digest(k):
+            raise ValueError(f"its page table is not the one index.json names (xxh3 {digest_of(raw)} of "
+                             f"{len(raw)} bytes, index.json says {self.digest(k)} of {layout.table_bytes}): the "
+                             "file is damaged, or another shard's")
+        return np.frombuffer(raw, dtype="<u8")
+
+    def parse_file(self, k: int, data) -> tuple[np.ndarray, np.ndarray]:
+        """(block sums, chunk sums) of shard k from its whole sums file ``data``; ValueError saying what is wrong."""
+        layout = self.layout(k)
+        raw = memoryview(data).cast("B")
+        if len(raw) != layout.file_bytes:
+            raise ValueError(f"it has {len(raw)} bytes, the shard's {layout.nbytes} bytes make {layout.file_bytes}")
+        table = self.table(k, raw[: layout.table_bytes])
+        return parse_pages(raw[layout.table_bytes :], layout, 0, table)
 
     def shard(self, k: int) -> np.ndarray:
-        """Shard k's checksums."""
+        """Shard k's chunk sums, held in memory (manifests before sums files)."""
         return self.sums[self.first[k] : self.first[k + 1]]
 
-    def span(self, k: int, lo, hi):
-        """The chunk-aligned bytes of shard k that hold [lo, hi) (elementwise for arrays): what a read must verify."""
-        c = self.chunk
-        return lo // c * c, np.minimum(-(-hi // c) * c, self.sizes[k])
-
-    def bad(self, k: int, at: int, data) -> list[tuple[int, int]]:
-        """Byte ranges [a, b) of shard k whose bytes in ``data`` (shard bytes from ``at``, a chunk boundary, up to
-        a chunk boundary or the shard's end) differ from what was packed, neighbouring chunks merged."""
-        c = self.chunk
-        if at % c or at < 0:
-            raise ValueError(f"a verified range starts at a chunk boundary, not at byte {at}")
-        got = sums_of(data, c)
-        j0 = at // c
-        want = self.shard(k)[j0 : j0 + len(got)]
-        if len(want) < len(got):
-            raise ValueError(f"bytes {at}..{at + len(memoryview(data).cast('B'))} run past the end of shard {k}")
-        wrong = np.flatnonzero(got != want)
-        if not len(wrong):
-            return []
-        out: list[tuple[int, int]] = []
-        end = at + len(memoryview(data).cast("B"))
-        for j in wrong.tolist():
-            a, b = at + j * c, min(at + (j + 1) * c, end)
-            if out and out[-1][1] == a:
-                out[-1] = (out[-1][0], b)
-            else:
-                out.append((a, b))
-        return out
+    def span(self, k: int) -> SumsSpan:
+        """Shard k's sums held in memory, as a SumsSpan (manifests before sums files)."""
+        return SumsSpan(int(self.sizes[k]), self.chunk, 0, self.shard(k))
 
     def to_doc(self) -> dict:
-        """The manifest field, without the sums (which the caller stores as a column)."""
-        return {"algorithm": self.algorithm, "chunk": self.chunk}
+        """The manifest field, without inline sums (which the caller stores as a column)."""
+        doc = {"algorithm": self.algorithm, "chunk": self.chunk}
+        if self.in_files:
+            doc.update(block=self.block, page_blocks=self.page_blocks, suffix=self.suffix,
+                       digests=[self.digest(k) for k in range(len(self.sizes))],
+                       sha256=[self.file_sha256(k) for k in range(len(self.sizes))])
+        return doc
+
+
+def _hex(values, digits: int, name: str, shards: int) -> list[str]:
+    """``values`` if it is a list of one ``digits``-digit lowercase hex string per shard, else the ValueError."""
+    pattern = _HEX16 if digits == 16 else _HEX64
+    if not isinstance(values, (list, tuple)) or not all(isinstance(d, str) and pattern.fullmatch(d) for d in values):
+        raise ValueError(f"checks.{name} must be a list of {digits}-digit lowercase hex digests")
+    if len(values) != shards:
+        raise ValueError(f"checks.{name} holds {len(values)} digests, the manifest lists {shards} shards")
+    return values
+
+
+def _check(algorithm: str, chunk) -> None:
+    if algorithm != ALGORITHM:
+        raise ValueError(f"checks.algorithm is {algorithm!r}; this streamwin verifies {ALGORITHM!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or not MIN_CHUNK <= chunk <= MAX_CHUNK:
+        raise ValueError(f"checks.chunk must be an integer of {MIN_CHUNK}..{MAX_CHUNK} bytes, got {chunk!r}")

@@ -142,6 +142,9 @@ def shard_fields(value: Any, where: str, i: int) -> dict:
     return out
 
 
+ROWS = 1 << 16  # sequences checked at a time: the checks' temporaries stay small, whatever the manifest holds
+
+
 def shard_name(name: str, where: str) -> None:
     """Shard names are relative paths below the dataset root: no absolute paths, '..', '\\' or NUL."""
     parts = name.split("/")
@@ -154,35 +157,50 @@ def check_columns(cols: dict[str, np.ndarray], key_ends: np.ndarray, nkeys: int,
                   shard_bytes: np.ndarray, shard_steps: np.ndarray, step_bytes: int, compressed: bool,
                   where: str) -> None:
     """Per-sequence columns against each other and their shards: members inside their shard, npy header
-    lengths, lengths that the member bytes can hold, keys that end where the key bytes do, step counts."""
+    lengths, lengths that the member bytes can hold, keys that end where the key bytes do, step counts.
+
+    ROWS sequences at a time, so that a manifest of millions of sequences is checked in a few
+    MB of temporaries (all of them at once took ~50 bytes per sequence, much of it kept by
+    the allocator afterwards).
+    """
     n = len(key_ends)
     if not n:
         return
-    length, offset, size, hlen = (np.asarray(cols[c], dtype=np.int64) for c in ("length", "offset", "size", "hlen"))
-    shard = np.repeat(np.arange(len(shard_bytes)), np.diff(shard_starts))
-    bad = {
-        "length": (length < 0) | (length > MAX_BYTES // max(step_bytes, 1)),
-        "offset": (offset < 512) | (offset > MAX_BYTES),
-        "size": (size < 0) | (size > shard_bytes[shard] - np.minimum(offset, MAX_BYTES)),
-        "hlen": (hlen < 10) | (hlen > (1 << 20)),
-    }
-    if compressed:  # a zstd member holds what it declares, at no more than ZLIB_RATIO-like expansion
-        bad["length"] |= length * step_bytes > np.maximum(size, 1) * (1 << 20)
-    for name, wrong in bad.items():
-        if wrong.any():
-            i = int(np.flatnonzero(wrong)[0])
-            raise fail(where, f"columns.{name}", f"is out of range for sequence {i} (length {length[i]}, offset "
-                       f"{offset[i]}, size {size[i]}, header {hlen[i]}, shard bytes {int(shard_bytes[shard[i]])})")
-    wrong = np.flatnonzero(size != hlen + length * step_bytes) if not compressed else []
-    if len(wrong):  # a plain member is its npy header and its steps, exactly
-        i = int(wrong[0])
-        raise fail(where, "columns.length, size and hlen", f"disagree for sequence {i}: size {size[i]}, but header "
-                   f"{hlen[i]} + {length[i]} steps of {step_bytes} bytes make {hlen[i] + length[i] * step_bytes}")
-    ends = np.asarray(key_ends, dtype=np.int64)
-    if ends[0] < 1 or np.any(np.diff(ends) < 1) or ends[-1] != nkeys:
+    steps = np.zeros(len(shard_bytes), dtype=np.int64)
+    last_end = 0
+    for r0 in range(0, n, ROWS):
+        r1 = min(r0 + ROWS, n)
+        length, offset, size, hlen = (np.asarray(cols[c][r0:r1], dtype=np.int64)
+                                      for c in ("length", "offset", "size", "hlen"))
+        shard = np.searchsorted(shard_starts, np.arange(r0, r1), side="right") - 1
+        bad = {
+            "length": (length < 0) | (length > MAX_BYTES // max(step_bytes, 1)),
+            "offset": (offset < 512) | (offset > MAX_BYTES),
+            "size": (size < 0) | (size > shard_bytes[shard] - np.minimum(offset, MAX_BYTES)),
+            "hlen": (hlen < 10) | (hlen > (1 << 20)),
+        }
+        if compressed:  # a zstd member holds what it declares, at no more than ZLIB_RATIO-like expansion
+            bad["length"] |= length * step_bytes > np.maximum(size, 1) * (1 << 20)
+        for name, wrong in bad.items():
+            if wrong.any():
+                j = int(np.flatnonzero(wrong)[0])
+                raise fail(where, f"columns.{name}", f"is out of range for sequence {r0 + j} (length {length[j]}, "
+                           f"offset {offset[j]}, size {size[j]}, header {hlen[j]}, shard bytes "
+                           f"{int(shard_bytes[shard[j]])})")
+        wrong = np.flatnonzero(size != hlen + length * step_bytes) if not compressed else []
+        if len(wrong):  # a plain member is its npy header and its steps, exactly
+            j = int(wrong[0])
+            raise fail(where, "columns.length, size and hlen", f"disagree for sequence {r0 + j}: size {size[j]}, but "
+                       f"header {hlen[j]} + {length[j]} steps of {step_bytes} bytes make "
+                       f"{hlen[j] + length[j] * step_bytes}")
+        ends = np.asarray(key_ends[r0:r1], dtype=np.int64)
+        if ends[0] < last_end + 1 or np.any(np.diff(ends) < 1):
+            raise fail(where, "columns.key_ends", f"must rise by at least 1 per key and end at the {nkeys:,} key bytes")
+        last_end = int(ends[-1])
+        first = np.flatnonzero(np.diff(shard, prepend=-1))  # each shard's first row here (rows are in shard order)
+        steps[shard[first]] += np.add.reduceat(length, first)
+    if last_end != nkeys:
         raise fail(where, "columns.key_ends", f"must rise by at least 1 per key and end at the {nkeys:,} key bytes")
-    steps = np.add.reduceat(length, shard_starts[:-1]) if len(shard_starts) > 1 else np.zeros(0, np.int64)
-    steps = np.where(np.diff(shard_starts) > 0, steps, 0)
     wrong = np.flatnonzero(steps != shard_steps)
     if len(wrong):
         k = int(wrong[0])
@@ -246,15 +264,28 @@ def frames(doc: Any, length: np.ndarray, size: np.ndarray, where: str) -> tuple[
 
 
 def chunk_checks(doc: Any, sums: np.ndarray | None, shard_bytes: list[int], where: str) -> checks.Checks | None:
-    """The ``checks`` field: chunk checksums, inline (``sums`` None) or a column of the columns file."""
+    """The ``checks`` field: the digests of the sums files beside the shards, or (older) the chunk checksums
+    themselves, inline (``sums`` None) or a column of the columns file."""
     if doc is None:
         return None
     doc = mapping(doc, where, "checks")
     chunk = integer(doc.get("chunk"), where, "checks.chunk", checks.MIN_CHUNK, checks.MAX_CHUNK)
-    if sums is None:
-        total = sum(checks.chunk_count(b, chunk) for b in shard_bytes)
-        sums = np.frombuffer(inflate(doc.get("sums"), 4 * total, where, "checks.sums"), dtype="<u4")
     try:
+        if "digests" in doc:  # sums files beside the shards
+            if sums is not None or "sums" in doc:
+                raise fail(where, "checks", "names sums files and holds sums too")
+            return checks.Checks.stored(doc.get("algorithm"), chunk,
+                                        integer(doc.get("block"), where, "checks.block", chunk, checks.MAX_CHUNK),
+                                        integer(doc.get("page_blocks"), where, "checks.page_blocks", 1,
+                                                checks.MAX_PAGE_BLOCKS),
+                                        listing(doc["digests"], where, "checks.digests"),
+                                        listing(doc.get("sha256"), where, "checks.sha256"), shard_bytes,
+                                        string(doc.get("suffix"), where, "checks.suffix"))
+        if sums is None:
+            total = sum(checks.chunk_count(b, chunk) for b in shard_bytes)
+            sums = np.frombuffer(inflate(doc.get("sums"), 4 * total, where, "checks.sums"), dtype="<u4")
         return checks.Checks.make(doc.get("algorithm"), chunk, sums.astype(np.uint32, copy=False), shard_bytes)
     except ValueError as e:
+        if isinstance(e, ManifestError):
+            raise
         raise ManifestError(f"{where}: {e}") from None

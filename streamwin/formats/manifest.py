@@ -22,10 +22,10 @@ ignores and which read as None from older manifests: ``value_columns`` (the tabl
 the values came from, one per feature) with ``left_out_columns`` (the others, and why), and
 ``nonfinite`` (NaN and ±inf values counted at pack time, in all and per shard), and
 ``frames`` (long zstd members packed as independent frames: where each frame ends, so a
-reader decompresses only the frames a block needs; see `Frames`), and ``checks`` (a checksum
-per 4 KiB chunk of every shard, which every read verifies; see formats/checks.py), inline or,
-past INLINE_SUMS bytes of them, a column of the columns file. Every field is checked for type
-and range when parsed (formats/fields.py).
+reader decompresses only the frames a block needs; see `Frames`), and ``checks`` (checksums
+of every shard's chunks, which every read verifies; see formats/checks.py: in sums files
+beside the shards, or, written before those, inline or past INLINE_SUMS bytes a column of
+the columns file). Every field is checked for type and range when parsed (formats/fields.py).
 ``content_sha256`` seals the rest against edits (formats/seal.py), written by ``to_json``.
 """
 from __future__ import annotations
@@ -183,12 +183,13 @@ class Manifest:
 
     def sums_inline(self) -> bool:
         """Whether index.json can hold the chunk checksums itself (else they go to the columns file)."""
-        return self.checks is None or self.checks.sums.nbytes <= INLINE_SUMS
+        return self.checks is None or self.checks.in_files or self.checks.sums.nbytes <= INLINE_SUMS
 
     def column_parts(self) -> tuple[list, dict[str, list]]:
         """The columns file as byte buffers to write in order, and its layout: name -> [offset, dtype, rows]."""
         parts, layout, at = [], {}, 0
-        names = {**_FILE_COLUMNS, **({"check_sums": "<u4"} if self.checks is not None else {})}
+        held = self.checks is not None and not self.checks.in_files  # sums kept in the manifest (older form)
+        names = {**_FILE_COLUMNS, **({"check_sums": "<u4"} if held else {})}
         for name, dt in names.items():
             data = (np.frombuffer(self.key_blob, dtype=np.uint8) if name == "keys" else self.checks.sums.astype(dt)
                     if name == "check_sums" else np.ascontiguousarray(getattr(self, name), dtype=dt))
@@ -232,7 +233,7 @@ class Manifest:
             doc["frames"] = self.frames.to_doc()
         if self.checks is not None:
             doc["checks"] = self.checks.to_doc()
-            if columns_file is None:
+            if columns_file is None and not self.checks.in_files:
                 doc["checks"]["sums"] = _encode(self.checks.sums.astype("<u4"))
         doc[CONTENT_FIELD] = content_checksum(doc)
         return json.dumps(doc, separators=(",", ":"))

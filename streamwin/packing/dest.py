@@ -5,6 +5,7 @@ A re-pack never touches the dataset it replaces until it commits. Each pack writ
 
     index.json                           the commit marker: names generation 7's shards
     shard-g000007-u000000-000000.tar     generation 7, unit 0, shard 0 (see `unit`)
+    shard-g000007-u000000-000000.tar.sums   its chunk checksums (formats/checks.py)
     index-g000007.columns                its per-sequence columns (from COLUMNAR_FROM sequences on)
     index-g000006.json                   the index it replaced, kept with generation 6's shards
     shard-g000006-u000000-000000.tar     ... so that readers of the old index finish their run
@@ -37,13 +38,13 @@ from streamwin.packing.lock import abandoned_temp, is_lock_file
 from streamwin.storage.manifests import write_manifest
 from streamwin.storage.urls import TEMP_MARK, is_local, join, remove_if_exists, write_atomic
 
-SHARD = re.compile(r"shard-g(\d+)-u\d+-\d+\.tar")  # a generation's shard: shard-gGGGGGG-uUUUUUU-KKKKKK.tar
+SHARD = re.compile(r"shard-g(\d+)-u\d+-\d+\.tar(?:\.sums)?")  # a generation's shard (and its sums file)
 RETIRED = re.compile(r"index-g(\d+)\.json")  # the index a commit replaced
 COLUMNS = re.compile(r"index-g(\d+)\.columns")  # a generation's columns file
 TEMPORARY = re.compile(rf"(.+){re.escape(TEMP_MARK)}[0-9a-f]{{32}}")  # a write in progress (local disks)
 LEGACY_TEMPORARY = re.compile(r"(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}")  # streamwin's before, of a generation's file only
 PART_INDEX = re.compile(r"index\.part\d+-of-(\d+)\.(json|columns)")
-OLD_LAYOUT = re.compile(r"(part\d{5}-)?shard-\d{6}\.tar|index\.columns")  # generation 0, named by an index
+OLD_LAYOUT = re.compile(r"(part\d{5}-)?shard-\d{6}\.tar(\.sums)?|index\.columns")  # generation 0, named by an index
 
 
 @dataclass
@@ -133,6 +134,9 @@ def _index_files(text: bytes | None) -> list[str]:
     try:
         doc = json.loads(text)
         names = [s["name"] for s in doc["shards"]]
+        checks = doc.get("checks")
+        if isinstance(checks, dict) and isinstance(checks.get("suffix"), str):  # each shard's sums file
+            names += [n + checks["suffix"] for n in names if isinstance(n, str)]
         if isinstance(doc.get("columns_file"), dict):
             names.append(doc["columns_file"]["name"])
     except (ValueError, KeyError, TypeError):

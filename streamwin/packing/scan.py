@@ -4,14 +4,15 @@ Both read every shard once, front to back, through one scanner (`scanner.scan_sh
 hashed as they stream by, npy headers parsed, nothing unpickled).
 
 - ``verify(url)`` compares what it finds with index.json: per shard its bytes, sha256,
-  sequence and step counts; per sequence the member name, content offset and size, npy
+  sequence and step counts and chunk checksums (its sums file, checked against the digest
+  index.json keeps of it); per sequence the member name, content offset and size, npy
   header length, dtype and shape. Every shard is checked; the first problem of each failing
   shard is collected, and one ShardError is raised at the end naming the first failure
   (shard, member, byte offset) with all of them in its ``failures`` attribute.
 - ``index_shards(url)`` writes index.json for existing shards (e.g. from
   ``webdataset.ShardWriter``), taking the key of a member as webdataset does: its path up to
-  the first dot of its base name, and counting the NaN and inf values of float arrays as
-  pack does.
+  the first dot of its base name, counting the NaN and inf values of float arrays as
+  pack does, and writing each shard's sums file (formats/checks.py) as pack does.
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ import numpy as np
 from streamwin.arguments import check_keywords
 from streamwin.errors import ManifestError, ShardError
 from streamwin.formats import tar as tarfmt
-from streamwin.formats.checks import Checks
+from streamwin.formats.checks import SUFFIX, Checks
+from streamwin.formats.sums import ShardSumsWriter
 from streamwin.formats.manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
 from streamwin.packing.lock import PackLock, exclude_parts
 from streamwin.packing.scanner import CHUNK, NpyMember, ShardScan, scan_all
 from streamwin.storage.manifests import load_manifest, write_manifest
-from streamwin.storage.urls import join, url_to_fs
+from streamwin.storage.urls import join, url_to_fs, write_atomic
 
 
 # ---- verify --------------------------------------------------------------------------------------
@@ -52,7 +54,7 @@ def verify(url: str, storage_options: dict | None = None, progress: bool = True)
     failures: list[ShardError] = []
 
     def check(k: int, result: ShardScan | ShardError) -> None:
-        problem = result if isinstance(result, ShardError) else _compare(manifest, k, result, url)
+        problem = result if isinstance(result, ShardError) else _compare(manifest, k, result, url, fs, root)
         if problem is not None:
             failures.append(problem)
 
@@ -90,7 +92,7 @@ def _check_columns_file(fs, root: str, url: str) -> None:
                             f"{INDEX_NAME} says {entry.sha256[:16]}...; repack, or rerun `streamwin index`")
 
 
-def _compare(m: Manifest, k: int, scan: ShardScan, url: str) -> ShardError | None:
+def _compare(m: Manifest, k: int, scan: ShardScan, url: str, fs, root: str) -> ShardError | None:
     """The first disagreement between shard ``k`` as scanned and the manifest, or None."""
     entry = m.shards[k]
     shard_url = f"{url}/{entry.name}"
@@ -117,7 +119,9 @@ def _compare(m: Manifest, k: int, scan: ShardScan, url: str) -> ShardError | Non
     if steps != entry.num_steps:
         return ShardError(f"steps mismatch: the manifest's sequences of this shard sum to {steps} steps, its shard "
                           f"entry says {entry.num_steps}", shard=shard_url)
-    bad = m.checks.first_bad(k, scan.sums) if m.checks is not None and scan.sums is not None else None
+    bad = _first_bad_chunk(m, k, scan.sums, fs, root, url) if m.checks is not None and scan.sums is not None else None
+    if isinstance(bad, ShardError):
+        return bad
     if bad is not None:  # where the bytes differ from what was packed, to the chunk
         at = bad * m.checks.chunk
         i = lo + int(np.searchsorted(m.offset[lo:hi] + m.size[lo:hi], at, side="right"))  # first member ending past it
@@ -129,6 +133,29 @@ def _compare(m: Manifest, k: int, scan: ShardScan, url: str) -> ShardError | Non
         if have != want:
             return ShardError(f"{what} mismatch: shard has {have}, manifest says {want}", shard=shard_url)
     return None
+
+
+def _first_bad_chunk(m: Manifest, k: int, sums: ShardSumsWriter, fs, root: str, url: str) -> int | ShardError | None:
+    """The first chunk of shard k whose checksum differs from the manifest's (its sums file's, read and checked
+    whole), or None; a ShardError naming the sums file when that is missing or damaged."""
+    fine, coarse = sums.finish()
+    if m.checks.in_files:
+        name = m.shards[k].name + m.checks.suffix
+        try:
+            want_coarse, want = m.checks.parse_file(k, fs.cat_file(join(root, name)))
+        except FileNotFoundError:
+            return ShardError(f"its chunk checksums file {url}/{name} is missing", shard=f"{url}/{m.shards[k].name}")
+        except ValueError as e:
+            return ShardError(f"its chunk checksums file {url}/{name} is damaged: {e}", shard=f"{url}/{m.shards[k].name}")
+        if not np.array_equal(coarse, want_coarse) and np.array_equal(fine, want):  # no chunk differs, a block does
+            return ShardError(f"its chunk checksums file {url}/{name} is damaged: its block sums disagree with the "
+                              "shard, its chunk sums do not", shard=f"{url}/{m.shards[k].name}")
+    else:
+        want = m.checks.shard(k)
+    if len(fine) != len(want):
+        return min(len(fine), len(want))
+    wrong = np.flatnonzero(fine != want)
+    return int(wrong[0]) if len(wrong) else None
 
 
 # ---- index ---------------------------------------------------------------------------------------
@@ -154,7 +181,7 @@ def index_shards(url: str, pattern: str = "*.tar", storage_options: dict | None 
     with PackLock(fs, root, url, what="index") as lock:  # commits index.json: one writer at a time, as pack
         exclude_parts(fs, root, url, lock)
         sizes = [fs.size(p) for p in found] if progress else [0]
-        acc = _Indexer(url)
+        acc = _Indexer(url, fs, root)
         scan_all(fs, root, url, names, sum(sizes), progress, f"index {url}", acc.add)
         manifest = acc.manifest()
         lock.check()
@@ -165,8 +192,8 @@ def index_shards(url: str, pattern: str = "*.tar", storage_options: dict | None 
 class _Indexer:
     """Accumulates scanned shards into manifest columns, checking consistency as it goes."""
 
-    def __init__(self, url: str):
-        self.url = url
+    def __init__(self, url: str, fs, root: str):
+        self.url, self.fs, self.root = url, fs, root
         self.shards: list[ShardEntry] = []
         self.keys: list[str] = []
         self.columns: dict[str, list[int]] = {"length": [], "offset": [], "size": [], "hlen": []}
@@ -174,7 +201,7 @@ class _Indexer:
         self.seen: dict[str, str] = {}
         self.nan = self.inf = 0
         self.shard_nonfinite: list[int] = []
-        self.sums: list = []
+        self.digests: list[tuple[str, str]] = []  # of each shard's sums file, written as it is scanned
 
     def add(self, k: int, scan: ShardScan | ShardError) -> None:
         """Take shard k's members as the next sequences (raise the error a shard's scan gave)."""
@@ -192,7 +219,9 @@ class _Indexer:
         nan, inf = sum(mem.nan for mem in scan.members), sum(mem.inf for mem in scan.members)
         self.nan, self.inf = self.nan + nan, self.inf + inf
         self.shard_nonfinite.append(nan + inf)
-        self.sums.append(scan.sums)
+        sums, digest = scan.sums.file()
+        write_atomic(self.fs, join(self.root, scan.name + SUFFIX), sums)
+        self.digests.append(digest)
 
     def _check(self, mem: NpyMember, shard_url: str) -> None:
         where = dict(shard=shard_url, member=mem.name, offset=mem.offset)
@@ -218,4 +247,4 @@ class _Indexer:
         return build_manifest(first.dtype, first.shape[1:], "zstd" if first.compressed else None,
                               self.shards, self.keys, self.columns,
                               nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)),
-                              checks=Checks.of_shards(self.sums, [s.bytes for s in self.shards]))
+                              checks=Checks.of_shards(self.digests, [s.bytes for s in self.shards]))

@@ -29,7 +29,7 @@ except ImportError:  # only .npy.zst members need it
 
 from streamwin.errors import ShardError
 from streamwin.formats import npy as npyfmt
-from streamwin.formats.checks import ChunkSums
+from streamwin.formats.sums import ShardSumsWriter
 from streamwin.packing.nonfinite import count_nonfinite
 from streamwin.storage.urls import join
 
@@ -63,7 +63,7 @@ class ShardScan:
     nbytes: int
     sha256: str
     members: list[NpyMember]
-    sums: np.ndarray | None = None  # a checksum per 4 KiB chunk (formats.checks)
+    sums: ShardSumsWriter | None = None  # its chunk and block checksums (formats.checks)
 
 
 class _HashingReader:
@@ -72,7 +72,7 @@ class _HashingReader:
     def __init__(self, f, on_bytes: Callable[[int], None]):
         self.f, self.on_bytes = f, on_bytes
         self.hash = hashlib.sha256()
-        self.sums = ChunkSums()
+        self.sums = ShardSumsWriter()
         self.nbytes = 0
         self._chunk = memoryview(b"")
         self._at = 0
@@ -221,7 +221,7 @@ def scan_shard(fs: Any, path: str, name: str, url: str, on_bytes: Callable[[int]
                              member=info.name if info is not None else None,
                              offset=info.offset_data if info is not None else (tf.offset if tf else 0)) from e
         reader.drain()
-    return ShardScan(name, reader.nbytes, reader.hash.hexdigest(), members, reader.sums.finish())
+    return ShardScan(name, reader.nbytes, reader.hash.hexdigest(), members, reader.sums)
 
 
 def scan_all(fs: Any, root: str, url: str, names: list[str], total: int, progress: bool, desc: str,

@@ -6,7 +6,8 @@ holds ``shard_bytes``, so the shards depend only on the order of the sequences, 
 many processes encoded them. Each shard is written under a temporary name and renamed when
 complete (local), or uploaded as one object that becomes visible only when complete (object
 stores); `abort` discards the shard being written. Its sha256 is computed on a background
-thread as the bytes go out. `manifest` turns the recorded columns into the Manifest of what
+thread as the bytes go out, its chunk and block checksums as they are written, into the sums
+file written beside it (``<shard>.sums``, formats/checks.py) once it is complete. `manifest` turns the recorded columns into the Manifest of what
 it wrote (one unit's: see ``unit``).
 """
 from __future__ import annotations
@@ -20,14 +21,15 @@ import numpy as np
 
 from streamwin.errors import PackError
 from streamwin.formats import tar as tarfmt
-from streamwin.formats.checks import Checks, ChunkSums
+from streamwin.formats.checks import SUFFIX, Checks
+from streamwin.formats.sums import ShardSumsWriter
 from streamwin.formats.manifest import Frames, Manifest, NonFinite, ShardEntry
 from streamwin.formats.zstd import frame_rows
 from streamwin.packing.columns import SequenceColumns
 from streamwin.packing.encode import EncodedSeq, Streamed
 from streamwin.packing.inputs import Columns
 from streamwin.packing.records import RECORD_MAX, Records
-from streamwin.storage.urls import is_local, join, temp_path
+from streamwin.storage.urls import is_local, join, temp_path, write_atomic
 
 
 class _Hasher:
@@ -90,7 +92,7 @@ class ShardWriter:
         self.shard_nonfinite: list[int] = []  # NaN + inf values per finished shard
         self.framed: list[int] = []  # sequences packed as several zstd frames
         self.frame_ends = array("q")  # their frames' ends, in order
-        self.chunk_sums: list[np.ndarray] = []  # per finished shard: a checksum per 4 KiB chunk (formats.checks)
+        self.sums_digests: list[tuple[str, str]] = []  # per finished shard: its sums file's digests (formats.checks)
         self._first_key = ""
         self._file = None
         self._hash_pool = ThreadPoolExecutor(1, thread_name_prefix="streamwin-sha256")
@@ -207,7 +209,7 @@ class ShardWriter:
         self._tmp = temp_path(path) if is_local(self.fs) else None
         self._file = open(self._tmp, "wb", buffering=1 << 20) if self._tmp else self.fs.open(path, "wb")
         self._hash = _Hasher(self._hash_pool)
-        self._sums = ChunkSums()
+        self._sums = ShardSumsWriter()
         self._pos = self._count = self._steps = self._nonfinite = 0
 
     def _write(self, data) -> None:
@@ -248,9 +250,11 @@ class ShardWriter:
         self._file = None
         if self._tmp:
             os.replace(self._tmp, join(self.root, self._name))
+        sums, digest = self._sums.file()  # its chunk and block checksums, beside it (formats.checks)
+        write_atomic(self.fs, join(self.root, self._name + SUFFIX), sums)
+        self.sums_digests.append(digest)
         self.shards.append(ShardEntry(self._name, self._pos, self._hash.hexdigest(), self._count, self._steps))
         self.shard_nonfinite.append(self._nonfinite)
-        self.chunk_sums.append(self._sums.finish())
 
     def manifest(self, dropped_empty: int, columns: Columns | None) -> Manifest:
         """The manifest of what was written (after `close`): PackError if nothing was. Keys are checked
@@ -268,4 +272,4 @@ class ShardWriter:
                         dropped_empty=dropped_empty, value_columns=columns.taken if columns else None,
                         left_out_columns=dict(columns.left_out) if columns else None,
                         nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)), frames=frames,
-                        checks=Checks.of_shards(self.chunk_sums, [s.bytes for s in self.shards]), **cols)
+                        checks=Checks.of_shards(self.sums_digests, [s.bytes for s in self.shards]), **cols)

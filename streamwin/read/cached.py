@@ -8,6 +8,7 @@ import fsspec
 from streamwin.errors import ShardError
 from streamwin.read.counts import Counters
 from streamwin.read.members import Members
+from streamwin.formats.manifest import ShardEntry
 from streamwin.read.transport import Transport, read_file
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.urls import is_local
@@ -18,8 +19,10 @@ class CachedShards(Transport):
 
     A shard that fails to fetch is not fetched again for the same block (each of its runs
     would fail alike). Runs of remote shards are read concurrently: several shards are
-    fetched at once. A read that fails on a copy that no longer holds what was packed
-    (``repair``) drops it, so that the block is read again from a fresh copy.
+    fetched at once. The shards' sums files are cached the same way (fetched whole, checked
+    against their sha256), then read in ranges like the shards. A read that fails on a copy
+    (of a shard or of its sums file) that no longer holds what was packed (``repair``) drops
+    it, so that the block is read again from a fresh copy.
     """
 
     mappable = True
@@ -32,6 +35,16 @@ class CachedShards(Transport):
         self._whole: set[int] = set()  # shards whose copy was checked whole after a failed read: not again
         self._by_url: dict[str, int] | None = None
 
+    def read_sums_into(self, k: int, offset: int, out: memoryview) -> None:
+        entry = self._sums_entry(k)
+        local = self.cache.fetch(self.sums_url(k), self.fs, self.path(k) + self.members.manifest.checks.suffix, entry)
+        with open(local, "rb", buffering=0) as f:
+            got = read_file(f, offset, out)
+        if got < len(out):
+            raise ShardError(f"cached sums file ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
+                             shard=self.sums_url(k), offset=offset + got)
+        self.counters.add(bytes_sums=len(out))
+
     def begin_block(self) -> None:
         self._unfetchable.clear()
 
@@ -39,14 +52,24 @@ class CachedShards(Transport):
         """After a read failed with ``err``: drop the cached copy of the shard it names if that copy is damaged
         (ShardCache.repair, with a warning naming the file); True if dropped (read again: it is fetched anew)."""
         if self._by_url is None:
-            self._by_url = {self.members.shard_url(k): k for k in range(len(self.members.manifest.shards))}
+            shards = range(len(self.members.manifest.shards))
+            self._by_url = {self.members.shard_url(k): k for k in shards}
+            if self.members.manifest.checks is not None and self.members.manifest.checks.in_files:
+                self._by_url.update({self.sums_url(k): ~k for k in shards})  # a sums file's copy: ~k
         k = self._by_url.get(err.shard)
-        if k is None or k in self._whole or k in self._unfetchable:
+        if k is None or k in self._whole or (k >= 0 and k in self._unfetchable):
             return False
-        if self.cache.repair(err.shard, self.members.manifest.shards[k]):
+        entry = self.members.manifest.shards[k] if k >= 0 else self._sums_entry(~k)
+        if self.cache.repair(err.shard, entry):
             return True
-        self._whole.add(k)  # the copy holds what was packed: the error is the shard's own
+        self._whole.add(k)  # the copy holds what was packed: the error is the file's own
         return False
+
+    def _sums_entry(self, k: int) -> ShardEntry:
+        """Shard k's sums file as the node cache fetches it: its name, size and sha256."""
+        checks = self.members.manifest.checks
+        return ShardEntry(self.members.manifest.shards[k].name + checks.suffix, checks.layout(k).file_bytes,
+                          checks.file_sha256(k), 0, 0)
 
     def read_into(self, k: int, offset: int, out: memoryview) -> None:
         f, hit = self.open_file(k, offset)

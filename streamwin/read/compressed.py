@@ -90,6 +90,7 @@ class CompressedReads:
         runs = compressed_runs(shard, lo, hi)
         bounds = runs.first
         vlo, vhi = self.verifier.spans(shard[bounds[:-1]], runs.run_lo, runs.run_hi)  # whole chunks, to verify
+        self.verifier.load(shard[bounds[:-1]], vlo, vhi)  # the sums they are verified against
         for r0, r1 in raw_batches(runs):
             pos = np.zeros(r1 - r0 + 1, dtype=np.int64)
             np.cumsum(vhi[r0:r1] - vlo[r0:r1], out=pos[1:])
@@ -109,7 +110,8 @@ class CompressedReads:
                     failed[b0:b1] = True
                     continue
                 data = raw[into[q] : into[q] + rhi[q] - rlo[q]]
-                found = self.verifier.check(int(ks[q]), int(rlo[q]), data, seq[b0:b1], lo[b0:b1], hi[b0:b1])
+                found = self.verifier.check(int(ks[q]), int(rlo[q]), data,
+                                            lambda b0=b0, b1=b1: (seq[b0:b1], lo[b0:b1], hi[b0:b1]))
                 for n, a, b in found:
                     bad.setdefault(int(b0 + n), []).append((a, b))
                 if not found:

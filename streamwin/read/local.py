@@ -21,8 +21,13 @@ class LocalShards(Transport):
         self.retrying = Retrying(members, counters, retries, backoff)
 
     def read_into(self, k: int, offset: int, out: memoryview) -> None:
-        self.retrying.fill(read_local, self.path(k), k, offset, out)
+        self.retrying.fill(read_local, self.path(k), self.members.shard_url(k), offset, out)
         self.counters.read(len(out))
+
+    def read_sums_into(self, k: int, offset: int, out: memoryview) -> None:
+        self.retrying.fill(read_local, self.path(k) + self.members.manifest.checks.suffix, self.sums_url(k), offset,
+                           out)
+        self.counters.add(bytes_sums=len(out))
 
     def open_file(self, k: int, offset: int) -> tuple[BinaryIO, bool]:
         try:

@@ -43,6 +43,7 @@ class PlainReads:
         """
         runs = plain_runs(self.members.manifest, p)
         vlo, vhi = self.verifier.spans(runs.shard, runs.run_lo, runs.run_hi)
+        self.verifier.load(runs.shard, vlo, vhi)  # the sums these reads are verified against
         buf, run_at, errors, refill, spans = self._fetch(runs, vlo, vhi, tail)
         base, header_at = runs.land(run_at)
         at, hlens, bounds = header_at.tolist(), runs.hlen.tolist(), runs.first.tolist()
@@ -74,19 +75,28 @@ class PlainReads:
         if self.verifier.checks is None:
             return []
         damage: list[Damage] = []
-        sb, bounds = runs.step_bytes, runs.first.tolist()
+        sb, bounds, shards = runs.step_bytes, runs.first.tolist(), runs.shard.tolist()
+        at_, vlo_, lo_, hi_ = at.tolist(), vlo.tolist(), spans[0].tolist(), spans[1].tolist()
         for j, err in enumerate(errors):
-            k, u0, u1 = int(runs.shard[j]), bounds[j], bounds[j + 1]
-            keep = np.arange(u0, u1)[good[u0:u1] > 0]
-            hi = np.minimum(runs.hi[keep], runs.data0[keep] + np.minimum(good[keep], runs.hi[keep]) * sb)
+            k, u0, u1 = shards[j], bounds[j], bounds[j + 1]
+
+            def kept(u0: int = u0, u1: int = u1) -> np.ndarray:  # the run's pieces that kept steps
+                return np.arange(u0, u1)[good[u0:u1] > 0]
+
+            def needs(u0: int = u0, u1: int = u1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # what each kept
+                keep = kept(u0, u1)
+                hi = np.minimum(runs.hi[keep], runs.data0[keep] + np.minimum(good[keep], runs.hi[keep]) * sb)
+                return runs.seq[keep], runs.lo[keep], hi
             if err is None:
-                todo = [(int(spans[0][j]), int(spans[1][j]))]
+                todo = [(lo_[j], hi_[j])]
             else:  # each kept piece over what it kept
-                lo_, hi_ = self.verifier.spans(np.full(len(keep), k), runs.lo[keep], hi)
-                todo = list(zip(lo_.tolist(), hi_.tolist()))
+                _, lo, hi = needs()
+                a_, b_ = self.verifier.spans(np.full(len(lo), k), lo, hi)
+                todo = list(zip(a_.tolist(), b_.tolist()))
             for a, b in todo:
-                data = buf[int(at[j]) + a - int(vlo[j]) : int(at[j]) + b - int(vlo[j])]
-                found = self.verifier.check(k, a, data, runs.seq[keep], runs.lo[keep], hi)
+                data = buf[at_[j] + a - vlo_[j] : at_[j] + b - vlo_[j]]
+                found = self.verifier.check(k, a, data, needs)
+                keep = kept() if found else None
                 for u, x, y in found:
                     v = int(keep[u])
                     s0 = max(0, (x - int(runs.data0[v])) // sb)

@@ -39,6 +39,7 @@ from streamwin.read.pieces import Pieces, land, pieces
 from streamwin.read.plain import PlainReads
 from streamwin.read.remote import RemoteShards
 from streamwin.read.runs import MERGE_GAP
+from streamwin.read.sums import Sums
 from streamwin.read.transport import Transport
 from streamwin.read.verify import Verifier, lost_windows
 from streamwin.storage import mapped
@@ -79,7 +80,10 @@ class ShardReader:
         self.members = Members(url, manifest)
         self.counters = Counters(options.on_error)
         self.shards = _transport(url, self.members, self.counters, options)
-        verifier = Verifier(self.members, self.counters, options.verify_checksums)
+        checks = manifest.checks if options.verify_checksums else None
+        sums = None if checks is None else Sums(checks, self.shards.read_sums, self.shards.sums_url)
+        verifier = Verifier(self.members, self.counters, sums)
+        self.sums = sums  # the checksums this reader holds (None: nothing is verified)
         if manifest.compression:
             self.reads: PlainReads | CompressedReads = CompressedReads(self.shards, self.members, self.counters,
                                                                        verifier)

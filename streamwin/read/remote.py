@@ -23,8 +23,13 @@ class RemoteShards(Transport):
         self.retrying = Retrying(members, counters, retries, backoff, limit=self.ranges.attempt_limit)
 
     def read_into(self, k: int, offset: int, out: memoryview) -> None:
-        self.retrying.fill(self.ranges.read_into, self.path(k), k, offset, out)
+        self.retrying.fill(self.ranges.read_into, self.path(k), self.members.shard_url(k), offset, out)
         self.counters.read(len(out))
+
+    def read_sums_into(self, k: int, offset: int, out: memoryview) -> None:
+        self.retrying.fill(self.ranges.read_into, self.path(k) + self.members.manifest.checks.suffix,
+                           self.sums_url(k), offset, out)
+        self.counters.add(bytes_sums=len(out))
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the GET threads and close the pooled connections."""

@@ -4,7 +4,8 @@ A transport reads (shard, offset, destination) runs: ``read_into`` fills the des
 or raises a ShardError naming the shard and the byte offset, counting bytes, requests,
 retries and cache hits. Where the shards are local files (``mappable``), ``open_file``
 opens one for mapping. ``read_many`` reads the runs of a block, concurrently on a pool of
-GET threads where reads are latency-bound (object storage). The transports:
+GET threads where reads are latency-bound (object storage); ``read_sums`` reads ranges of
+the shards' sums files (formats/checks.py) the same way. The transports:
 
 - ``local.LocalShards``: the shard files themselves, read (or mapped);
 - ``remote.RemoteShards``: objects on remote storage, one ranged GET per run;
@@ -53,21 +54,35 @@ class Transport:
         """(open file of shard k, whether the node cache had it) of a ``mappable`` transport."""
         raise NotImplementedError
 
-    def try_read(self, run: Run) -> ShardError | None:
-        """Read one run; the ShardError instead of raising it."""
+    def sums_url(self, k: int) -> str:
+        """The URL of shard k's sums file, as errors name it."""
+        return self.members.shard_url(k) + self.members.manifest.checks.suffix
+
+    def read_sums_into(self, k: int, offset: int, out: memoryview) -> None:
+        """Fill ``out`` with bytes of shard k's sums file from ``offset``; ShardError naming that file."""
+        raise NotImplementedError
+
+    def read_sums(self, runs: list[Run]) -> list[ShardError | None]:
+        """Read ranges of sums files (each one's ShardError or None), concurrently where ``concurrent``."""
+        return self.read_many(runs, self.read_sums_into)
+
+    def try_read(self, run: Run, read: Callable[[int, int, memoryview], None] | None = None) -> ShardError | None:
+        """Read one run (with ``read``, default ``read_into``); the ShardError instead of raising it."""
         try:
-            self.read_into(*run)
+            (read or self.read_into)(*run)
             return None
         except ShardError as e:
             return e
 
-    def read_many(self, runs: list[Run]) -> list[ShardError | None]:
-        """Read runs (each one's ShardError or None), concurrently where the transport is ``concurrent``."""
+    def read_many(self, runs: list[Run], read: Callable[[int, int, memoryview], None] | None = None
+                  ) -> list[ShardError | None]:
+        """Read runs (each one's ShardError or None) with ``read`` (default ``read_into``), concurrently where the
+        transport is ``concurrent``."""
         if not self.concurrent or len(runs) < 2:
-            return [self.try_read(r) for r in runs]
+            return [self.try_read(r, read) for r in runs]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=REMOTE_CONCURRENCY, thread_name_prefix="streamwin-get")
-        return list(self._pool.map(self.try_read, runs))
+        return list(self._pool.map(lambda r: self.try_read(r, read), runs))
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the GET threads (a later read starts new ones); ``wait=False`` lets a GET in flight end on its own."""
@@ -94,9 +109,10 @@ class Retrying:
         self.members, self.counters, self.retries, self.backoff = members, counters, retries, backoff
         self.limit = limit
 
-    def fill(self, read_some: Callable[[str, int, memoryview], int], path: str, k: int, offset: int,
+    def fill(self, read_some: Callable[[str, int, memoryview], int], path: str, where: str, offset: int,
              out: memoryview) -> None:
-        """Fill ``out`` from byte ``offset`` of shard k (at ``path``) by ``read_some`` calls (0: the shard ends)."""
+        """Fill ``out`` from byte ``offset`` of the file at ``path`` (a shard, or a sums file; ``where``: its URL, as
+        errors name it) by ``read_some`` calls (0: the file ends)."""
         done = attempt = 0
         budget = total_limit(self.limit(len(out)), self.retries, self.backoff) if self.limit else float("inf")
         started = time.monotonic()
@@ -104,25 +120,23 @@ class Retrying:
             try:
                 n = read_some(path, offset + done, out[done:])
             except (FileNotFoundError, PermissionError) as e:
-                raise ShardError(f"cannot open shard: {e}", shard=self.members.shard_url(k),
-                                 offset=offset + done) from e
+                raise ShardError(f"cannot open shard: {e}", shard=where, offset=offset + done) from e
             except Exception as e:  # transient storage errors: retry from the byte where it broke
                 got = e.delivered if isinstance(e, BrokenRead) else 0
                 done += got
                 attempt = 1 if got else attempt + 1
                 if attempt > self.retries or permanent(e):
-                    raise ShardError(f"read {describe(e, self.retries)}", shard=self.members.shard_url(k),
-                                     offset=offset + done) from e
+                    raise ShardError(f"read {describe(e, self.retries)}", shard=where, offset=offset + done) from e
                 if time.monotonic() - started > budget:
                     raise ShardError(f"read gave up after {time.monotonic() - started:.0f} s, past its time limit of "
                                      f"{budget:.0f} s for {len(out):,} bytes ({done:,} arrived): {type(e).__name__}: {e}",
-                                     shard=self.members.shard_url(k), offset=offset + done) from e
+                                     shard=where, offset=offset + done) from e
                 self.counters.add(retries=1)
                 time.sleep(self.backoff * 2 ** (attempt - 1))
                 continue
             if n == 0:
                 raise ShardError(f"shard ends early: wanted {len(out)} bytes at offset {offset}, got {done}",
-                                 shard=self.members.shard_url(k), offset=offset + done)
+                                 shard=where, offset=offset + done)
             done += n
             attempt = 0  # retries bound failures in a row; a read that keeps advancing goes on
 

@@ -1,8 +1,10 @@
-"""Every read verified: the chunks a read covers checked against the manifest's checksums.
+"""Every read verified: the chunks a read covers checked against the shards' checksums.
 
 A read of shard bytes [lo, hi) verifies the whole chunks that hold them (formats/checks.py),
 so it reads up to a chunk (4 KiB) more at either end (``spans``); a local file mapped by the
-page maps those bytes anyway. A chunk whose checksum differs from the manifest's is damage:
+page maps those bytes anyway. The blocks (256 KiB) it covers whole are verified with one
+xxh3 call each, the chunks at its ends one by one, against the sums ``sums.Sums`` fetched
+for the block (``load``). A chunk whose checksum differs from what was packed is damage:
 with on_error="raise" a ShardError naming the shard, the first member whose bytes the read
 needs in it, and the byte offset; with "skip" it is counted as a skipped range and only
 the windows whose steps lie in a damaged chunk are lost (``lost_windows``). Damage in bytes
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Callable
 
 import numpy as np
 
 from streamwin.errors import ShardError
-from streamwin.formats.checks import Checks
 from streamwin.read.counts import Counters
 from streamwin.read.members import Members
+from streamwin.read.sums import Sums
 
 Damage = tuple[int, int, int]  # (sequence, first step, end step) whose bytes failed verification
 EDGE_BYTES = 4 << 20  # verified edge chunks kept per reading thread
@@ -57,12 +60,18 @@ class EdgeChunks:
 
 
 class Verifier:
-    """Chunk checks of one dataset's reads (a no-op when the manifest has none, or ``enabled`` is False)."""
+    """Chunk checks of one dataset's reads against ``sums`` (a no-op when ``sums`` is None: the manifest has
+    none, or verification is off)."""
 
-    def __init__(self, members: Members, counters: Counters, enabled: bool = True):
-        self.members, self.counters = members, counters
-        self.checks: Checks | None = members.manifest.checks if enabled else None
+    def __init__(self, members: Members, counters: Counters, sums: Sums | None):
+        self.members, self.counters, self.sums = members, counters, sums
+        self.checks = sums.checks if sums is not None else None
         self._local = threading.local()
+
+    def load(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Fetch the sums that verifying bytes [lo[j], hi[j]) of shards ``shard[j]`` needs (sums.Sums.load)."""
+        if self.sums is not None:
+            self.sums.load(shard, lo, hi)
 
     def edges(self) -> EdgeChunks:
         """This thread's kept edge chunks (blocks are read on one thread; they need no lock)."""
@@ -116,21 +125,29 @@ class Verifier:
         c = self.checks.chunk
         return lo // c * c, np.minimum(-(-hi // c) * c, self.checks.sizes[shard])
 
-    def check(self, k: int, at: int, data: np.ndarray, seq: np.ndarray, need_lo: np.ndarray,
-              need_hi: np.ndarray) -> list[tuple[int, int, int]]:
-        """Verify shard k's bytes ``data`` (from byte ``at``, a chunk boundary). Of each damaged range that
-        overlaps a needed range [need_lo[u], need_hi[u]) (of member seq[u]): (u, first byte, end byte), after
-        raising (on_error "raise") or counting it (a skipped range, "skip")."""
+    def check(self, k: int, at: int, data: np.ndarray, needs: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]]
+              ) -> list[tuple[int, int, int]]:
+        """Verify shard k's bytes ``data`` (from byte ``at``, a chunk boundary). ``needs()`` gives the ranges the
+        read needs, (member seq[u], bytes [need_lo[u], need_hi[u])), asked only when something is damaged. Of each
+        damaged range that overlaps a needed one: (u, first byte, end byte), after raising (on_error "raise") or
+        counting it (a skipped range, "skip"). Sums that cannot be had (sums.Sums) damage every byte."""
         if self.checks is None or not len(data):
             return []
         self.counters.add(bytes_verified=len(data))
+        try:
+            bad, cause = self.sums.span(k, at, at + len(data)).bad(at, data), None
+        except ShardError as e:
+            bad, cause = [(at, at + len(data))], e
+        if not bad:
+            return []
+        seq, need_lo, need_hi = needs()
         out = []
-        for a, b in self.checks.bad(k, at, data):
+        for a, b in bad:
             hit = np.flatnonzero((need_hi > a) & (need_lo < b))
             if not len(hit):
                 continue  # bytes of this read that no window needs (tar headers, json members between pieces)
             u = int(hit[0])
-            self.counters.skip_or_raise(self.error(k, a, b, int(seq[u]), max(a, int(need_lo[u]))))
+            self.counters.skip_or_raise(cause or self.error(k, a, b, int(seq[u]), max(a, int(need_lo[u]))))
             out += [(int(v), a, b) for v in hit.tolist()]
         return out
 

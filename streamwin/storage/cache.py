@@ -211,7 +211,7 @@ def _copy(fs, path: str, dest: str) -> str:
 @check_keywords()
 def prefetch(url: str, cache_dir: str, *, storage_options: dict | None = None, local_rank: int | None = None,
              local_world_size: int | None = None, limit_bytes: int | None = None) -> int:
-    """Warm the node cache with every shard of a dataset; returns the shards this process fetched.
+    """Warm the node cache with every shard of a dataset (and its sums file); returns the shards this process fetched.
 
     Each of the node's processes fetches its share (by LOCAL_RANK / LOCAL_WORLD_SIZE, or
     SLURM_LOCALID / SLURM_NTASKS_PER_NODE), so the node downloads each shard once, in parallel.
@@ -230,4 +230,9 @@ def prefetch(url: str, cache_dir: str, *, storage_options: dict | None = None, l
             before = cache.misses
             cache.fetch(shard_url, fs, join(root, entry.name), entry)
             fetched += cache.misses - before
+            checks = manifest.checks
+            if checks is not None and checks.in_files:  # its chunk checksums, which every read of it needs
+                name = entry.name + checks.suffix
+                cache.fetch(f"{url.rstrip('/')}/{name}", fs, join(root, name),
+                            ShardEntry(name, checks.layout(k).file_bytes, checks.file_sha256(k), 0, 0))
     return fetched
