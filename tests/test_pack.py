@@ -626,7 +626,7 @@ def test_old_manifests_load_and_new_ones_keep_the_old_fields(tmp_path):
     # what older streamwin reads: version 1, shard entries with exactly these fields (ShardEntry(**entry))
     assert doc["version"] == 1
     assert all(set(s) == {"name", "bytes", "sha256", "num_sequences", "num_steps"} for s in doc["shards"])
-    for new_field in ("value_columns", "left_out_columns", "nonfinite"):
+    for new_field in ("value_columns", "left_out_columns", "nonfinite", "checks", "content_sha256"):
         doc.pop(new_field)
     old = sw.formats.manifest.parse_manifest(json.dumps(doc))
     assert old.value_columns is None and old.left_out_columns is None and old.nonfinite is None
