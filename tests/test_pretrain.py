@@ -276,11 +276,11 @@ def test_packing_refuses_horizon_and_padding_repeats(corpus):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(min_window=17), "min_window must be <= window"),
-    (dict(min_window=0), "min_window must be an integer >= 1"),
+    (dict(min_window=0), r"min_window must be an integer in 1\.\..*got 0"),
     (dict(pack_length=8), "pack_length must be >= window"),
-    (dict(window_multiple=0), "window_multiple must be an integer >= 1"),
+    (dict(window_multiple=0), r"window_multiple must be an integer in 1\.\..*got 0"),
     (dict(window_multiple=5), "window must be a multiple of window_multiple"),
-    (dict(windows_per_sequence=0), "windows_per_sequence must be an integer >= 1"),
+    (dict(windows_per_sequence=0), r"windows_per_sequence must be an integer in 1\.\..*got 0"),
     (dict(window_multiple=4, pack_length=50), "pack_length must be a multiple of window_multiple"),
     (dict(jitter=1), "jitter must be True or False"),
     (dict(missing="drop"), "missing must be None or 'mask'"),
