@@ -262,7 +262,7 @@ class WindowLoader:
         self._stats.start()
         plan = self._plan()
         ctx = FeedContext(self.dataset, self._stats, self.close_pass, self._worker_pool(world), self.device,
-                          self.pin_memory, self.num_workers)
+                          self.pin_memory, self.num_workers, on_error=self._fail_pass)
         _OPEN.add(self)
         if self.device is not None:
             self._feed = DeviceWorkerFeed(ctx, plan, pos, world[0]) if self.num_workers else \
@@ -280,6 +280,13 @@ class WindowLoader:
             self._feed = None
         if self._pool is not None and not self.persistent_workers:
             self._close_pool()
+
+    def _fail_pass(self) -> None:
+        """A pass raised: stop it and its workers, persistent or not (the next pass starts fresh ones)."""
+        try:
+            self.close()
+        except Exception:  # the error being raised says what went wrong; a second one would hide it
+            log.debug("closing a failed pass", exc_info=True)
 
     def close(self) -> None:
         """Stop everything this loader started: threads, worker processes, shared memory."""

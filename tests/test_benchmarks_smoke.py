@@ -33,8 +33,8 @@ def corpus(tmp_path_factory) -> str:
 def test_quick_run_prints_every_case(corpus, tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, SCRIPT, "--quick", "--data", corpus, "--out", str(out), "--device", "cpu",
-           "--cases", *CASES, "--loader-only", *LOADER_CASES, "--steps", "30", "--warmup", "5",
-           "--loader-windows", "5000"]
+           "--models", "simulated", "idle", "--cases", *CASES, "--loader-only", *LOADER_CASES, "--steps", "30",
+           "--warmup", "5", "--loader-windows", "5000"]
     started = time.perf_counter()
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_TIMEOUT, cwd=ROOT)
     elapsed = time.perf_counter() - started
@@ -48,6 +48,7 @@ def test_quick_run_prints_every_case(corpus, tmp_path):
         assert sum(ln.startswith(f"| {case} |") for ln in lines) == 1, f"no loader row for {case}:\n{run.stdout}"
     assert any("data-wait of streamwin's best mode" in ln for ln in lines), run.stdout
     assert any("w=1 / w=0" in ln for ln in lines), run.stdout
+    assert any("trainer CPU of streamwin:1" in ln for ln in lines), run.stdout
 
     saved = json.loads((out / "gpu_feed-quick.json").read_text())
     rows = {r["case"]: r for r in saved["summary"] if r["model"] == "simulated"}
@@ -55,6 +56,10 @@ def test_quick_run_prints_every_case(corpus, tmp_path):
     assert floor >= 5.0, f"the simulated step holds 4 ms and sleeps 1 ms, yet took {floor} ms"
     for case in ("streamwin:0", "webdataset:1"):
         assert rows[case]["data_wait"] == pytest.approx(1 - floor / rows[case]["step_ms"])
+    idle = {r["case"]: r for r in saved["summary"] if r["model"] == "idle"}
+    assert idle["floor"]["cpu_us"] < 0.5 * 4000, "the idle step sleeps 4 ms: its CPU per step is small"
+    for case in CASES[1:]:  # every case reports the trainer's CPU per batch above the floor's
+        assert idle[case]["trainer_cpu_us"] == pytest.approx(idle[case]["cpu_us"] - idle["floor"]["cpu_us"])
     assert (out / "gpu_feed-quick.png").read_bytes()[:4] == b"\x89PNG"
     print(f"smoke run took {elapsed:.1f}s")
 

@@ -41,18 +41,19 @@ class FeedContext:
     device: torch.device | None = None
     pin_memory: bool = False
     num_workers: int = 0
+    on_error: Callable[[], None] | None = None  # a pass that raised: the loader stops it and its workers
 
 
 def to_batch(views: dict[str, np.ndarray], manifests: list) -> dict[str, Any]:
     """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed).
 
-    Packed rows: the per-crop fields cut to the batch's ``crops``."""
+    The keys refer to the buffer's ``seq`` (and ``source``) until they are decoded, so a buffer is
+    not reused while its keys are held either. Packed rows: the per-crop fields cut to the batch's ``crops``."""
     if "crops" in views:
         n = int(views["crops"][0])
         views = {k: v[:n] if k in PER_CROP else v for k, v in views.items() if k != "crops"}
     out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
-    source = views["source"].copy() if "source" in views else None
-    out["key"] = BatchKeys(manifests=manifests, seq=views["seq"].copy(), source=source)
+    out["key"] = BatchKeys(manifests=manifests, seq=views["seq"], source=views.get("source"))
     return out
 
 
@@ -78,7 +79,12 @@ class Feed:
                 self.ctx.on_end()
             raise StopIteration
         t = time.perf_counter()
-        batch = self._next()
+        try:
+            batch = self._next()
+        except BaseException:
+            if self.ctx.on_error is not None:  # no worker of a failed pass waits for the next one
+                self.ctx.on_error()
+            raise
         stats = self.ctx.stats
         stats.wait_s += time.perf_counter() - t
         stats.batches += 1
@@ -159,15 +165,14 @@ class WorkerFeed(Feed):
         w = self.first_batch() % n
         pool.recycle()
         slot = pool.take(w)
-        if pool.held_by_user(w) >= pool.slot_layout.slots - 2:  # the worker would run out of slots: copy this one
+        if pool.held_by_user(w) >= pool.user_slots:  # the worker would run out of slots: copy this one
             self._warn_keep()
             buf = self.copies.get()
             np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
             pool.release(w, slot)
-        else:
-            buf = pool.bases[w][slot]
-            pool.hold(w, slot)
-        return to_batch(self.layout.views(buf), self.manifests)
+            return to_batch(self.layout.views(buf), self.manifests)
+        pool.hold(w, slot)
+        return to_batch(pool.fields(w, slot), self.manifests)
 
     def _warn_keep(self) -> None:
         stats = self.ctx.stats

@@ -1,12 +1,24 @@
 """The trainer's side of its worker processes: start them, hand out and take back their slots, stop them.
 
 ``num_workers`` processes share one shared-memory file of batch slots (slots.py), ``slots``
-per worker. A slot the trainer hands to the training loop is *held* until nothing refers to
-its memory any more (every view of a slot's array refers to that array, so its reference
-count tells) and, when page-locked, until the CUDA work queued before that point has
-finished; only then does it go back to its worker. A dead worker is named within POLL_S of
-the trainer waiting on it; one that stops answering (stopped by SIGSTOP, or hung so that not
-even its watchdog thread runs: its heartbeat in shared memory stands still) within SILENT_S.
+per worker, and exchange slot numbers with the trainer through rings in the same file
+(protocol.py): in steady state a batch costs the trainer no system call.
+
+The trainer's side of a slot, for every feed (``WorkerFeed``, device mode's chunks):
+
+- ``receive(w)`` / ``take(w)``: worker ``w``'s next message / next filled batch slot;
+- ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes;
+- ``hold(w, slot, event=None)``: the slot is in use: it goes back to its worker once nothing
+  refers to its arrays any more (every numpy view and every tensor made from them refers to
+  them, so their reference counts tell) or, given a CUDA ``event``, once that event has
+  completed; when page-locked, also once the CUDA work queued before that point has finished;
+- ``release(w, slot)``: back to the worker now; ``recycle()``: give back every held slot that
+  is free. Releases are sent RELEASE_BATCH at a time (a worker has as many spare slots), so a
+  worker that sleeps for want of a slot is woken once per RELEASE_BATCH batches.
+
+A dead worker is named within POLL_S of the trainer waiting on it; one that stops answering
+(stopped by SIGSTOP, or hung so that not even its watchdog thread runs: its heartbeat in
+shared memory stands still) within SILENT_S.
 """
 from __future__ import annotations
 
@@ -22,15 +34,25 @@ import numpy as np
 import torch
 
 from streamwin.errors import WorkerError
-from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, CHUNK_BYTES, ERROR, MSG, RELEASE, RUN, STOP, WARNING,
-                                     raise_warning, rebuild_error, send)
+from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, CHUNK_BYTES, ERROR, PER_RELEASE, RELEASE, RUN, STOP,
+                                     WARNING, Channel, raise_warning, rebuild_error, ring_size)
 from streamwin.feed.slots import SharedFile, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
 
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the trainer waits on it is named
-UNHELD = 2  # references to a slot's array when nobody holds it: the pool's list and getrefcount's argument
+RELEASE_BATCH = 2  # slots the trainer gives back in one RELEASE (a worker gets RELEASE_BATCH - 1 spare slots)
+
+
+def pool_slots(slots: int) -> int:
+    """Slots per worker of a pool asked for ``slots``: the spare ones that batched releases need added."""
+    return slots + RELEASE_BATCH - 1
+
+
+def pool_bytes(num_workers: int, slots: int, slot_bytes: int) -> int:
+    """Bytes of shared memory a pool of ``num_workers`` workers with ``slots`` slots of ``slot_bytes`` maps."""
+    return SlotLayout(num_workers, pool_slots(slots), slot_bytes, ring_size(pool_slots(slots))).nbytes
 
 
 def default_start_method() -> str | None:
@@ -78,43 +100,61 @@ def default_workers(context: Any = None) -> int:
 
 
 class WorkerPool:
-    """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side)."""
+    """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side).
+
+    ``slots``: per worker, the batches it may have ready plus those the training loop may hold
+    (the spare slots of batched releases are added). ``ship_blocks``: slots of CHUNK_BYTES for
+    device mode's block chunks, with no fields.
+    """
 
     def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
                  ship_blocks: bool = False, start_timeout: float = 120.0):
         self.num_workers, self.ship_blocks = num_workers, ship_blocks
-        self.slot_layout = SlotLayout(num_workers, slots, CHUNK_BYTES if ship_blocks else ds.layout().nbytes)
+        self.user_slots = slots - 2  # slots of a worker the training loop may hold before batches are copied out
+        n = pool_slots(slots)
+        layout = None if ship_blocks else ds.layout()
+        self.slot_layout = SlotLayout(num_workers, n, CHUNK_BYTES if ship_blocks else layout.nbytes, ring_size(n))
         self.shm = SharedFile(self.slot_layout.nbytes)
         self.procs: list = []
         self.conns: list = []
+        self.inbox: list[Channel] = []  # per worker: its records to the trainer
+        self.outbox: list[Channel] = []  # per worker: the trainer's records to it
         self.run = 0
         self.closed = False
         self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
+        self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
+        self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
         self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
         try:
             self.pinned = pin and self.shm.pin()
             self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
             arr = self.shm.array()
-            # per slot: a Region (whose reference count tells whether the slot is still held) and its bytes
-            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(slots)] for w in range(num_workers)]
+            # per slot: a Region (its own array, which every view of the slot refers to), its fields made once
+            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(n)] for w in range(num_workers)]
             self.bases = [[r.array() for r in rs] for rs in self.regions]
+            self._fields = [[{} if layout is None else layout.views(b) for b in bs] for bs in self.bases]
+            self._refs = [[(b, *f.values()) for b, f in zip(bs, fs)] for bs, fs in zip(self.bases, self._fields)]
+            self._free_refs = [[_references(r) for r in rs] for rs in self._refs]  # counts when nobody holds it
             self.counters = [self.slot_layout.counters(arr, w) for w in range(num_workers)]
             for w in range(num_workers):
                 mine, theirs = context.Pipe(duplex=True)
+                sems = [context.Semaphore(v) for v in (0, self.slot_layout.ring, 0, self.slot_layout.ring)]
+                to_worker, to_trainer = self.slot_layout.rings(arr, w)
+                self.outbox.append(Channel(to_worker, sems[0], sems[1], mine))
+                self.inbox.append(Channel(to_trainer, sems[2], sems[3], mine))
                 p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
                                     args=(ds, num_workers, w, world, self.shm.handle(), self.slot_layout, theirs,
-                                          os.getpid(), ship_blocks))
+                                          tuple(sems), os.getpid(), ship_blocks))
                 p.start()
                 theirs.close()
                 self.procs.append(p)
                 self.conns.append(mine)
             deadline = time.monotonic() + start_timeout
             for w in range(num_workers):
-                while not self.conns[w].poll(POLL_S):
+                while self._next(w, POLL_S) is None:  # its READY
                     self._check_alive(w)
                     if time.monotonic() > deadline:
                         raise WorkerError(f"streamwin worker {w} did not start within {start_timeout:.0f} s")
-                self._message(w)
         except BaseException:
             self.close()
             raise
@@ -126,51 +166,63 @@ class WorkerPool:
         """
         self.run += 1
         tail = json.dumps(list(rest_of)).encode() if rest_of else b""
-        for w, conn in enumerate(self.conns):
-            send(conn, RUN, self.run, epoch, first_batches[w], 0, tail=tail)
+        for w in range(self.num_workers):
+            self.flush(w)
+            self._send(w, RUN, self.run, epoch, first_batches[w], int(bool(tail)), payload=tail)
 
     def take(self, w: int) -> int:
         """The slot holding worker ``w``'s next batch of the current pass (slots are recycled while waiting)."""
         return self.receive(w)[1]
+
+    def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
+        """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
+        return self._fields[w][slot]
 
     def receive(self, w: int, wait: bool = True) -> tuple[int, int, int, int] | None:
         """Worker ``w``'s next BATCH(slot, 0, 0), BLOCK(bytes, windows, source) or CHUNK(slot, bytes, 0) of the current pass.
 
         Held slots are recycled while waiting; with ``wait=False``, None when nothing has arrived.
         """
-        conn = self.conns[w]
         while True:
-            if not conn.poll(0):
+            msg = self._next(w)
+            if msg is None:
                 if not wait:
                     return None
                 self.recycle()
-                while not conn.poll(POLL_S):
+                self.flush(w)  # the worker may be waiting for these
+                while (msg := self._next(w, POLL_S)) is None:
+                    self.fallbacks += 1
                     self._check_alive(w)
                     self._check_answering(w)
                     self.recycle()
-            kind, run, a, b, c = self._message(w)
+                    self.flush(w)
+            kind, run, a, b, c = msg
             if kind in (BATCH, BLOCK, CHUNK):
                 if run == self.run:
                     return kind, a, b, c
                 if kind != BLOCK:
                     self.release(w, a)  # from a pass abandoned midway
 
-    def _message(self, w: int) -> tuple[int, int, int, int, int]:
+    def _next(self, w: int, timeout: float = 0.0) -> tuple[int, int, int, int, int] | None:
+        """Worker ``w``'s next record within ``timeout`` s, or None; an error of this pass is raised, a warning warned."""
         try:
-            data = self.conns[w].recv_bytes()
+            msg = self.inbox[w].receive(timeout)
         except (EOFError, OSError):
             self._check_alive(w, wait=1.0)
             raise WorkerError(f"streamwin worker {w} (pid {self.procs[w].pid}) closed its pipe")
-        if data[0] == WARNING:
-            raise_warning(json.loads(data[1:]), w)
+        if msg is None:
+            return None
+        tag, a, b, c, d, payload = msg
+        if tag == WARNING:
+            raise_warning(json.loads(payload), w)
             return WARNING, self.run, -1, 0, 0
-        if data[0] == ERROR:
-            payload = json.loads(data[1:])
-            if payload["run"] == self.run:
-                raise rebuild_error(payload) from WorkerError(
-                    f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{payload['text']}")
-            return ERROR, payload["run"], -1, 0, 0
-        return MSG.unpack(data)
+        if tag == ERROR:
+            error = json.loads(payload)
+            if error["run"] == self.run:
+                raise rebuild_error(error) from WorkerError(
+                    f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{error['text']}")
+            return ERROR, error["run"], -1, 0, 0
+        return tag, a, b, c, d
 
     # -- slots the training loop holds -------------------------------------------------------------
     def hold(self, w: int, slot: int, event=None) -> None:
@@ -185,11 +237,11 @@ class WorkerPool:
         """Give back every held slot no one refers to any more (and whose queued CUDA copies are done)."""
         if not self.held:
             return
-        bases, keep = self.bases, []
+        keep = []
         for h in self.held:
             w, slot, event = h
             if event is None:
-                if sys.getrefcount(bases[w][slot]) > UNHELD:  # every view of a slot refers to its array
+                if _references(self._refs[w][slot]) != self._free_refs[w][slot]:  # a view or tensor of it lives
                     keep.append(h)
                     continue
                 if self.events:  # a non_blocking copy from this slot may still be queued: wait for it
@@ -202,9 +254,23 @@ class WorkerPool:
         self.held = keep
 
     def release(self, w: int, slot: int) -> None:
-        """Give slot ``slot`` back to worker ``w``."""
+        """Give slot ``slot`` back to worker ``w`` (sent with the next RELEASE_BATCH - 1, or when waiting on it)."""
+        pending = self.pending[w]
+        pending.append(slot)
+        if len(pending) >= RELEASE_BATCH:
+            self.flush(w)
+
+    def flush(self, w: int) -> None:
+        """Send worker ``w`` the slots released since the last RELEASE."""
+        pending = self.pending[w]
+        while pending:
+            slots, pending[:] = pending[:PER_RELEASE], pending[PER_RELEASE:]
+            self._send(w, RELEASE, *slots, *[-1] * (PER_RELEASE - len(slots)))
+
+    def _send(self, w: int, tag: int, *args: int, payload: bytes = b"") -> None:
+        """A record to worker ``w`` (a dead worker is reported by take())."""
         try:
-            send(self.conns[w], RELEASE, slot)
+            self.outbox[w].send(tag, *args, payload=payload, waiting=lambda: self._check_alive(w))
         except (BrokenPipeError, OSError):
             pass  # a dead worker is reported by take()
 
@@ -238,9 +304,9 @@ class WorkerPool:
         if self.closed:
             return
         self.closed = True
-        for conn in self.conns:
+        for channel in self.outbox:
             try:
-                send(conn, STOP)
+                channel.send(STOP, wait=False)  # a worker that reads nothing any more is terminated below
             except (BrokenPipeError, OSError):
                 pass
         deadline = time.monotonic() + 5.0
@@ -254,8 +320,14 @@ class WorkerPool:
                 p.join()
         for conn in self.conns:
             conn.close()
-        self.bases = self.regions = []
+        self.bases = self.regions = self._fields = self._refs = []
+        self.inbox, self.outbox = [], []
         self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go
+
+
+def _references(arrays: tuple) -> int:
+    """The reference counts of a slot's arrays, summed: above the count of a free slot, someone holds it."""
+    return sum(map(sys.getrefcount, arrays))
 
 
 def _state(pid: int) -> str:

@@ -1,7 +1,8 @@
 """Batch slots in shared memory: allocated once per worker pool, filled by workers, viewed by the trainer.
 
 One shared-memory file holds, per worker, a few fixed-size batch slots (``BatchLayout.nbytes``
-each) and a small block of counters. It has no name: a memfd on Linux, elsewhere a file in
+each), a small block of counters and the two rings of records the trainer and the worker
+exchange slot numbers through (protocol.py). It has no name: a memfd on Linux, elsewhere a file in
 the shm directory unlinked right after it is made. Workers get its file descriptor (inherited
 with fork, passed by multiprocessing with spawn or forkserver), so nothing is ever left in
 /dev/shm whatever happens (Ctrl-C, SIGTERM, SIGKILL during start-up, a crash); the memory
@@ -25,6 +26,7 @@ import numpy as np
 PREFIX = "streamwin-"
 PAGE = mmap.PAGESIZE
 COUNTERS = 16  # int64 counters per worker (read statistics)
+RECORD = 5  # int64 per record of a ring (protocol.Channel)
 
 
 def shm_dir() -> str:
@@ -98,7 +100,9 @@ class SharedFile:
         self._registered = int(err) == 0
         return self._registered
 
-    def __del__(self) -> None:
+    def __del__(self, _close=os.close) -> None:
+        # the last view may go while the interpreter shuts down, after this module's globals (os) are gone: only
+        # what the object holds and the default argument bound at definition are used here
         if getattr(self, "_registered", False):
             try:
                 import torch
@@ -114,7 +118,7 @@ class SharedFile:
                 pass
         if getattr(self, "fd", -1) >= 0:
             try:
-                os.close(self.fd)
+                _close(self.fd)
             except OSError:
                 pass
             self.fd = -1
@@ -139,12 +143,13 @@ class Region:
 
 
 class SlotLayout:
-    """Byte offsets of each worker's counters and slots inside one shared file."""
+    """Byte offsets of each worker's counters, rings and slots inside one shared file."""
 
-    def __init__(self, workers: int, slots: int, slot_bytes: int):
-        self.workers, self.slots = workers, slots
+    def __init__(self, workers: int, slots: int, slot_bytes: int, ring: int = 0):
+        self.workers, self.slots, self.ring = workers, slots, ring
         self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
-        self.slots_at = -(-(workers * COUNTERS * 8) // PAGE) * PAGE
+        self.header = COUNTERS + 2 * ring * RECORD  # int64 per worker: counters, then the rings
+        self.slots_at = -(-(workers * self.header * 8) // PAGE) * PAGE
         self.nbytes = self.slots_at + workers * slots * self.slot_bytes
 
     def slot_at(self, worker: int, slot: int) -> int:
@@ -162,8 +167,14 @@ class SlotLayout:
 
     def counters(self, arr: np.ndarray, worker: int) -> np.ndarray:
         """The int64 counters of ``worker``."""
-        at = worker * COUNTERS * 8
+        at = worker * self.header * 8
         return arr[at : at + COUNTERS * 8].view(np.int64)
+
+    def rings(self, arr: np.ndarray, worker: int) -> tuple[np.ndarray, np.ndarray]:
+        """The [ring, RECORD] int64 rings of ``worker``: to the worker, then to the trainer."""
+        at, n = (worker * self.header + COUNTERS) * 8, self.ring * RECORD * 8
+        return (arr[at : at + n].view(np.int64).reshape(self.ring, RECORD),
+                arr[at + n : at + 2 * n].view(np.int64).reshape(self.ring, RECORD))
 
 
 def leftovers(pid: int | None = None) -> list[str]:
