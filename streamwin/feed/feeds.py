@@ -47,13 +47,14 @@ class FeedContext:
 def to_batch(views: dict[str, np.ndarray], manifests: list) -> dict[str, Any]:
     """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed).
 
-    The keys refer to the buffer's ``seq`` (and ``source``) until they are decoded, so a buffer is
-    not reused while its keys are held either. Packed rows: the per-crop fields cut to the batch's ``crops``."""
+    The keys keep a copy of ``seq`` (and ``source``), ~1 us: keys kept alone (a log of them) must not pin
+    the buffer, nor be overwritten with it. Packed rows: the per-crop fields cut to the batch's ``crops``."""
     if "crops" in views:
         n = int(views["crops"][0])
         views = {k: v[:n] if k in PER_CROP else v for k, v in views.items() if k != "crops"}
     out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
-    out["key"] = BatchKeys(manifests=manifests, seq=views["seq"], source=views.get("source"))
+    source = views["source"].copy() if "source" in views else None
+    out["key"] = BatchKeys(manifests=manifests, seq=views["seq"].copy(), source=source)
     return out
 
 

@@ -124,6 +124,7 @@ class WorkerPool:
         self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
         self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
         self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
+        self.silent: set[int] = set()  # workers named for not answering
         self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
         try:
             self.pinned = pin and self.shm.pin()
@@ -296,6 +297,7 @@ class WorkerPool:
         self._beats[w] = (beat, moved, now)
         if now - moved > SILENT_S:
             p = self.procs[w]
+            self.silent.add(w)  # close() kills it without waiting for it to stop
             raise WorkerError(f"streamwin worker {w} (pid {p.pid}) has not answered for {now - moved:.0f} s: it is "
                               f"{_state(p.pid)}; it is killed when the loader closes")
 
@@ -310,7 +312,9 @@ class WorkerPool:
             except (BrokenPipeError, OSError):
                 pass
         deadline = time.monotonic() + 5.0
-        for p in self.procs:
+        for w, p in enumerate(self.procs):
+            if w in self.silent:  # stopped or hung: it would not stop by itself (SIGKILL ends even a stopped one)
+                p.kill()
             p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
                 p.terminate()
