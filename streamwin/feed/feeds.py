@@ -173,7 +173,9 @@ class WorkerFeed(Feed):
             pool.release(w, slot)
             return to_batch(self.layout.views(buf), self.manifests)
         pool.hold(w, slot)
-        return to_batch(pool.fields(w, slot), self.manifests)
+        if not pool.batches.ahead:  # packed rows: per-crop fields cut to this batch's crops
+            return to_batch(pool.fields(w, slot), self.manifests)
+        return pool.batches.take(w, slot)  # made ahead: no torch or numpy call here
 
     def _warn_keep(self) -> None:
         stats = self.ctx.stats

@@ -35,14 +35,14 @@ import torch
 
 from streamwin.errors import WorkerError
 from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, CHUNK_BYTES, ERROR, PER_RELEASE, RELEASE, RUN, STOP,
-                                     WARNING, Channel, raise_warning, rebuild_error, ring_size)
-from streamwin.feed.slots import SharedFile, SlotLayout
+                                     WARNING, Channel, has_payload, raise_warning, rebuild_error, ring_size)
+from streamwin.feed.slots import SharedFile, SlotBatches, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
 
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the trainer waits on it is named
-RELEASE_BATCH = 2  # slots the trainer gives back in one RELEASE (a worker gets RELEASE_BATCH - 1 spare slots)
+RELEASE_BATCH = 4  # slots the trainer gives back in one RELEASE (a worker gets RELEASE_BATCH - 1 spare slots)
 
 
 def pool_slots(slots: int) -> int:
@@ -123,6 +123,7 @@ class WorkerPool:
         self.closed = False
         self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
         self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
+        self._holding = [0] * num_workers  # held slots per worker
         self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
         self.silent: set[int] = set()  # workers named for not answering
         self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
@@ -133,9 +134,7 @@ class WorkerPool:
             # per slot: a Region (its own array, which every view of the slot refers to), its fields made once
             self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(n)] for w in range(num_workers)]
             self.bases = [[r.array() for r in rs] for rs in self.regions]
-            self._fields = [[{} if layout is None else layout.views(b) for b in bs] for bs in self.bases]
-            self._refs = [[(b, *f.values()) for b, f in zip(bs, fs)] for bs, fs in zip(self.bases, self._fields)]
-            self._free_refs = [[_references(r) for r in rs] for rs in self._refs]  # counts when nobody holds it
+            self.batches = SlotBatches(self.bases, layout, ds.manifests)
             self.counters = [self.slot_layout.counters(arr, w) for w in range(num_workers)]
             for w in range(num_workers):
                 mine, theirs = context.Pipe(duplex=True)
@@ -173,19 +172,23 @@ class WorkerPool:
 
     def take(self, w: int) -> int:
         """The slot holding worker ``w``'s next batch of the current pass (slots are recycled while waiting)."""
-        return self.receive(w)[1]
+        msg = self.inbox[w].receive()
+        if msg is not None and msg[0] == BATCH and msg[1] == self.run:  # the usual case: it is there already
+            return msg[2]
+        return self.receive(w, first=self._read(w, msg))[1]
 
     def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
         """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
-        return self._fields[w][slot]
+        return self.batches.fields[w][slot]
 
-    def receive(self, w: int, wait: bool = True) -> tuple[int, int, int, int] | None:
+    def receive(self, w: int, wait: bool = True, first: tuple | None = None) -> tuple[int, int, int, int] | None:
         """Worker ``w``'s next BATCH(slot, 0, 0), BLOCK(bytes, windows, source) or CHUNK(slot, bytes, 0) of the current pass.
 
-        Held slots are recycled while waiting; with ``wait=False``, None when nothing has arrived.
+        Held slots are recycled while waiting; with ``wait=False``, None when nothing has arrived. ``first``:
+        a record of ``w``'s already read.
         """
         while True:
-            msg = self._next(w)
+            msg, first = first or self._next(w), None
             if msg is None:
                 if not wait:
                     return None
@@ -206,43 +209,44 @@ class WorkerPool:
 
     def _next(self, w: int, timeout: float = 0.0) -> tuple[int, int, int, int, int] | None:
         """Worker ``w``'s next record within ``timeout`` s, or None; an error of this pass is raised, a warning warned."""
+        return self._read(w, self.inbox[w].receive(timeout))
+
+    def _read(self, w: int, msg: tuple | None) -> tuple[int, int, int, int, int] | None:
+        """A record of worker ``w``'s, its payload read: an error of this pass is raised, a warning warned."""
+        if msg is None or not has_payload(msg):
+            return msg
         try:
-            msg = self.inbox[w].receive(timeout)
+            payload = json.loads(self.inbox[w].payload())
         except (EOFError, OSError):
             self._check_alive(w, wait=1.0)
             raise WorkerError(f"streamwin worker {w} (pid {self.procs[w].pid}) closed its pipe")
-        if msg is None:
-            return None
-        tag, a, b, c, d, payload = msg
-        if tag == WARNING:
-            raise_warning(json.loads(payload), w)
+        if msg[0] == WARNING:
+            raise_warning(payload, w)
             return WARNING, self.run, -1, 0, 0
-        if tag == ERROR:
-            error = json.loads(payload)
-            if error["run"] == self.run:
-                raise rebuild_error(error) from WorkerError(
-                    f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{error['text']}")
-            return ERROR, error["run"], -1, 0, 0
-        return tag, a, b, c, d
+        if payload["run"] == self.run:
+            raise rebuild_error(payload) from WorkerError(
+                f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{payload['text']}")
+        return ERROR, payload["run"], -1, 0, 0
 
     # -- slots the training loop holds -------------------------------------------------------------
     def hold(self, w: int, slot: int, event=None) -> None:
         """Slot ``slot`` of worker ``w`` is in use (by the training loop, or by a queued copy: ``event``)."""
         self.held.append([w, slot, event])
+        self._holding[w] += 1
 
     def held_by_user(self, w: int) -> int:
         """Slots of worker ``w`` the training loop holds."""
-        return sum(1 for h in self.held if h[0] == w)
+        return self._holding[w]
 
     def recycle(self) -> None:
         """Give back every held slot no one refers to any more (and whose queued CUDA copies are done)."""
         if not self.held:
             return
-        keep = []
+        keep, in_use = [], self.batches.in_use
         for h in self.held:
             w, slot, event = h
             if event is None:
-                if _references(self._refs[w][slot]) != self._free_refs[w][slot]:  # a view or tensor of it lives
+                if in_use(w, slot):  # a view or a tensor of it lives
                     keep.append(h)
                     continue
                 if self.events:  # a non_blocking copy from this slot may still be queued: wait for it
@@ -251,6 +255,7 @@ class WorkerPool:
             if event is not None and not event.query():
                 keep.append(h)
                 continue
+            self._holding[w] -= 1
             self.release(w, slot)
         self.held = keep
 
@@ -264,6 +269,8 @@ class WorkerPool:
     def flush(self, w: int) -> None:
         """Send worker ``w`` the slots released since the last RELEASE."""
         pending = self.pending[w]
+        if pending:
+            self.batches.prepare(w, pending)  # their next batches' tensors, made together while the caches are warm
         while pending:
             slots, pending[:] = pending[:PER_RELEASE], pending[PER_RELEASE:]
             self._send(w, RELEASE, *slots, *[-1] * (PER_RELEASE - len(slots)))
@@ -324,14 +331,12 @@ class WorkerPool:
                 p.join()
         for conn in self.conns:
             conn.close()
-        self.bases = self.regions = self._fields = self._refs = []
+        self.bases = self.regions = []
+        self.batches = SlotBatches([])
         self.inbox, self.outbox = [], []
         self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go
 
 
-def _references(arrays: tuple) -> int:
-    """The reference counts of a slot's arrays, summed: above the count of a free slot, someone holds it."""
-    return sum(map(sys.getrefcount, arrays))
 
 
 def _state(pid: int) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import struct
 import threading
 import traceback
 import warnings
@@ -36,6 +37,7 @@ from streamwin.feed.slots import RECORD
 READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING, BLOCK, CHUNK = 1, 2, 3, 4, 5, 0, 6, 7, 8
 PIPED = (ERROR, WARNING)  # their payload waits in the pipe
 PER_RELEASE = 4  # slots one RELEASE record gives back (-1: none)
+RECORD_STRUCT = struct.Struct(f"={RECORD}q")  # a record in the ring: native int64 (both sides on one machine)
 CHUNK_BYTES = 4 << 20  # slot size when workers ship blocks
 
 
@@ -52,8 +54,9 @@ class Channel:
     """
 
     def __init__(self, ring: np.ndarray, items: Any, space: Any, conn: Any):
-        self.ring, self.items, self.space, self.conn = ring, items, space, conn
+        self.items, self.space, self.conn = items, space, conn
         self.size = len(ring)
+        self.buf = memoryview(ring).cast("B")  # records packed and unpacked in place: no array per record
         self.head = self.tail = 0  # records sent by this side / taken by this side (each side uses one)
         self.lock = threading.Lock()  # a worker's read-ahead thread may send a warning while its main thread sends
 
@@ -73,21 +76,30 @@ class Channel:
                         waiting()
             if payload:
                 self.conn.send_bytes(payload)
-            self.ring[self.head % self.size] = (tag, a, b, c, d)
+            RECORD_STRUCT.pack_into(self.buf, self.head % self.size * RECORD_STRUCT.size, tag, a, b, c, d)
             self.head += 1
             self.items.release()
             return True
 
     # -- receiving ------------------------------------------------------------------------------------
-    def receive(self, timeout: float | None = 0.0) -> tuple | None:
-        """The next record as (tag, a, b, c, d, payload or None); None if none came within ``timeout`` s."""
+    def receive(self, timeout: float = 0.0) -> tuple[int, int, int, int, int] | None:
+        """The next record, (tag, a, b, c, d), or None if none came within ``timeout`` s. A record that
+        announces a payload (``has_payload``) is followed by ``payload()`` before the next ``receive``."""
         if not self.items.acquire(False) and not (timeout and self.items.acquire(True, timeout)):
             return None
-        tag, a, b, c, d = self.ring[self.tail % self.size].tolist()
+        record = RECORD_STRUCT.unpack_from(self.buf, self.tail % self.size * RECORD_STRUCT.size)
         self.tail += 1
         self.space.release()
-        payload = self.conn.recv_bytes() if tag in PIPED or (tag == RUN and d) else None
-        return tag, a, b, c, d, payload
+        return record
+
+    def payload(self) -> bytes:
+        """The payload of the record just received (it waits in the pipe)."""
+        return self.conn.recv_bytes()
+
+
+def has_payload(record: tuple) -> bool:
+    """Whether a record's payload waits in the pipe: errors, warnings, a RUN with interrupted runs."""
+    return record[0] in PIPED or (record[0] == RUN and record[4] != 0)
 
 
 def forward_warnings(channel: Channel) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from streamwin.dataset import WindowDataset
 from streamwin.feed.device import window_table
 from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, READY, RELEASE, RUN, STOP, Channel, forward_warnings,
-                                     send_error)
+                                     has_payload, send_error)
 from streamwin.feed.slots import SharedFile, SharedHandle, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS, read_counters
 from streamwin.pipeline import open_stream, ship_blocks
@@ -88,17 +88,17 @@ class Inbox:
     def next(self, wait: bool = True) -> tuple | None:
         """The next message: (RELEASE, slots...), (RUN, run, epoch, first, interrupted runs) or (STOP,);
         None (``wait=False``) if none has arrived. Raises ParentGone if the trainer died meanwhile."""
+        while (msg := self.channel.receive(1.0 if wait else 0.0)) is None:
+            if not wait:
+                return None
+            self.check_parent()
+        if msg[0] != RUN:
+            return msg
         try:
-            while (msg := self.channel.receive(1.0 if wait else 0.0)) is None:
-                if not wait:
-                    return None
-                self.check_parent()
-        except (EOFError, OSError) as e:  # its payload could not be read: the trainer's end is closed
+            rest = json.loads(self.channel.payload()) if has_payload(msg) else []
+        except (EOFError, OSError) as e:  # the trainer's end of the pipe is closed
             raise ParentGone from e
-        tag, a, b, c, d, payload = msg
-        if tag == RUN:
-            return RUN, a, b, c, json.loads(payload) if payload else []
-        return msg[:5]
+        return RUN, msg[1], msg[2], msg[3], rest
 
 
 def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[int, int], shared: SharedHandle,
