@@ -201,7 +201,9 @@ class BufferPool:
     queued before its release (a ``non_blocking`` copy from it) has finished.
     """
 
-    def __init__(self, nbytes: int, keep: int = 6, allocate=None, fenced: bool = False):
+    KEEP = 6  # buffers kept for reuse (a consumer that keeps batches makes it allocate more)
+
+    def __init__(self, nbytes: int, keep: int = KEEP, allocate=None, fenced: bool = False):
         self.nbytes, self.keep, self.fenced = nbytes, keep, fenced
         self._allocate = allocate or (lambda n: np.empty(n, dtype=np.uint8))
         self._buffers: list[np.ndarray] = []

@@ -45,6 +45,25 @@ SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the tra
 RELEASE_BATCH = 4  # slots the trainer gives back in one RELEASE (a worker gets RELEASE_BATCH - 1 spare slots)
 
 
+FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process sentinel
+
+
+def max_workers() -> tuple[int, str]:
+    """How many worker processes this process may start, and the limit that says so ("" if none does)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return sys.maxsize, ""
+    found = [(sys.maxsize, "")]
+    procs, files = resource.getrlimit(resource.RLIMIT_NPROC)[0], resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if procs != resource.RLIM_INFINITY:
+        found.append((procs, f"the process limit (ulimit -u: {procs})"))
+    if files != resource.RLIM_INFINITY:
+        found.append((max(0, files - 64) // FDS_PER_WORKER,
+                      f"the open-file limit (ulimit -n: {files}; {FDS_PER_WORKER} per worker)"))
+    return min(found)
+
+
 def pool_slots(slots: int) -> int:
     """Slots per worker of a pool asked for ``slots``: the spare ones that batched releases need added."""
     return slots + RELEASE_BATCH - 1
@@ -124,6 +143,7 @@ class WorkerPool:
         self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
         self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
         self._holding = [0] * num_workers  # held slots per worker
+        self.waits = 0  # times the trainer waited for a worker's record (each sends the releases pending first)
         self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
         self.silent: set[int] = set()  # workers named for not answering
         self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
@@ -192,6 +212,7 @@ class WorkerPool:
             if msg is None:
                 if not wait:
                     return None
+                self.waits += 1
                 self.recycle()
                 self.flush(w)  # the worker may be waiting for these
                 while (msg := self._next(w, POLL_S)) is None:
