@@ -185,8 +185,7 @@ class BatchKeys(Sequence):
         return (list, (self._list(),))
 
 
-def _int64(values) -> np.ndarray:
-    """An int64 array, or bytes of one, as an int64 array."""
+def _int64(values) -> np.ndarray:  # an int64 array, or bytes of one, as an int64 array
     return values if isinstance(values, np.ndarray) else np.frombuffer(values, dtype=np.int64)
 
 

@@ -38,22 +38,18 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from streamwin.arguments import check_fits
 from streamwin.dataset import WindowDataset
 from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, DeviceWorkerFeed
 from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, WorkerFeed
-from streamwin.batch import BufferPool
-from streamwin.feed.pool import (WorkerPool, default_start_method, default_workers, max_workers, pool_bytes, pool_slots,
-                                 start_context)
-from streamwin.feed.protocol import CHUNK_BYTES
+from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
+from streamwin.feed.sizing import MAX_PREFETCH, check_memory, check_workers, slots_text
 from streamwin.feed.stats import RunStats
 from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
 
 log = logging.getLogger("streamwin")
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # loaders with a pass or workers running, closed at interpreter exit
-MAX_PREFETCH = 1024  # batches a worker may keep ready ahead of the trainer
 
 
 @atexit.register
@@ -127,7 +123,7 @@ class WindowLoader:
             reads and uploads them.
         pin_memory: page-lock the batch memory (CUDA only) so ``.to(device, non_blocking=True)``
             is asynchronous.
-        prefetch_factor: batches each worker may have ready ahead of the trainer.
+        prefetch_factor: batches each worker may have ready ahead of the trainer (1 to 1024).
         persistent_workers: keep the worker processes between epochs.
         multiprocessing_context: start method for workers: a name ("fork", "spawn", "forkserver") or a
             multiprocessing context object (``multiprocessing.get_context(...)``), as DataLoader takes. Where
@@ -150,14 +146,10 @@ class WindowLoader:
             num_workers = default_workers(multiprocessing_context)
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
-        most, limit = max_workers()
-        if num_workers > most:
-            raise ValueError(f"num_workers={num_workers} is more worker processes than this process may start: "
-                             f"{most} by {limit}")
         pf = 2 if prefetch_factor is None else prefetch_factor
-        if isinstance(pf, bool) or not isinstance(pf, (int, np.integer)) or not 1 <= pf <= MAX_PREFETCH:
-            raise ValueError(f"prefetch_factor must be an integer from 1 to {MAX_PREFETCH} (batches each worker keeps "
-                             f"ready; more only takes memory), got {prefetch_factor!r}")
+        if isinstance(pf, bool) or not isinstance(pf, (int, np.integer)):
+            raise ValueError(f"prefetch_factor must be an integer from 1 to {MAX_PREFETCH}, got {prefetch_factor!r}")
+        check_workers(int(num_workers), int(pf))  # before anything starts: processes, open files, prefetch
         self.dataset = dataset
         self.num_workers, self.prefetch_factor = int(num_workers), int(pf)
         self.device = _device(device)
@@ -328,29 +320,14 @@ class WindowLoader:
             except OSError as e:
                 if e.errno not in (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.EAGAIN):
                     raise
-                raise ValueError(f"{self._slots_text()}: the system refused them ({e.strerror}): make them "
-                                 "smaller or fewer") from e
+                what = slots_text(self.dataset, self.num_workers, self.prefetch_factor)
+                raise ValueError(f"{what}: the system refused them ({e.strerror}): make them smaller or fewer") from e
         return self._pool
 
     def _check_fits(self, world_size: int) -> None:
         """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
-        ds = self.dataset
-        ds.check_fits()
-        batch = ds.layout().nbytes
-        need = BufferPool.KEEP * batch  # batches this process gathers, or copies out of slots when batches are kept
-        if self.num_workers:  # the slots in shared memory, allocated when the workers start
-            need += pool_bytes(self.num_workers, self.prefetch_factor + 2,
-                               CHUNK_BYTES if self.device is not None else batch)
-        check_fits(need, f"{self._slots_text()}, and {BufferPool.KEEP} batches of this process")
-
-    def _slots_text(self) -> str:
-        """The arguments that size a loader's batch memory, as the user typed them."""
-        ds = self.dataset
-        per = f"batch_size={ds.batch_size} windows ({ds.layout().nbytes / 1e6:,.1f} MB)"
-        if not self.num_workers:
-            return f"batches of {per}"
-        return (f"num_workers={self.num_workers} x (prefetch_factor={self.prefetch_factor} + "
-                f"{pool_slots(2)}) batch slots of {per}")
+        self.dataset.check_fits()
+        check_memory(self.dataset, self.num_workers, self.prefetch_factor, ship_blocks=self.device is not None)
 
     def _log_once(self, world: tuple[int, int]) -> None:
         if self._logged:

@@ -36,42 +36,13 @@ import torch
 from streamwin.errors import WorkerError
 from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, CHUNK_BYTES, ERROR, PER_RELEASE, RELEASE, RUN, STOP,
                                      WARNING, Channel, has_payload, raise_warning, rebuild_error, ring_size)
+from streamwin.feed.sizing import RELEASE_BATCH, pool_slots
 from streamwin.feed.slots import SharedFile, SlotBatches, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
 
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the trainer waits on it is named
-RELEASE_BATCH = 4  # slots the trainer gives back in one RELEASE (a worker gets RELEASE_BATCH - 1 spare slots)
-
-
-FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process sentinel
-
-
-def max_workers() -> tuple[int, str]:
-    """How many worker processes this process may start, and the limit that says so ("" if none does)."""
-    try:
-        import resource
-    except ImportError:  # not on this platform
-        return sys.maxsize, ""
-    found = [(sys.maxsize, "")]
-    procs, files = resource.getrlimit(resource.RLIMIT_NPROC)[0], resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if procs != resource.RLIM_INFINITY:
-        found.append((procs, f"the process limit (ulimit -u: {procs})"))
-    if files != resource.RLIM_INFINITY:
-        found.append((max(0, files - 64) // FDS_PER_WORKER,
-                      f"the open-file limit (ulimit -n: {files}; {FDS_PER_WORKER} per worker)"))
-    return min(found)
-
-
-def pool_slots(slots: int) -> int:
-    """Slots per worker of a pool asked for ``slots``: the spare ones that batched releases need added."""
-    return slots + RELEASE_BATCH - 1
-
-
-def pool_bytes(num_workers: int, slots: int, slot_bytes: int) -> int:
-    """Bytes of shared memory a pool of ``num_workers`` workers with ``slots`` slots of ``slot_bytes`` maps."""
-    return SlotLayout(num_workers, pool_slots(slots), slot_bytes, ring_size(pool_slots(slots))).nbytes
 
 
 def default_start_method() -> str | None:
@@ -356,8 +327,6 @@ class WorkerPool:
         self.batches = SlotBatches([])
         self.inbox, self.outbox = [], []
         self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go
-
-
 
 
 def _state(pid: int) -> str:
