@@ -17,9 +17,12 @@ batch (one element and a small slice's sum), then sleeps (the device finishing):
                  per step above the floor's is what the feed costs the trainer per batch
 
 Trainer CPU per batch: every run measures ``time.process_time`` (all threads of the trainer
-process, its workers excluded) over the timed steps, and the workers' CPU (psutil, children);
-"trainer CPU us/batch" is a case's CPU per step minus the floor's of the same model (medians).
-Judge it on ``idle``: there the step itself spends nothing, so the difference is the feed's.
+process, its workers excluded) over the timed steps, and the workers' CPU (psutil, children).
+With ``idle`` each run alternates blocks of CPU_ROUND steps fed by its case with as many fed
+preallocated batches (a bare loop) in the same process, and "trainer CPU us/batch" is the
+difference: the feed's CPU in the trainer, measured beside a bare loop under the same load (the
+floor's row shows that difference for two bare loops: the noise). With the other models it is a
+run's CPU per step minus the floor run's (medians): noisier, as the runs see different loads.
 
 Cases (``--cases``), each at every model:
   floor                 the same step fed preallocated batches (on the device with CUDA)
@@ -81,7 +84,9 @@ REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("streamwin", "streamwin-device", "webdataset")
 SIMULATED = "simulated"
 #: simulated models: name -> (seconds holding the interpreter, seconds asleep) per step
-SIMULATED_MODELS = {SIMULATED: (0.004, 0.001), "simulated-mlp": (0.001, 0.0004), "idle": (0.0, 0.004)}
+IDLE = "idle"
+SIMULATED_MODELS = {SIMULATED: (0.004, 0.001), "simulated-mlp": (0.001, 0.0004), IDLE: (0.0, 0.004)}
+CPU_ROUND = 25  # idle model: steps per block, alternately fed by the case and by preallocated batches
 #: name -> (width, layers); layers 0 is the MLP forecaster (width = its hidden size).
 MODELS = {"mlp": (512, 0), "small": (128, 2), "medium": (256, 4)}
 HOLD_S, SLEEP_S = SIMULATED_MODELS[SIMULATED]  # the simulated step: interpreter held, then asleep
@@ -334,6 +339,37 @@ def time_steps(step: Callable[[Any], Any], batches: Iterator[Any], p: Params) ->
             "warmup_s": t0 - started, "cpu_us": 1e6 * cpu / p.steps, "workers_cpu_us": 1e6 * kids / p.steps}
 
 
+def time_cpu(step: Callable[[Any], Any], batches: Iterator[Any], p: Params) -> dict[str, float]:
+    """The idle model's run: blocks of CPU_ROUND steps fed by the case, each followed by as many steps fed
+    preallocated batches (the bare loop), in this process, so both see the same machine; the trainer process's
+    CPU per batch of the case minus the bare loop's (``trainer_cpu_us``), and the times of the case's blocks."""
+    bare = floor_batches(p)
+    started = time.perf_counter()
+    step(next(batches))
+    first_step_s = time.perf_counter() - started
+    for _ in range(p.warmup - 1):
+        step(next(batches))
+        step(next(bare))
+    kids, fed, plain, seconds, waited, windows = children_cpu_s(), 0.0, 0.0, 0.0, 0.0, 0
+    rounds = max(1, p.steps // CPU_ROUND)
+    for _ in range(rounds):
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(CPU_ROUND):
+            before = time.perf_counter()
+            x = next(batches)
+            waited += time.perf_counter() - before
+            windows += int(x.shape[0])
+            step(x)
+        cpu1, t1 = time.process_time(), time.perf_counter()
+        for _ in range(CPU_ROUND):
+            step(next(bare))
+        fed, plain, seconds = fed + cpu1 - cpu0, plain + time.process_time() - cpu1, seconds + t1 - t0
+    n = rounds * CPU_ROUND
+    return {"step_ms": 1000 * seconds / n, "windows_per_s": windows / seconds, "next_wait_ms": 1000 * waited / n,
+            "first_step_s": first_step_s, "cpu_us": 1e6 * fed / n, "bare_cpu_us": 1e6 * plain / n,
+            "trainer_cpu_us": 1e6 * (fed - plain) / n, "workers_cpu_us": 1e6 * (children_cpu_s() - kids) / n}
+
+
 def time_loader(batches: Iterator[Any], p: Params) -> dict[str, float]:
     """Windows/s of the loader alone (one element read per batch) after --warmup batches."""
     started = time.perf_counter()
@@ -367,7 +403,8 @@ def run_child(job: dict[str, Any]) -> dict[str, Any]:
     record["setup_s"] = time.perf_counter() - constructed
     if job["kind"] == "loader":
         return {**record, **time_loader(source, p)}
-    return {**record, **time_steps(model_step(job["model"], p), source, p)}
+    timer = time_cpu if job["model"] == IDLE else time_steps
+    return {**record, **timer(model_step(job["model"], p), source, p)}
 
 
 def child_main(job_json: str) -> None:
@@ -433,7 +470,7 @@ def _row(model: str, case: str, recs: list[dict[str, Any]], keys: Sequence[str])
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (model, case): median ms/step, windows/s and next() wait, and data-wait vs the floor."""
     keys = ("step_ms", "windows_per_s", "next_wait_ms", "first_step_s", "other_cpu_cores", "cpu_us",
-            "workers_cpu_us")
+            "workers_cpu_us", "trainer_cpu_us")
     rows = [_row(m, c, recs, keys) for (m, c), recs in _group(records).items()]
     floors = {r["model"]: r for r in rows if r["case"] == "floor"}
     for row in rows:
@@ -441,7 +478,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         step, cpu, floor_ms, floor_cpu = row.get("step_ms"), row.get("cpu_us"), floor.get("step_ms"), floor.get("cpu_us")
         mine = row["case"] != "floor"
         row["data_wait"] = 1 - floor_ms / step if floor_ms and step and mine else None
-        row["trainer_cpu_us"] = cpu - floor_cpu if cpu is not None and floor_cpu is not None and mine else None
+        if row.get("trainer_cpu_us") is None:  # not measured beside a bare loop in its process: against the floor's
+            row["trainer_cpu_us"] = cpu - floor_cpu if cpu is not None and floor_cpu is not None and mine else None
     return rows
 
 
@@ -576,7 +614,8 @@ def step_table(rows: list[dict[str, Any]], skipped: list[tuple[str, str]]) -> st
             continue
         floor = r["case"] == "floor"
         wait = "(floor)" if floor else _fmt(r["data_wait"], ".1%")
-        cpu = f"({_fmt(r.get('cpu_us'), '.0f')} per step)" if floor else _fmt(r.get("trainer_cpu_us"), ".1f")
+        cpu = f"({_fmt(r.get('cpu_us'), '.0f')} per step)" if floor and r["model"] != IDLE else \
+            _fmt(r.get("trainer_cpu_us"), ".1f")
         lines.append(f"| {r['model']} | {r['case']} | {r['step_ms']:.2f} | {wait} | "
                      f"{_fmt(r['windows_per_s'], ',.0f')} | {_fmt(r['next_wait_ms'], '.2f')} | {cpu} | "
                      f"{_fmt(r.get('workers_cpu_us'), '.0f')} |")

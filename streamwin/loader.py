@@ -6,10 +6,10 @@ Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``se
 - ``num_workers=0``: the rank's one stream runs in the trainer's process (blocks mapped or
   read on a background thread, each batch one GIL-free copy on the trainer's thread).
 - ``num_workers=N``: N worker processes each run a stream and gather batches into batch
-  slots in shared memory, allocated once; per batch the trainer receives a slot number
-  (feed/worker.py, feed/pool.py). Batches are taken round robin, worker ``j % N`` for batch
-  ``j``. The default is one worker where the machine has a core to spare for it (and
-  ``fork``): 0 and 1 workers run the same plan (one stream per rank), so the choice never
+  slots in shared memory, allocated once; per batch the trainer takes a slot number from a
+  ring in that memory (feed/protocol.py, feed/pool.py). Batches are taken round robin, worker
+  ``j % N`` for batch ``j``. The default is one worker where the machine has a core to spare
+  for it (and ``fork``): 0 and 1 workers run the same plan (one stream per rank), so the choice never
   differs in what a rank yields, only in whose thread gathers it.
 - ``device="cuda"``: each block's bytes are uploaded once and windows are cut on the device
   (feed/device.py); workers, if any, read the blocks and send them in chunks through their slots.
