@@ -7,14 +7,16 @@ per worker, and exchange slot numbers with the trainer through rings in the same
 The trainer's side of a slot, for every feed (``WorkerFeed``, device mode's chunks):
 
 - ``receive(w)`` / ``take(w)``: worker ``w``'s next message / next filled batch slot;
-- ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes;
+- ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes,
+  ``batches.take(w, slot)`` the batch made ahead over its fields (slots.SlotBatches);
 - ``hold(w, slot, event=None)``: the slot is in use: it goes back to its worker once nothing
   refers to its arrays any more (every numpy view and every tensor made from them refers to
   them, so their reference counts tell) or, given a CUDA ``event``, once that event has
   completed; when page-locked, also once the CUDA work queued before that point has finished;
-- ``release(w, slot)``: back to the worker now; ``recycle()``: give back every held slot that
-  is free. Releases are sent RELEASE_BATCH at a time (a worker has as many spare slots), so a
-  worker that sleeps for want of a slot is woken once per RELEASE_BATCH batches.
+- ``release(w, slot)``: the slot is free (a slot not held); ``recycle()``: free every held slot
+  nothing refers to any more. Freed slots go back RELEASE_BATCH at a time (a worker has as many
+  spare slots), and at once when the trainer waits on their worker, so a worker that sleeps for
+  want of a slot is woken once per RELEASE_BATCH batches; ``flush(w)`` sends them now.
 
 A dead worker is named within POLL_S of the trainer waiting on it; one that stops answering
 (stopped by SIGSTOP, or hung so that not even its watchdog thread runs: its heartbeat in
@@ -252,7 +254,7 @@ class WorkerPool:
         self.held = keep
 
     def release(self, w: int, slot: int) -> None:
-        """Give slot ``slot`` back to worker ``w`` (sent with the next RELEASE_BATCH - 1, or when waiting on it)."""
+        """Give slot ``slot`` back to worker ``w`` (sent with the next RELEASE_BATCH - 1, or when waiting on ``w``)."""
         pending = self.pending[w]
         pending.append(slot)
         if len(pending) >= RELEASE_BATCH:
@@ -262,7 +264,7 @@ class WorkerPool:
         """Send worker ``w`` the slots released since the last RELEASE."""
         pending = self.pending[w]
         if pending:
-            self.batches.prepare(w, pending)  # their next batches' tensors, made together while the caches are warm
+            self.batches.prepare(w, pending)  # their next batches, made together while the caches are warm
         while pending:
             slots, pending[:] = pending[:PER_RELEASE], pending[PER_RELEASE:]
             self._send(w, RELEASE, *slots, *[-1] * (PER_RELEASE - len(slots)))

@@ -2,9 +2,9 @@
 
 The trainer and the worker exchange records through two rings in shared memory (protocol.py).
 A worker writes a batch only into a slot the trainer has released, so a batch the trainer
-still holds is never overwritten; per batch it sends the slot's number. In device mode it ships whole blocks
-instead, every source's of its stream, in the order its batcher will read them
-(``nodes.block_order``), through the slots in chunks. A worker ignores SIGINT (the trainer
+still holds is never overwritten; per batch it sends the slot's number. In device mode it
+ships whole blocks instead, every source's of its stream, in the order its batcher will read
+them (``nodes.block_order``), through the slots in chunks. A worker ignores SIGINT (the trainer
 stops it) and exits when the trainer dies: a thread of its own (``watch_parent``) checks every
 HEARTBEAT_S that the trainer lives and exits the process at once when it does not, even while
 the worker is blocked in a read; the same thread bumps a heartbeat counter in shared memory,
