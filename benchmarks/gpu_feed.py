@@ -28,6 +28,7 @@ Cases (``--cases``), each at every model:
   floor                 the same step fed preallocated batches (on the device with CUDA)
   streamwin:N           WindowLoader(ds, num_workers=N, pin_memory=<CUDA>, persistent_workers=N > 0)
   streamwin-device:N    WindowLoader(ds, num_workers=N, device=<--device>, persistent_workers=N > 0)
+  streamwin-static:N    the same with static=True (every batch in the same device tensors)
   webdataset:N          baselines' pipeline (decode -> window generator -> shuffle -> batched) in
                         DataLoader(batch_size=None, num_workers=N, pin_memory=<CUDA>, persistent_workers=N > 0)
 with ds = WindowDataset(data, window=256, stride=64, batch_size=256, shuffle_buffer=10_000, seed=0).
@@ -81,7 +82,7 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
     from children import run_child as run_in_child
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("streamwin", "streamwin-device", "webdataset")
+SYSTEMS = ("streamwin", "streamwin-device", "streamwin-static", "webdataset")
 SIMULATED = "simulated"
 #: simulated models: name -> (seconds holding the interpreter, seconds asleep) per step
 IDLE = "idle"
@@ -126,7 +127,7 @@ def parse_case(text: str, floor_ok: bool = True) -> tuple[str, int]:
     if system in SYSTEMS and sep and workers.isdigit():
         return system, int(workers)
     forms = "floor, " if floor_ok else ""
-    raise ValueError(f"{text!r} is not a case: use {forms}streamwin:N, streamwin-device:N or webdataset:N "
+    raise ValueError(f"{text!r} is not a case: use {forms}streamwin:N, streamwin-device:N, streamwin-static:N or webdataset:N "
                      "(N = worker processes, 0 or more)")
 
 
@@ -186,7 +187,9 @@ def make_loader(system: str, workers: int, data_dir: str, p: Params) -> Any:
 
     ds = sw.WindowDataset(data_dir, window=p.window, stride=p.stride, batch_size=p.batch_size,
                           shuffle_buffer=p.shuffle_buffer, seed=p.seed)
-    feed = {"device": p.device} if system == "streamwin-device" else {"pin_memory": cuda}
+    feed = {"device": p.device} if system in ("streamwin-device", "streamwin-static") else {"pin_memory": cuda}
+    if system == "streamwin-static":
+        feed["static"] = True
     try:
         return sw.WindowLoader(ds, num_workers=workers, **feed, **persistent)
     except TypeError as e:

@@ -1,10 +1,13 @@
 """Every peer side by side on the same corpus and windows, in one run (issue #23).
 
-Systems (``--systems``): streamwin, webdataset, mosaic (MosaicML Streaming), litdata, hf-stream and
-hf-arrow (Hugging Face datasets, streaming and Arrow), torchdata-nodes (plain .npy files), and
-tutorial (everything in memory); peers_systems.py and peers_formats.py say how each is set up.
-A system whose package no interpreter here has (this one or a ``--peer-python``) is skipped with
-the line that installs it.
+Systems (``--systems``): streamwin, webdataset, MosaicML Streaming and LitData in two set-ups each
+(mosaic-windows / mosaic-seqs, litdata-windows / litdata-seqs: every window a sample, or every
+sequence a sample with windows cut in a shuffle pool), Hugging Face datasets in two (hf-stream,
+hf-arrow), torchdata-nodes (plain .npy files), and tutorial (everything in memory); a peer's name
+(mosaic, litdata, hf) selects both its set-ups. peers_systems.py and peers_formats.py say how each
+is set up; the table and the plot show each peer's faster set-up, named, and a second table the
+other. A system whose package no interpreter here has (this one or a ``--peer-python``) is
+skipped with the line that installs it.
 
 Per system, each in a fresh child process, repeats interleaved (A, B, C, ..., then again; a
 system's cases back to back after its files are read into the page cache):
@@ -15,6 +18,7 @@ system's cases back to back after its files are read into the page cache):
   peak PSS        of the child and its workers (sampled every 0.1 s), at workers 0 and 2
   on disk         bytes of what the system reads (its converted copy, where it needs one)
   first batch     seconds from constructing the loader to the first batch, workers 0
+  others' CPU     cores other processes used during the system's cases (median; a shared machine's load)
 and once per system, on the check corpus (peers_child.py): exact resume, elastic resume 2 -> 3
 ranks, equal steps on 2 ranks.
 
@@ -27,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -42,8 +45,9 @@ if str(HERE) not in sys.path:
 import data  # noqa: E402
 import throughput  # noqa: E402
 from children import run_child as run_in_child  # noqa: E402
-from peers_report import CHECK_NAMES, FEED_WORKERS, markdown_table, plot  # noqa: E402
-from peers_systems import Params, System, all_systems, tree_bytes  # noqa: E402
+from peers_child import all_systems  # noqa: E402
+from peers_report import CHECK_NAMES, FEED_WORKERS, markdown_table, others, plot, shown, summarize  # noqa: E402
+from peers_systems import Params, System, peer_of, tree_bytes  # noqa: E402
 
 REPO = HERE.parent
 
@@ -162,66 +166,21 @@ def warm(system: System, corpus: Path, store: Path) -> float:
     return time.perf_counter() - started
 
 
-def _median(records: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in records if r.get(key) is not None and "error" not in r]
-    return statistics.median(values) if values else None
-
-
-def after_first(record: dict[str, Any]) -> dict[str, Any]:
-    """{"rate": windows/s after the first batch} of a rate record: the rate once the pool is full."""
-    if "error" in record or not record.get("batches", 0) > 1:
-        return {"rate": None}
-    seconds = record["seconds"] - (record["first_batch_s"] - record["setup_s"])
-    per_batch = record["windows"] / record["batches"]
-    return {"rate": (record["windows"] - per_batch) / seconds if seconds > 0 else None}
-
-
-def feed_summary(feeds: list[dict[str, Any]], floors: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median step, median floor, and the median over repeats of 1 - floor / step, each step paired
-    with the floor measured just before it (the machine's load drifts between repeats)."""
-    floor_of = {r["repeat"]: r["step_ms"] for r in floors if "error" not in r}
-    waits = [{"w": 1 - floor_of[r["repeat"]] / r["step_ms"]} for r in feeds
-             if "error" not in r and r["repeat"] in floor_of]
-    return {"step_ms": _median(feeds, "step_ms"), "floor_ms": _median(floors, "step_ms"),
-            "data_wait": _median(waits, "w")}
-
-
-def summarize(records: list[dict[str, Any]], systems: Sequence[str], workers: Sequence[int],
-              stores: dict[str, dict[str, Any]], checks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per system: median rates, data-wait vs the median floor, peak PSS, disk, first batch, checks."""
-    def pick(kind: str, system: str, w: int | None = None) -> list[dict[str, Any]]:
-        return [r for r in records if r["kind"] == kind and r["system"] == system and (w is None or r["workers"] == w)]
-
-    rows = []
-    for s in systems:
-        row: dict[str, Any] = {"system": s, "disk_bytes": stores.get(s, {}).get("disk_bytes"),
-                               "prepare_s": stores.get(s, {}).get("prepare_s")}
-        for w in workers:
-            rate = pick("rate", s, w)
-            row[f"windows_per_s_w{w}"] = _median(rate, "windows_per_s")
-            row[f"peak_pss_mb_w{w}"] = max((r["peak_pss_mb"] for r in rate if "error" not in r), default=None)
-            row[f"first_batch_s_w{w}"] = _median(rate, "first_batch_s")
-            row[f"windows_per_s_after_first_w{w}"] = _median([after_first(r) for r in rate], "rate")
-        row.update(feed_summary(pick("feed", s), [r for r in pick("feed", "floor") if r.get("pair") == s]))
-        row["errors"] = [r["error"] for r in records if r["system"] == s and "error" in r]
-        row.update({k: checks.get(s, {}).get(k, "n/a: not run") for k in CHECK_NAMES})
-        rows.append(row)
-    return rows
-
-
 # =========================================================================== CLI
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The CLI (see the module docstring)."""
     names = [s.name for s in all_systems()]
+    names += sorted({peer_of(s) for s in all_systems()} - set(names))  # a peer: all its set-ups
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--quick", action="store_true", help="the --quick corpus, 1 repeat, short cases")
     parser.add_argument("--data", type=Path, help="corpus for the rates (default bench_data/full or quick)")
     parser.add_argument("--check-data", type=Path, help="corpus of the checks (default bench_data/quick)")
-    parser.add_argument("--systems", nargs="+", default=names, choices=names)
+    parser.add_argument("--systems", nargs="+", default=names, choices=names,
+                        help="set-ups (mosaic-windows) or peers (mosaic: both its set-ups); default all")
     parser.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--repeats", type=int, help="interleaved rounds (default 3; 1 with --quick)")
     parser.add_argument("--seconds", type=float, help="cap of one rate case (default 10; 3 with --quick)")
@@ -274,7 +233,7 @@ def parent_main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     p = Params(batch_size=args.batch_size)
     corpus, check_corpus = corpora(args)
-    chosen = [s for s in all_systems() if s.name in args.systems]
+    chosen = [s for s in all_systems() if s.name in args.systems or peer_of(s) in args.systems]
     where = interpreters(chosen, [sys.executable, *args.peer_python])
     systems = [s for s in chosen if where[s.name]]
     for s in chosen:
@@ -315,7 +274,7 @@ def parent_main(args: argparse.Namespace) -> int:
         records.append(rec)
         checks[s.name] = rec if "error" not in rec else {k: f"error: {rec['error']}" for k in CHECK_NAMES}
         print(json.dumps(rec), flush=True)
-    rows = summarize(records, names, args.workers, stores, checks)
+    rows = summarize(records, systems, args.workers, stores, checks)
     report(args, rows, records, title, corpus, check_corpus, time.perf_counter() - started)
     return 1 if any(row["errors"] for row in rows) or any("error" in r for r in records) else 0
 
@@ -324,7 +283,10 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], records: list[d
            corpus: Path, check_corpus: Path, elapsed: float) -> None:
     """Print the table and the checks' details; write the JSON and the plot."""
     print()
-    print(markdown_table(rows, args.workers))
+    print(markdown_table(shown(rows), args.workers))
+    if others(rows):
+        print("\nThe other set-up of each peer that has two (slower by the geometric mean of windows/s):\n")
+        print(markdown_table(others(rows), args.workers))
     print()
     for row in rows:
         for k in CHECK_NAMES:
@@ -344,7 +306,7 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], records: list[d
                                "versions": versions([sys.executable, *args.peer_python]), "summary": rows, "runs": records,
                                "elapsed_s": elapsed}, indent=1))
     path = args.plot or out.with_suffix(".png")
-    plot(rows, args.workers, path, f"streamwin and its peers: {title}")
+    plot(shown(rows), args.workers, path, f"streamwin and its peers: {title}")
     print(f"wrote {out} and {path}")
 
 
@@ -364,9 +326,11 @@ def replot(args: argparse.Namespace) -> int:
     saved = json.loads(args.replot.read_text())
     rows = saved["summary"]
     workers = sorted(int(k.rsplit("_w", 1)[1]) for k in rows[0] if k.startswith("windows_per_s_w"))
-    print(markdown_table(rows, workers))
+    print(markdown_table(shown(rows), workers))
+    if others(rows):
+        print("\nThe other set-ups:\n\n" + markdown_table(others(rows), workers))
     path = args.plot or args.replot.with_suffix(".png")
-    plot(rows, workers, path, f"streamwin and its peers: {saved['title']}")
+    plot(shown(rows), workers, path, f"streamwin and its peers: {saved['title']}")
     print(f"wrote {path}")
     return 0
 

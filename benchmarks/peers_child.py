@@ -35,9 +35,17 @@ from typing import Any, Iterator
 import numpy as np
 
 import data
-from peers_systems import Params, System, all_systems
+from peers_formats import (HFArrow, HFStream, LitDataSeqs, LitDataTemporal, LitDataWindows, MosaicSeqs,
+                           MosaicWindows)
+from peers_systems import Params, Streamwin, System, TorchdataNodes, Tutorial, WebDataset, tree_bytes
 
 OLD_WORLD, NEW_WORLD = 2, 3
+
+
+def all_systems() -> list[System]:
+    """Every set-up of every system, in table order (a peer's set-ups side by side)."""
+    return [Streamwin(), WebDataset(), MosaicWindows(), MosaicSeqs(), LitDataWindows(), LitDataSeqs(),
+            LitDataTemporal(), HFStream(), HFArrow(), TorchdataNodes(), Tutorial()]
 
 
 def system_named(name: str) -> System:
@@ -122,8 +130,6 @@ def prepare(system: System, job: dict[str, Any]) -> dict[str, Any]:
 
 def data_bytes(system: System, corpus: Path, store: Path) -> int:
     """Bytes on disk of what the system reads."""
-    from peers_systems import tree_bytes  # noqa: PLC0415
-
     return tree_bytes(system.disk(corpus, store))
 
 

@@ -1,15 +1,24 @@
 """The peers that store records of their own format: MosaicML Streaming, LitData, Hugging Face datasets.
 
-None of them cuts overlapping windows at read time from variable-length records, so each is set up
-the way its documentation does fixed-size samples:
+None of them cuts overlapping windows out of variable-length records as it iterates, so each has
+two reasonable set-ups for this job, LitData a third; all are measured (peers.py shows each peer's
+faster, named, and the others in a second table):
 
-- ``mosaic``: every window a sample of an MDS dataset (``MDSWriter``, column ``ndarray:float32:256,8``),
-  read by ``StreamingDataset(local, shuffle=True, batch_size)`` + ``StreamingDataLoader``. It reads
-  the world from torchrun's variables and rendezvouses over torch.distributed, which the checks'
-  rank processes provide (one node).
-- ``litdata``: every window an item of ``litdata.optimize`` chunks, read by
-  ``StreamingDataset(dir, shuffle=True, seed)`` + ``StreamingDataLoader``. Ranks are simulated by
-  giving the dataset the ``_DistributedEnv`` it would detect from torch.distributed.
+- ``mosaic-windows``: every window a sample of an MDS dataset (``MDSWriter``, column
+  ``ndarray:float32:256,8``), fixed-size samples as Mosaic's docs and LLM Foundry's converters make
+  them, read by ``StreamingDataset(local, shuffle=True, batch_size)`` + ``StreamingDataLoader``: its
+  exact and elastic resume by sample count hold, at 4x the bytes (W / S).
+- ``mosaic-seqs``: every sequence an MDS sample (``ndarray:float32``, shape per sample), read by
+  ``StreamingDataset(local, shuffle=True)`` inside a :class:`~peers_systems.WindowPool` that cuts
+  windows and shuffles them in a 10,000-window pool, in a plain DataLoader; its state is Mosaic's
+  after the sequences taken, so the pool's windows are lost on a resume.
+- ``litdata-windows`` / ``litdata-seqs``: the same two set-ups with ``litdata.optimize`` chunks and
+  ``StreamingDataset(dir, shuffle=True, seed)`` (+ ``StreamingDataLoader`` for windows). Ranks are
+  simulated by giving the dataset the ``_DistributedEnv`` it would detect from torch.distributed.
+- ``litdata-temporal``: LitData's own window API (its README and ``examples/temporal_arrays``):
+  every sequence a ``TemporalArrayLoader`` record, each window a ``read_window(record, start, W)``
+  of a map-style (record, start) index over ``frame_counts``, the sampler, rank split and resume
+  the application's (StatefulDataLoader(shuffle=True), a DistributedSampler for ranks).
 - ``hf-arrow``: the sequences as an Arrow dataset (``Array2D((None, 8))``), every window
   materialized by a batched ``map`` into an Arrow file of ``Array2D((256, 8))`` rows,
   ``with_format("torch")``, ``split_dataset_by_node`` for ranks, torchdata's StatefulDataLoader
@@ -17,9 +26,13 @@ the way its documentation does fixed-size samples:
 - ``hf-stream``: parquet files of whole sequences, ``load_dataset("parquet", streaming=True)``,
   windows cut by a batched ``map`` (one row in, many out, as HF's docs split long examples),
   ``shuffle(buffer_size=10,000)``, ``split_dataset_by_node``, StatefulDataLoader.
+
+The ranks of Mosaic read torchrun's variables and rendezvous over torch.distributed, which the
+checks' rank processes provide (one node).
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -27,7 +40,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from peers_systems import Params, System, cut, iter_sequences, shard_sequences
+from peers_systems import (Params, PoolLoader, System, WindowPool, cut, iter_sequences, shard_sequences,
+                           window_index)
 
 try:
     import data
@@ -38,45 +52,83 @@ except ImportError:  # pragma: no cover - imported as benchmarks.peers_formats
 HF_SHARDS = 16
 
 
-def _stateful_loader(dataset: Any, p: Params, workers: int, shuffle: bool) -> Any:
-    """torchdata's StatefulDataLoader, which HF's docs name for resuming mid-epoch."""
+def _stateful_loader(dataset: Any, p: Params, workers: int, shuffle: bool, rank: int = 0, world: int = 1) -> Any:
+    """torchdata's StatefulDataLoader, which HF's docs name for resuming mid-epoch; shuffled by a
+    DistributedSampler where ``world`` > 1 (the map-style dataset is then every rank's)."""
     import torch  # noqa: PLC0415
+    from torch.utils.data import DistributedSampler  # noqa: PLC0415
     from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: PLC0415
 
-    options = {"shuffle": True, "generator": torch.Generator().manual_seed(p.seed)} if shuffle else {}
+    options: dict[str, Any] = {}
+    if shuffle and world > 1:
+        options = {"sampler": DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=p.seed)}
+    elif shuffle:
+        options = {"shuffle": True, "generator": torch.Generator().manual_seed(p.seed)}
     return StatefulDataLoader(dataset, batch_size=p.batch_size, num_workers=workers, **options)
 
 
-class Mosaic(System):
-    """Windows as MDS samples; StreamingDataset(local, shuffle=True) + StreamingDataLoader."""
+class MosaicWindows(System):
+    """Windows as MDS samples; StreamingDataset(local, shuffle=True, batch_size) + StreamingDataLoader."""
 
-    name, modules, materializes = "mosaic", ("streaming",), True
-    install = "pip install torch==2.13.0 mosaicml-streaming"
+    name, peer, setup, materializes = "mosaic-windows", "mosaic", "every window an MDS sample", True
+    modules, install = ("streaming",), "pip install torch==2.13.0 mosaicml-streaming"
 
     def preload(self) -> None:
         _import_streaming()
         super().preload()
 
+    def disk(self, corpus, store):
+        return [store]
+
     def prepare(self, corpus, store, p):
         from streaming import MDSWriter  # noqa: PLC0415
 
-        f = _features(corpus)
-        columns = {"x": f"ndarray:float32:{p.window},{f}"}
+        columns = {"x": f"ndarray:float32:{p.window},{_features(corpus)}"}
         with MDSWriter(out=str(store), columns=columns, size_limit=64 << 20, progress_bar=False) as out:
             for _, seq in iter_sequences(corpus):
                 for window in cut(seq, p):
                     out.write({"x": np.ascontiguousarray(window)})
 
-    def disk(self, corpus, store):
-        return [store]
-
     def build(self, corpus, store, p, workers, rank=0, world=1):
         from streaming import StreamingDataLoader, StreamingDataset  # noqa: PLC0415
 
-        if world == 1:  # Mosaic reads the world from torchrun's variables (the checks' ranks set them)
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        _mosaic_world(world)
         dataset = StreamingDataset(local=str(store), shuffle=True, shuffle_seed=p.seed, batch_size=p.batch_size)
         return StreamingDataLoader(dataset, batch_size=p.batch_size, num_workers=workers)
+
+
+class MosaicSeqs(MosaicWindows):
+    """Sequences as MDS samples; StreamingDataset(local, shuffle=True) in a WindowPool, DataLoader."""
+
+    name, setup, materializes = "mosaic-seqs", "every sequence an MDS sample, windows cut in a pool", False
+
+    def prepare(self, corpus, store, p):
+        from streaming import MDSWriter  # noqa: PLC0415
+
+        with MDSWriter(out=str(store), columns={"x": "ndarray:float32"}, size_limit=64 << 20,
+                       progress_bar=False) as out:
+            for _, seq in iter_sequences(corpus):
+                out.write({"x": np.ascontiguousarray(seq)})
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        from streaming import StreamingDataset  # noqa: PLC0415
+
+        _mosaic_world(world)
+        dataset = StreamingDataset(local=str(store), shuffle=True, shuffle_seed=p.seed, batch_size=1)
+        state = functools.partial(_mosaic_state, dataset, world)
+        return PoolLoader(WindowPool(dataset, p, "x", state, dataset.load_state_dict, rank), workers)
+
+
+def _mosaic_world(world: int) -> None:
+    """Mosaic reads the world from torchrun's variables: the checks' ranks set them, a lone loader here."""
+    if world == 1:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+
+
+def _mosaic_state(dataset: Any, world: int, taken: int) -> Any:
+    """Mosaic's state after ``taken`` sequences of this rank (its count is over all ranks, as its
+    StreamingDataLoader counts it: this rank's times the world)."""
+    return dataset.state_dict(num_samples=taken * world, from_beginning=False)
 
 
 def _import_streaming() -> None:
@@ -105,41 +157,105 @@ def _import_streaming() -> None:
     import streaming  # noqa: F401, PLC0415
 
 
-class LitData(System):
+class LitDataWindows(System):
     """Windows as LitData items (optimize); StreamingDataset(dir, shuffle=True) + StreamingDataLoader."""
 
-    name, modules, materializes = "litdata", ("litdata",), True
-    install = "pip install torch==2.13.0 litdata"
+    name, peer, setup, materializes = "litdata-windows", "litdata", "every window a LitData item", True
+    modules, install = ("litdata",), "pip install torch==2.13.0 litdata"
 
     def prepare(self, corpus, store, p):
         from litdata import optimize  # noqa: PLC0415
 
-        optimize(fn=_LitWindows(p), inputs=data.shard_paths(corpus), output_dir=str(store),
+        optimize(fn=_LitItems(p, "windows"), inputs=data.shard_paths(corpus), output_dir=str(store),
                  chunk_bytes="64MB", num_workers=2)
 
     def disk(self, corpus, store):
         return [store]
 
-    def build(self, corpus, store, p, workers, rank=0, world=1):
-        from litdata import StreamingDataLoader, StreamingDataset  # noqa: PLC0415
+    def dataset(self, store: Path, p: Params, rank: int, world: int) -> Any:
+        """LitData's StreamingDataset of rank ``rank`` of ``world``."""
+        from litdata import StreamingDataset  # noqa: PLC0415
         from litdata.utilities.env import _DistributedEnv  # noqa: PLC0415
 
         dataset = StreamingDataset(str(store), shuffle=True, seed=p.seed)
         if world > 1:
             dataset.distributed_env = _DistributedEnv(world, rank, 1)
-        return StreamingDataLoader(dataset, batch_size=p.batch_size, num_workers=workers)
+        return dataset
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        from litdata import StreamingDataLoader  # noqa: PLC0415
+
+        return StreamingDataLoader(self.dataset(store, p, rank, world), batch_size=p.batch_size, num_workers=workers)
 
 
-class _LitWindows:
-    """optimize's fn: one shard path in, its windows out (a picklable callable for its workers)."""
+class LitDataSeqs(LitDataWindows):
+    """Sequences as LitData items; StreamingDataset(dir, shuffle=True) in a WindowPool, DataLoader."""
 
-    def __init__(self, p: Params):
-        self.p = p
+    name, setup, materializes = "litdata-seqs", "every sequence a LitData item, windows cut in a pool", False
+
+    def prepare(self, corpus, store, p):
+        from litdata import optimize  # noqa: PLC0415
+
+        optimize(fn=_LitItems(p, "sequences"), inputs=data.shard_paths(corpus), output_dir=str(store),
+                 chunk_bytes="64MB", num_workers=2)
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        dataset = self.dataset(store, p, rank, world)
+        state = functools.partial(_lit_state, dataset)
+        return PoolLoader(WindowPool(dataset, p, None, state, dataset.load_state_dict, rank), workers)
+
+
+def _lit_state(dataset: Any, taken: int) -> Any:
+    """LitData's state after ``taken`` sequences of this rank, in-process (as its StreamingDataLoader asks it)."""
+    return dataset.state_dict(num_samples_yielded=taken, num_workers=0, batch_size=1)
+
+
+class LitDataTemporal(LitDataWindows):
+    """Sequences as TemporalArrayLoader records; a map-style (record, start) index whose items are
+    ``read_window`` calls, StatefulDataLoader(shuffle) or a DistributedSampler."""
+
+    name, setup = "litdata-temporal", "every sequence a TemporalArrayLoader record, read_window per window"
+    materializes, modules = False, ("litdata", "torchdata")
+
+    def prepare(self, corpus, store, p):
+        from litdata import TemporalArrayLoader, optimize  # noqa: PLC0415
+
+        optimize(fn=_LitItems(p, "records"), inputs=data.shard_paths(corpus), output_dir=str(store),
+                 chunk_bytes="64MB", num_workers=2, item_loader=TemporalArrayLoader())
+
+    def build(self, corpus, store, p, workers, rank=0, world=1):
+        return _stateful_loader(_TemporalWindows(store, p), p, workers, shuffle=True, rank=rank, world=world)
+
+
+class _TemporalWindows:
+    """LitData's window example's adapter, every window once: index -> (record, start) -> read_window."""
+
+    def __init__(self, store: Path, p: Params):
+        from litdata import StreamingDataset, TemporalArrayLoader  # noqa: PLC0415
+
+        self.records, self.window = StreamingDataset(str(store), item_loader=TemporalArrayLoader()), p.window
+        self.record_of, self.start_of = window_index(self.records.frame_counts, p)
+
+    def __len__(self) -> int:
+        return len(self.record_of)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.records.read_window(int(self.record_of[index]), int(self.start_of[index]), self.window)["x"]
+
+
+class _LitItems:
+    """optimize's fn: one shard path in, its windows, sequences or ``{"x": sequence}`` records out
+    (picklable for optimize's workers)."""
+
+    def __init__(self, p: Params, mode: str):
+        self.p, self.mode = p, mode
 
     def __call__(self, shard: str):
         for _, seq in shard_sequences(shard):
-            for window in cut(seq, self.p):
-                yield np.ascontiguousarray(window)
+            if self.mode == "windows":
+                yield from (np.ascontiguousarray(window) for window in cut(seq, self.p))
+            else:
+                yield np.ascontiguousarray(seq) if self.mode == "sequences" else {"x": np.ascontiguousarray(seq)}
 
 
 def _features(corpus: Path) -> int:
@@ -180,7 +296,8 @@ def _window_batch(p: Params):
 class HFArrow(System):
     """Windows materialized by Dataset.map into Arrow; with_format("torch"); StatefulDataLoader(shuffle)."""
 
-    name, modules, materializes = "hf-arrow", ("datasets", "torchdata"), True
+    name, peer, setup, materializes = "hf-arrow", "hf", "every window an Arrow row (map-style)", True
+    modules = ("datasets", "torchdata")
     install = "pip install torch==2.13.0 datasets torchdata"
 
     def prepare(self, corpus, store, p):
@@ -211,7 +328,8 @@ class HFArrow(System):
 class HFStream(System):
     """Parquet of whole sequences; load_dataset(streaming=True) .map(windows, batched) .shuffle(10,000)."""
 
-    name, modules = "hf-stream", ("datasets", "torchdata")
+    name, peer, setup = "hf-stream", "hf", "parquet of sequences, streaming=True, windows cut by map"
+    modules = ("datasets", "torchdata")
     install = "pip install torch==2.13.0 datasets torchdata"
 
     def prepare(self, corpus, store, p):

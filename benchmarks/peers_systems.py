@@ -1,8 +1,8 @@
-"""The systems peers.py compares, each the way its own documentation recommends for sliding windows.
+"""The systems peers.py compares, each set up the way its own documentation does the job.
 
-A system is a small object: ``prepare`` converts the benchmark corpus into the format the system
-reads (a no-op for those that read the tar shards as they are), ``disk`` lists what it then reads
-from disk, and ``build`` returns the loader of one rank. Windows are always W=256, stride 64,
+A system is one set-up of one peer: ``prepare`` converts the benchmark corpus into the format the
+set-up reads (a no-op for those that read the tar shards as they are), ``disk`` lists what it then
+reads from disk, and ``build`` returns the loader of one rank. Windows are always W=256, stride 64,
 batches of 256, a shuffle pool of 10,000 windows where the system has one.
 
 - ``streamwin``: WindowDataset over the tar shards + WindowLoader; windows planned, nothing stored.
@@ -11,12 +11,10 @@ batches of 256, a shuffle pool of 10,000 windows where the system has one.
 - ``torchdata-nodes``: one ``.npy`` file per sequence; a map-style (file, start) index, the
   migration guide's graph SamplerWrapper -> Batcher -> ParallelMapper(get batch) -> Prefetcher -> Loader;
   "workers" are ParallelMapper's threads (its default method).
-- ``mosaic``, ``litdata``, ``hf-arrow``: fixed-size records only, so every window is materialized
-  (MDS, LitData chunks, an Arrow table); ``hf-stream`` streams parquet files of whole sequences and
-  cuts windows in a batched ``map`` (HF's recipe for splitting long examples), shuffled in a buffer.
 
-The peers' modules live in peers_formats.py; this module holds the common part and the systems
-that need nothing beyond the project's dev extras.
+The peers that store records of their own format (MosaicML Streaming, LitData, Hugging Face
+datasets) have two set-ups each, in peers_formats.py, which imports this module (never the other
+way); :class:`WindowPool` is the window-cutting shuffle pool their sequence set-ups share.
 """
 from __future__ import annotations
 
@@ -24,9 +22,10 @@ import io
 import itertools
 import tarfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import torch
 
 try:  # imported as benchmarks.peers_systems
     from . import data
@@ -76,10 +75,80 @@ def split_by_rank(rank: int, world: int):
     return split
 
 
+def peer_of(system: "System") -> str:
+    """The library a system is a set-up of (its own name where it has one set-up)."""
+    return system.peer or system.name
+
+
+class WindowPool(torch.utils.data.IterableDataset):
+    """Whole sequences in, shuffled batches of windows out: the wrapper a user writes around a dataset
+    of sequences that cannot cut windows itself.
+
+    Every window of each sequence goes into a pool of ``shuffle_buffer`` windows; once it is full, each
+    new window takes the place of a random one, which joins the batch (webdataset's ``shuffle``, done
+    on windows); batches are stacked with one ``np.stack``. Its state is the inner dataset's after the
+    sequences it has taken (``state(taken)``), so a resume loses the windows still in the pool, as any
+    shuffle buffer's does; with workers it has none (DataLoader gives no way to ask them)."""
+
+    def __init__(self, sequences: Iterable[Any], p: Params, key: str | None, state: Callable[[int], Any],
+                 load: Callable[[Any], None], rank: int = 0):
+        self.sequences, self.p, self.key, self.rank = sequences, p, key, rank
+        self.state, self.load, self.taken = state, load, 0
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        import random  # noqa: PLC0415
+
+        info = torch.utils.data.get_worker_info()
+        rng = random.Random(hash((self.p.seed, self.rank, info.id if info else 0)))
+        pool: list[np.ndarray] = []
+        batch: list[np.ndarray] = []
+        for sample in self.sequences:
+            self.taken += 1
+            for window in cut(sample if self.key is None else sample[self.key], self.p):
+                if len(pool) < self.p.shuffle_buffer:
+                    pool.append(window)
+                    continue
+                i = rng.randrange(len(pool))
+                batch.append(pool[i])
+                pool[i] = window
+                if len(batch) == self.p.batch_size:
+                    yield torch.from_numpy(np.stack(batch))
+                    batch = []
+        rng.shuffle(pool)
+        batch += pool
+        for start in range(0, len(batch), self.p.batch_size):
+            yield torch.from_numpy(np.stack(batch[start:start + self.p.batch_size]))
+
+    def state_dict(self) -> Any:
+        """The inner dataset's state after the sequences taken so far (in-process loaders only)."""
+        return self.state(self.taken)
+
+    def load_state_dict(self, state: Any) -> None:
+        """Resume the inner dataset from a state of :meth:`state_dict` (the pool starts empty)."""
+        self.load(state)
+
+
+class PoolLoader(torch.utils.data.DataLoader):
+    """DataLoader(pool, batch_size=None) whose state is the pool's (what a user adds to checkpoint it)."""
+
+    def __init__(self, pool: WindowPool, workers: int):
+        super().__init__(pool, batch_size=None, num_workers=workers)
+
+    def state_dict(self) -> Any:
+        """The pool's state (its inner dataset's after the sequences taken)."""
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        """Load a state of :meth:`state_dict` into the pool."""
+        self.dataset.load_state_dict(state)
+
+
 class System:
     """One system: how to convert the corpus, what it reads from disk, how to build a rank's loader."""
 
     name = ""
+    peer = ""  # the library; "" means the same as name (a peer with one set-up)
+    setup = ""  # the set-up in a few words, for a peer with two (the table names it)
     modules: tuple[str, ...] = ()  # what must be importable
     install = ""  # how to get it
     materializes = False  # True: each window is stored as a record
@@ -176,16 +245,19 @@ class Tutorial(System):
                           num_workers=workers)
 
 
+def window_index(lengths: Sequence[int], p: Params) -> tuple[np.ndarray, np.ndarray]:
+    """(sequence, start) of every window of sequences of these lengths, as two arrays (a map-style index)."""
+    per_seq = [range(0, n - p.window + 1, p.stride) for n in lengths]
+    seq_of = np.repeat(np.arange(len(per_seq)), [len(r) for r in per_seq])
+    return seq_of, np.fromiter(itertools.chain.from_iterable(per_seq), dtype=np.int64, count=len(seq_of))
+
+
 class NpyWindows:
     """Map-style windows over one ``.npy`` file per sequence: index -> (file, start), memory-mapped."""
 
     def __init__(self, files: list[Path], p: Params):
         self.files, self.window = [str(f) for f in files], p.window
-        lengths = [np.load(f, mmap_mode="r").shape[0] for f in self.files]
-        per_file = [range(0, n - p.window + 1, p.stride) for n in lengths]
-        self.file_of = np.repeat(np.arange(len(files)), [len(r) for r in per_file])
-        self.start_of = np.fromiter(itertools.chain.from_iterable(per_file), dtype=np.int64,
-                                    count=len(self.file_of))
+        self.file_of, self.start_of = window_index([np.load(f, mmap_mode="r").shape[0] for f in self.files], p)
         self._open: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -235,11 +307,3 @@ class TorchdataNodes(System):
             node = tn.Mapper(node, map_fn=dataset.get_batch)
         node = tn.Prefetcher(node, prefetch_factor=max(2, 2 * workers))
         return tn.Loader(node)
-
-
-def all_systems() -> list[System]:
-    """Every system, in table order."""
-    from peers_formats import HFArrow, HFStream, LitData, Mosaic  # noqa: PLC0415
-
-    return [Streamwin(), WebDataset(), Mosaic(), LitData(), HFStream(), HFArrow(), TorchdataNodes(),
-            Tutorial()]

@@ -18,7 +18,7 @@ What streamwin gives a time-series foundation model (Moirai, Chronos, TimesFM st
 
 The model embeds each patch of ``--patch`` steps, adds an embedding of the patch's position in
 its crop, and predicts every next patch of the same crop (causal within a crop), on values
-normalized by their crop's mean and standard deviation. gloo on CPU, nccl on GPUs.
+normalized by their crop's mean and standard deviation (floored at half the batch's). gloo on CPU, nccl on GPUs.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import streamwin as sw
-from train_ddp import Recorder, features_of, init_distributed, load_checkpoint, save_checkpoint
+from train_ddp import (USER_ERRORS, WORKERS_HELP, Recorder, failed, features_of, init_distributed, load_checkpoint,
+                       restore_loader, save_checkpoint)
 
 log = logging.getLogger("pretrain")
 
@@ -90,7 +91,8 @@ class PatchTransformer(nn.Module):
 
 
 def crop_normalized(x: torch.Tensor, seg: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
-    """x [B, L, F] scaled by the mean and standard deviation of its crop's observed values (0 on padding)."""
+    """x [B, L, F] scaled by the mean and standard deviation of its crop's observed values (0 on padding); the
+    deviation floored at half the batch's, as train_ddp.window_scale does, so that a flat crop is not divided by ~0."""
     b, length, f = x.shape
     slot = (seg + torch.arange(b, device=x.device)[:, None] * (length + 1)).reshape(-1)  # one slot per crop
     w = observed.float().reshape(b * length, f)
@@ -98,7 +100,11 @@ def crop_normalized(x: torch.Tensor, seg: torch.Tensor, observed: torch.Tensor) 
     count = torch.zeros(b * (length + 1), f, device=x.device).index_add_(0, slot, w).clamp_min(1)
     mean = torch.zeros_like(count).index_add_(0, slot, flat) / count
     var = torch.zeros_like(count).index_add_(0, slot, (flat - mean[slot] * w) ** 2) / count
-    out = (x.reshape(b * length, f) - mean[slot]) / (var[slot].sqrt() + 1e-5)
+    seen = w.sum(0).clamp_min(1)  # per feature: the batch's observed values
+    batch_var = ((flat - (flat.sum(0) / seen) * w) ** 2).sum(0) / seen
+    sd = torch.maximum(var.sqrt(), 0.5 * batch_var.sqrt())
+    sd = torch.where(sd > 1e-6, sd, torch.ones_like(sd))
+    out = (x.reshape(b * length, f) - mean[slot]) / sd[slot]
     return (out * w).reshape(b, length, f)
 
 
@@ -126,7 +132,7 @@ def dataset(args: argparse.Namespace, **world) -> sw.WindowDataset:
     (``world``: rank and world_size, to replay a job's ranks in one process)."""
     mixing = {"weights": args.weights} if len(args.data) > 1 else {}
     return sw.WindowDataset(args.data if len(args.data) > 1 else args.data[0], **mixing, window=args.window,
-                            stride=args.window // 2, jitter=True, min_window=args.min_window,
+                            stride=args.window // 2, pad=args.pad, jitter=True, min_window=args.min_window,
                             window_multiple=args.patch, pack_length=args.pack_length, missing="mask",
                             batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed, **world)
 
@@ -134,6 +140,10 @@ def dataset(args: argparse.Namespace, **world) -> sw.WindowDataset:
 def model_of(args: argparse.Namespace, ds: sw.WindowDataset) -> PatchTransformer:
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
     return PatchTransformer(args.patch, features_of(ds), args.window // args.patch, d=args.width)
+
+
+PLAN_OPTIONS = ("data", "weights", "window", "min_window", "patch", "pad", "pack_length", "batch_size",
+                "shuffle_buffer", "seed")  # a checkpoint taken under other values of these cannot resume exactly
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -148,26 +158,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patch", type=int, default=8, help="steps per patch (crops are whole patches)")
     p.add_argument("--window", type=int, default=64, help="longest crop, in steps")
     p.add_argument("--min-window", type=int, default=16, help="shortest crop, in steps")
+    p.add_argument("--pad", action="store_true",
+                   help="a sequence shorter than --window gives one crop of at most its length (else none)")
     p.add_argument("--pack-length", type=int, default=256, help="steps per packed row")
     p.add_argument("--batch-size", type=int, default=8, help="rows per batch per rank")
     p.add_argument("--shuffle-buffer", type=int, default=4096)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0, help=WORKERS_HELP)
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None)
     p.add_argument("--record", default=None, help="write each rank's (step, key, start, loss) to DIR/rank<r>.jsonl")
     return p.parse_args(argv)
 
 
-def resume(path: str, net: nn.Module, opt: torch.optim.Optimizer, loader: sw.WindowLoader) -> tuple[int, int]:
-    """(step, epoch) of the checkpoint at ``path`` with model, optimizer and loader restored; (0, 0) without one."""
+def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer, loader: sw.WindowLoader
+           ) -> tuple[int, int]:
+    """(step, epoch) of the checkpoint at ``--ckpt`` with model, optimizer and loader restored; (0, 0) without one."""
+    path = args.ckpt
     if not os.path.exists(path):
         return 0, 0
     ckpt = load_checkpoint(path)
     net.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["opt"])
-    loader.load_state_dict(ckpt["loader"])  # a cursor: every rank's rows, from where they stopped
+    restore_loader(loader, ckpt, args, PLAN_OPTIONS)  # a cursor: every rank's rows, from where they stopped
     if dist.get_rank() == 0:
         log.info("resumed from %s: step %d, epoch %d", path, ckpt["step"], ckpt["epoch"])
     return ckpt["step"], ckpt["epoch"]
@@ -208,14 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     rank, world, local_rank, device = init_distributed(args.backend)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    ds = dataset(args)
-    loader = sw.WindowLoader(ds, num_workers=args.workers, pin_memory=device.type == "cuda")
-    net = model_of(args, ds).to(device)
-    model = nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    step, start_epoch = resume(args.ckpt, net, opt, loader)
+    try:  # no data at --data, options the data or the checkpoint cannot take: one line, exit 2
+        ds = dataset(args)
+        loader = sw.WindowLoader(ds, num_workers=args.workers, pin_memory=device.type == "cuda")
+        net = model_of(args, ds).to(device)
+        model = nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        step, start_epoch = resume(args, net, opt, loader)
+        s = ds.summary(start_epoch)  # plans the epoch: a dataset of the mix without windows is said here
+    except USER_ERRORS as e:
+        return failed(e, args, log)
     if rank == 0:
-        s = ds.summary(start_epoch)
         log.info("%d ranks x %d batches of %d rows of %d steps; %d crops per epoch (%s)", world, len(loader),
                  args.batch_size, args.pack_length, s["windows_per_epoch"],
                  ", ".join(f"{src['name']}: {src['share']}" for src in s.get("sources", [])))

@@ -27,9 +27,16 @@ examples/slurm/train.sbatch), the file named by ``--stop-file`` appearing, or ``
 exit 0. The ranks agree on stopping with a one-number all_reduce each step, so a signal that
 reaches the nodes at different times cannot leave one rank waiting for the others. Run the
 same command again and it resumes; once all epochs are done, running it again does nothing.
+Once every rank has saved the checkpoint it stops with, rank 0 writes ``CKPT.stopped`` (the
+step and why): under torchrun, which exits 1 when it is signalled whatever its ranks did, that
+file is what says they saved (slurm/train.sbatch exits 0 on it).
+
+A dataset that is not there, options the data cannot take, a checkpoint written under other
+options: each process says it in one line (``error: ...``, naming the flag to change) and exits 2.
 
 The model is an MLP over each window normalized by its own mean and standard deviation (so
-it works on data of any scale) that predicts the next ``--horizon`` steps: small, but it
+it works on data of any scale; the deviation floored at half the batch's, so that flat
+windows do not blow the loss up) that predicts the next ``--horizon`` steps: small, but it
 trains for real. Works without torchrun too (one process). gloo on CPU, nccl on GPUs.
 """
 from __future__ import annotations
@@ -40,6 +47,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -75,11 +83,19 @@ def as_steps(t: torch.Tensor) -> torch.Tensor:
     return t.float().reshape(t.shape[0], t.shape[1], -1)
 
 
+def window_scale(x: torch.Tensor) -> torch.Tensor:
+    """[B, 1, F]: each window's standard deviation, floored at half the batch's standard deviation of that
+    feature, so that a flat window (a sensor at rest, an appliance off) does not divide its horizon's
+    change by ~0 (losses of 1e4 and more); 1 where even the floor is ~0 (the whole batch flat at one level)."""
+    sd = torch.maximum(x.std(1, keepdim=True), 0.5 * x.std(dim=(0, 1), keepdim=True))
+    return torch.where(sd > 1e-6, sd, torch.ones_like(sd))
+
+
 def forecast_loss(model: nn.Module, batch: dict, device: torch.device) -> torch.Tensor:
-    """MSE of the forecast, both sides normalized by the window's mean and std (scale-free)."""
+    """MSE of the forecast, both sides normalized by the window's mean and (floored) std: scale-free."""
     x = as_steps(batch["x"].to(device, non_blocking=True))
     y = as_steps(batch["y"].to(device, non_blocking=True))
-    mu, sd = x.mean(1, keepdim=True), x.std(1, keepdim=True) + 1e-5
+    mu, sd = x.mean(1, keepdim=True), window_scale(x)
     err = (model((x - mu) / sd) - (y - mu) / sd).pow(2).mean(dim=(1, 2))
     if "weight" in batch:  # equalize="pad" repeats, or on_error="skip" holes: weight 0
         w = batch["weight"].to(device).float()
@@ -159,6 +175,14 @@ def save_checkpoint(path: str, *, model: nn.Module, opt: torch.optim.Optimizer, 
     dist.barrier()
 
 
+def write_atomically(path: str, text: str) -> None:
+    """``text`` to ``path`` through a temporary file and ``os.replace``: never half-written."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def load_checkpoint(path: str) -> dict:
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(ckpt["loader"], list):  # written by an earlier version of this script: one state per rank
@@ -194,6 +218,10 @@ class Recorder:
 
 # ---- training ------------------------------------------------------------------------------------
 
+WORKERS_HELP = ("streamwin worker processes per rank, as WindowLoader(num_workers=N), not DataLoader workers: each "
+                "reads its own stream; 0 (the default here) reads one stream in the trainer's process")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, type=lambda text: [u for u in text.split(",") if u],
@@ -212,7 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--horizon", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=64, help="windows per batch per rank")
     p.add_argument("--shuffle-buffer", type=int, default=4096)
-    p.add_argument("--workers", type=int, default=0, help="streamwin worker processes per rank (0: in-process; 1 or more keeps the gather off the training thread)")
+    p.add_argument("--workers", type=int, default=0, help=WORKERS_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--hidden", type=int, default=128)
@@ -225,16 +253,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.weights is not None and len(args.weights) != len(args.data):
         p.error(f"--weights lists {len(args.weights)} numbers for {len(args.data)} --data URLs")
+    args.stride = args.stride or max(1, args.window // 2)
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    rank, world, local_rank, device = init_distributed(args.backend)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    stop = StopRequest(args.stop_file, rank)
-
+def set_up(args: argparse.Namespace, world: int, local_rank: int, device: torch.device) -> tuple:
+    """The dataset, loader, model (and its DDP wrapper), optimizer, step and epoch, restored from --ckpt if it exists."""
+    rank = dist.get_rank()
     if args.cache_dir:  # optional: copy the shards to node-local disk once per node, then read them there
         t = time.perf_counter()
         fetched = sum(sw.prefetch(url, args.cache_dir) for url in args.data)
@@ -243,13 +268,14 @@ def main(argv: list[str] | None = None) -> int:
 
     data = args.data[0] if len(args.data) == 1 else args.data  # one URL, or several mixed by --weights
     mixing = {} if len(args.data) == 1 else {"weights": args.weights}
-    ds = sw.WindowDataset(data, **mixing, window=args.window, stride=args.stride or max(1, args.window // 2),
-                          horizon=args.horizon, batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer,
-                          seed=args.seed, cache_dir=args.cache_dir)
+    ds = sw.WindowDataset(data, **mixing, window=args.window, stride=args.stride, horizon=args.horizon,
+                          batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed,
+                          cache_dir=args.cache_dir)
+    features = features_of(ds)  # reads the manifest: a missing or unfinished dataset is said here
     loader = sw.WindowLoader(ds, num_workers=args.workers, pin_memory=device.type == "cuda")
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
-    net = Forecaster(args.window, args.horizon, features_of(ds), args.hidden).to(device)
+    net = Forecaster(args.window, args.horizon, features, args.hidden).to(device)
     model = nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
@@ -258,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = load_checkpoint(args.ckpt)
         net.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
-        loader.load_state_dict(ckpt["loader"])  # one position for every rank, in this world or another
+        restore_loader(loader, ckpt, args, PLAN_OPTIONS)  # one position for every rank, in this world or another
         step, start_epoch = ckpt["step"], ckpt["epoch"]
         if rank == 0:
             log.info("resumed from %s: step %d, epoch %d (every rank's data position restored)", args.ckpt, step, start_epoch)
@@ -266,7 +292,23 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("elastic resume: the checkpoint's %d ranks are %d now; the rest of epoch %d is dealt over "
                          "them (%d batches per rank left)", ckpt["world_size"], world, start_epoch,
                          len(loader) - loader.state_dict()["batches"])
+    len(loader)  # plans the epoch: options that leave a dataset of a mix without windows are said here
+    return ds, loader, net, model, opt, step, start_epoch
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank, world, local_rank, device = init_distributed(args.backend)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    stop = StopRequest(args.stop_file, rank)
+    try:
+        ds, loader, net, model, opt, step, start_epoch = set_up(args, world, local_rank, device)
+    except USER_ERRORS as e:  # no data at --data, options the data or the checkpoint cannot take: one line, exit 2
+        return failed(e, args)
     recorder = Recorder(args.record, rank, step)
+    if rank == 0 and os.path.exists(f"{args.ckpt}.stopped"):  # said by an earlier run, which stopped on request
+        os.remove(f"{args.ckpt}.stopped")
     if rank == 0:
         log.info("%d ranks x %d batches per epoch of %d windows [%d steps -> %d]; device %s",
                  world, len(loader), args.batch_size, args.window, args.horizon, device)
@@ -320,10 +362,13 @@ def main(argv: list[str] | None = None) -> int:
             # between epochs must name the next one.
             checkpoint(args.epochs)
 
+    if preempted:  # saved and leaving: a second SIGTERM (torchrun's, after SLURM's) must not end it -15
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if preempted and rank == 0:
         why = f"signal {signal.Signals(stop.signal).name}" if stop.signal else (
             "stop file" if run_steps != args.stop_after else f"--stop-after {args.stop_after}")
         log.info("stopping at step %d (%s); run the same command again to resume", step, why)
+        write_atomically(f"{args.ckpt}.stopped", f"step {step} ({why})\n")  # every rank saved (train.sbatch)
     stats = [None] * world
     dist.all_gather_object(stats, loader.stats())
     if rank == 0:
@@ -335,6 +380,49 @@ def main(argv: list[str] | None = None) -> int:
     if nothing_left and rank == 0:
         log.info("nothing left to run: the checkpoint is at epoch %d of %d, step %d", start_epoch, args.epochs, step)
     return finish(loader, rank, None if run_steps or nothing_left else "no step ran")
+
+
+# ---- failures said in one line ---------------------------------------------------------------------
+
+USER_ERRORS = (sw.StreamwinError, ValueError, TypeError)  # what the data, the options or the checkpoint refuse
+PLAN_OPTIONS = ("data", "weights", "window", "stride", "horizon", "batch_size", "shuffle_buffer", "seed")
+
+
+def restore_loader(loader: sw.WindowLoader, ckpt: dict, args: argparse.Namespace, options: tuple[str, ...]) -> None:
+    """``loader.load_state_dict``; a checkpoint written under other plan options is refused naming them as flags."""
+    try:
+        loader.load_state_dict(ckpt["loader"])
+    except sw.StateMismatchError as e:
+        saved, now = ckpt.get("args", {}), vars(args)
+        was = " ".join(f"--{k.replace('_', '-')} {flag_value(saved[k])}" for k in options
+                       if saved.get(k) is not None and saved[k] != now[k])
+        raise sw.StateMismatchError(f"{e}; {args.ckpt} was written with {was or 'other options'}: pass "
+                                    f"{'them' if was else 'those'} again to resume it, or another --ckpt to start "
+                                    "afresh") from None
+
+
+def flag_value(value: object) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def in_flags(message: str, flags: set[str]) -> str:
+    """A library message in this script's words: ``pad=True`` -> ``--pad``, ``window=28`` -> ``--window 28``."""
+    def flag(m: re.Match) -> str:
+        option = "--" + m.group(1).replace("_", "-")
+        return option if m.group(2) == "True" else f"{option} {m.group(2)}"
+    return re.sub(rf"\b({'|'.join(sorted(flags, key=len, reverse=True))})=([^\s,;)]+)", flag, message)
+
+
+def failed(error: Exception, args: argparse.Namespace, logger: logging.Logger = log) -> int:
+    """Say ``error`` in one line, in this script's flags, and exit 2 (each rank says its own; under torchrun
+    its report of the ranks' exit codes follows)."""
+    hint = " (check --data)" if isinstance(error, sw.ManifestError) else ""
+    logger.error("error: %s: %s%s", type(error).__name__, in_flags(str(error), set(vars(args))), hint)
+    # torchrun sends SIGTERM to the ranks still running once one has failed; Python restores the default
+    # action (death, -15) while it shuts down, so this rank's 2 would be lost: it is leaving anyway
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dist.destroy_process_group()
+    return 2
 
 
 def no_batches(ds: sw.WindowDataset, world: int) -> str:
@@ -358,5 +446,22 @@ def finish(loader: sw.WindowLoader, rank: int, error: str | None) -> int:
     return 0
 
 
+def leave(code: int) -> None:
+    """End the process with ``code`` once its output is out, without finalizing Python.
+
+    torch's gloo threads outlive ``destroy_process_group`` once DDP has used the group (its
+    reducer keeps it). A thread that a busy machine preempts between finishing a collective and
+    letting go of its tensors lets go of them after Python has begun to finalize; taking the GIL
+    then ends the thread in a way C++ cannot unwind, and the process aborts ("terminate called
+    without an active exception", exit -6) after the checkpoint was written. Everything this
+    script must do before exiting is done by now (checkpoint synced, loader closed, group
+    destroyed): what finalizing Python would add is that race.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

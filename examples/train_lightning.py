@@ -42,7 +42,7 @@ except ImportError:  # the standalone package
 import streamwin as sw
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_ddp import Forecaster, features_of, forecast_loss  # noqa: E402  (one model for both examples)
+from train_ddp import WORKERS_HELP, Forecaster, features_of, forecast_loss  # noqa: E402  (one model for both examples)
 
 log = logging.getLogger("train_lightning")
 
@@ -143,7 +143,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--horizon", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
-    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0, help=WORKERS_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--hidden", type=int, default=128)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
-from streamwin.arguments import check_choice, check_fits, check_int, is_real
+from streamwin.arguments import MAX_BATCH, check_choice, check_fits, check_int, check_keywords, is_real
 from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
@@ -37,6 +38,7 @@ from streamwin.world import resolve
 log = logging.getLogger("streamwin")
 
 
+@check_keywords()
 class WindowDataset:
     """Sliding windows over the sequences of a packed dataset (or a mix of several), as batches.
 
@@ -120,7 +122,7 @@ class WindowDataset:
                                window_multiple, windows_per_sequence)
         self.pack_length, self.missing = pretraining(self.spec, pack_length, equalize, missing)
         self.shuffle_spec = ShuffleSpec(shuffle, shuffle_buffer, seed, slice_windows)
-        check_int("batch_size", batch_size, 1)
+        check_int("batch_size", batch_size, 1, MAX_BATCH)
         check_choice("equalize", equalize, EQUALIZE)
         self.batch_size, self.equalize = int(batch_size), equalize
         self._rank, self._world_size = _explicit_world(rank, world_size)
@@ -136,10 +138,18 @@ class WindowDataset:
         self._world: tuple[int, int] | None = None
         self._slices: int | None = None  # the default slice_windows, once computed
         self._lens: dict[PlanConfig, int] = {}
-        self._check_compatible()
+        self._check_sources()
+        self.check_fits()
 
-    def _check_compatible(self) -> None:
-        """Mixed sources share dtype and feature shape (one batch holds them all), else name both URLs."""
+    def _check_sources(self) -> None:
+        """Each source's manifest, loaded now (one read each): a URL that is not a dataset fails here, naming
+        it, not at ``len()`` or iteration; mixed sources share dtype and feature shape (one batch holds them
+        all), else name both URLs. A manifest written before manifests were sealed is a warning."""
+        for s in self.sources:
+            if not s.manifest.sealed:
+                warnings.warn(f"streamwin: {s.url}/index.json was written by an older streamwin and carries no checksum "
+                              "of its own content, so an edit to it would go unnoticed: run `streamwin index "
+                              f"{s.url}` (or repack) to rewrite it with one", RuntimeWarning, stacklevel=3)
         if len(self.sources) > 1:
             check_mixable([s.url for s in self.sources], [s.manifest for s in self.sources])
 
@@ -149,7 +159,9 @@ class WindowDataset:
         sb, span, spec = self.manifest.step_bytes, self.spec.span, self.spec
         rows = f"rows of pack_length={self.pack_length}" if self.pack_length else (
             f"windows of window={spec.window} + horizon={spec.horizon}")
-        check_fits(self.layout().nbytes, f"a batch of batch_size={self.batch_size} {rows} steps of {sb} bytes")
+        what = f"a batch of batch_size={self.batch_size} {rows} steps of {sb} bytes"
+        check_fits(self.batch_size * (self.pack_length or span) * sb, what)  # exact ints first: the layout's
+        check_fits(self.layout().nbytes, what)  # int64 sizes cannot overflow once its values alone fit
         data = sum(s.bytes for m in self.manifests for s in m.shards)  # a block holds at most every step, once
         block = min(self.shuffle_spec.shuffle_buffer * min(spec.stride, span) * sb + span * sb, data)
         check_fits((self.readahead + 2) * block, f"blocks of shuffle_buffer={self.shuffle_spec.shuffle_buffer} "

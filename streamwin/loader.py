@@ -11,14 +11,18 @@ Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``se
   ``j % N`` for batch ``j``. The default is one worker where the machine has a core to spare
   for it (and ``fork``): 0 and 1 workers run the same plan (one stream per rank), so the choice never
   differs in what a rank yields, only in whose thread gathers it.
-- ``device="cuda"``: each block's bytes are uploaded once and windows are cut on the device
-  (feed/device.py); workers, if any, read the blocks and send them in chunks through their slots.
+- ``device="cuda"``: batches arrive on the device, and the trainer's thread never waits for it.
+  With workers, each batch goes from its page-locked slot to the device in one copy on a side
+  stream (feed/to_device.py); in-process, each block's bytes are uploaded once by the read-ahead
+  thread and windows are cut on the device (feed/device.py). ``static=True``: every batch in the
+  same device tensors, so a training step can be captured in a CUDA graph.
 
 Batch lifetime: a batch's tensors are never overwritten while you hold any of them (or a
 view): memory is reused only once nothing refers to it, and, for page-locked slots, once
 the CUDA work queued before that point has finished. Keep as many batches as you like; if
 you keep so many that workers would run out of slots, the loader copies later batches out
-of shared memory (and warns once).
+of shared memory (and warns once). Static batches (``static=True``) are the exception: the
+same tensors every batch, valid until the next ``next()``.
 
 The position (state.Position) is a cursor: epoch and batches handed out, plus the plan inputs
 it must match. Ranks run in lockstep, so any one rank's position is every rank's. A position
@@ -38,13 +42,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from streamwin.arguments import check_keywords
 from streamwin.dataset import WindowDataset
 from streamwin.errors import StateMismatchError
-from streamwin.feed.device_feeds import DeviceFeed, DeviceWorkerFeed
+from streamwin.feed.device_feeds import DeviceFeed, WorkerDeviceFeed
 from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, WorkerFeed
 from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
 from streamwin.feed.sizing import MAX_PREFETCH, check_memory, check_workers, slots_text
 from streamwin.feed.stats import RunStats
+from streamwin.feed.to_device import Fixed
 from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
 
@@ -108,6 +114,7 @@ class PassIterator:
         return self.length()
 
 
+@check_keywords()
 class WindowLoader:
     """Yields the batches of ``dataset`` for this rank; ``len()`` is equal on every rank.
 
@@ -116,11 +123,14 @@ class WindowLoader:
         num_workers: worker processes, each running one stream of the plan (0: in-process).
             Part of the plan beyond 1: the same on every rank, and a checkpoint resumes with the
             same. Default: 1 where a core is free for it and ``fork`` is available, else 0.
-        device: None (CPU tensors) or a torch device; every field but ``key`` arrives there. Each
-            block's bytes are uploaded once and windows are cut on the device: with workers, they
-            read the blocks and send them through page-locked slots in chunks, which this process
-            uploads on a side stream as they arrive; with ``num_workers=0`` the read-ahead thread
-            reads and uploads them.
+        device: None (CPU tensors) or a torch device; every field but ``key`` arrives there, and this
+            process never waits for the device. With workers, they gather batches into page-locked
+            slots and each batch goes to the device in one copy on a side stream; with
+            ``num_workers=0`` the read-ahead thread uploads each block's bytes once and windows are
+            cut on the device.
+        static: with ``device``, deliver every batch in the same device tensors (fields and shapes
+            fixed), so a training step can be captured in a CUDA graph and replayed on each batch.
+            A static batch is valid until the next ``next()``: clone what you keep.
         pin_memory: page-lock the batch memory (CUDA only) so ``.to(device, non_blocking=True)``
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer (1 to 1024).
@@ -133,8 +143,8 @@ class WindowLoader:
     """
 
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
-                 pin_memory: bool = False, prefetch_factor: int | None = None, persistent_workers: bool = False,
-                 multiprocessing_context: Any = None, **kwargs: Any):
+                 static: bool = False, pin_memory: bool = False, prefetch_factor: int | None = None,
+                 persistent_workers: bool = False, multiprocessing_context: Any = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
         if kwargs.get("batch_size") is not None:
@@ -153,6 +163,12 @@ class WindowLoader:
         self.dataset = dataset
         self.num_workers, self.prefetch_factor = int(num_workers), int(pf)
         self.device = _device(device)
+        if not isinstance(static, bool):
+            raise ValueError(f"static must be True or False, got {static!r}")
+        if static and self.device is None:
+            raise ValueError("static=True delivers batches in fixed device tensors: pass device='cuda' (or 'cpu') too")
+        self.static = static
+        self._fixed: Fixed | None = None  # static batches' tensors, the same for every pass
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
         self.multiprocessing_context = start_context(multiprocessing_context or default_start_method())
@@ -267,8 +283,10 @@ class WindowLoader:
                           self.pin_memory, self.num_workers, on_error=self._fail_pass)
         _OPEN.add(self)
         if self.device is not None:
-            self._feed = DeviceWorkerFeed(ctx, plan, pos, world[0]) if self.num_workers else \
-                DeviceFeed(ctx, plan, pos, world[0])
+            if self.static and self._fixed is None:
+                self._fixed = Fixed(self.dataset.layout(), self.device)
+            self._feed = WorkerDeviceFeed(ctx, plan, pos, self._fixed) if self.num_workers else \
+                DeviceFeed(ctx, plan, pos, world[0], self._fixed)
         elif self.num_workers > 0:
             self._feed = WorkerFeed(ctx, plan, pos)
         else:
@@ -315,8 +333,7 @@ class WindowLoader:
             to_cuda = self.device is not None and self.device.type == "cuda"
             try:
                 self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
-                                        pin=self.pin_memory or to_cuda, context=self.multiprocessing_context,
-                                        ship_blocks=self.device is not None)
+                                        pin=self.pin_memory or to_cuda, context=self.multiprocessing_context)
             except OSError as e:
                 if e.errno not in (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.EAGAIN):
                     raise
@@ -327,7 +344,7 @@ class WindowLoader:
     def _check_fits(self, world_size: int) -> None:
         """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
         self.dataset.check_fits()
-        check_memory(self.dataset, self.num_workers, self.prefetch_factor, ship_blocks=self.device is not None)
+        check_memory(self.dataset, self.num_workers, self.prefetch_factor, ship_blocks=False)
 
     def _log_once(self, world: tuple[int, int]) -> None:
         if self._logged:

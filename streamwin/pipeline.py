@@ -7,9 +7,8 @@
 
 A stream is one rank's (or one worker's) share of the plan, started at any batch: its state
 is a cursor, so starting at batch ``k`` seeks every reader to its block and offset. Device
-mode swaps the gather (windows are cut on the device) and, with workers, the bottom of the
-pipeline: a worker ships its blocks (``ship_blocks``) and the trainer batches blocks it
-receives (``batches_of``).
+mode in-process swaps the gather (windows are cut on the device); ``ship_blocks`` is a
+stream of a worker's blocks in the order its batcher would read them.
 """
 from __future__ import annotations
 
@@ -85,10 +84,3 @@ def ship_blocks(ds: WindowDataset, plan: Plan, stream: int, first_batch: int) ->
     blocks = [BlockReader(reader, p, stream, readahead=ds.readahead) for reader, p in zip(readers, plan.sources)]
     order = ShipOrder(blocks, plan.quotas, first_batch)
     return Stream(order, order, readers)
-
-
-def batches_of(blocks: list[BaseNode], plan: Plan, gatherer, first_batch: int) -> Batcher:
-    """A batcher over block nodes of every source that some other party reads (device mode with workers)."""
-    batcher = Batcher(blocks, plan.quotas, gatherer, lambda: None)
-    batcher.reset({Batcher.BATCH_KEY: first_batch})
-    return batcher

@@ -58,6 +58,7 @@ def read_state(state: Any) -> tuple[int, int, dict[str, Any], list[dict[str, Any
     """(epoch, batches taken, plan inputs, interrupted runs) of a state of this version or of the
     StatefulDataLoader era, every field checked (StateMismatchError naming the one that is wrong)."""
     if isinstance(state, Mapping) and state.get("version") == STATE_VERSION and "batches" in state:
+        _known(state, "state", "")
         runs = _runs(state.get("rest_of") or [])
         batches = _count(state["batches"], "batches")
         if runs and batches < runs[-1]["batches"]:
@@ -81,6 +82,14 @@ MAX_INPUTS_BYTES = 1 << 16  # a state's plan inputs as JSON (a few hundred bytes
 _DEPTH = 16
 _POSITION_RANGES = {"batch_size": (1, 1 << 31), "world_size": (1, 1 << 20), "num_workers": (0, 1 << 12),
                     "block_windows": (1, 1 << 40), "slice_windows": (1, 1 << 40)}
+# what each plan input may hold (WindowDataset.plan_inputs writes them): a state holding anything else, or a
+# key of none of them, is damaged (shuffle=1 would compare equal to True, and resume under another plan)
+_FLAGS = frozenset({"shuffle", "pad", "jitter"})
+_COUNTS = frozenset({"seed", "window", "stride", "horizon", "min_window", "window_multiple", "windows_per_sequence",
+                     "pack_length", "epoch_windows"})
+_OTHER_INPUTS = frozenset({"equalize", "dataset", "split", "sources", "weights"})
+_KEYS = {"state": frozenset({"version", "epoch", "batches", "inputs", "rest_of"}),
+         "run": frozenset({"inputs", "batches"})}
 
 
 def _bad(field: str, value: Any, want: str) -> StateMismatchError:
@@ -103,6 +112,7 @@ def _runs(rest: Any) -> list[dict[str, Any]]:
     for j, r in enumerate(rest):
         if not isinstance(r, Mapping) or not {"inputs", "batches"} <= set(r):
             raise _bad(f"rest_of[{j}]", r, 'a dict {"inputs": {...}, "batches": n}')
+        _known(r, "run", f"rest_of[{j}].")
         runs.append({"inputs": check_inputs(r["inputs"], f"rest_of[{j}].inputs"),
                      "batches": _count(r["batches"], f"rest_of[{j}].batches")})
     if any(a["batches"] > b["batches"] for a, b in zip(runs, runs[1:])):
@@ -123,6 +133,14 @@ def check_inputs(inputs: Any, field: str = "inputs") -> dict[str, Any]:
     for name, (low, high) in _POSITION_RANGES.items():
         if name in inputs:
             _count(inputs[name], f"{field}.{name}", high, low)
+    for name, value in inputs.items():
+        if name in _FLAGS and not isinstance(value, bool):
+            raise _bad(f"{field}.{name}", value, "true or false")
+        if name in _COUNTS and value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                                      or value < 0):
+            raise _bad(f"{field}.{name}", value, "an integer >= 0")
+        if name not in _FLAGS | _COUNTS | _OTHER_INPUTS | set(_POSITION_RANGES):
+            raise _bad(f"{field}.{name}", value, "absent: it is no plan input of this streamwin")
     streams = inputs.get("world_size", 1) * max(1, inputs.get("num_workers", 0))
     if streams > MAX_STREAMS:  # a plan keeps a few numbers per stream: 10**9 of them would not fit
         raise _bad(f"{field}.world_size", inputs.get("world_size"), f"at most {MAX_STREAMS:,} streams with its "
@@ -130,6 +148,13 @@ def check_inputs(inputs: Any, field: str = "inputs") -> dict[str, Any]:
     if "equalize" in inputs and inputs["equalize"] not in ("drop", "pad"):
         raise _bad(f"{field}.equalize", inputs["equalize"], '"drop" or "pad"')
     return dict(inputs)
+
+
+def _known(obj: Mapping, kind: str, prefix: str) -> None:
+    """Refuse a key that no state of this version holds (naming it): a state is checked whole, not skimmed."""
+    extra = sorted(set(map(str, obj)) - _KEYS[kind])
+    if extra:
+        raise _bad(prefix + extra[0], obj[extra[0]] if extra[0] in obj else None, "absent: no key of a loader state")
 
 
 def _refuse(value: Any) -> Any:

@@ -988,7 +988,8 @@ def _moto_server_class() -> type:
     dev``, with AIOHTTP_NO_EXTENSIONS=1, or where its C parser is not built) rejects a
     response with two Server headers ("Duplicate 'Server' header found"). The subclass
     serves the same moto app with a request handler that does not add werkzeug's header
-    (and a short shutdown poll interval). Falls back to plain ThreadedMotoServer if moto's
+    (and a short shutdown poll interval), and that runs one write at a time: moto checks a
+    conditional PUT's If-None-Match, then writes, unlocked, where S3 decides atomically. Falls back to plain ThreadedMotoServer if moto's
     internals move.
     """
     from moto.server import ThreadedMotoServer
@@ -1003,11 +1004,21 @@ def _moto_server_class() -> type:
     except ImportError:  # pragma: no cover - depends on moto's layout
         return ThreadedMotoServer
 
+    writes = threading.Lock()
+
     class _Handler(MotoRequestHandler):  # type: ignore[misc, valid-type]
         def send_response(self, code, message=None):  # no automatic Server header
             self.log_request(code)
             self.send_response_only(code, message)
             self.send_header("Date", self.date_time_string())
+
+        def run_wsgi(self):
+            # moto checks If-None-Match / If-Match and then writes, with no lock, so of two conditional PUTs at
+            # once both could succeed; S3 decides them atomically. One write at a time here does too.
+            if self.command in ("PUT", "POST", "DELETE"):
+                with writes:
+                    return super().run_wsgi()
+            return super().run_wsgi()
 
     class _MotoServer(ThreadedMotoServer):  # type: ignore[misc, valid-type]
         def _server_entry(self) -> None:

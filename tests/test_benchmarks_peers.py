@@ -96,3 +96,76 @@ def test_the_table_and_files(run):
         assert row["data_wait"] is not None and row["floor_ms"] >= 5.0, row
     with open(os.path.join(out, "peers.png"), "rb") as png:
         assert png.read(4) == b"\x89PNG"
+
+
+# --------------------------------------------------------------------------- the parts, without a run
+
+BENCH = os.path.join(ROOT, "benchmarks")
+
+
+def peers_module(name: str):
+    """benchmarks/<name>.py imported as the scripts import it (benchmarks/ on sys.path)."""
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
+    return importlib.import_module(name)
+
+
+def test_peer_modules_import_one_way_and_stay_small():
+    """peers -> peers_child -> peers_formats -> peers_systems (and peers_report): no module imports one
+    above it, so no cycle; each <= 400 lines."""
+    import ast
+
+    order = ["peers_systems", "peers_report", "peers_formats", "peers_child", "peers"]
+    for i, name in enumerate(order):
+        src = open(os.path.join(BENCH, f"{name}.py")).read()
+        assert src.count("\n") <= 400, (name, src.count("\n"))
+        imported = set()
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ImportFrom):
+                imported.add((node.module or "").split(".")[-1])
+            elif isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[-1] for a in node.names}
+        above = imported & set(order[i:])
+        assert not above, f"{name} imports {above}, which import it or come after it"
+
+
+def test_window_pool_yields_every_window_once_shuffled_in_batches():
+    """Every window of every sequence exactly once (by content, against starts computed here), in full
+    batches but the last, not in read order; its state is the inner dataset's after the sequences taken."""
+    import numpy as np
+
+    systems = peers_module("peers_systems")
+    p = data.WindowSetup(window=8, stride=3, batch_size=16, shuffle_buffer=40, seed=1)
+    rng = np.random.default_rng(0)
+    seqs = [rng.normal(size=(int(n), 2)).astype(np.float32) for n in rng.integers(5, 60, size=30)]
+    expected = [s[start:start + 8].tobytes() for s in seqs for start in range(0, len(s) - 8 + 1, 3)]
+    states = []
+    pool = systems.WindowPool(seqs, p, None, lambda taken: {"taken": taken}, states.append)
+    loader = systems.PoolLoader(pool, 0)
+    batches = [b.numpy() for b in loader]
+    got = [w.tobytes() for b in batches for w in b]
+    assert sorted(got) == sorted(expected) and len(got) == len(expected)
+    assert got != expected  # shuffled
+    assert all(len(b) == 16 for b in batches[:-1]) and 0 < len(batches[-1]) <= 16
+    assert loader.state_dict() == {"taken": len(seqs)}
+    loader.load_state_dict({"taken": 3})
+    assert states == [{"taken": 3}]
+
+
+def test_the_table_shows_each_peers_faster_setup_and_lists_the_other():
+    report = peers_module("peers_report")
+
+    class Setup:
+        def __init__(self, name, peer="", setup=""):
+            self.name, self.peer, self.setup = name, peer, setup
+
+    rates = {"streamwin": (500e3, 400e3), "mosaic-windows": (3e3, 12e3), "mosaic-seqs": (50e3, 30e3)}
+    records = [{"kind": "rate", "system": s, "workers": w, "repeat": 0, "windows_per_s": r[i], "peak_pss_mb": 1.0,
+                "first_batch_s": 0.1, "other_cpu_cores": 0.25} for s, r in rates.items() for i, w in enumerate((0, 2))]
+    systems = [Setup("streamwin"), Setup("mosaic-windows", "mosaic", "windows"), Setup("mosaic-seqs", "mosaic", "seqs")]
+    rows = report.summarize(records, systems, (0, 2), {}, {})
+    assert [r["system"] for r in report.shown(rows)] == ["streamwin", "mosaic-seqs"]
+    assert [r["system"] for r in report.others(rows)] == ["mosaic-windows"]
+    table = report.markdown_table(report.shown(rows), (0, 2))
+    assert "| mosaic-seqs | 50,000 | 30,000 |" in table and "mosaic-windows" not in table
+    assert table.splitlines()[2].endswith("| 0.25 |")  # others' CPU

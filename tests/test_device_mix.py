@@ -147,11 +147,11 @@ def test_mixed_device_elastic_resume_is_the_cpu_paths(corpora, workers):
     assert_same(rest(None), rest("cpu"))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_device_memory_stays_bounded_when_a_large_source_has_far_more_blocks(corpora, workers):
-    """0.9/0.1 of a large and a small dataset, small blocks: the trainer holds a few blocks, never a source's all."""
+def test_device_memory_stays_bounded_when_a_large_source_has_far_more_blocks(corpora):
+    """0.9/0.1 of a large and a small dataset, small blocks, in-process (blocks uploaded once): the trainer
+    holds a few blocks, never a source's all. (With workers, batches are copied whole: nothing to bound.)"""
     urls, _ = corpora
-    loader = make(urls, workers, "cpu", weights=(0.9, 0.1), shuffle_buffer=16)
+    loader = make(urls, 0, "cpu", weights=(0.9, 0.1), shuffle_buffer=16)
     assert len(run(loader)) == len(loader) > 0
     s = loader.stats()
     per_block = s["device_uploaded_bytes"] / s["device_blocks"]

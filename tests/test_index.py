@@ -17,6 +17,7 @@ import webdataset as wds
 
 import streamwin as sw
 from streamwin.errors import ManifestError, ShardError
+from streamwin.formats.manifest import content_checksum
 from streamwin.packing.scan import index_shards, verify
 
 
@@ -34,8 +35,11 @@ def flip(path: Path, offset: int) -> None:
 
 
 def edit_index(root: Path, edit) -> None:
+    """Edit index.json and seal it again (as a tool would that rewrites it): what verify finds is tested here;
+    that an edit left unsealed is refused on load, in test_hardening.py."""
     doc = json.loads((root / "index.json").read_text())
     edit(doc)
+    doc["content_sha256"] = content_checksum(doc)
     (root / "index.json").write_text(json.dumps(doc))
 
 
@@ -82,7 +86,7 @@ def test_flipped_byte_in_array_data_is_a_checksum_mismatch(tmp_path):
     assert e.shard.endswith(m.shards[1].name) and e.member == f"{m.key(i)}.npy"
     assert e.offset <= at < e.offset + m.checks.chunk
     old = json.loads((root / "index.json").read_text())
-    del old["checks"]  # a manifest without chunk checksums: the shard's sha256 still finds it
+    del old["checks"], old["content_sha256"]  # a manifest of old, without chunk checksums: the shard's sha256 finds it
     (root / "index.json").write_text(json.dumps(old))
     with pytest.raises(ShardError, match="sha256 mismatch") as info:
         verify(str(root), progress=False)
@@ -139,6 +143,8 @@ def test_edited_manifest(tmp_path, what):
         def bump(doc):
             s = doc["shards"][2]
             s[what] = ("0" + s[what][1:]) if what == "sha256" else s[what] + 1
+            if what in ("bytes", "num_steps"):  # and the total, which must agree with the shards listed
+                doc[f"num_{what.removeprefix('num_')}"] += 1
         edit_index(root, bump)
     if what in ("length", "size", "hlen", "num_steps"):  # fields that disagree are refused when index.json is read
         field = "shards[2].num_steps" if what == "num_steps" else f"sequence {i}:"

@@ -296,9 +296,12 @@ def test_csv_long_layout(tmp_path, monkeypatch, backend):
     got = read_all(tmp_path / "one.csv", id_column="id", order_column="step", value_columns=["v2"])
     assert_items(got, [("b", np.array([3, 2]), None), ("a", np.array([7]), None)])
     assert_deterministic_and_picklable(tmp_path, id_column="id", order_column="step", value_columns=["v1", "v2"])
-    # two numeric columns besides the id and order, none named: a CSV asks which are values
-    with pytest.raises(PackError, match=r"one\.csv: id_column='id' leaves 2 numeric columns, 'v1', 'v2'"):
-        read_all(tmp_path / "one.csv", id_column="id", order_column="step")
+    # the order column named: the other numeric columns are the values, in file order
+    assert_items(read_all(tmp_path / "one.csv", id_column="id", order_column="step"), CSV_EXPECTED)
+    # several numeric columns and neither an order column nor values named: a CSV asks which are values
+    with pytest.raises(PackError, match=r"one\.csv: id_column='id' leaves 3 numeric columns, 'step', 'v1', 'v2'.*"
+                                        r"order_column="):
+        read_all(tmp_path / "one.csv", id_column="id")
     # one left: no doubt, it is the values
     (tmp_path / "uni").mkdir()
     (tmp_path / "uni" / "u.csv").write_text("id,step,v\na,1,2.5\na,0,1.5\n")

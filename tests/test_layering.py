@@ -11,7 +11,7 @@ PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
     "errors", "arguments", "world",
-    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.checks", "formats.fields",
+    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.checks", "formats.fields", "formats.seal",
     "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.deadline", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.streams", "plan.mix",
@@ -28,8 +28,8 @@ ORDER = [
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "source", "packer", "batch", "nodes", "dataset", "pipeline",
-    "feed.stats", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.sizing", "feed.worker",
-    "feed.pool",
+    "feed.stats", "feed.to_device", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.sizing",
+    "feed.worker", "feed.pool",
     "feed.feeds", "feed.device_feeds", "feed",
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__", "__main__",

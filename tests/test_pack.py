@@ -539,8 +539,12 @@ def test_table_value_columns_are_recorded_and_the_left_out_ones_named(tmp_path, 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "d.csv").write_text(PANDAS_CSV)
     # a CSV says nothing of which columns are values: pack asks rather than take the year as a feature
-    with pytest.raises(PackError, match=r"d\.csv: id_column='sensor' leaves 3 numeric columns, 'year', 'temp', "
-                                        r"'humidity'.*value_columns=\[\.\.\.\].*order_column=.*value_columns='\*'"):
+    with pytest.raises(PackError, match=r"d\.csv: id_column='sensor' leaves 4 numeric columns, 't', 'year', 'temp', "
+                                        r"'humidity'.*order_column=.*value_columns=\[\.\.\.\].*value_columns='\*'"):
+        sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", progress=False)
+    # the time column named, the year still holds one value per sensor: asked too
+    with pytest.raises(PackError, match=r"d\.csv: 'year' holds one value per sensor .* value_columns=\['temp', "
+                                        r"'humidity'\], or pass value_columns='\*'"):
         sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", order_column="t", progress=False)
     assert not (tmp_path / "ds" / "index.json").exists()
     m = sw.pack(str(tmp_path / "src"), str(tmp_path / "ds"), id_column="sensor", order_column="t", value_columns="*",

@@ -139,7 +139,7 @@ def parser_of(script: str, monkeypatch) -> argparse.ArgumentParser:
     return got.value.args[0]
 
 
-@pytest.mark.parametrize("script", ["train_ddp.py", "train_lightning.py", "hpo_optuna.py"])
+@pytest.mark.parametrize("script", ["train_ddp.py", "train_lightning.py", "hpo_optuna.py", "train_cuda_graph.py"])
 def test_the_examples_readme_states_each_scripts_defaults(script, monkeypatch):
     """examples/README.md: every default it states for a script (its "Defaults:" line, and "`--x`
     ... (default N" in its prose) is the default of that script's parser."""

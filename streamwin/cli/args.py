@@ -140,7 +140,7 @@ def cli_words(message: str) -> str:
 def add_command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
     """A subcommand ``name`` that runs ``func(args)``."""
     p = sub.add_parser(name, help=help, description=help)
-    p.set_defaults(func=func)
+    p.set_defaults(func=func, command_parser=p)  # its own usage errors name it (main.unrecognized)
     return p
 
 
@@ -151,6 +151,18 @@ def add_storage(p: argparse.ArgumentParser) -> None:
                         "e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000")
 
 
+# one wording for what num_workers is, wherever it is said (inspect, bench, the examples' --workers)
+WORKERS_HELP = ("streamwin worker processes per rank, as WindowLoader(num_workers=N), not DataLoader workers: each "
+                "reads its own stream; 0 (the default here) reads one stream in the trainer's process")
+
+
+def streams_per_rank(num_workers: int) -> str:
+    """What a rank runs for ``num_workers``, in the words of WORKERS_HELP."""
+    if num_workers == 0:
+        return "1 stream in the trainer's process"
+    return f"{num_workers} worker process{'es' if num_workers > 1 else ''}, a stream each"
+
+
 def add_window(p: argparse.ArgumentParser, required: bool) -> None:
     """The window spec options of ``inspect`` and ``bench``."""
     g = p.add_argument_group("window spec")
@@ -159,5 +171,5 @@ def add_window(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--horizon", type=int_at_least(0), default=0, help="target steps after each window (default 0)")
     g.add_argument("--pad", action="store_true", help="one padded window for sequences shorter than window + horizon")
     g.add_argument("--batch-size", type=int_at_least(1), default=64, help="windows per batch (default 64)")
-    g.add_argument("--num-workers", type=int_at_least(0), default=0, help="DataLoader workers per rank (default 0)")
+    g.add_argument("--num-workers", type=int_at_least(0), default=0, help=WORKERS_HELP)
     g.add_argument("--seed", type=int_at_least(0), default=0)

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from streamwin.cli.args import add_command, add_storage, add_window, int_at_least, storage_options, weights_arg
+from streamwin.cli.args import (add_command, add_storage, add_window, int_at_least, storage_options, streams_per_rank,
+                                weights_arg)
 from streamwin.cli.report import layout, mb, nonfinite_shards, value_columns
 from streamwin.errors import StreamwinError
 from streamwin.formats.manifest import Manifest, check_mixable
@@ -106,7 +107,7 @@ def _inspect_one(url: str, m: Manifest, args: argparse.Namespace) -> None:
         print(f"  per epoch          {plan.total_windows:,}")
         print(f"  short sequences    {short:,} " + ("(one padded window each)" if spec.pad else
                                                      f"(shorter than {spec.span} steps: no window)"))
-        print(f"  streams            {cfg.num_streams:,} ({args.world_size} rank(s) x {cfg.workers_per_rank} worker(s))")
+        print(f"  streams            {cfg.num_streams:,} ({args.world_size} rank(s) x {streams_per_rank(args.num_workers)})")
         print(f"  batches per rank   {plan.batches_per_rank:,} (batch size {args.batch_size})")
         print(f"  dropped windows    {plan.dropped_windows:,} ({100 * plan.dropped_windows / max(plan.total_windows, 1):.2f}%)")
         if args.equalize == "pad":

@@ -20,6 +20,7 @@ import re
 import sys
 from typing import Sequence
 
+from streamwin.arguments import did_you_mean
 from streamwin.cli.args import cli_words, parse_size, storage_options
 from streamwin.cli.bench import add_bench_command
 from streamwin.cli.inspect import add_inspect_command
@@ -46,7 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the subcommand, with its usage and the option probably meant
+            args.command_parser.error(unrecognized(args.command_parser, unknown))
     except SystemExit as e:  # --help (0) or a usage error (2), already printed by argparse
         return int(e.code or 0)
     try:
@@ -67,6 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _unmerged_parts(args, e) or cli_words(str(e))
         print(f"streamwin {args.command}: error: {kind}{message}", file=sys.stderr)
         return 2
+
+
+def unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """The usage error for arguments a subcommand does not take, with the close option for each typo."""
+    options = set(re.findall(r"--[\w-]+", parser.format_usage()))
+    hints = "".join(did_you_mean(arg.split("=", 1)[0], options) for arg in unknown if arg.startswith("--"))
+    return f"unrecognized arguments: {' '.join(unknown)}{hints}"
 
 
 def _storage_error(e: Exception) -> bool:

@@ -141,7 +141,8 @@ def _add_pack(sub: Any) -> None:
                    help="input option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
     p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace files at DEST that are not this dataset's (refused otherwise, naming them)")
+                   help="replace files at DEST that are not this dataset's, and discard parts not merged "
+                        "(refused otherwise, naming them)")
     p.add_argument("--create-bucket", action="store_true", help="create DEST's object-store bucket if it does not exist")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_storage(p)

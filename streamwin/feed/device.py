@@ -1,4 +1,5 @@
-"""Device mode: each block's bytes travel to the device once, and windows are cut there.
+"""In-process device mode (``num_workers=0``): each block's bytes travel to the device once, and
+windows are cut there, so the trainer's thread never gathers on the CPU.
 
 The read-ahead thread reads (or maps) a block as usual, copies its bytes and its window
 table (offsets, starts, flags) into one page-locked staging buffer, and starts a single
@@ -122,11 +123,12 @@ def _crop_block(buf: torch.Tensor, t: torch.Tensor, table: np.ndarray, ready, so
 
 
 class DeviceBytes:
-    """Counts the blocks uploaded and the device bytes they hold while alive (the peak is reported)."""
+    """Counts the blocks uploaded and the device bytes they hold while alive (the peak is reported), and the
+    times an upload waited for the device (its staging buffer still being copied from)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.live_bytes = self.peak_bytes = self.uploaded_bytes = self.blocks = 0
+        self.live_bytes = self.peak_bytes = self.uploaded_bytes = self.blocks = self.waits = 0
 
     def count(self, dev: torch.Tensor, nbytes: int) -> None:
         """Account a block's device bytes until the tensor is freed."""
@@ -188,7 +190,8 @@ class Uploader:
         """A page-locked buffer of at least ``nbytes`` whose previous upload has finished."""
         slot = self._staging[self._next]
         self._next = (self._next + 1) % len(self._staging)
-        if slot[1] is not None:
+        if slot[1] is not None and not slot[1].query():
+            self.counter.waits += 1
             slot[1].synchronize()  # this thread waits, never the trainer's
         if slot[0] is None or slot[0].numel() < nbytes:
             slot[0] = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=True)

@@ -142,6 +142,14 @@ def shard_fields(value: Any, where: str, i: int) -> dict:
     return out
 
 
+def shard_name(name: str, where: str) -> None:
+    """Shard names are relative paths below the dataset root: no absolute paths, '..', '\\' or NUL."""
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\0" in name or ":" in parts[0]
+            or any(p in ("", ".", "..") for p in parts)):
+        raise ManifestError(f"{where} names shard {name!r}: shard names must be relative paths inside the dataset")
+
+
 def check_columns(cols: dict[str, np.ndarray], key_ends: np.ndarray, nkeys: int, shard_starts: np.ndarray,
                   shard_bytes: np.ndarray, shard_steps: np.ndarray, step_bytes: int, compressed: bool,
                   where: str) -> None:
@@ -180,6 +188,16 @@ def check_columns(cols: dict[str, np.ndarray], key_ends: np.ndarray, nkeys: int,
         k = int(wrong[0])
         raise fail(where, f"shards[{k}].num_steps", f"says {int(shard_steps[k]):,}, its sequences' lengths sum to "
                    f"{int(steps[k]):,}")
+
+
+def check_totals(doc: dict, shards: tuple, where: str) -> None:
+    """The top-level counts (num_shards, num_sequences, num_steps, num_bytes), where present, against the shards
+    listed: a count that disagrees is a damaged manifest, not a hint to ignore."""
+    totals = {"num_shards": len(shards), "num_sequences": sum(s.num_sequences for s in shards),
+              "num_steps": sum(s.num_steps for s in shards), "num_bytes": sum(s.bytes for s in shards)}
+    for name, want in totals.items():
+        if name in doc and integer(doc[name], where, name, 0, 1 << 62) != want:
+            raise fail(where, name, f"says {doc[name]:,}, the shards it lists hold {want:,}")
 
 
 # -- the optional fields (absent from manifests of older streamwin) ---------------------------------

@@ -26,6 +26,7 @@ reader decompresses only the frames a block needs; see `Frames`), and ``checks``
 per 4 KiB chunk of every shard, which every read verifies; see formats/checks.py), inline or,
 past INLINE_SUMS bytes of them, a column of the columns file. Every field is checked for type
 and range when parsed (formats/fields.py).
+``content_sha256`` seals the rest against edits (formats/seal.py), written by ``to_json``.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import numpy as np
 from streamwin.errors import ManifestError
 import streamwin.formats.fields as fields
 from streamwin.formats.checks import Checks
+from streamwin.formats.seal import CONTENT_FIELD, check_seal, content_checksum
 
 FORMAT = "streamwin"
 VERSION = 1  # per-sequence columns inline, compressed
@@ -131,6 +133,7 @@ class Manifest:
     nonfinite: NonFinite | None = None
     frames: Frames | None = None
     checks: Checks | None = None
+    sealed: bool = True  # False: read from an index.json written before content_sha256 existed
     shard_starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,6 +234,7 @@ class Manifest:
             doc["checks"] = self.checks.to_doc()
             if columns_file is None:
                 doc["checks"]["sums"] = _encode(self.checks.sums.astype("<u4"))
+        doc[CONTENT_FIELD] = content_checksum(doc)
         return json.dumps(doc, separators=(",", ":"))
 
 
@@ -248,8 +252,8 @@ def columns_file_entry(text: str | bytes, where: str = INDEX_NAME) -> ShardEntry
     """The columns file a version 2 index.json names (name, bytes, sha256), or None for version 1."""
     try:
         doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{where} is not valid JSON: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ManifestError(f"{where} is not valid JSON: {type(e).__name__}: {e}") from None
     spec = doc.get("columns_file") if isinstance(doc, dict) and doc.get("version") == COLUMNAR_VERSION else None
     if spec is None:
         return None
@@ -260,7 +264,7 @@ def columns_file_entry(text: str | bytes, where: str = INDEX_NAME) -> ShardEntry
                            fields.string(spec["sha256"], where, "columns_file.sha256"), 0, 0)
     except KeyError as e:
         raise fields.fail(where, "columns_file", f"lacks {e}") from None
-    _check_shard_name(entry.name, where)
+    fields.shard_name(entry.name, where)
     return entry
 
 
@@ -288,7 +292,7 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> 
     shards = tuple(ShardEntry(**fields.shard_fields(s, where, i))
                    for i, s in enumerate(fields.listing(doc.get("shards"), where, "shards")))
     for s in shards:
-        _check_shard_name(s.name, where)
+        fields.shard_name(s.name, where)
     n = sum(s.num_sequences for s in shards)
     if doc["version"] == COLUMNAR_VERSION:
         cols = _map_columns(fields.mapping(doc.get("columns_file"), where, "columns_file"), columns, n, where)
@@ -306,12 +310,14 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> 
                          np.array([s.num_steps for s in shards], dtype=np.int64), step_bytes, compression is not None,
                          where)
     optional = _optional_fields(doc, shards, cols["length"], cols["size"], sums, where)
+    fields.check_totals(doc, shards, where)
+    sealed = check_seal(doc, where)  # after every field: a damaged field is named as such, a valid one edited here
     return Manifest(
         dtype=dtype, step_shape=step_shape, compression=compression, shards=shards,
         key_blob=blob, key_ends=key_ends,
         dropped_empty=fields.integer(doc.get("dropped_empty", 0), where, "dropped_empty"),
         digest=hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()[:16],
-        **cols, **optional,
+        sealed=sealed, **cols, **optional,
     )
 
 
@@ -358,14 +364,6 @@ def _optional_fields(doc: dict, shards: tuple[ShardEntry, ...], length: np.ndarr
             "nonfinite": None if counts is None else NonFinite(*counts),
             "frames": None if frames is None else Frames.make(*frames, length),
             "checks": fields.chunk_checks(doc.get("checks"), sums, [s.bytes for s in shards], where)}
-
-
-def _check_shard_name(name: str, where: str) -> None:
-    """Shard names are relative paths below the dataset root: no absolute paths, '..', '\\' or NUL."""
-    parts = name.split("/")
-    if (not name or name.startswith("/") or "\\" in name or "\0" in name or ":" in parts[0]
-            or any(p in ("", ".", "..") for p in parts)):
-        raise ManifestError(f"{where} names shard {name!r}: shard names must be relative paths inside the dataset")
 
 
 def check_mixable(urls: list[str], manifests: list[Manifest]) -> None:

@@ -52,7 +52,8 @@ def parse_npy_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...
         with _PARSE:  # numpy parses with ast.literal_eval, which CPython 3.11 breaks when threads race in it
             shape, fortran, dtype = reader(fp, max_header_size=1 << 20)
     except Exception as e:  # numpy's parser raises ValueError, SyntaxError, tokenize.TokenError, ...
-        raise ValueError(f"bad .npy header: {type(e).__name__}: {e}") from e
+        raise ValueError(f"bad .npy header: {_why(e)}; the header reads {_shown(data[10 if major == 1 else 12:hlen])}") \
+            from None
     if dtype.hasobject or dtype.kind not in "biufc":
         raise ValueError(f".npy member has dtype {dtype}: only numeric arrays are read (object arrays would need unpickling)")
     if is_big_endian(dtype):
@@ -61,6 +62,21 @@ def parse_npy_header(data: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...
     if fortran and len(shape) > 1:
         raise ValueError(".npy member is Fortran-ordered; streamwin writes and reads C order only")
     return dtype, tuple(shape), hlen
+
+
+def _why(error: Exception) -> str:
+    """What numpy's header parser found wrong, in a user's words: its own message where it is about the
+    header's values, never the internals of the Python tokenizer it parses with."""
+    text = str(error)
+    if isinstance(error, ValueError) and not text.startswith("Cannot parse header"):
+        return text  # e.g. "descr is not a valid dtype descriptor: '<q9'"
+    return "not a dictionary of descr, fortran_order and shape"
+
+
+def _shown(raw) -> str:
+    """Header text as an error shows it: printable, at most 100 characters."""
+    text = bytes(raw).decode("latin-1").rstrip(" \n")
+    return repr(text[:100] + ("..." if len(text) > 100 else ""))
 
 
 def is_big_endian(dtype: np.dtype) -> bool:

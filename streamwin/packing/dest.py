@@ -18,8 +18,12 @@ temporary files). A pack killed at any moment thus leaves the old dataset readab
 unchanged, or the new one complete. Datasets packed before generations existed
 (``shard-NNNNNN.tar``) count as generation 0.
 
+Only a holder of the pack lock with no live part beside it (``lock.exclude_parts``) removes
+anything, so what it removes was left by dead writers. Temporary files are
+``<name>.streamwin-tmp-<32 hex digits>`` where ``<name>`` is one pack writes (`temp_final`).
 Files that are not this dataset's (not named by its index, nor by the kept one, nor by a
-name pack writes) make a pack refuse the destination, naming them, unless ``overwrite``.
+name pack writes; an index.json that is not a streamwin manifest) make a pack refuse the
+destination, naming them, unless ``overwrite``.
 """
 from __future__ import annotations
 
@@ -28,16 +32,17 @@ import re
 from dataclasses import dataclass, field
 
 from streamwin.errors import PackError
-from streamwin.formats.manifest import INDEX_NAME, Manifest
-from streamwin.packing.lock import LOCK_NAME
+from streamwin.formats.manifest import FORMAT, INDEX_NAME, Manifest
+from streamwin.packing.lock import abandoned_temp, is_lock_file
 from streamwin.storage.manifests import write_manifest
-from streamwin.storage.urls import is_local, join, remove_if_exists, write_atomic
+from streamwin.storage.urls import TEMP_MARK, is_local, join, remove_if_exists, write_atomic
 
 SHARD = re.compile(r"shard-g(\d+)-u\d+-\d+\.tar")  # a generation's shard: shard-gGGGGGG-uUUUUUU-KKKKKK.tar
 RETIRED = re.compile(r"index-g(\d+)\.json")  # the index a commit replaced
 COLUMNS = re.compile(r"index-g(\d+)\.columns")  # a generation's columns file
-TEMPORARY = re.compile(r".+\.tmp-[0-9a-f-]+")  # a write in progress (local disks)
-PART_INDEX = re.compile(r"index\.part\d+-of-\d+\.(json|columns)")
+TEMPORARY = re.compile(rf"(.+){re.escape(TEMP_MARK)}[0-9a-f]{{32}}")  # a write in progress (local disks)
+LEGACY_TEMPORARY = re.compile(r"(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}")  # streamwin's before, of a generation's file only
+PART_INDEX = re.compile(r"index\.part\d+-of-(\d+)\.(json|columns)")
 OLD_LAYOUT = re.compile(r"(part\d{5}-)?shard-\d{6}\.tar|index\.columns")  # generation 0, named by an index
 
 
@@ -51,6 +56,12 @@ class Survey:
     kept: int | None  # the generation of the index the last commit replaced, if it is kept
     named: set[str] = field(default_factory=set)  # files the live or kept index names
     foreign: list[str] = field(default_factory=list)
+    ours_index: bool = True  # index.json, if there is one, is a streamwin manifest (else it is foreign)
+
+    @property
+    def part_indexes(self) -> list[str]:
+        """The part indexes here (``pack --part i/n`` finished, not merged)."""
+        return [n for n in self.names if PART_INDEX.fullmatch(n) and n.endswith(".json")]
 
     @property
     def newest(self) -> int:
@@ -86,16 +97,26 @@ def survey(fs, root: str) -> Survey:
     except FileNotFoundError:
         names = []
     index = _read(fs, join(root, INDEX_NAME)) if INDEX_NAME in names else None
-    live = _index_files(index)
+    ours_index = index is None or _is_streamwin(index)
+    live = _index_files(index) if ours_index else []
     gen = _index_generation(live)
     kept_names = sorted((int(RETIRED.fullmatch(n).group(1)), n) for n in names if RETIRED.fullmatch(n))
     kept = kept_names[-1][0] if kept_names else None
     named = set(live)
     for _, name in kept_names:
         named |= set(_index_files(_read(fs, join(root, name))))
-    out = Survey(names, index, gen, kept, named)
-    out.foreign = [n for n in names if not _ours(n, named)]
+    out = Survey(names, index, gen, kept, named, ours_index=ours_index)
+    out.foreign = [n for n in names if not _ours(n, named) or (n == INDEX_NAME and not ours_index)]
     return out
+
+
+def _is_streamwin(index: bytes) -> bool:
+    """Whether index.json is a streamwin manifest (one of another tool's, or of a person's, is not ours to replace)."""
+    try:
+        doc = json.loads(index)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
 def _read(fs, path: str) -> bytes | None:
@@ -124,28 +145,54 @@ def _index_generation(files: list[str]) -> int:
     return max([g for g in gens if g is not None], default=0)
 
 
-def _ours(name: str, named: set[str]) -> bool:
-    return (name in named or name in (INDEX_NAME, LOCK_NAME) or generation(name) is not None
-            or bool(TEMPORARY.fullmatch(name) or PART_INDEX.fullmatch(name)))
+def temp_final(name: str) -> str | None:
+    """The name a temporary file of a write in progress will have (None: ``name`` is not one): one of ours only
+    when that name is one pack writes, so no user's file (``notes.tmp-2024-05-01``) is taken for one."""
+    m = TEMPORARY.fullmatch(name)
+    if m:
+        return m.group(1) if _ours(m.group(1), set(), temporary=False) else None
+    m = LEGACY_TEMPORARY.fullmatch(name)
+    return m.group(1) if m and generation(m.group(1)) is not None else None
+
+
+def _ours(name: str, named: set[str], temporary: bool = True) -> bool:
+    return (name in named or name == INDEX_NAME or is_lock_file(name) or generation(name) is not None
+            or bool(PART_INDEX.fullmatch(name) or (temporary and temp_final(name) is not None)))
 
 
 def refuse_foreign(found: Survey, dest: str, overwrite: bool) -> None:
     """PackError naming the files at ``dest`` that are not this dataset's, unless ``overwrite``."""
     if found.foreign and not overwrite:
-        shown = ", ".join(found.foreign[:5]) + (f" and {len(found.foreign) - 5} more" if len(found.foreign) > 5 else "")
+        shown = ", ".join(n + (" (not a streamwin index)" if n == INDEX_NAME else "") for n in found.foreign[:5])
+        shown += f" and {len(found.foreign) - 5} more" if len(found.foreign) > 5 else ""
         raise PackError(f"{dest} holds {len(found.foreign)} file(s) that are not this dataset's: {shown}. pack writes "
                         "only to an empty folder or a streamwin dataset; choose another destination, or pass "
-                        "overwrite=True to replace them (they are removed once the new dataset is committed)")
+                        "overwrite=True (--overwrite) to replace them (they are removed once the new dataset is "
+                        "committed)")
+
+
+def refuse_unmerged(found: Survey, dest: str, overwrite: bool) -> None:
+    """PackError naming the finished parts of `pack --part i/n` at ``dest`` that a whole pack would discard, unless
+    ``overwrite``."""
+    parts = found.part_indexes
+    if parts and not overwrite:
+        raise PackError(f"{dest} holds {len(parts)} finished part(s) of `pack --part i/n` not merged yet: "
+                        f"{', '.join(parts[:3])}{' ...' if len(parts) > 3 else ''}. Merge them (streamwin merge "
+                        f"{dest}), or pass overwrite=True (--overwrite) to discard them with this pack")
 
 
 def remove_generations(fs, root: str, found: Survey, keep: set[int], *, parts: bool = True) -> None:
     """Remove every file of a generation not in ``keep``, temporaries, part indexes (``parts``), and old-layout
     files no kept index names."""
     for name in found.names:
+        final = temp_final(name)
+        if final is not None:  # only lock holders write data here: a temporary file now is a dead writer's
+            if not is_lock_file(final) or abandoned_temp(fs, join(root, name)):  # (locks are written by anyone)
+                remove_if_exists(fs, join(root, name))
+            continue
         gen = generation(name)
         old = OLD_LAYOUT.fullmatch(name) and 0 not in keep and name in found.named
-        if ((gen is not None and gen not in keep) or TEMPORARY.fullmatch(name) or old
-                or (parts and PART_INDEX.fullmatch(name))):
+        if (gen is not None and gen not in keep) or old or (parts and PART_INDEX.fullmatch(name)):
             remove_if_exists(fs, join(root, name))
 
 
@@ -161,7 +208,7 @@ def commit(fs, root: str, dest: str, manifest: Manifest, gen: int, start: Survey
     if now != start.index:
         raise PackError(f"{dest} was committed by another pack while this one ran (its index.json changed): this pack "
                         "does not commit, and the dataset there is the other pack's")
-    if start.index is not None:  # keep the index being replaced: its shards stay for the readers still using it
+    if start.index is not None and start.ours_index:  # keep the index being replaced: its shards stay for the
         write_atomic(fs, join(root, retired_name(start.gen)), start.index)
     write_index(fs, root, manifest, gen)
     after = survey(fs, root)
@@ -171,7 +218,8 @@ def commit(fs, root: str, dest: str, manifest: Manifest, gen: int, start: Survey
             remove_if_exists(fs, join(root, name))
     if overwrite:
         for name in start.foreign:
-            _remove_tree(fs, join(root, name))
+            if name != INDEX_NAME:  # (a foreign index.json is replaced by ours, not kept)
+                _remove_tree(fs, join(root, name))
 
 
 def _remove_tree(fs, path: str) -> None:

@@ -7,11 +7,12 @@ commits the manifest. Where the units run is the only thing ``engine`` changes: 
 ``workers`` processes (`parallel`), as Ray tasks or as Dask tasks (`engines`). The output is
 byte-identical whichever runs them.
 
-Crash safety: a pack holds the destination's lock (`lock`) from start to commit, writes a new
-generation of shards whose names cannot collide with the live dataset's, and commits by
-replacing index.json atomically (`dest.commit`), keeping the replaced generation for its
-readers and removing older ones only then. A pack that fails or is killed at any moment
-leaves the old dataset readable and unchanged; the next pack removes what it left.
+Crash safety: a pack holds the destination's lock (`lock`) from start to commit (a part its own
+lock, which gives way to a pack's), writes a new generation of shards whose names cannot
+collide with the live dataset's, and commits by replacing index.json atomically
+(`dest.commit`), keeping the replaced generation for its readers and removing older ones only
+then. A pack that fails or is killed at any moment leaves the old dataset readable and
+unchanged; the next pack removes what it left.
 """
 from __future__ import annotations
 
@@ -24,14 +25,16 @@ from typing import Any, Callable
 import numpy as np
 from tqdm.auto import tqdm
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import PackError
 from streamwin.formats.manifest import Manifest
-from streamwin.packing.dest import Survey, commit, prepare, refuse_foreign, remove_generations, survey
+from streamwin.packing.dest import (Survey, commit, generation, prepare, refuse_foreign, refuse_unmerged,
+                                    remove_generations, survey, temp_final)
 from streamwin.packing.encode import EncodeOptions
 from streamwin.packing.engines import run_units
 from streamwin.packing.fragments import FragmentMerger
-from streamwin.packing.lock import PackLock
-from streamwin.packing.parts import merge, parse_part, unpublish_part, write_part
+from streamwin.packing.lock import PackLock, exclude_parts, part_lock_name, yield_to_pack
+from streamwin.packing.parts import merge, parse_part, part_generation, unpublish_part, write_part
 from streamwin.packing.sources import Source, open_dest, source_of
 from streamwin.packing.unit import UnitJob
 
@@ -69,6 +72,7 @@ def _accepts_source(func: Callable[..., Manifest]) -> Callable[..., Manifest]:
 
 
 @_accepts_source
+@check_keywords(PackError)
 def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | None = None,
          workers: int = 1, compression: str | None = None, cast: str | None = None,
          empty: str = "skip", nan: str = "count", part: str | tuple[int, int] | None = None,
@@ -116,15 +120,13 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     run = functools.partial(_pack_units, source, dest, storage_options, shard_bytes, options, workers, address,
                             progress)
     if part_ is not None:
-        start = survey(fs, root)
-        refuse_foreign(start, dest, overwrite)
-        unpublish_part(fs, root, part_)
-        manifest = run(start.gen + 1)
-        write_part(fs, root, manifest, part_)
+        manifest = _pack_part(fs, root, dest, part_, run, overwrite)
     else:
         with PackLock(fs, root, dest) as lock:
+            exclude_parts(fs, root, dest, lock)
             start = survey(fs, root)
             refuse_foreign(start, dest, overwrite)
+            refuse_unmerged(start, dest, overwrite)
             remove_generations(fs, root, start, {start.gen, start.kept})  # what killed packs left
             gen = max(start.newest, lock.stale_gen) + 1
             lock.set_generation(gen)
@@ -133,6 +135,29 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
         warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
                       f"into {dest} (manifest.nonfinite counts them; nan='raise' refuses them)",
                       NonFiniteWarning, stacklevel=3)  # the caller of pack, past _accepts_source
+    return manifest
+
+
+def _pack_part(fs, root: str, dest: str, part: tuple[int, int], run: Callable[[int], Manifest],
+               overwrite: bool) -> Manifest:
+    """Pack part i of n under its part lock, beside the other parts of its job and never beside a pack (which it
+    gives way to), into their generation; then publish its part index."""
+    i, n = part
+    with PackLock(fs, root, dest, what=f"pack --part {i}/{n}", name=part_lock_name(i, n)) as lock:
+        dead = yield_to_pack(fs, root, dest, lock)
+        start = survey(fs, root)
+        refuse_foreign(start, dest, overwrite)
+        gen = part_generation(fs, root, dest, start, part, dead)
+        lock.set_generation(gen)
+        unpublish_part(fs, root, part)
+        try:
+            manifest = run(gen)
+            lock.check()
+        except BaseException as e:
+            if isinstance(e, Exception) and not isinstance(e, PackError) and not lock.holds():
+                lock.check()  # say that it lost its lock, not the symptom
+            raise
+        write_part(fs, root, manifest, part)
     return manifest
 
 
@@ -145,13 +170,16 @@ def _committed(fs, root: str, dest: str, build: Callable[[], Manifest], gen: int
         commit(fs, root, dest, manifest, gen, start, overwrite)
         return manifest
     except BaseException as e:
+        if not lock.holds():  # taken over: what is here is the other pack's now; it removes what this one wrote
+            if isinstance(e, Exception) and not isinstance(e, PackError):
+                lock.check()  # say that, not the symptom
+            raise
         try:
             after = survey(fs, root)
-            remove_generations(fs, root, after, {g for g in (after.gen, after.kept) if g != gen}, parts=False)
+            mine = [n for n in after.names if generation(temp_final(n) or n) == gen and n not in after.named]
+            remove_generations(fs, root, Survey(mine, None, 0, None), {g for g in (after.gen, after.kept)}, parts=False)
         except Exception:  # the next pack removes what is left
             pass
-        if isinstance(e, Exception) and not isinstance(e, PackError):
-            lock.check()  # a pack that lost its lock meets the other pack's cleanup: say that, not its symptom
         raise
 
 

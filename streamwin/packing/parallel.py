@@ -5,16 +5,25 @@ progress bar moves with every sequence. With ``workers > 1``, a pool of forked p
 whole units (`unit.pack_unit`): each worker writes its unit's shards itself and sends back
 only the unit's index fragment (a few bytes per sequence), so nothing is spilled anywhere
 and the parent only merges. At most two units per worker are in flight, and fragments come
-back in unit order. A worker dies with the pack (Linux: PR_SET_PDEATHSIG), so a killed pack
-leaves no process behind; a worker that dies raises a PackError here instead of a hang.
+back in unit order. A worker that dies raises a PackError here instead of a hang.
+
+A worker dies with the pack, whatever moment the pack is killed. On Linux a worker asks for
+SIGKILL when its parent dies (PR_SET_PDEATHSIG) in the fork itself, before any other code
+runs in it (an ``os.register_at_fork`` hook that acts only for this pack's own forks), then
+checks that its parent is still the pack: a pack killed before that, even mid-fork, leaves a
+worker that exits at once. Elsewhere (spawned workers) a thread in each worker watches its
+parent and ends the worker when the parent is gone.
 """
 from __future__ import annotations
 
 import collections
 import ctypes
 import multiprocessing as mp
+import os
 import signal
 import sys
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Iterator
@@ -50,7 +59,9 @@ def _chain(*heads_and_rest) -> Iterator[Job]:
 
 def _in_processes(jobs: Iterator[Job], workers: int, progress: Progress) -> Iterator[Fragment]:
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_die_with_parent)
+    _load_prctl()
+    _FORKING[threading.get_ident()] = os.getpid()  # the pool forks its workers in this thread (at the first submit)
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_die_with_parent, initargs=(os.getpid(),))
     pending: collections.deque[Future] = collections.deque()
     try:
         for job, data in jobs:
@@ -63,6 +74,7 @@ def _in_processes(jobs: Iterator[Job], workers: int, progress: Progress) -> Iter
         for f in pending:
             f.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+        _FORKING.pop(threading.get_ident(), None)
 
 
 def _done(future: Future, progress: Progress) -> Fragment:
@@ -74,11 +86,49 @@ def _done(future: Future, progress: Progress) -> Fragment:
     return fragment
 
 
-def _die_with_parent() -> None:
-    """In a worker: be killed when the pack process dies (Linux), so a killed pack leaves no worker writing."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which ends the pool
-    if sys.platform.startswith("linux"):
+_FORKING: dict[int, int] = {}  # thread -> pid of the pack whose workers that thread forks now
+_PRCTL = None  # libc's prctl, loaded before the fork (nothing to load in the child)
+PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> None:
+    global _PRCTL
+    if _PRCTL is None and sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+            _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _PRCTL = False
+
+
+def _after_fork_in_child() -> None:
+    """In a process just forked: if it is a worker of a pack (forked by the pack's thread), die with the pack."""
+    pack = _FORKING.get(threading.get_ident())
+    _FORKING.clear()  # (a worker's own forks are not a pack's)
+    if pack is None:
+        return  # another fork of this process: not ours to change
+    if _PRCTL:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != pack:  # the pack died before the line above: nothing would signal this worker
+        os._exit(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a worker, first thing: let Ctrl-C stop the parent only (which ends the pool); tie the worker to the pack
+    again (for a fork the hook did not see); where there is no PR_SET_PDEATHSIG, watch the parent from a thread."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _PRCTL:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+    if not _PRCTL:
+        threading.Thread(target=_watch_parent, args=(parent,), name="streamwin-pack-parent", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)

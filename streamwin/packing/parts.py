@@ -3,22 +3,27 @@
 ``pack(..., part="i/n")`` packs the i-th of n disjoint parts of the input's units (a contiguous
 run of them, or every n-th item of an iterable) and writes the merged fragment of its units
 as a part index (``index.partIIIII-of-NNNNN.json``). Units keep their numbers, so a part
-writes exactly the shards a pack in one piece would (``shard-gG-uU-K.tar``), all parts
-write the same generation (the live dataset's + 1), and `merge` (under the pack lock, like
-a pack) checks that every part is there and agrees with the others, then commits the
-combined index: byte-identical to a pack in one piece. The part indexes are removed once
-merged.
+writes exactly the shards a pack in one piece would (``shard-gG-uU-K.tar``), and all parts
+write one generation (`part_generation`: the one the other parts of the job write, else a
+new one). A part holds its own lock (``lock.part_lock_name``) and gives way to a whole
+pack, merge or index, which in turn run only while no part runs (see ``lock``): so no part
+writes a name a pack writes, and no pack removes a part's files. `merge` (under the pack lock, like a pack)
+checks that every part is there and agrees with the others, and that no two name one shard
+(parts of different inputs), then commits the combined index: byte-identical to a pack in
+one piece. The part indexes are removed once merged.
 """
 from __future__ import annotations
 
+import json
 import re
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import ManifestError, PackError
 from streamwin.formats.manifest import Manifest
-from streamwin.packing.dest import commit, generation, survey
+from streamwin.packing.dest import PART_INDEX, Survey, commit, generation, survey
 from streamwin.packing.fragments import FragmentMerger
 from streamwin.packing.inputs import Columns
-from streamwin.packing.lock import PackLock
+from streamwin.packing.lock import PART_LOCK, PackLock, exclude_parts, read_lock, stale
 from streamwin.storage.manifests import load_manifest, write_manifest
 from streamwin.storage.urls import join, remove_if_exists, url_to_fs
 
@@ -71,6 +76,7 @@ def write_part(fs, root: str, manifest: Manifest, part: tuple[int, int]) -> None
     write_manifest(fs, root, manifest, part_index_name(*part))
 
 
+@check_keywords()
 def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
     """Combine the part indexes written by ``pack(..., part="i/n")`` into one index.json, committed as a pack commits.
 
@@ -80,6 +86,7 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
     fs, root = url_to_fs(dest, storage_options)
     _finished_parts(dest, storage_options)  # before the lock: a folder with no parts is not written to
     with PackLock(fs, root, dest, what="merge") as lock:
+        exclude_parts(fs, root, dest, lock)
         start = survey(fs, root)
         expected = _finished_parts(dest, storage_options)
         parts = [load_manifest(dest, storage_options, name=name) for name in expected]
@@ -131,7 +138,56 @@ def _part_generation(dest: str, names: list[str], parts: list[Manifest], live: i
 
 
 def _check_present(dest: str, parts: list[Manifest], present: set[str]) -> None:
+    seen: dict[str, int] = {}
+    for i, m in enumerate(parts):
+        for s in m.shards:
+            if seen.setdefault(s.name, i) != i:
+                raise ManifestError(f"cannot merge {dest}: parts {seen[s.name]} and {i} both name {s.name} (they were "
+                                    "packed from different inputs, or with different part counts); re-pack the parts")
     absent = [s.name for m in parts for s in m.shards if s.name not in present]
     if absent:
         raise ManifestError(f"cannot merge {dest}: {len(absent)} shard(s) named by the part indexes are missing: "
                             f"{', '.join(absent[:5])}")
+
+
+def part_generation(fs, root: str, dest: str, found: Survey, part: tuple[int, int], main: dict | None) -> int:
+    """The generation part i of n writes: the one the other parts of its job write (their locks, their finished
+    indexes), else one above every generation here (``main``: a dead pack's lock, whose generation counts). A
+    PackError when parts of another part count are packing or finished here: their shards could have our names."""
+    i, n = part
+    newest = max(found.newest, int((main or {}).get("gen", 0) or 0))
+    joined: list[int] = []
+    for name in found.names:
+        lock, index = PART_LOCK.fullmatch(name), PART_INDEX.fullmatch(name)
+        if lock and int(lock.group(1)) != i:
+            holder = read_lock(fs, join(root, name))
+            if holder is None or stale(holder):
+                continue
+            gen = holder.get("gen") if isinstance(holder.get("gen"), int) else 0
+            if int(lock.group(2)) != n:
+                raise PackError(f"{dest} is being packed in {int(lock.group(2))} parts (part {int(lock.group(1))} is "
+                                f"running: pid {holder.get('pid')} on {holder.get('host')}); this part is {i}/{n}. "
+                                "Pack all parts of one job with the same n")
+            newest = max(newest, gen)
+            if gen > found.gen and not joined:
+                joined.append(gen)
+        elif index and name.endswith(".json") and name != part_index_name(i, n):
+            if int(index.group(1)) != n:
+                others = [p for p in found.part_indexes if f"-of-{n:05d}." not in p]
+                raise PackError(f"{dest} holds finished parts of a job in {int(index.group(1))} parts ("
+                                f"{', '.join(others[:3])}); this part is {i}/{n}. Merge them (streamwin merge {dest}) "
+                                "or remove them before packing parts of another count")
+            if not joined:
+                gens = {generation(s) for s in _shard_names(fs, join(root, name))} - {None}
+                if len(gens) == 1 and next(iter(gens)) > found.gen:
+                    joined.append(gens.pop())
+    return joined[0] if joined else newest + 1
+
+
+def _shard_names(fs, path: str) -> list[str]:
+    """The shard names a part index lists (none when it cannot be read)."""
+    try:
+        doc = json.loads(fs.cat_file(path))
+        return [s["name"] for s in doc["shards"] if isinstance(s.get("name"), str)]
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return []

@@ -22,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import ManifestError, ShardError
 from streamwin.formats import tar as tarfmt
 from streamwin.formats.checks import Checks
 from streamwin.formats.manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
+from streamwin.packing.lock import PackLock, exclude_parts
 from streamwin.packing.scanner import CHUNK, NpyMember, ShardScan, scan_all
 from streamwin.storage.manifests import load_manifest, write_manifest
 from streamwin.storage.urls import join, url_to_fs
@@ -33,6 +35,7 @@ from streamwin.storage.urls import join, url_to_fs
 
 # ---- verify --------------------------------------------------------------------------------------
 
+@check_keywords()
 def verify(url: str, storage_options: dict | None = None, progress: bool = True) -> dict[str, Any]:
     """Re-read every shard of the dataset at ``url`` and check it against index.json.
 
@@ -130,6 +133,7 @@ def _compare(m: Manifest, k: int, scan: ShardScan, url: str) -> ShardError | Non
 
 # ---- index ---------------------------------------------------------------------------------------
 
+@check_keywords()
 def index_shards(url: str, pattern: str = "*.tar", storage_options: dict | None = None,
                  progress: bool = True) -> Manifest:
     """Write ``<url>/index.json`` for the existing tar shards matching ``pattern`` under ``url``.
@@ -147,11 +151,14 @@ def index_shards(url: str, pattern: str = "*.tar", storage_options: dict | None 
     if not found:
         raise ManifestError(f"no shards matching {pattern!r} at {url}")
     names = [posixpath.relpath(p, root) if root else p for p in found]
-    sizes = [fs.size(p) for p in found] if progress else [0]
-    acc = _Indexer(url)
-    scan_all(fs, root, url, names, sum(sizes), progress, f"index {url}", acc.add)
-    manifest = acc.manifest()
-    write_manifest(fs, root, manifest)
+    with PackLock(fs, root, url, what="index") as lock:  # commits index.json: one writer at a time, as pack
+        exclude_parts(fs, root, url, lock)
+        sizes = [fs.size(p) for p in found] if progress else [0]
+        acc = _Indexer(url)
+        scan_all(fs, root, url, names, sum(sizes), progress, f"index {url}", acc.add)
+        manifest = acc.manifest()
+        lock.check()
+        write_manifest(fs, root, manifest)
     return manifest
 
 

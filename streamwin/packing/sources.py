@@ -6,7 +6,7 @@ its task gets, if any:
 
 - paths and URLs (any fsspec protocol: ``s3://``, ``hf://``, ``memory://``; globs too): one
   unit per file, small one-sequence files (.npy, text) TASK_FILES to a unit;
-- a Python iterable: one unit, read once, in this process;
+- a Python iterable: one unit, read once, in this process (not a dict: its items, ``d.items()``);
 - a pyarrow Table or pandas DataFrame: one unit; a ``datasets.Dataset``: ranges of about
   ``ROWS_BYTES`` of rows; a ``datasets.IterableDataset``: batches of ``ITERABLE_ROWS`` rows;
 - a ``ray.data.Dataset`` (its blocks) or a ``dask.dataframe.DataFrame`` (its partitions):
@@ -17,6 +17,7 @@ destination and checks at once, within seconds, that it can be reached.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -49,6 +50,10 @@ def source_of(inputs: Any, format: str | None, options: dict, engine: str | None
     """The `Source` of pack's input (see the module docstring)."""
     if engine not in (None, *ENGINES):
         raise PackError(f"engine must be None, 'ray' or 'dask', got {engine!r}")
+    if isinstance(inputs, Mapping):  # iterating it would give its keys alone; it may be a table's columns
+        raise PackError(f"pack takes (key, array) pairs, not a {type(inputs).__name__}: for key -> array, pass "
+                        "its items, pack(d.items(), ...); for a table's columns (an id, a time, values), pass "
+                        "pandas.DataFrame(d) or pyarrow.table(d) with id_column=")
     kind = _object_kind(inputs)
     if kind in ENGINES:
         if engine not in (None, kind):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -28,7 +27,7 @@ from streamwin.packing.columns import SequenceColumns
 from streamwin.packing.encode import EncodedSeq, Streamed
 from streamwin.packing.inputs import Columns
 from streamwin.packing.records import RECORD_MAX, Records
-from streamwin.storage.urls import is_local, join
+from streamwin.storage.urls import is_local, join, temp_path
 
 
 class _Hasher:
@@ -205,7 +204,7 @@ class ShardWriter:
         self._name = self._shard_name(len(self.shards))
         path = join(self.root, self._name)
         # unique per writer: two tasks of one unit (a retry, a duplicate) may run at once in one process
-        self._tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if is_local(self.fs) else None
+        self._tmp = temp_path(path) if is_local(self.fs) else None
         self._file = open(self._tmp, "wb", buffering=1 << 20) if self._tmp else self.fs.open(path, "wb")
         self._hash = _Hasher(self._hash_pool)
         self._sums = ChunkSums()

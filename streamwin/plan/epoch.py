@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from streamwin.arguments import check_keywords
 from streamwin.plan.mix import epoch_quotas, normalized, quota_positions, shares
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import ONLY_SOURCE, ShareOrder, cut_slices
@@ -138,7 +139,7 @@ def plan_epoch(config: PlanConfig, epoch: int, spaces: Sequence[WindowSpace], sh
     orders = []
     for i, (name, space, starts, key) in enumerate(zip(names, spaces, shard_starts, keyed)):
         if share[i] and not windows[i]:
-            raise ValueError(f"{name!r} has no windows of {config.spec} but a share of {share[i]} windows per epoch")
+            raise ValueError(no_windows(name, space, int(share[i])))
         slice_lo, slice_len = cut_slices(space.starts(starts), config.slice_windows)
         orders.append(ShareOrder(slice_lo, slice_len, int(share[i]), seed=config.seed, epoch=int(epoch), source=key,
                                  shuffle=config.shuffle))
@@ -147,6 +148,24 @@ def plan_epoch(config: PlanConfig, epoch: int, spaces: Sequence[WindowSpace], sh
     return deal(config, int(epoch), weights, orders, spaces)
 
 
+def no_windows(name: str, space: WindowSpace, share: int) -> str:
+    """Why a source given a share of the epoch has no window, and what to pass instead."""
+    spec = space.spec
+    steps = space.lengths if space.views is None or not space.n else space.views(np.arange(space.n))[1]
+    longest = int(np.max(steps, initial=0))
+    span = f"window {spec.window} + horizon {spec.horizon}" if spec.horizon else f"window {spec.window}"
+    why = (f"its longest sequence{' (in this split)' if space.views is not None else ''} has {longest} steps, "
+           f"fewer than the {spec.span} a window reads ({span})" if space.n else "it has no sequence")
+    fits = (longest - spec.horizon) // spec.window_multiple * spec.window_multiple  # the longest window that fits
+    smaller = f", or window={fits} or less" if fits > 0 else ""
+    if smaller and spec.min_window is not None:  # min_window only draws crop lengths within a window
+        smaller += f" (and min_window={min(fits, spec.min_window)} or less)" if spec.min_window > fits else \
+            " (min_window only draws crop lengths within the window: it does not lower this)"
+    return (f"{name!r} has no windows but a share of {share} windows per epoch: {why}. Pass pad=True (one window "
+            f"per shorter sequence, padded and masked){smaller}, or leave it out of the mix")
+
+
+@check_keywords()
 def make_plan(lengths: np.ndarray | None, shard_starts: np.ndarray, config: PlanConfig, epoch: int,
               views: tuple[np.ndarray, np.ndarray] | None = None, *, space: WindowSpace | None = None) -> Plan:
     """Plan one epoch of one source. ``shard_starts[k]`` is the first sequence of shard k (with a final total).

@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from streamwin.arguments import check_bool, check_int
+from streamwin.arguments import MAX_STEPS, MAX_WINDOWS, check_bool, check_int, check_keywords
 
 EQUALIZE = ("drop", "pad")
 
 
+@check_keywords()
 @dataclass(frozen=True)
 class WindowSpec:
     """How windows (crops) are cut from a sequence of length T.
@@ -42,18 +43,20 @@ class WindowSpec:
 
     def __post_init__(self) -> None:
         for name, low in (("window", 1), ("stride", 1), ("horizon", 0), ("window_multiple", 1)):
-            check_int(name, getattr(self, name), low)
+            check_int(name, getattr(self, name), low, MAX_STEPS)
         check_bool("pad", self.pad)
         check_bool("jitter", self.jitter)
         if self.window % self.window_multiple:
             raise ValueError(f"window must be a multiple of window_multiple ({self.window_multiple}), "
                              f"got window={self.window}")
         if self.min_window is not None:
-            check_int("min_window", self.min_window, 1)
+            check_int("min_window", self.min_window, 1, MAX_STEPS)
             if self.min_window > self.window:
                 raise ValueError(f"min_window must be <= window ({self.window}), got {self.min_window}")
         if self.windows_per_sequence is not None:
-            check_int("windows_per_sequence", self.windows_per_sequence, 1)
+            check_int("windows_per_sequence", self.windows_per_sequence, 1, MAX_STEPS)
+        _plain(self, ("window", "stride", "horizon", "window_multiple", "min_window", "windows_per_sequence"),
+               ("pad", "jitter"))
 
     @property
     def span(self) -> int:
@@ -117,17 +120,28 @@ class ShuffleSpec:
 
     def __post_init__(self) -> None:
         check_bool("shuffle", self.shuffle)
-        check_int("shuffle_buffer", self.shuffle_buffer, 1)
+        check_int("shuffle_buffer", self.shuffle_buffer, 1, MAX_WINDOWS)
         check_int("seed", self.seed, 0)
         if self.slice_windows is not None:
-            check_int("slice_windows", self.slice_windows, 1)
+            check_int("slice_windows", self.slice_windows, 1, MAX_WINDOWS)
+        _plain(self, ("shuffle_buffer", "seed", "slice_windows"), ("shuffle",))
+
+
+def _plain(spec: Any, ints: tuple[str, ...], flags: tuple[str, ...]) -> None:
+    """Hold numpy integers and bools (accepted as arguments) as Python ones: a checkpoint's plan inputs are
+    plain JSON, and a numpy value there made the state unloadable."""
+    for name in ints:
+        if getattr(spec, name) is not None:
+            object.__setattr__(spec, name, int(getattr(spec, name)))
+    for name in flags:
+        object.__setattr__(spec, name, bool(getattr(spec, name)))
 
 
 def check_packing(spec: WindowSpec, pack_length: Any, equalize: str) -> None:
     """Refuse a ``pack_length`` that cannot hold whole crops in rows, naming the argument as typed."""
     if pack_length is None:
         return
-    check_int("pack_length", pack_length, 1)
+    check_int("pack_length", pack_length, 1, MAX_STEPS)
     if pack_length < spec.window:
         raise ValueError(f"pack_length must be >= window ({spec.window}): a row holds whole crops, "
                          f"got pack_length={pack_length}")
@@ -142,6 +156,7 @@ def check_packing(spec: WindowSpec, pack_length: Any, equalize: str) -> None:
                          "for validation) is not supported with it, use unpacked batches for validation")
 
 
+@check_keywords()
 @dataclass(frozen=True)
 class PlanConfig:
     """Everything besides the data that the plan depends on; part of the checkpoint fingerprint."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamwin.arguments import check_int, is_real
+from streamwin.arguments import MAX_STEPS, check_int, is_real
 
 SPLITS = ("train", "val", "test")
 _P = np.uint64(0x100000001B3)  # FNV prime: odd, hence invertible modulo 2**64
@@ -46,8 +46,10 @@ class SplitSpec:
             raise ValueError(f"split_fractions must be three numbers >= 0 summing to 1 (train, val, test), "
                              f"got {fractions!r}")
         check_int("split_seed", self.seed, 0)
-        check_int("holdout", self.holdout, 0)
-        object.__setattr__(self, "fractions", tuple(fractions))
+        check_int("holdout", self.holdout, 0, MAX_STEPS)
+        object.__setattr__(self, "fractions", tuple(float(f) for f in fractions))  # plain values (a state's JSON)
+        object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "holdout", int(self.holdout))
 
 
 def split_spec(split: str | None, fractions: Sequence[float], seed: int, holdout: int) -> SplitSpec | None:

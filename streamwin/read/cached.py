@@ -18,7 +18,8 @@ class CachedShards(Transport):
 
     A shard that fails to fetch is not fetched again for the same block (each of its runs
     would fail alike). Runs of remote shards are read concurrently: several shards are
-    fetched at once.
+    fetched at once. A read that fails on a copy that no longer holds what was packed
+    (``repair``) drops it, so that the block is read again from a fresh copy.
     """
 
     mappable = True
@@ -28,9 +29,24 @@ class CachedShards(Transport):
         super().__init__(root, members, counters, concurrent=not is_local(fs))
         self.cache, self.fs = cache, fs
         self._unfetchable: dict[int, ShardError] = {}  # shards that failed to fetch for the current block
+        self._whole: set[int] = set()  # shards whose copy was checked whole after a failed read: not again
+        self._by_url: dict[str, int] | None = None
 
     def begin_block(self) -> None:
         self._unfetchable.clear()
+
+    def repair(self, err: ShardError) -> bool:
+        """After a read failed with ``err``: drop the cached copy of the shard it names if that copy is damaged
+        (ShardCache.repair, with a warning naming the file); True if dropped (read again: it is fetched anew)."""
+        if self._by_url is None:
+            self._by_url = {self.members.shard_url(k): k for k in range(len(self.members.manifest.shards))}
+        k = self._by_url.get(err.shard)
+        if k is None or k in self._whole or k in self._unfetchable:
+            return False
+        if self.cache.repair(err.shard, self.members.manifest.shards[k]):
+            return True
+        self._whole.add(k)  # the copy holds what was packed: the error is the shard's own
+        return False
 
     def read_into(self, k: int, offset: int, out: memoryview) -> None:
         f, hit = self.open_file(k, offset)

@@ -6,8 +6,11 @@ whole member, once for all the pieces of its sequence. The units the frame cache
 either end of a piece are laid out first; the compressed bytes of the rest are read in
 runs (neighbours in a shard as one, concurrently on remote storage), RAW_BATCH bytes at a
 time, each widened to whole checksum chunks and verified (verify.py), then decompressed piece
-by piece straight into the block buffer or the frame cache. A piece whose compressed bytes
-fail loses all its steps (with on_error="skip"); no damaged byte is ever decompressed.
+by piece straight into the block buffer or the frame cache. No damaged byte is ever
+decompressed; with on_error="skip", what a damaged chunk costs is the steps of the units its
+bytes belong to (a frame of a framed member: ``rows`` steps; else the member), reported as
+damage so that only the windows with a step there weigh 0. A piece whose run cannot be read
+at all loses all its steps.
 """
 from __future__ import annotations
 
@@ -35,11 +38,11 @@ class CompressedReads:
         self.inflater = Inflater(members, counters)
 
     def read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Damage]]:
-        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece, no damage:
-        a piece that failed verification has none of its steps readable).
+        """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece, damage: the
+        steps of the units whose compressed bytes failed verification or decompression).
 
-        The buffer ends in ``tail`` zero bytes. What a piece reads is decompressed whole: with
-        on_error="skip" a piece whose bytes fail loses all its steps.
+        The buffer ends in ``tail`` zero bytes. With on_error="skip" a piece laid out from units
+        (frames) loses the steps of its damaged units only, a piece laid out whole all its steps.
         """
         m = self.members.manifest
         u = units(m, p)
@@ -52,32 +55,37 @@ class CompressedReads:
         shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
         lo, hi = compressed_ranges(m, seq, f0[todo], f1[todo], u.framed[own[todo]])
         failed = np.zeros(len(todo), dtype=bool)
-        for n0, n1, raw, at in self._read_runs(seq, shard, lo, hi, failed):
+        bad: dict[int, list[tuple[int, int]]] = {}  # range -> its damaged shard bytes (verified, skip mode)
+        damage: list[Damage] = []
+        for n0, n1, raw, at in self._read_runs(seq, shard, lo, hi, failed, bad):
             for n in range(n0, n1):
-                if failed[n]:
-                    continue
                 j, i, k = int(own[todo[n]]), int(seq[n]), int(shard[n])
+                if failed[n] or (n in bad and not u.framed[j]):  # a member laid out whole: all of it lost
+                    failed[n] = True
+                    continue
                 src = memoryview(raw)[at[n - n0] : at[n - n0] + hi[n] - lo[n]]
                 out = buf[u.pos[j] : u.pos[j + 1]]
                 try:
                     if u.framed[j]:
-                        self.inflater.lay_out_frames(src, out, i, k, (int(u.a[j]), int(u.b[j])),
-                                                     (int(f0[todo[n]]), int(f1[todo[n]])))
+                        damage += [(i, s0, s1) for s0, s1 in self.inflater.lay_out_frames(
+                            src, out, i, k, (int(u.a[j]), int(u.b[j])), (int(f0[todo[n]]), int(f1[todo[n]])),
+                            bad.get(n, []))]
                     else:
                         self.inflater.decompress_whole(src, out, i, k)
                 except ShardError as e:
                     self.counters.skip_or_raise(e)
                     failed[n] = True
         good[own[todo[failed]]] = 0
-        return buf, u.base(m.step_bytes), good[u.owner], []
+        return buf, u.base(m.step_bytes), good[u.owner], damage
 
-    def _read_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                   failed: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    def _read_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, failed: np.ndarray,
+                   bad: dict[int, list[tuple[int, int]]]) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
         """Read ranges [lo, hi) of members ``seq`` in runs, a batch of about RAW_BATCH bytes at a time
         (concurrently on remote storage); yields (first range, end range, bytes, where each range of the
         batch is in them).
 
-        Ranges of a run that fails are marked in ``failed`` (after the error is raised or counted).
+        Ranges of a run that fails are marked in ``failed``, the damaged chunks [a, b) of a range's bytes
+        listed in ``bad`` (after each error is raised or counted).
         """
         runs = compressed_runs(shard, lo, hi)
         bounds = runs.first
@@ -102,8 +110,8 @@ class CompressedReads:
                     continue
                 data = raw[into[q] : into[q] + rhi[q] - rlo[q]]
                 found = self.verifier.check(int(ks[q]), int(rlo[q]), data, seq[b0:b1], lo[b0:b1], hi[b0:b1])
-                for n, _, _ in found:
-                    failed[b0 + n] = True
+                for n, a, b in found:
+                    bad.setdefault(int(b0 + n), []).append((a, b))
                 if not found:
                     self.verifier.keep_edges(int(ks[q]), int(rlo[q]), data, int(runs.run_lo[r]), int(runs.run_hi[r]))
             n0, n1 = int(bounds[r0]), int(bounds[r1])

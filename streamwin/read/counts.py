@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from streamwin.errors import ShardError
 from streamwin.read.block import ReadStats
@@ -19,6 +21,7 @@ class Counters:
         self.stats = ReadStats()
         self.on_error = on_error
         self._lock = threading.Lock()
+        self._raising = threading.local()  # set on a thread whose read may be repaired and done again
 
     def read(self, nbytes: int, hit: bool = False) -> None:
         """Count one read of ``nbytes`` (``hit``: from the node cache's copy); the most frequent count, kept cheap."""
@@ -34,9 +37,19 @@ class Counters:
             for name, n in counts.items():
                 setattr(self.stats, name, getattr(self.stats, name) + n)
 
+    @contextmanager
+    def raising(self) -> Iterator[None]:
+        """Within: every failure on this thread raises, whatever ``on_error`` says (nothing is counted yet: the
+        caller may repair what failed and read again)."""
+        self._raising.on = True
+        try:
+            yield
+        finally:
+            self._raising.on = False
+
     def skip_or_raise(self, err: ShardError) -> None:
         """Raise ``err``, or with on_error="skip" count it (and warn the first time)."""
-        if self.on_error == "raise":
+        if self.on_error == "raise" or getattr(self._raising, "on", False):
             raise err
         with self._lock:
             self.stats.skipped_ranges += 1

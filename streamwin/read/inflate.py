@@ -101,25 +101,39 @@ class Inflater:
         return f0, f1
 
     def lay_out_frames(self, raw: memoryview, out: np.ndarray, i: int, k: int, steps: tuple[int, int],
-                       frames: tuple[int, int]) -> None:
+                       frames: tuple[int, int], bad: list[tuple[int, int]] = ()) -> list[tuple[int, int]]:
         """Steps [a, b) of framed member i (of shard k) into ``out``: units [f0, f1) from ``raw`` (which holds
-        them) or the cache, one by one; units outside [f0, f1) were laid out from the cache already."""
+        them) or the cache, one by one; units outside [f0, f1) were laid out from the cache already.
+
+        A unit whose compressed bytes overlap a damaged shard range of ``bad`` is not decompressed, and
+        one that fails to decompress is counted (on_error="skip"; else raised): the steps of the piece
+        in such units are returned, [s0, s1) each, and the other units are laid out.
+        """
         (a, b), (f0, f1) = steps, frames
         m, rows, cache = self.manifest, unit_rows(self.manifest, i), self._frames()
         ends = frame_ends(m, i)
         base = int(ends[f0 - 1]) if f0 else 0
+        lost: list[tuple[int, int]] = []
         for j in range(f0, f1):
             frame = cache.get((i, j))
             if frame is None:
                 lo, hi = (int(ends[j - 1]) if j else 0) - base, int(ends[j]) - base
+                at = int(m.offset[i]) + base + lo  # the unit's first byte in the shard
+                if any(x < at + hi - lo and y > at for x, y in bad):  # damaged bytes: never decompressed
+                    lost.append((max(a, j * rows), min(b, (j + 1) * rows)))
+                    continue
                 size = min(rows, int(m.length[i]) - j * rows) * m.step_bytes  # the frame's array bytes
                 frame = cache.slot((i, j), rows * m.step_bytes)
                 head = int(m.hlen[i]) if j == 0 else 0
-                # a member not listed as frames is one unit, which may hold frames of its own
-                self._inflate(raw[lo:hi], frame[:size], i, k, int(m.offset[i]) + base + lo, head,
-                              across=not listed(m, i))
+                try:  # a member not listed as frames is one unit, which may hold frames of its own
+                    self._inflate(raw[lo:hi], frame[:size], i, k, at, head, across=not listed(m, i))
+                except ShardError as e:
+                    self.counters.skip_or_raise(e)
+                    lost.append((max(a, j * rows), min(b, (j + 1) * rows)))
+                    continue
                 cache.keep((i, j), frame)
             self._copy_steps(frame, out, i, j, a, b)
+        return lost
 
     def decompress_whole(self, raw: memoryview, out: np.ndarray, i: int, k: int) -> None:
         """All of member i (its frames, listed or not) into ``out``, its header checked."""

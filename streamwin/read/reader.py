@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from streamwin.errors import ShardError
 from streamwin.formats import npy as npyfmt
 from streamwin.formats.manifest import Manifest
 from streamwin.read.block import READABLE, Block, ReadStats
@@ -34,7 +35,7 @@ from streamwin.read.frames import zstd_slice_windows
 from streamwin.read.local import LocalShards
 from streamwin.read.members import Members
 from streamwin.read.options import ReadOptions
-from streamwin.read.pieces import land, pieces
+from streamwin.read.pieces import Pieces, land, pieces
 from streamwin.read.plain import PlainReads
 from streamwin.read.remote import RemoteShards
 from streamwin.read.runs import MERGE_GAP
@@ -113,7 +114,7 @@ class ShardReader:
         p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
         uniq, inv = np.unique(seq, return_inverse=True)
         valid = np.minimum(length - start, span)
-        buf, base, good, damage = self.reads.read(p, span * sb)
+        buf, base, good, damage = self._read(p, span * sb)
         offs, lost = land(p, base, good, start, valid, sb, len(buf) - span * sb)
         if damage:  # on_error="skip": windows with a step in a chunk that failed verification
             bad = lost_windows(damage, seq, start, valid) & ~lost
@@ -124,6 +125,20 @@ class ShardReader:
             self.counters.add(skipped_windows=int(lost.sum()))
         offs, start, real, valid, inv = (a[into_yield] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, uniq, inv)
+
+    def _read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+        """The pieces' bytes (``reads.read``). Through the node cache, a read that fails is first done with
+        every failure raised; if the shard's copy turns out damaged it is dropped (CachedShards.repair) and
+        the block read again from a fresh copy, else read again as on_error says."""
+        if not isinstance(self.shards, CachedShards):
+            return self.reads.read(p, tail)
+        try:
+            with self.counters.raising():
+                return self.reads.read(p, tail)
+        except ShardError as e:
+            if not self.shards.repair(e) and self.options.on_error == "raise":
+                raise
+        return self.reads.read(p, tail)
 
     def release(self, block: Block) -> None:
         """Drop a block's buffer (the caller must hold no view of it any more); a mapping is unmapped later.

@@ -12,6 +12,11 @@ manifest can make the cache write outside its directory. A download killed midwa
 temporary file (``<copy>.tmp-<pid>-<hex>``); the next download or eviction on the node removes
 every one whose copy's lock nobody holds (its download is over: a download holds the lock
 until it renames its file), whatever process namespace wrote it.
+
+A copy is checked whole (sha256) when it is fetched; a byte that changes on the node's disk
+later fails the reads' chunk checks. ``repair`` then checks the copy again, and drops it when
+it no longer holds what the manifest says (with a warning naming the file), so that the next
+read fetches it anew; a fresh copy that fails too fails its fetch, naming the remote shard.
 """
 from __future__ import annotations
 
@@ -19,9 +24,11 @@ import hashlib
 import os
 import re
 import uuid
+import warnings
 
 from filelock import FileLock, Timeout
 
+from streamwin.arguments import check_keywords
 from streamwin.errors import ShardError
 from streamwin.formats.manifest import ShardEntry
 from streamwin.storage.manifests import load_manifest
@@ -33,6 +40,7 @@ _TMP = re.compile(r"\.tmp-\d+-[0-9a-f]+$")
 COPY_CHUNK = 8 << 20
 
 
+@check_keywords()
 class ShardCache:
     """Verified local copies of remote shards under ``cache_dir``, evicted LRU down to ``limit_bytes``."""
 
@@ -75,6 +83,23 @@ class ShardCache:
             self._download(url, fs, path, entry, local)
         self.evict(keep=local)
         return local
+
+    def repair(self, url: str, entry: ShardEntry) -> bool:
+        """Drop the copy of shard ``url`` if it no longer holds what ``entry`` says (sha256), warning with its
+        path; True if it was dropped (the next ``fetch`` downloads it anew), False if it is whole or gone."""
+        local = self.local_path(url, entry)
+        with FileLock(local + ".lock"):  # not while another process downloads it
+            try:
+                digest = _sha256(local)
+            except FileNotFoundError:
+                return False
+            if digest == entry.sha256:
+                return False
+            os.remove(local)
+        warnings.warn(f"streamwin: the node cache's copy {local} of {url} is damaged (sha256 {digest[:16]}..., the "
+                      f"manifest says {entry.sha256[:16]}...): dropped it, fetching the shard again", RuntimeWarning,
+                      stacklevel=2)
+        return True
 
     def _valid(self, local: str, entry: ShardEntry) -> bool:
         """Whether ``local`` is a whole copy: the manifest's size (its content was checked when it was fetched)."""
@@ -161,6 +186,15 @@ def _touch(path: str) -> None:
         pass
 
 
+def _sha256(path: str) -> str:
+    """The sha256 of a local file, read in pieces."""
+    h, buf = hashlib.sha256(), bytearray(COPY_CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(memoryview(buf)[:n])
+    return h.hexdigest()
+
+
 def _copy(fs, path: str, dest: str) -> str:
     """Copy ``path`` of ``fs`` to the local file ``dest``; the sha256 of the bytes copied."""
     h = hashlib.sha256()
@@ -174,6 +208,7 @@ def _copy(fs, path: str, dest: str) -> str:
     return h.hexdigest()
 
 
+@check_keywords()
 def prefetch(url: str, cache_dir: str, *, storage_options: dict | None = None, local_rank: int | None = None,
              local_world_size: int | None = None, limit_bytes: int | None = None) -> int:
     """Warm the node cache with every shard of a dataset; returns the shards this process fetched.

@@ -8,6 +8,8 @@ from typing import Callable, TypeVar
 from streamwin.errors import StreamwinError
 
 T = TypeVar("T")
+# errors that no retry can cure, raised at once: nothing there, not allowed, a file where a directory goes (or back)
+FINAL = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError, StreamwinError)
 
 
 def permanent(error: BaseException) -> str | None:
@@ -24,6 +26,8 @@ def permanent(error: BaseException) -> str | None:
         seen.add(id(e))
         if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
             return "connection refused"
+        if isinstance(e, (NotADirectoryError, IsADirectoryError)):
+            return "a file where a directory belongs" if isinstance(e, NotADirectoryError) else "a directory, not a file"
         if isinstance(e, ConnectionError) and str(e).startswith("cannot connect"):  # storage.manifests says so
             return "cannot connect"
         names = {c.__name__ for c in type(e).__mro__}
@@ -36,14 +40,15 @@ def permanent(error: BaseException) -> str | None:
 def with_retries(call: Callable[[], T], *, retries: int, backoff: float) -> T:
     """``call()``, retried on transient errors with exponential backoff (``backoff``, 2x, 4x, ...).
 
-    A missing or forbidden object (FileNotFoundError, PermissionError), a StreamwinError (bad
-    data) and an error that retrying cannot help (see ``permanent``) are raised at once; any
-    other error is raised as is once ``retries`` retries have failed too.
+    A missing or forbidden object (FileNotFoundError, PermissionError), a path through a file
+    or to a directory (NotADirectoryError, IsADirectoryError), a StreamwinError (bad data) and
+    an error that retrying cannot help (see ``permanent``) are raised at once; any other error
+    is raised as is once ``retries`` retries have failed too.
     """
     for attempt in range(retries + 1):
         try:
             return call()
-        except (FileNotFoundError, PermissionError, StreamwinError):
+        except FINAL:
             raise
         except Exception as e:
             if attempt == retries or permanent(e):

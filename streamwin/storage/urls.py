@@ -54,25 +54,45 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
+TEMP_MARK = ".streamwin-tmp-"  # a write in progress: <final name>.streamwin-tmp-<32 hex digits>
+
+
+def temp_path(path: str) -> str:
+    """A unique temporary name beside ``path`` for a write in progress: ``<path>.streamwin-tmp-<32 hex digits>``,
+    which no user's file matches by accident (so a clean-up can tell it from theirs)."""
+    return f"{path}{TEMP_MARK}{uuid.uuid4().hex}"
+
+
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes | list) -> None:
     """Write ``data`` (bytes, or a list of buffers written in order) so that readers see either nothing or all of it.
 
-    Local files go through a temporary name and os.replace; object stores make a PUT
+    Local files go through a temporary name (`temp_path`) and os.replace; object stores make a PUT
     visible only once it is complete, so they are written directly.
     """
     parts = data if isinstance(data, list) else [data]
     if is_local(fs):
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        tmp = temp_path(path)
+        try:
+            with open(tmp, "wb") as f:
+                for part in parts:
+                    f.write(part)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
     else:
         with fs.open(path, "wb") as f:
             for part in parts:
                 f.write(part)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
@@ -87,10 +107,46 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
 def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> bool:
     """Create ``path`` holding ``data`` only if nothing is there; False when something is (a lock's create).
 
-    Local files use O_CREAT | O_EXCL; s3 a PUT with ``If-None-Match: *`` (s3fs ``mode="create"``),
-    which the store refuses atomically when the key exists; other filesystems check, then write.
+    The store itself decides, atomically, so of processes creating one path at once exactly one
+    succeeds, and a reader never sees the file without its content: a local file is written
+    under a temporary name and hard-linked into place (a link fails when the name exists;
+    O_EXCL where there are no links); s3 is a PUT with ``If-None-Match: *``, gcs an upload
+    with ``ifGenerationMatch=0``, azure a blob upload with ``If-None-Match: *`` (each refused
+    by the store when the object exists), other filesystems fsspec's ``mode="create"``.
     """
     if is_local(fs):
+        return _create_local(path, data)
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    try:
+        if protocols & {"az", "abfs", "abfss"}:
+            fs.pipe_file(path, data, overwrite=False)  # adlfs: If-None-Match: *
+        else:  # s3fs: IfNoneMatch="*"; gcsfs: ifGenerationMatch=0
+            fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        return False
+    except TypeError as e:  # a gcsfs too old to know mode="create"
+        raise StreamwinError(f"cannot create {path} exclusively: this {type(fs).__name__} has no exclusive create "
+                             f"({e}); upgrade it (pip install -U gcsfs s3fs adlfs)") from e
+    except OSError as e:  # 412 Precondition Failed / 409 BlobAlreadyExists when the object exists
+        if _exists_error(e):
+            return False
+        raise
+    fs.invalidate_cache(path)
+    return True
+
+
+def _create_local(path: str, data: bytes) -> bool:
+    tmp = temp_path(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # atomic, and the content is whole before the name appears
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here: an exclusive create, written at once
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
@@ -98,15 +154,15 @@ def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> b
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return True
-    try:
-        fs.pipe_file(path, data, mode="create")
-    except FileExistsError:
-        return False
-    except OSError as e:  # s3fs: 412 Precondition Failed when the key exists
-        if "PreconditionFailed" in repr(e) or "412" in str(e):
-            return False
-        raise
-    return True
+    finally:
+        _unlink(tmp)
+
+
+def _exists_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e!r} {e}"
+    return any(word in text for word in ("PreconditionFailed", "Precondition Failed", "412", "BlobAlreadyExists",
+                                          "ResourceExists", "ConditionNotMet"))
+
 
 def reach(url: str, storage_options: dict[str, Any] | None = None) -> None:
     """Fail fast, in one line, when the object storage of ``url`` (s3) cannot be reached or refuses us.

@@ -3,9 +3,12 @@
 Read with pyarrow.csv when pyarrow is installed, else with the stdlib csv module: a column is
 int64 or float64 when all its cells parse (an empty cell is NaN), else text. Options:
 ``id_column``, ``order_column``, ``value_columns``, ``squeeze``. A CSV has no schema that says
-which columns are values: when ``value_columns`` is not given and more than one numeric column
-is left besides the id and order columns (a time stamp, a label), pack asks for them (a
-PackError naming the columns) instead of taking them all; ``value_columns="*"`` takes them all.
+which columns are values: when neither ``value_columns`` nor ``order_column`` is given and more
+than one numeric column is left besides the id column (a time stamp among them?), pack asks
+(a PackError naming the columns) instead of taking them all. Naming the time column as
+``order_column`` answers it (the other numeric columns are the values, in file order, unless one of
+them holds one value per id, a label or a year: then pack asks again), and so
+do ``value_columns=[...]`` and ``value_columns="*"`` (all of them).
 """
 from __future__ import annotations
 

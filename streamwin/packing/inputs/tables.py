@@ -3,7 +3,8 @@
 ``id_column`` names each row's sequence, ``order_column`` (optional) sorts its rows (stable:
 file order on ties, and file order without one), and the value columns are stacked to
 [T, F] ([T] for one column when ``squeeze``, the default). Without ``value_columns`` (or with
-``value_columns="*"``) every numeric column is taken (a CSV asks instead, when that is more than one) but the id, the order and a pandas index (``__index_level_0__``,
+``value_columns="*"``) every numeric column is taken (a CSV with neither ``order_column`` nor ``value_columns``
+asks instead, when that is more than one) but the id, the order and a pandas index (``__index_level_0__``,
 ``Unnamed: 0``, an unnamed column, the index named in parquet's pandas metadata). Sequences
 come in order of their id's first row; a sequence must lie within one file. The reader
 reports the `Columns` it took (one name per feature) and the ones it left out, and why.
@@ -53,7 +54,9 @@ def long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, repor
                    index_columns: Iterable[str] = (), ask: bool = False) -> Batch:
     """One sequence per id: its rows, sorted by the order column (stable: file order on ties);
     ids in order of first appearance in the file. ``ask``: refuse to guess between several numeric
-    columns when ``value_columns`` is not given (a CSV's time or label column would become a feature)."""
+    columns when neither ``value_columns`` nor ``order_column`` is given (a CSV's time column would become
+    a feature); with ``order_column`` named, the other numeric columns are the values, in file order,
+    unless one of them holds one value per id (a label, a year: asked too)."""
     id_col, order_col = opts.get("id_column"), opts.get("order_column")
     if id_col is None:
         raise PackError(f"{where}: long layout needs id_column= (or list columns for one row per sequence)")
@@ -61,23 +64,46 @@ def long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, repor
         if name not in columns:
             raise PackError(f"{where}: no column {name!r} (columns: {list(columns)})")
     chosen = choose_columns({c: a.dtype.kind for c, a in columns.items()}, opts, where, index_columns)
-    if ask and opts.get("value_columns") is None and len(chosen.taken) > 1:
-        raise PackError(f"{where}: id_column={id_col!r} leaves {len(chosen.taken)} numeric columns, "
-                        f"{', '.join(map(repr, chosen.taken))}, and each would become a feature of every step. Name "
-                        "the values: value_columns=[...] (a time or step column: order_column=...), or "
-                        "value_columns='*' to take them all")
-    values = _value_matrix(columns, chosen.taken, opts, where)
-    report(chosen)
     uniq, first, inverse = np.unique(columns[id_col], return_index=True, return_inverse=True)
     order = np.argsort(first)  # group ranks: by first appearance
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     row_rank = rank[inverse.reshape(-1)]
+    if ask and opts.get("value_columns") is None and len(chosen.taken) > 1:
+        _ask_for_values(columns, chosen.taken, row_rank, id_col, order_col, where)
+    values = _value_matrix(columns, chosen.taken, opts, where)
+    report(chosen)
     sort_keys = (row_rank,) if order_col is None else (columns[order_col], row_rank)
     rows = np.lexsort(sort_keys)  # grouped by rank (last key is primary), then by order, stable
     bounds = np.zeros(len(uniq) + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_rank, minlength=len(uniq)), out=bounds[1:])
     return Batch([text_key(str(uniq[g])) for g in order.tolist()], values[rows], bounds)
+
+
+def _ask_for_values(columns: dict[str, np.ndarray], taken: tuple[str, ...], row_rank: np.ndarray, id_col: str,
+                    order_col: str | None, where: str) -> None:
+    """Refuse to guess a CSV's value columns: with no order column (is one of them the time?), or when one of
+    them holds one value per id (a label, a year: a feature of no step)."""
+    if order_col is None:
+        raise PackError(f"{where}: id_column={id_col!r} leaves {len(taken)} numeric columns, "
+                        f"{', '.join(map(repr, taken))}, and each would become a feature of every step. Name "
+                        "the time or step column, order_column=... (the other numeric columns are then the values), "
+                        "or the values, value_columns=[...], or pass value_columns='*' to take them all")
+    per_id = _one_value_per_id(columns, taken, row_rank)
+    rest = [name for name in taken if name not in per_id]
+    if per_id and rest:  # (all of them one value per id: nothing tells them apart, they are the values)
+        raise PackError(f"{where}: {', '.join(map(repr, per_id))} hold{'s' if len(per_id) == 1 else ''} one value "
+                        f"per {id_col} (a label, a year?) and would become a feature of every step. Name the values, "
+                        f"value_columns={rest!r}, or pass value_columns='*' to take them all")
+
+
+def _one_value_per_id(columns: dict[str, np.ndarray], names: tuple[str, ...], row_rank: np.ndarray) -> list[str]:
+    """The columns among ``names`` whose value is the same on every row of each id (some id having two rows)."""
+    grouped = np.argsort(row_rank, kind="stable")
+    same_id = row_rank[grouped][1:] == row_rank[grouped][:-1]
+    if not same_id.any():
+        return []
+    return [name for name in names if np.all((columns[name][grouped][1:] == columns[name][grouped][:-1]) | ~same_id)]
 
 
 def _value_matrix(columns: dict[str, np.ndarray], names: tuple[str, ...], opts: dict, where: str) -> np.ndarray:

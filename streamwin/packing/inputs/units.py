@@ -19,6 +19,7 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
+from streamwin.arguments import did_you_mean
 from streamwin.errors import PackError
 from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, InputFormat, InputUnit, Item, Report
 from streamwin.packing.inputs.arrow import ARROW
@@ -159,7 +160,8 @@ def _check_options(fmt: str, options: dict[str, Any]) -> tuple[tuple[str, Any], 
     accepted = spec.options
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise PackError(f"unknown option(s) {unknown} for format {fmt!r}; accepted: {list(accepted) or 'none'}")
+        hints = "".join(did_you_mean(name, accepted) for name in unknown)
+        raise PackError(f"unknown option(s) {unknown} for format {fmt!r}; accepted: {list(accepted) or 'none'}{hints}")
     opts = {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items() if v is not None}
     for name in _NAME_LISTS:  # one name given as a string is one name, not a list of letters
         if isinstance(opts.get(name), str):
