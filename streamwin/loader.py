@@ -344,7 +344,7 @@ class WindowLoader:
     def _check_fits(self, world_size: int) -> None:
         """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
         self.dataset.check_fits()
-        check_memory(self.dataset, self.num_workers, self.prefetch_factor, ship_blocks=False)
+        check_memory(self.dataset, self.num_workers, self.prefetch_factor)
 
     def _log_once(self, world: tuple[int, int]) -> None:
         if self._logged:

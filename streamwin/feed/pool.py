@@ -4,9 +4,9 @@
 per worker, and exchange slot numbers with the trainer through rings in the same file
 (protocol.py): in steady state a batch costs the trainer no system call.
 
-The trainer's side of a slot, for every feed (``WorkerFeed``, device mode's chunks):
+The trainer's side of a slot, for every feed (``WorkerFeed``, ``WorkerDeviceFeed``):
 
-- ``receive(w)`` / ``take(w)``: worker ``w``'s next message / next filled batch slot;
+- ``take(w)``: worker ``w``'s next filled batch slot (``receive(w)``: waiting for it);
 - ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes,
   ``batches.take(w, slot)`` the batch made ahead over its fields (slots.SlotBatches);
 - ``hold(w, slot, event=None)``: the slot is in use: it goes back to its worker once nothing
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from streamwin.errors import WorkerError
-from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, CHUNK_BYTES, ERROR, PER_RELEASE, RELEASE, RUN, STOP,
-                                     WARNING, Channel, has_payload, raise_warning, rebuild_error, ring_size)
+from streamwin.feed.protocol import (BATCH, ERROR, PER_RELEASE, RELEASE, RUN, STOP, WARNING, Channel, has_payload,
+                                     raise_warning, rebuild_error, ring_size)
 from streamwin.feed.sizing import RELEASE_BATCH, pool_slots
 from streamwin.feed.slots import SharedFile, SlotBatches, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
@@ -95,17 +95,16 @@ class WorkerPool:
     """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side).
 
     ``slots``: per worker, the batches it may have ready plus those the training loop may hold
-    (the spare slots of batched releases are added). ``ship_blocks``: slots of CHUNK_BYTES for
-    device mode's block chunks, with no fields.
+    (the spare slots of batched releases are added).
     """
 
     def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
-                 ship_blocks: bool = False, start_timeout: float = 120.0):
-        self.num_workers, self.ship_blocks = num_workers, ship_blocks
+                 start_timeout: float = 120.0):
+        self.num_workers = num_workers
         self.user_slots = slots - 2  # slots of a worker the training loop may hold before batches are copied out
         n = pool_slots(slots)
-        layout = None if ship_blocks else ds.layout()
-        self.slot_layout = SlotLayout(num_workers, n, CHUNK_BYTES if ship_blocks else layout.nbytes, ring_size(n))
+        layout = ds.layout()
+        self.slot_layout = SlotLayout(num_workers, n, layout.nbytes, ring_size(n))
         self.shm = SharedFile(self.slot_layout.nbytes)
         self.procs: list = []
         self.conns: list = []
@@ -137,7 +136,7 @@ class WorkerPool:
                 self.inbox.append(Channel(to_trainer, sems[2], sems[3], mine))
                 p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
                                     args=(ds, num_workers, w, world, self.shm.handle(), self.slot_layout, theirs,
-                                          tuple(sems), os.getpid(), ship_blocks))
+                                          tuple(sems), os.getpid()))
                 p.start()
                 theirs.close()
                 self.procs.append(p)
@@ -168,23 +167,18 @@ class WorkerPool:
         msg = self.inbox[w].receive()
         if msg is not None and msg[0] == BATCH and msg[1] == self.run:  # the usual case: it is there already
             return msg[2]
-        return self.receive(w, first=self._read(w, msg))[1]
+        return self.receive(w, first=self._read(w, msg))
 
     def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
         """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
         return self.batches.fields[w][slot]
 
-    def receive(self, w: int, wait: bool = True, first: tuple | None = None) -> tuple[int, int, int, int] | None:
-        """Worker ``w``'s next BATCH(slot, 0, 0), BLOCK(bytes, windows, source) or CHUNK(slot, bytes, 0) of the current pass.
-
-        Held slots are recycled while waiting; with ``wait=False``, None when nothing has arrived. ``first``:
-        a record of ``w``'s already read.
-        """
+    def receive(self, w: int, first: tuple | None = None) -> int:
+        """The slot of worker ``w``'s next BATCH of the current pass, waiting for it (held slots are recycled
+        meanwhile); a BATCH of an abandoned pass is released. ``first``: a record of ``w``'s already read."""
         while True:
             msg, first = first or self._next(w), None
             if msg is None:
-                if not wait:
-                    return None
                 self.waits += 1
                 self.recycle()
                 self.flush(w)  # the worker may be waiting for these
@@ -194,12 +188,11 @@ class WorkerPool:
                     self._check_answering(w)
                     self.recycle()
                     self.flush(w)
-            kind, run, a, b, c = msg
-            if kind in (BATCH, BLOCK, CHUNK):
+            kind, run, slot = msg[:3]
+            if kind == BATCH:
                 if run == self.run:
-                    return kind, a, b, c
-                if kind != BLOCK:
-                    self.release(w, a)  # from a pass abandoned midway
+                    return slot
+                self.release(w, slot)  # from a pass abandoned midway
 
     def _next(self, w: int, timeout: float = 0.0) -> tuple[int, int, int, int, int] | None:
         """Worker ``w``'s next record within ``timeout`` s, or None; an error of this pass is raised, a warning warned."""

@@ -2,7 +2,6 @@
 
     trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slots) | STOP
     worker -> trainer   READY | BATCH(run, slot)      | an error or a warning, as JSON (rare)
-    device mode         BLOCK(run, bytes, table bytes, source), then CHUNK(run, slot, bytes) ...
 
 Each direction is a ``Channel``: a ring of 5-integer records in the shared file (slots.py), a
 semaphore counting the records in it and one counting the free places. The sender writes a
@@ -34,15 +33,14 @@ from streamwin import errors
 from streamwin.errors import ShardError
 from streamwin.feed.slots import RECORD
 
-READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING, BLOCK, CHUNK = 1, 2, 3, 4, 5, 0, 6, 7, 8
+READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING = 1, 2, 3, 4, 5, 0, 6
 PIPED = (ERROR, WARNING)  # their payload waits in the pipe
 PER_RELEASE = 4  # slots one RELEASE record gives back (-1: none)
 RECORD_STRUCT = struct.Struct(f"={RECORD}q")  # a record in the ring: native int64 (both sides on one machine)
-CHUNK_BYTES = 4 << 20  # slot size when workers ship blocks
 
 
 def ring_size(slots: int) -> int:
-    """Records a channel's ring holds: every slot's message twice over (BLOCK before CHUNK), and a few more."""
+    """Records a channel's ring holds: a BATCH for every slot, and as many more for warnings and commands."""
     return 2 * slots + 8
 
 

@@ -12,7 +12,7 @@ import sys
 
 from streamwin.arguments import check_fits
 from streamwin.batch import BufferPool
-from streamwin.feed.protocol import CHUNK_BYTES, ring_size
+from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
 
 RELEASE_BATCH = 4  # slots the trainer gives back in one RELEASE (a worker gets RELEASE_BATCH - 1 spare slots)
@@ -65,11 +65,11 @@ def slots_text(dataset, num_workers: int, prefetch_factor: int) -> str:
     return f"num_workers={num_workers} x (prefetch_factor={prefetch_factor} + {pool_slots(2)}) batch slots of {per}"
 
 
-def check_memory(dataset, num_workers: int, prefetch_factor: int, ship_blocks: bool) -> None:
+def check_memory(dataset, num_workers: int, prefetch_factor: int) -> None:
     """ValueError naming the arguments if the slots and the trainer's own batches exceed this machine's memory."""
     batch = dataset.layout().nbytes
     need = BufferPool.KEEP * batch
     if num_workers:
-        need += pool_bytes(num_workers, prefetch_factor + 2, CHUNK_BYTES if ship_blocks else batch)
+        need += pool_bytes(num_workers, prefetch_factor + 2, batch)
     check_fits(need, f"{slots_text(dataset, num_workers, prefetch_factor)}, and {BufferPool.KEEP} batches of this "
                "process")

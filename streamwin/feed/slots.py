@@ -189,9 +189,9 @@ class SlotBatches:
     keys over its ``seq``) is made right after its previous batch was released, for several slots
     at once (``prepare``): after a training step the trainer's caches are cold and one torch call
     costs tens of microseconds, a few more in a row hardly anything. Keys outlive their slot: when
-    only they still read it, they take a copy (``BatchKeys.detach``) and the slot is free. Raw
-    slots (``layout`` None: device mode's chunks) and packed rows (per-crop fields cut per batch)
-    get no batches made ahead.
+    only they still read it, they take a copy (``BatchKeys.detach``) and the slot is free. Packed
+    rows (per-crop fields cut per batch) get no batches made ahead; device mode copies the slot's
+    bytes instead (to_device.py) and takes none. ``layout`` None: a closed pool's (no slots).
     """
 
     def __init__(self, bases: list[list[np.ndarray]], layout=None, manifests: list | None = None):

@@ -2,9 +2,8 @@
 
 The trainer and the worker exchange records through two rings in shared memory (protocol.py).
 A worker writes a batch only into a slot the trainer has released, so a batch the trainer
-still holds is never overwritten; per batch it sends the slot's number. In device mode it
-ships whole blocks instead, every source's of its stream, in the order its batcher will read
-them (``nodes.block_order``), through the slots in chunks. A worker ignores SIGINT (the trainer
+still holds is never overwritten; per batch it sends the slot's number (device mode too: the
+trainer copies the slot to the device). A worker ignores SIGINT (the trainer
 stops it) and exits when the trainer dies: a thread of its own (``watch_parent``) checks every
 HEARTBEAT_S that the trainer lives and exits the process at once when it does not, even while
 the worker is blocked in a read; the same thread bumps a heartbeat counter in shared memory,
@@ -23,12 +22,11 @@ from typing import Any
 import numpy as np
 
 from streamwin.dataset import WindowDataset
-from streamwin.feed.device import window_table
-from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, READY, RELEASE, RUN, STOP, Channel, forward_warnings,
-                                     has_payload, send_error)
+from streamwin.feed.protocol import (BATCH, READY, RELEASE, RUN, STOP, Channel, forward_warnings, has_payload,
+                                     send_error)
 from streamwin.feed.slots import SharedFile, SharedHandle, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS, read_counters
-from streamwin.pipeline import open_stream, ship_blocks
+from streamwin.pipeline import open_stream
 
 
 HEARTBEAT = 15  # the worker's counter (feed.slots.COUNTERS per worker) that its watchdog thread bumps
@@ -102,14 +100,10 @@ class Inbox:
 
 
 def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[int, int], shared: SharedHandle,
-                slot_layout: SlotLayout, conn, semaphores: tuple, parent_pid: int, ship: bool = False) -> None:
+                slot_layout: SlotLayout, conn, semaphores: tuple, parent_pid: int) -> None:
     """A worker process: map the slots, then run the passes the trainer asks for.
 
     ``semaphores``: (items, space) of the channel to the worker, then of the one to the trainer.
-
-    ``ship`` (device mode): instead of gathering batches, stream each block's window table and
-    bytes through the slots in chunks, in the order the trainer's batcher reads them; the
-    trainer uploads them and cuts the windows.
     """
     import torch
 
@@ -121,7 +115,7 @@ def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[i
     outbox = Channel(to_trainer, *semaphores[2:], conn)
     forward_warnings(outbox)
     raw = [slot_layout.slot(arr, worker, i) for i in range(slot_layout.slots)]
-    slots = Slots(raw if ship else [ds.layout().views(r) for r in raw], inbox, outbox)
+    slots = Slots([ds.layout().views(r) for r in raw], inbox, outbox)
     counters = slot_layout.counters(arr, worker)
     watch_parent(parent_pid, counters[HEARTBEAT:])
     outbox.send(READY, worker)
@@ -143,7 +137,7 @@ def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[i
             if key not in plans:
                 plans.clear()  # the trainer's world: torch.distributed is not initialized here
                 plans[key] = ds.plan(epoch, num_workers, rest, world_size=world[1])
-            cmd = run_pass(ds, plans[key], stream, run, first, slots, counters, totals, ship)
+            cmd = run_pass(ds, plans[key], stream, run, first, slots, counters, totals)
     except ParentGone:
         return
 
@@ -161,7 +155,7 @@ class Slots:
         self.free.extend(s for s in msg[1:5] if s >= 0)
 
     def take(self):
-        """A free slot (its field views, or its bytes); its number is ``taken[-1]``."""
+        """A free slot's field views; its number is ``taken[-1]``."""
         while not self.free:
             msg = self.inbox.next()
             if msg[0] != RELEASE:
@@ -170,17 +164,14 @@ class Slots:
         self.taken.append(self.free.popleft())
         return self.slots[self.taken[-1]]
 
-    def sent(self, tag: int, run: int, nbytes: int = 0) -> None:
-        """Send the slot taken first, then collect the releases (or a command) that have arrived."""
-        self.send(tag, run, self.taken.pop(0), nbytes)
+    def sent(self, run: int) -> None:
+        """Send the slot taken first (BATCH), then collect the releases (or a command) that have arrived.
+        While the ring to the trainer is full, it waits as long as the trainer lives."""
+        self.outbox.send(BATCH, run, self.taken.pop(0), waiting=self.inbox.check_parent)
         while (msg := self.inbox.next(wait=False)) is not None:
             if msg[0] != RELEASE:
                 raise Interrupted(msg)
             self.freed(msg)
-
-    def send(self, tag: int, *args: int) -> None:
-        """One record to the trainer (waiting, while its ring is full, as long as the trainer lives)."""
-        self.outbox.send(tag, *args, waiting=self.inbox.check_parent)
 
     def give_back(self) -> None:
         """Slots popped for output that never went out are free again."""
@@ -189,21 +180,14 @@ class Slots:
 
 
 def run_pass(ds: WindowDataset, plan, stream: int, run: int, first: int, slots: Slots, counters: np.ndarray,
-             totals: np.ndarray, ship: bool) -> tuple | None:
+             totals: np.ndarray) -> tuple | None:
     """One pass of a stream into free slots; returns a command that interrupted it, or None."""
     running = None
     try:
-        if ship:
-            running = ship_blocks(ds, plan, stream, first)
-            for i, block in running:
-                ship_block(block, slots, run, i)
-                running.node.release(i, block)
-                counters[: len(STAT_FIELDS)] = totals + read_counters(running.stats())
-        else:
-            running = open_stream(ds, plan, stream, first, slots.take, prefetch=False)
-            for _ in running:
-                counters[: len(STAT_FIELDS)] = totals + read_counters(running.stats())
-                slots.sent(BATCH, run)
+        running = open_stream(ds, plan, stream, first, slots.take, prefetch=False)
+        for _ in running:
+            counters[: len(STAT_FIELDS)] = totals + read_counters(running.stats())
+            slots.sent(run)
         return None
     except Interrupted as e:
         return e.msg
@@ -220,14 +204,3 @@ def run_pass(ds: WindowDataset, plan, stream: int, run: int, first: int, slots: 
             totals += read_counters(stats)
             counters[: len(STAT_FIELDS)] = totals
 
-
-def ship_block(block, slots: Slots, run: int, source: int) -> None:
-    """BLOCK(bytes, table bytes, source), then the window table and the bytes in slot-sized CHUNKs."""
-    table = window_table(block)
-    slots.send(BLOCK, run, len(block.buf), len(table), source)
-    for part in (table, block.buf):
-        for pos in range(0, len(part), len(slots.slots[0])):
-            dest = slots.take()
-            n = min(len(dest), len(part) - pos)
-            np.copyto(dest[:n], part[pos : pos + n])  # page cache -> shared (page-locked) memory, no GIL
-            slots.sent(CHUNK, run, n)
