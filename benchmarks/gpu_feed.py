@@ -8,9 +8,21 @@ work takes the trainer's interpreter, worker processes pay a hand-off per batch.
 Models (``--models``, with CUDA): ``mlp`` (a window MLP forecaster, hidden 512), ``small``
 (transformer forecaster d128, 2 layers) and ``medium`` (d256, 4 layers); next-step MSE, bf16
 autocast, fused AdamW; each step moves x to the device with non_blocking=True (a no-op when
-the loader already delivers device tensors). Without CUDA the one model is ``simulated``: each
-step holds the interpreter for 4 ms in a Python loop (a launch-bound step), touches the batch
-(one element and a small slice's sum), then sleeps 1 ms (the device finishing).
+the loader already delivers device tensors). Simulated models (the default without CUDA; any
+device): each step holds the interpreter in a Python loop (a launch-bound step), touches the
+batch (one element and a small slice's sum), then sleeps (the device finishing):
+  simulated      4 ms held, 1 ms asleep (the small transformer's shape)
+  simulated-mlp  1.0 ms held, 0.4 ms asleep (the MLP forecaster's shape: data-hungry)
+  idle           0 ms held, 4 ms asleep: a step that uses no CPU, so the trainer process's CPU
+                 per step above the floor's is what the feed costs the trainer per batch
+
+Trainer CPU per batch: every run measures ``time.process_time`` (all threads of the trainer
+process, its workers excluded) over the timed steps, and the workers' CPU (psutil, children).
+With ``idle`` each run alternates blocks of CPU_ROUND steps fed by its case with as many fed
+preallocated batches (a bare loop) in the same process, and "trainer CPU us/batch" is the
+difference: the feed's CPU in the trainer, measured beside a bare loop under the same load (the
+floor's row shows that difference for two bare loops: the noise). With the other models it is a
+run's CPU per step minus the floor run's (medians): noisier, as the runs see different loads.
 
 Cases (``--cases``), each at every model:
   floor                 the same step fed preallocated batches (on the device with CUDA)
@@ -30,8 +42,10 @@ Defaults leave out worker counts above 2 x cores (listed as skipped; name them i
 Every (model, case, repeat) is a fresh child process (``--child``), so loaders share no state;
 repeats are interleaved (A, B, C, A, B, C, ...) so drift hits every case alike; tables show medians.
 
-Targets (issue #10), printed as met / NOT MET with the numbers:
+Targets (issues #10 and #27), printed as met / NOT MET with the numbers:
   simulated trainer (2 cores): data-wait of streamwin's best mode <= 5%, and below webdataset's
+  simulated-mlp (2 cores): data-wait of streamwin:1 <= 5% (webdataset's best shown beside)
+  idle step: trainer CPU of streamwin:1 <= 25 us per batch above the floor
   loader alone: streamwin w=1 >= 0.6 x w=0 (2 cores); streamwin w=2 >= 3 x webdataset w=2;
                 w=8 >= 1M windows/s (16 cores)
   GPU: data-wait <= 3% (small transformer) and <= 10% (MLP) in the default or a one-argument
@@ -70,15 +84,21 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("streamwin", "streamwin-device", "streamwin-static", "webdataset")
 SIMULATED = "simulated"
+#: simulated models: name -> (seconds holding the interpreter, seconds asleep) per step
+IDLE = "idle"
+SIMULATED_MODELS = {SIMULATED: (0.004, 0.001), "simulated-mlp": (0.001, 0.0004), IDLE: (0.0, 0.004)}
+CPU_ROUND = 25  # idle model: steps per block, alternately fed by the case and by preallocated batches
 #: name -> (width, layers); layers 0 is the MLP forecaster (width = its hidden size).
 MODELS = {"mlp": (512, 0), "small": (128, 2), "medium": (256, 4)}
-HOLD_S, SLEEP_S = 0.004, 0.001  # the simulated step: interpreter held, then asleep
+HOLD_S, SLEEP_S = SIMULATED_MODELS[SIMULATED]  # the simulated step: interpreter held, then asleep
 FLOOR_POOL = 8  # preallocated batches the floor cycles through
 MODEL_CASES = ("floor", "streamwin:0", "streamwin:1", "streamwin:2", "streamwin:4", "streamwin:8",
                "streamwin-device:0", "streamwin-device:1", "webdataset:8")
 LOADER_CASES = ("streamwin:0", "streamwin:1", "streamwin:2", "streamwin:8", "webdataset:2")
 FEW_CORES = 8  # below this many cores webdataset:2 joins the default cases
 SIM_WAIT_TARGET = 0.05
+MLP_WAIT_TARGET = 0.05  # simulated-mlp, streamwin:1
+TRAINER_CPU_TARGET_US = 25.0  # idle step, streamwin:1: trainer CPU per batch above the floor's
 W1_VS_W0_TARGET = 0.6
 W2_VS_WDS_TARGET = 3.0
 W8_TARGET, W8_CORES = 1e6, 16
@@ -214,14 +234,14 @@ def floor_batches(p: Params) -> Iterator[torch.Tensor]:
     return itertools.cycle(pool)
 
 
-def simulated_step(x: Any) -> float:
-    """A launch-bound trainer: hold the interpreter 4 ms, touch the batch, sleep 1 ms."""
+def simulated_step(x: Any, hold: float = HOLD_S, sleep: float = SLEEP_S) -> float:
+    """A launch-bound trainer: hold the interpreter ``hold`` s (4 ms), touch the batch, sleep ``sleep`` s (1 ms)."""
     started = time.perf_counter()
     spins = 0
-    while time.perf_counter() - started < HOLD_S:
+    while time.perf_counter() - started < hold:
         spins += 1
     touched = float(x[0, 0, 0]) + float(x[0, :8].sum())
-    time.sleep(SLEEP_S)
+    time.sleep(sleep)
     return touched
 
 
@@ -254,8 +274,9 @@ class Forecaster(nn.Module):
 
 def model_step(name: str, p: Params) -> Callable[[torch.Tensor], Any]:
     """One optimizer step of model ``name`` (next-step MSE, bf16 autocast, fused AdamW)."""
-    if name == SIMULATED:
-        return simulated_step
+    if name in SIMULATED_MODELS:
+        hold, sleep = SIMULATED_MODELS[name]
+        return lambda x: simulated_step(x, hold, sleep)
     torch.manual_seed(p.seed)
     device = torch.device(p.device)
     width, layers = MODELS[name]
@@ -281,8 +302,23 @@ def _sync(p: Params) -> None:
         torch.cuda.synchronize()
 
 
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's live descendants: the loader's workers."""
+    import psutil  # noqa: PLC0415
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def time_steps(step: Callable[[Any], Any], batches: Iterator[Any], p: Params) -> dict[str, float]:
-    """ms per step over --steps after --warmup steps, and the trainer's wait inside next()."""
+    """ms per step over --steps after --warmup steps, the trainer's wait inside next(), and CPU per step:
+    the trainer process's (every thread of it) and its workers'."""
     started = time.perf_counter()
     step(next(batches))
     first_step_s = time.perf_counter() - started
@@ -290,7 +326,8 @@ def time_steps(step: Callable[[Any], Any], batches: Iterator[Any], p: Params) ->
         step(next(batches))
     _sync(p)
     waited, windows = 0.0, 0
-    t0 = time.perf_counter()
+    kids = children_cpu_s()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     for _ in range(p.steps):
         before = time.perf_counter()
         x = next(batches)
@@ -298,10 +335,42 @@ def time_steps(step: Callable[[Any], Any], batches: Iterator[Any], p: Params) ->
         windows += int(x.shape[0])
         step(x)
     _sync(p)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    kids = children_cpu_s() - kids
     return {"step_ms": 1000 * seconds / p.steps, "windows_per_s": windows / seconds,
             "next_wait_ms": 1000 * waited / p.steps, "first_step_s": first_step_s,
-            "warmup_s": t0 - started}
+            "warmup_s": t0 - started, "cpu_us": 1e6 * cpu / p.steps, "workers_cpu_us": 1e6 * kids / p.steps}
+
+
+def time_cpu(step: Callable[[Any], Any], batches: Iterator[Any], p: Params) -> dict[str, float]:
+    """The idle model's run: blocks of CPU_ROUND steps fed by the case, each followed by as many steps fed
+    preallocated batches (the bare loop), in this process, so both see the same machine; the trainer process's
+    CPU per batch of the case minus the bare loop's (``trainer_cpu_us``), and the times of the case's blocks."""
+    bare = floor_batches(p)
+    started = time.perf_counter()
+    step(next(batches))
+    first_step_s = time.perf_counter() - started
+    for _ in range(p.warmup - 1):
+        step(next(batches))
+        step(next(bare))
+    kids, fed, plain, seconds, waited, windows = children_cpu_s(), 0.0, 0.0, 0.0, 0.0, 0
+    rounds = max(1, p.steps // CPU_ROUND)
+    for _ in range(rounds):
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(CPU_ROUND):
+            before = time.perf_counter()
+            x = next(batches)
+            waited += time.perf_counter() - before
+            windows += int(x.shape[0])
+            step(x)
+        cpu1, t1 = time.process_time(), time.perf_counter()
+        for _ in range(CPU_ROUND):
+            step(next(bare))
+        fed, plain, seconds = fed + cpu1 - cpu0, plain + time.process_time() - cpu1, seconds + t1 - t0
+    n = rounds * CPU_ROUND
+    return {"step_ms": 1000 * seconds / n, "windows_per_s": windows / seconds, "next_wait_ms": 1000 * waited / n,
+            "first_step_s": first_step_s, "cpu_us": 1e6 * fed / n, "bare_cpu_us": 1e6 * plain / n,
+            "trainer_cpu_us": 1e6 * (fed - plain) / n, "workers_cpu_us": 1e6 * (children_cpu_s() - kids) / n}
 
 
 def time_loader(batches: Iterator[Any], p: Params) -> dict[str, float]:
@@ -337,7 +406,8 @@ def run_child(job: dict[str, Any]) -> dict[str, Any]:
     record["setup_s"] = time.perf_counter() - constructed
     if job["kind"] == "loader":
         return {**record, **time_loader(source, p)}
-    return {**record, **time_steps(model_step(job["model"], p), source, p)}
+    timer = time_cpu if job["model"] == IDLE else time_steps
+    return {**record, **timer(model_step(job["model"], p), source, p)}
 
 
 def child_main(job_json: str) -> None:
@@ -402,12 +472,17 @@ def _row(model: str, case: str, recs: list[dict[str, Any]], keys: Sequence[str])
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (model, case): median ms/step, windows/s and next() wait, and data-wait vs the floor."""
-    keys = ("step_ms", "windows_per_s", "next_wait_ms", "first_step_s", "other_cpu_cores")
+    keys = ("step_ms", "windows_per_s", "next_wait_ms", "first_step_s", "other_cpu_cores", "cpu_us",
+            "workers_cpu_us", "trainer_cpu_us")
     rows = [_row(m, c, recs, keys) for (m, c), recs in _group(records).items()]
-    floors = {r["model"]: r.get("step_ms") for r in rows if r["case"] == "floor"}
+    floors = {r["model"]: r for r in rows if r["case"] == "floor"}
     for row in rows:
-        floor, step = floors.get(row["model"]), row.get("step_ms")
-        row["data_wait"] = 1 - floor / step if floor and step and row["case"] != "floor" else None
+        floor = floors.get(row["model"], {})
+        step, cpu, floor_ms, floor_cpu = row.get("step_ms"), row.get("cpu_us"), floor.get("step_ms"), floor.get("cpu_us")
+        mine = row["case"] != "floor"
+        row["data_wait"] = 1 - floor_ms / step if floor_ms and step and mine else None
+        if row.get("trainer_cpu_us") is None:  # not measured beside a bare loop in its process: against the floor's
+            row["trainer_cpu_us"] = cpu - floor_cpu if cpu is not None and floor_cpu is not None and mine else None
     return rows
 
 
@@ -444,6 +519,26 @@ def simulated_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
         value += f" vs {wds['case']} {wds['data_wait']:.1%}"
         met, note = sw["data_wait"] <= SIM_WAIT_TARGET and sw["data_wait"] < wds["data_wait"], ""
     return {**_verdict(target, value, met, note), "best_case": sw["case"], "best_wait": sw["data_wait"]}
+
+
+def mlp_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """simulated-mlp: data-wait of streamwin:1 <= 5%, webdataset's best beside it."""
+    target = f"simulated-mlp: data-wait of streamwin:1 <= {MLP_WAIT_TARGET:.0%} (webdataset beside)"
+    row = next((r for r in rows if r["model"] == "simulated-mlp" and r["case"] == "streamwin:1"), None)
+    if row is None or row.get("data_wait") is None:
+        return _verdict(target, "not measured", None)
+    wds = _best(rows, "simulated-mlp", lambda c: c.startswith("webdataset"))
+    beside = f" vs {wds['case']} {wds['data_wait']:.1%}" if wds else ""
+    return _verdict(target, f"{row['data_wait']:.1%}{beside}", row["data_wait"] <= MLP_WAIT_TARGET)
+
+
+def cpu_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """idle step: the trainer process's CPU per batch with streamwin:1, above the floor's, <= 25 us."""
+    target = f"idle step: trainer CPU of streamwin:1 <= {TRAINER_CPU_TARGET_US:g} us/batch above the floor"
+    row = next((r for r in rows if r["model"] == "idle" and r["case"] == "streamwin:1"), None)
+    if row is None or row.get("trainer_cpu_us") is None:
+        return _verdict(target, "not measured", None)
+    return _verdict(target, f"{row['trainer_cpu_us']:.1f} us", row["trainer_cpu_us"] <= TRAINER_CPU_TARGET_US)
 
 
 def _one_argument_mode(case: str) -> bool:
@@ -513,17 +608,21 @@ def _failure(row: dict[str, Any]) -> str | None:
 
 def step_table(rows: list[dict[str, Any]], skipped: list[tuple[str, str]]) -> str:
     """Rows model x case: ms/step, data-wait, windows/s, next() wait; then skipped cases."""
-    lines = ["| model | case | ms/step | data-wait | windows/s | next() wait ms/step |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = ["| model | case | ms/step | data-wait | windows/s | next() wait ms/step | trainer CPU us/batch "
+             "(above floor) | workers CPU us/batch |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         failed = _failure(r)
         if failed:
-            lines.append(f"| {r['model']} | {r['case']} | {failed} | | | |")
+            lines.append(f"| {r['model']} | {r['case']} | {failed} | | | | | |")
             continue
-        wait = "(floor)" if r["case"] == "floor" else _fmt(r["data_wait"], ".1%")
+        floor = r["case"] == "floor"
+        wait = "(floor)" if floor else _fmt(r["data_wait"], ".1%")
+        cpu = f"({_fmt(r.get('cpu_us'), '.0f')} per step)" if floor and r["model"] != IDLE else \
+            _fmt(r.get("trainer_cpu_us"), ".1f")
         lines.append(f"| {r['model']} | {r['case']} | {r['step_ms']:.2f} | {wait} | "
-                     f"{_fmt(r['windows_per_s'], ',.0f')} | {_fmt(r['next_wait_ms'], '.2f')} |")
-    lines += [f"| {model} | {case} | skipped: {skip_reason()} | | | |" for model, case in skipped]
+                     f"{_fmt(r['windows_per_s'], ',.0f')} | {_fmt(r['next_wait_ms'], '.2f')} | {cpu} | "
+                     f"{_fmt(r.get('workers_cpu_us'), '.0f')} |")
+    lines += [f"| {model} | {case} | skipped: {skip_reason()} | | | | | |" for model, case in skipped]
     return "\n".join(lines)
 
 
@@ -600,8 +699,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path,
                         help="packed corpus (default: bench_data/full, or quick; written if missing)")
     parser.add_argument("--quick", action="store_true", help="quick corpus, 60 steps, 1 repeat (< 1 minute)")
-    parser.add_argument("--models", nargs="+", choices=[*MODELS, SIMULATED],
-                        help="with CUDA (default mlp small medium); without CUDA the simulated trainer runs")
+    parser.add_argument("--models", nargs="+", choices=[*MODELS, *SIMULATED_MODELS],
+                        help="with CUDA (default mlp small medium); simulated ones anywhere (the default "
+                             "without CUDA: simulated simulated-mlp idle)")
     parser.add_argument("--cases", nargs="*", type=_case_arg, help="default: the issue's cases for this machine")
     parser.add_argument("--loader-only", nargs="*", type=_loader_case_arg,
                         help="loaders timed alone (default streamwin:0 :1 :2 :8 webdataset:2; none if given empty)")
@@ -663,10 +763,11 @@ def _params(args: argparse.Namespace, device: str, data_dir: Path) -> Params:
 
 def _selection(args: argparse.Namespace, device: str) -> tuple[list[str], CaseLists]:
     """Models and cases to run (explicit ones as named, defaults for this machine otherwise)."""
-    models = args.models or ([*MODELS] if device == "cuda" else [SIMULATED])
-    if device != "cuda" and models != [SIMULATED]:
-        print(f"NOTE: no CUDA: --models {' '.join(models)} ignored, the simulated trainer runs", flush=True)
-        models = [SIMULATED]
+    models = args.models or ([*MODELS] if device == "cuda" else [*SIMULATED_MODELS])
+    real = [m for m in models if m not in SIMULATED_MODELS]
+    if device != "cuda" and real:
+        print(f"NOTE: no CUDA: --models {' '.join(real)} ignored, only simulated models run", flush=True)
+        models = [m for m in models if m in SIMULATED_MODELS] or [*SIMULATED_MODELS]
     defaults = default_cases(os.cpu_count() or 1)
     run = args.cases if args.cases is not None else defaults.run
     loader = args.loader_only if args.loader_only is not None else defaults.loader
@@ -697,12 +798,13 @@ def report(records: list[dict[str, Any]], models: list[str], cases: CaseLists, h
     rows = summarize([r for r in records if r["kind"] == "model"])
     loader_rows = summarize_loader([r for r in records if r["kind"] == "loader"])
     cpus = os.cpu_count() or 1
-    verdicts = [simulated_verdict(rows), *loader_verdicts(loader_rows, cpus), *gpu_verdicts(rows)]
+    verdicts = [simulated_verdict(rows), mlp_verdict(rows), cpu_verdict(rows), *loader_verdicts(loader_rows, cpus),
+                *gpu_verdicts(rows)]
     print(f"# gpu_feed: {header}\n")
     print(step_table(rows, [(m, c) for m in models for c in cases.skipped]))
     print("\nLoader alone (no model):\n")
     print(loader_table(loader_rows, cases.loader_skipped))
-    print("\nTargets (issue #10):")
+    print("\nTargets (issues #10 and #27):")
     print("\n".join(verdict_lines(verdicts)))
     heavy = [c for c in cases.run + cases.loader if parse_case(c)[1] > 2 * cpus]
     if heavy:
@@ -718,8 +820,9 @@ def report(records: list[dict[str, Any]], models: list[str], cases: CaseLists, h
 
 
 def _header(p: Params, data_dir: Path, models: list[str], repeats: int) -> str:
-    trainer = (f"simulated trainer ({HOLD_S * 1e3:g} ms interpreter-held + {SLEEP_S * 1e3:g} ms asleep per step)"
-               if models == [SIMULATED] else f"models {', '.join(models)} on {p.device}")
+    trainer = "models " + ", ".join(
+        f"{m} ({SIMULATED_MODELS[m][0] * 1e3:g} ms held + {SIMULATED_MODELS[m][1] * 1e3:g} ms asleep)"
+        if m in SIMULATED_MODELS else m for m in models) + f" on {p.device}"
     return (f"{data_dir.name} ({len(data.shard_paths(data_dir))} shards), W={p.window} stride={p.stride} "
             f"batch={p.batch_size} shuffle={p.shuffle_buffer}; {trainer}; {p.steps} steps after {p.warmup} "
             f"warm-up; median of {repeats} interleaved; {os.cpu_count()} cores")

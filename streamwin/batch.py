@@ -122,7 +122,8 @@ class BatchKeys(Sequence):
 
     Equal to the list of the same strings; pickles as that list. The trainer never pays for
     strings a training step does not read. ``manifests`` lists the sources' manifests and
-    ``source`` says whose index each ``seq`` is (None: all of the first).
+    ``source`` says whose index each ``seq`` is (None: all of the first); each an int64 array, or
+    its bytes. Keys made over a reused buffer's fields are ``detach``ed before it is reused.
     """
 
     __slots__ = ("_manifests", "_seq", "_source", "_names")
@@ -132,6 +133,16 @@ class BatchKeys(Sequence):
         self._names = None if names is None else [str(n) for n in names]
         self._manifests, self._seq, self._source = manifests, seq, source
 
+    def reading(self) -> bool:
+        """Whether the keys still read the arrays they were made with (not decoded, not detached)."""
+        return self._names is None and isinstance(self._seq, np.ndarray)
+
+    def detach(self) -> None:
+        """Keep copies of the arrays the keys read (their buffer is about to be reused)."""
+        if self.reading():
+            self._seq = self._seq.tobytes()
+            self._source = None if self._source is None else self._source.tobytes()
+
     def _list(self) -> list[str]:
         if self._names is None:
             self._names = self._decode()
@@ -140,12 +151,14 @@ class BatchKeys(Sequence):
 
     def _decode(self) -> list[str]:
         """The keys of the batch's sequences, each looked up in its own source's manifest."""
+        seq = _int64(self._seq)
         if self._source is None:
-            return self._manifests[0].keys(self._seq)
-        names: list[str] = [""] * len(self._seq)
-        for i in np.unique(self._source):
-            rows = np.flatnonzero(self._source == i)
-            for row, key in zip(rows.tolist(), self._manifests[int(i)].keys(self._seq[rows])):
+            return self._manifests[0].keys(seq)
+        source = _int64(self._source)
+        names: list[str] = [""] * len(seq)
+        for i in np.unique(source):
+            rows = np.flatnonzero(source == i)
+            for row, key in zip(rows.tolist(), self._manifests[int(i)].keys(seq[rows])):
                 names[row] = key
         return names
 
@@ -153,7 +166,7 @@ class BatchKeys(Sequence):
         return self._list()[i]
 
     def __len__(self) -> int:
-        return len(self._seq) if self._names is None else len(self._names)
+        return len(_int64(self._seq)) if self._names is None else len(self._names)
 
     def __iter__(self):
         return iter(self._list())
@@ -172,6 +185,10 @@ class BatchKeys(Sequence):
         return (list, (self._list(),))
 
 
+def _int64(values) -> np.ndarray:  # an int64 array, or bytes of one, as an int64 array
+    return values if isinstance(values, np.ndarray) else np.frombuffer(values, dtype=np.int64)
+
+
 class BufferPool:
     """Batch buffers reused once no one else refers to them (in-process batches).
 
@@ -183,7 +200,9 @@ class BufferPool:
     queued before its release (a ``non_blocking`` copy from it) has finished.
     """
 
-    def __init__(self, nbytes: int, keep: int = 6, allocate=None, fenced: bool = False):
+    KEEP = 6  # buffers kept for reuse (a consumer that keeps batches makes it allocate more)
+
+    def __init__(self, nbytes: int, keep: int = KEEP, allocate=None, fenced: bool = False):
         self.nbytes, self.keep, self.fenced = nbytes, keep, fenced
         self._allocate = allocate or (lambda n: np.empty(n, dtype=np.uint8))
         self._buffers: list[np.ndarray] = []

@@ -6,10 +6,10 @@ Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``se
 - ``num_workers=0``: the rank's one stream runs in the trainer's process (blocks mapped or
   read on a background thread, each batch one GIL-free copy on the trainer's thread).
 - ``num_workers=N``: N worker processes each run a stream and gather batches into batch
-  slots in shared memory, allocated once; per batch the trainer receives a slot number
-  (feed/worker.py, feed/pool.py). Batches are taken round robin, worker ``j % N`` for batch
-  ``j``. The default is one worker where the machine has a core to spare for it (and
-  ``fork``): 0 and 1 workers run the same plan (one stream per rank), so the choice never
+  slots in shared memory, allocated once; per batch the trainer takes a slot number from a
+  ring in that memory (feed/protocol.py, feed/pool.py). Batches are taken round robin, worker
+  ``j % N`` for batch ``j``. The default is one worker where the machine has a core to spare
+  for it (and ``fork``): 0 and 1 workers run the same plan (one stream per rank), so the choice never
   differs in what a rank yields, only in whose thread gathers it.
 - ``device="cuda"``: batches arrive on the device, and the trainer's thread never waits for it.
   With workers, each batch goes from its page-locked slot to the device in one copy on a side
@@ -32,6 +32,7 @@ epoch a plan of its own: what the interrupted run had not yielded, dealt anew (p
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import warnings
@@ -41,12 +42,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from streamwin.arguments import check_fits, check_keywords
+from streamwin.arguments import check_keywords
 from streamwin.dataset import WindowDataset
 from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, WorkerDeviceFeed
 from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, WorkerFeed
 from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
+from streamwin.feed.sizing import MAX_PREFETCH, check_memory, check_workers, slots_text
 from streamwin.feed.stats import RunStats
 from streamwin.feed.to_device import Fixed
 from streamwin.plan.epoch import Plan
@@ -131,7 +133,7 @@ class WindowLoader:
             A static batch is valid until the next ``next()``: clone what you keep.
         pin_memory: page-lock the batch memory (CUDA only) so ``.to(device, non_blocking=True)``
             is asynchronous.
-        prefetch_factor: batches each worker may have ready ahead of the trainer.
+        prefetch_factor: batches each worker may have ready ahead of the trainer (1 to 1024).
         persistent_workers: keep the worker processes between epochs.
         multiprocessing_context: start method for workers: a name ("fork", "spawn", "forkserver") or a
             multiprocessing context object (``multiprocessing.get_context(...)``), as DataLoader takes. Where
@@ -155,8 +157,9 @@ class WindowLoader:
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
         pf = 2 if prefetch_factor is None else prefetch_factor
-        if isinstance(pf, bool) or not isinstance(pf, (int, np.integer)) or pf < 1:
-            raise ValueError(f"prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")
+        if isinstance(pf, bool) or not isinstance(pf, (int, np.integer)):
+            raise ValueError(f"prefetch_factor must be an integer from 1 to {MAX_PREFETCH}, got {prefetch_factor!r}")
+        check_workers(int(num_workers), int(pf))  # before anything starts: processes, open files, prefetch
         self.dataset = dataset
         self.num_workers, self.prefetch_factor = int(num_workers), int(pf)
         self.device = _device(device)
@@ -277,7 +280,7 @@ class WindowLoader:
         self._stats.start()
         plan = self._plan()
         ctx = FeedContext(self.dataset, self._stats, self.close_pass, self._worker_pool(world), self.device,
-                          self.pin_memory, self.num_workers)
+                          self.pin_memory, self.num_workers, on_error=self._fail_pass)
         _OPEN.add(self)
         if self.device is not None:
             if self.static and self._fixed is None:
@@ -297,6 +300,13 @@ class WindowLoader:
             self._feed = None
         if self._pool is not None and not self.persistent_workers:
             self._close_pool()
+
+    def _fail_pass(self) -> None:
+        """A pass raised: stop it and its workers, persistent or not (the next pass starts fresh ones)."""
+        try:
+            self.close()
+        except Exception:  # the error being raised says what went wrong; a second one would hide it
+            log.debug("closing a failed pass", exc_info=True)
 
     def close(self) -> None:
         """Stop everything this loader started: threads, worker processes, shared memory."""
@@ -321,18 +331,20 @@ class WindowLoader:
             return None
         if self._pool is None or self._pool.closed:
             to_cuda = self.device is not None and self.device.type == "cuda"
-            self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
-                                    pin=self.pin_memory or to_cuda, context=self.multiprocessing_context)
+            try:
+                self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
+                                        pin=self.pin_memory or to_cuda, context=self.multiprocessing_context)
+            except OSError as e:
+                if e.errno not in (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.EAGAIN):
+                    raise
+                what = slots_text(self.dataset, self.num_workers, self.prefetch_factor)
+                raise ValueError(f"{what}: the system refused them ({e.strerror}): make them smaller or fewer") from e
         return self._pool
 
     def _check_fits(self, world_size: int) -> None:
         """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
-        ds = self.dataset
-        ds.check_fits()
-        if self.num_workers:  # the batch slots in shared memory, allocated when the workers start
-            slots = self.num_workers * (self.prefetch_factor + 2) * ds.layout().nbytes
-            check_fits(slots, f"num_workers={self.num_workers} x (prefetch_factor={self.prefetch_factor} + 2) batch "
-                       f"slots of batch_size={ds.batch_size} windows")
+        self.dataset.check_fits()
+        check_memory(self.dataset, self.num_workers, self.prefetch_factor)
 
     def _log_once(self, world: tuple[int, int]) -> None:
         if self._logged:

@@ -7,8 +7,7 @@
 
 A stream is one rank's (or one worker's) share of the plan, started at any batch: its state
 is a cursor, so starting at batch ``k`` seeks every reader to its block and offset. Device
-mode in-process swaps the gather (windows are cut on the device); ``ship_blocks`` is a
-stream of a worker's blocks in the order its batcher would read them.
+mode in-process swaps the gather (windows are cut on the device).
 """
 from __future__ import annotations
 
@@ -20,13 +19,13 @@ from torchdata.nodes import BaseNode, Prefetcher
 
 from streamwin.batch import Gatherer
 from streamwin.dataset import WindowDataset
-from streamwin.nodes import Batcher, BlockReader, ShipOrder
+from streamwin.nodes import Batcher, BlockReader
 from streamwin.plan.epoch import Plan
 from streamwin.read import ReadStats, ShardReader
 
 
 class Stream:
-    """A running stream: its top node (batches, or a worker's blocks to ship) and the shard readers under it."""
+    """A running stream: its top node (batches) and the shard readers under it."""
 
     def __init__(self, node: Any, batcher: Any, readers: list[ShardReader]):
         self.node, self.batcher, self.readers = node, batcher, readers
@@ -76,11 +75,3 @@ def gatherer_of(ds: WindowDataset) -> Gatherer:
     """The CPU gather of ``ds``'s batches (windows or packed rows)."""
     return Gatherer(ds.manifest, ds.spec, ds.pack_length, ds.missing)
 
-
-def ship_blocks(ds: WindowDataset, plan: Plan, stream: int, first_batch: int) -> Stream:
-    """Every source's blocks of stream ``stream`` that its batches from ``first_batch`` on read, in the
-    order they read them (device mode: workers ship blocks whole)."""
-    readers = [source.reader() for source in ds.sources]
-    blocks = [BlockReader(reader, p, stream, readahead=ds.readahead) for reader, p in zip(readers, plan.sources)]
-    order = ShipOrder(blocks, plan.quotas, first_batch)
-    return Stream(order, order, readers)

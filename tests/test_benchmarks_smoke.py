@@ -31,30 +31,40 @@ def corpus(tmp_path_factory) -> str:
 
 
 def test_quick_run_prints_every_case(corpus, tmp_path):
+    """The idle model (a step that sleeps 4 ms) through every kind of case: its table row, data-wait, and the
+    trainer's CPU per batch measured beside a bare loop in the same process."""
     out = tmp_path / "out"
     cmd = [sys.executable, SCRIPT, "--quick", "--data", corpus, "--out", str(out), "--device", "cpu",
-           "--cases", *CASES, "--loader-only", *LOADER_CASES, "--steps", "30", "--warmup", "5",
-           "--loader-windows", "5000"]
+           "--models", "idle", "--cases", *CASES, "--loader-only", *LOADER_CASES, "--steps", "50",
+           "--warmup", "5", "--loader-windows", "5000"]
     started = time.perf_counter()
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_TIMEOUT, cwd=ROOT)
     elapsed = time.perf_counter() - started
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     lines = run.stdout.splitlines()
     for case in CASES:
-        row = [ln for ln in lines if ln.startswith(f"| simulated | {case} |")]
+        row = [ln for ln in lines if ln.startswith(f"| idle | {case} |")]
         assert len(row) == 1, f"no table row for {case}:\n{run.stdout}"
         assert "n/a" not in row[0] and "error" not in row[0], row[0]
     for case in LOADER_CASES:
         assert sum(ln.startswith(f"| {case} |") for ln in lines) == 1, f"no loader row for {case}:\n{run.stdout}"
     assert any("data-wait of streamwin's best mode" in ln for ln in lines), run.stdout
     assert any("w=1 / w=0" in ln for ln in lines), run.stdout
+    assert any("trainer CPU of streamwin:1" in ln for ln in lines), run.stdout
 
     saved = json.loads((out / "gpu_feed-quick.json").read_text())
-    rows = {r["case"]: r for r in saved["summary"] if r["model"] == "simulated"}
+    rows = {r["case"]: r for r in saved["summary"] if r["model"] == "idle"}
     floor = rows["floor"]["step_ms"]
-    assert floor >= 5.0, f"the simulated step holds 4 ms and sleeps 1 ms, yet took {floor} ms"
+    assert floor >= 4.0, f"the idle step sleeps 4 ms, yet took {floor} ms"
     for case in ("streamwin:0", "webdataset:1"):
         assert rows[case]["data_wait"] == pytest.approx(1 - floor / rows[case]["step_ms"])
+    assert rows["floor"]["cpu_us"] < 0.5 * 4000, "the idle step sleeps 4 ms: its CPU per step is small"
+    for case in CASES[1:]:  # every case: the trainer's CPU per batch beside a bare loop, and its workers'
+        assert rows[case]["trainer_cpu_us"] is not None and rows[case]["workers_cpu_us"] is not None
+    for case in ("streamwin:0", "streamwin-device:0"):  # in-process: the gather is the trainer's own CPU
+        assert rows[case]["trainer_cpu_us"] > 50, rows[case]
+    runs = [r for r in saved["runs"] if r.get("model") == "idle" and r.get("case") in CASES]
+    assert runs and all(r["trainer_cpu_us"] == pytest.approx(r["cpu_us"] - r["bare_cpu_us"]) for r in runs)
     assert (out / "gpu_feed-quick.png").read_bytes()[:4] == b"\x89PNG"
     print(f"smoke run took {elapsed:.1f}s")
 
@@ -82,7 +92,7 @@ def test_a_bad_case_names_what_was_typed(typed, capsys):
 def test_summary_is_medians_and_data_wait_against_the_floor():
     steps = {"floor": [5.0, 5.4, 5.2], "streamwin:0": [5.5, 7.0, 5.3], "webdataset:2": [9.0, 8.0, 12.0]}
     records = [{"model": "simulated", "case": case, "step_ms": ms, "windows_per_s": 256e3 / ms,
-                "next_wait_ms": ms / 10}
+                "next_wait_ms": ms / 10, "cpu_us": 100 * ms}
                for case, values in steps.items() for ms in values]
     records.append({"model": "simulated", "case": "streamwin-device:0", "na": "TypeError: device"})
     rows = {r["case"]: r for r in gpu_feed.summarize(records)}
@@ -92,6 +102,7 @@ def test_summary_is_medians_and_data_wait_against_the_floor():
         assert rows[case]["step_ms"] == step
         assert rows[case]["data_wait"] == pytest.approx(1 - floor / step)
         assert rows[case]["next_wait_ms"] == pytest.approx(step / 10)
+        assert rows[case]["trainer_cpu_us"] == pytest.approx(100 * step - 100 * floor)  # against the floor run's
     assert rows["streamwin-device:0"]["na"] == "TypeError: device"
     verdict = gpu_feed.simulated_verdict(list(rows.values()))
     best = 1 - floor / statistics.median(steps["streamwin:0"])

@@ -3,8 +3,7 @@
 Every batch must be bit for bit the CPU path's (device=None) for the same loader: in-process
 and with workers, padded or not, a balanced and a skewed mix of a large and a small dataset,
 over two epochs, after an exact and an elastic resume. Contents are also checked against the
-sequences themselves, and the block order a device worker sends in against a naive walk of
-the batches written here, never against streamwin's own functions.
+sequences themselves, never against streamwin's own functions.
 """
 from __future__ import annotations
 
@@ -15,13 +14,10 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import streamwin as sw
 from conftest import two_corpora
 from streamwin.batch import BatchKeys
-from streamwin import nodes
 from streamwin.feed.slots import leftovers
 
 W, S, H, B = 16, 8, 4, 10
@@ -158,27 +154,3 @@ def test_device_memory_stays_bounded_when_a_large_source_has_far_more_blocks(cor
     assert s["device_blocks"] > 40
     assert 0 < s["device_peak_bytes"] <= 20 * per_block < s["device_uploaded_bytes"] / 8
 
-
-def naive_reads(quotas: np.ndarray, block_windows: int, first: int) -> list[tuple[int, int]]:
-    """(source, block) in the order a batcher starting at batch ``first`` reads them, walking window by window."""
-    pos = quotas[:first].sum(axis=0).astype(int)
-    current = [None] * quotas.shape[1]
-    reads = []
-    for j in range(first, len(quotas)):
-        for i in range(quotas.shape[1]):
-            for p in range(pos[i], pos[i] + int(quotas[j, i])):
-                if p // block_windows != current[i]:
-                    current[i] = p // block_windows
-                    reads.append((i, current[i]))
-            pos[i] += int(quotas[j, i])
-    return reads
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.integers(1, 4), st.integers(0, 30), st.integers(1, 9), st.data())
-def test_a_worker_sends_blocks_in_the_order_the_batcher_reads_them(sources, batches, block_windows, data):
-    quotas = np.array(data.draw(st.lists(st.lists(st.integers(0, 7), min_size=sources, max_size=sources),
-                                         min_size=batches, max_size=batches)), dtype=np.int64).reshape(batches, sources)
-    first = data.draw(st.integers(0, batches))
-    got = [tuple(r) for r in nodes.block_order(quotas, block_windows, first).tolist()]
-    assert got == naive_reads(quotas, block_windows, first)

@@ -41,12 +41,14 @@ class FeedContext:
     device: torch.device | None = None
     pin_memory: bool = False
     num_workers: int = 0
+    on_error: Callable[[], None] | None = None  # a pass that raised: the loader stops it and its workers
 
 
 def to_batch(views: dict[str, np.ndarray], manifests: list) -> dict[str, Any]:
     """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed).
 
-    Packed rows: the per-crop fields cut to the batch's ``crops``."""
+    The keys keep a copy of ``seq`` (and ``source``), ~1 us: keys kept alone (a log of them) must not pin
+    the buffer, nor be overwritten with it. Packed rows: the per-crop fields cut to the batch's ``crops``."""
     if "crops" in views:
         n = int(views["crops"][0])
         views = {k: v[:n] if k in PER_CROP else v for k, v in views.items() if k != "crops"}
@@ -78,7 +80,12 @@ class Feed:
                 self.ctx.on_end()
             raise StopIteration
         t = time.perf_counter()
-        batch = self._next()
+        try:
+            batch = self._next()
+        except BaseException:
+            if self.ctx.on_error is not None:  # no worker of a failed pass waits for the next one
+                self.ctx.on_error()
+            raise
         stats = self.ctx.stats
         stats.wait_s += time.perf_counter() - t
         stats.batches += 1
@@ -159,15 +166,16 @@ class WorkerFeed(Feed):
         w = self.first_batch() % n
         pool.recycle()
         slot = pool.take(w)
-        if pool.held_by_user(w) >= pool.slot_layout.slots - 2:  # the worker would run out of slots: copy this one
+        if pool.held_by_user(w) >= pool.user_slots:  # the worker would run out of slots: copy this one
             self._warn_keep()
             buf = self.copies.get()
             np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
             pool.release(w, slot)
-        else:
-            buf = pool.bases[w][slot]
-            pool.hold(w, slot)
-        return to_batch(self.layout.views(buf), self.manifests)
+            return to_batch(self.layout.views(buf), self.manifests)
+        pool.hold(w, slot)
+        if not pool.batches.ahead:  # packed rows: per-crop fields cut to this batch's crops
+            return to_batch(pool.fields(w, slot), self.manifests)
+        return pool.batches.take(w, slot)  # made ahead: no torch or numpy call here
 
     def _warn_keep(self) -> None:
         stats = self.ctx.stats

@@ -1,12 +1,26 @@
 """The trainer's side of its worker processes: start them, hand out and take back their slots, stop them.
 
 ``num_workers`` processes share one shared-memory file of batch slots (slots.py), ``slots``
-per worker. A slot the trainer hands to the training loop is *held* until nothing refers to
-its memory any more (every view of a slot's array refers to that array, so its reference
-count tells) and, when page-locked, until the CUDA work queued before that point has
-finished; only then does it go back to its worker. A dead worker is named within POLL_S of
-the trainer waiting on it; one that stops answering (stopped by SIGSTOP, or hung so that not
-even its watchdog thread runs: its heartbeat in shared memory stands still) within SILENT_S.
+per worker, and exchange slot numbers with the trainer through rings in the same file
+(protocol.py): in steady state a batch costs the trainer no system call.
+
+The trainer's side of a slot, for every feed (``WorkerFeed``, ``WorkerDeviceFeed``):
+
+- ``take(w)``: worker ``w``'s next filled batch slot (``receive(w)``: waiting for it);
+- ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes,
+  ``batches.take(w, slot)`` the batch made ahead over its fields (slots.SlotBatches);
+- ``hold(w, slot, event=None)``: the slot is in use: it goes back to its worker once nothing
+  refers to its arrays any more (every numpy view and every tensor made from them refers to
+  them, so their reference counts tell) or, given a CUDA ``event``, once that event has
+  completed; when page-locked, also once the CUDA work queued before that point has finished;
+- ``release(w, slot)``: the slot is free (a slot not held); ``recycle()``: free every held slot
+  nothing refers to any more. Freed slots go back RELEASE_BATCH at a time (a worker has as many
+  spare slots), and at once when the trainer waits on their worker, so a worker that sleeps for
+  want of a slot is woken once per RELEASE_BATCH batches; ``flush(w)`` sends them now.
+
+A dead worker is named within POLL_S of the trainer waiting on it; one that stops answering
+(stopped by SIGSTOP, or hung so that not even its watchdog thread runs: its heartbeat in
+shared memory stands still) within SILENT_S.
 """
 from __future__ import annotations
 
@@ -22,15 +36,15 @@ import numpy as np
 import torch
 
 from streamwin.errors import WorkerError
-from streamwin.feed.protocol import (BATCH, BLOCK, CHUNK, CHUNK_BYTES, ERROR, MSG, RELEASE, RUN, STOP, WARNING,
-                                     raise_warning, rebuild_error, send)
-from streamwin.feed.slots import SharedFile, SlotLayout
+from streamwin.feed.protocol import (BATCH, ERROR, PER_RELEASE, RELEASE, RUN, STOP, WARNING, Channel, has_payload,
+                                     raise_warning, rebuild_error, ring_size)
+from streamwin.feed.sizing import RELEASE_BATCH, pool_slots
+from streamwin.feed.slots import SharedFile, SlotBatches, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
 
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the trainer waits on it is named
-UNHELD = 2  # references to a slot's array when nobody holds it: the pool's list and getrefcount's argument
 
 
 def default_start_method() -> str | None:
@@ -78,43 +92,61 @@ def default_workers(context: Any = None) -> int:
 
 
 class WorkerPool:
-    """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side)."""
+    """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side).
+
+    ``slots``: per worker, the batches it may have ready plus those the training loop may hold
+    (the spare slots of batched releases are added).
+    """
 
     def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
-                 ship_blocks: bool = False, start_timeout: float = 120.0):
-        self.num_workers, self.ship_blocks = num_workers, ship_blocks
-        self.slot_layout = SlotLayout(num_workers, slots, CHUNK_BYTES if ship_blocks else ds.layout().nbytes)
+                 start_timeout: float = 120.0):
+        self.num_workers = num_workers
+        self.user_slots = slots - 2  # slots of a worker the training loop may hold before batches are copied out
+        n = pool_slots(slots)
+        layout = ds.layout()
+        self.slot_layout = SlotLayout(num_workers, n, layout.nbytes, ring_size(n))
         self.shm = SharedFile(self.slot_layout.nbytes)
         self.procs: list = []
         self.conns: list = []
+        self.inbox: list[Channel] = []  # per worker: its records to the trainer
+        self.outbox: list[Channel] = []  # per worker: the trainer's records to it
         self.run = 0
         self.closed = False
         self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
+        self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
+        self._holding = [0] * num_workers  # held slots per worker
+        self.waits = 0  # times the trainer waited for a worker's record (each sends the releases pending first)
+        self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
+        self.silent: set[int] = set()  # workers named for not answering
         self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
         try:
             self.pinned = pin and self.shm.pin()
             self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
             arr = self.shm.array()
-            # per slot: a Region (whose reference count tells whether the slot is still held) and its bytes
-            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(slots)] for w in range(num_workers)]
+            # per slot: a Region (its own array, which every view of the slot refers to), its fields made once
+            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(n)] for w in range(num_workers)]
             self.bases = [[r.array() for r in rs] for rs in self.regions]
+            self.batches = SlotBatches(self.bases, layout, ds.manifests)
             self.counters = [self.slot_layout.counters(arr, w) for w in range(num_workers)]
             for w in range(num_workers):
                 mine, theirs = context.Pipe(duplex=True)
+                sems = [context.Semaphore(v) for v in (0, self.slot_layout.ring, 0, self.slot_layout.ring)]
+                to_worker, to_trainer = self.slot_layout.rings(arr, w)
+                self.outbox.append(Channel(to_worker, sems[0], sems[1], mine))
+                self.inbox.append(Channel(to_trainer, sems[2], sems[3], mine))
                 p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
                                     args=(ds, num_workers, w, world, self.shm.handle(), self.slot_layout, theirs,
-                                          os.getpid(), ship_blocks))
+                                          tuple(sems), os.getpid()))
                 p.start()
                 theirs.close()
                 self.procs.append(p)
                 self.conns.append(mine)
             deadline = time.monotonic() + start_timeout
             for w in range(num_workers):
-                while not self.conns[w].poll(POLL_S):
+                while self._next(w, POLL_S) is None:  # its READY
                     self._check_alive(w)
                     if time.monotonic() > deadline:
                         raise WorkerError(f"streamwin worker {w} did not start within {start_timeout:.0f} s")
-                self._message(w)
         except BaseException:
             self.close()
             raise
@@ -126,70 +158,82 @@ class WorkerPool:
         """
         self.run += 1
         tail = json.dumps(list(rest_of)).encode() if rest_of else b""
-        for w, conn in enumerate(self.conns):
-            send(conn, RUN, self.run, epoch, first_batches[w], 0, tail=tail)
+        for w in range(self.num_workers):
+            self.flush(w)
+            self._send(w, RUN, self.run, epoch, first_batches[w], int(bool(tail)), payload=tail)
 
     def take(self, w: int) -> int:
         """The slot holding worker ``w``'s next batch of the current pass (slots are recycled while waiting)."""
-        return self.receive(w)[1]
+        msg = self.inbox[w].receive()
+        if msg is not None and msg[0] == BATCH and msg[1] == self.run:  # the usual case: it is there already
+            return msg[2]
+        return self.receive(w, first=self._read(w, msg))
 
-    def receive(self, w: int, wait: bool = True) -> tuple[int, int, int, int] | None:
-        """Worker ``w``'s next BATCH(slot, 0, 0), BLOCK(bytes, windows, source) or CHUNK(slot, bytes, 0) of the current pass.
+    def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
+        """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
+        return self.batches.fields[w][slot]
 
-        Held slots are recycled while waiting; with ``wait=False``, None when nothing has arrived.
-        """
-        conn = self.conns[w]
+    def receive(self, w: int, first: tuple | None = None) -> int:
+        """The slot of worker ``w``'s next BATCH of the current pass, waiting for it (held slots are recycled
+        meanwhile); a BATCH of an abandoned pass is released. ``first``: a record of ``w``'s already read."""
         while True:
-            if not conn.poll(0):
-                if not wait:
-                    return None
+            msg, first = first or self._next(w), None
+            if msg is None:
+                self.waits += 1
                 self.recycle()
-                while not conn.poll(POLL_S):
+                self.flush(w)  # the worker may be waiting for these
+                while (msg := self._next(w, POLL_S)) is None:
+                    self.fallbacks += 1
                     self._check_alive(w)
                     self._check_answering(w)
                     self.recycle()
-            kind, run, a, b, c = self._message(w)
-            if kind in (BATCH, BLOCK, CHUNK):
+                    self.flush(w)
+            kind, run, slot = msg[:3]
+            if kind == BATCH:
                 if run == self.run:
-                    return kind, a, b, c
-                if kind != BLOCK:
-                    self.release(w, a)  # from a pass abandoned midway
+                    return slot
+                self.release(w, slot)  # from a pass abandoned midway
 
-    def _message(self, w: int) -> tuple[int, int, int, int, int]:
+    def _next(self, w: int, timeout: float = 0.0) -> tuple[int, int, int, int, int] | None:
+        """Worker ``w``'s next record within ``timeout`` s, or None; an error of this pass is raised, a warning warned."""
+        return self._read(w, self.inbox[w].receive(timeout))
+
+    def _read(self, w: int, msg: tuple | None) -> tuple[int, int, int, int, int] | None:
+        """A record of worker ``w``'s, its payload read: an error of this pass is raised, a warning warned."""
+        if msg is None or not has_payload(msg):
+            return msg
         try:
-            data = self.conns[w].recv_bytes()
+            payload = json.loads(self.inbox[w].payload())
         except (EOFError, OSError):
             self._check_alive(w, wait=1.0)
             raise WorkerError(f"streamwin worker {w} (pid {self.procs[w].pid}) closed its pipe")
-        if data[0] == WARNING:
-            raise_warning(json.loads(data[1:]), w)
+        if msg[0] == WARNING:
+            raise_warning(payload, w)
             return WARNING, self.run, -1, 0, 0
-        if data[0] == ERROR:
-            payload = json.loads(data[1:])
-            if payload["run"] == self.run:
-                raise rebuild_error(payload) from WorkerError(
-                    f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{payload['text']}")
-            return ERROR, payload["run"], -1, 0, 0
-        return MSG.unpack(data)
+        if payload["run"] == self.run:
+            raise rebuild_error(payload) from WorkerError(
+                f"in streamwin worker {w} (pid {self.procs[w].pid}):\n{payload['text']}")
+        return ERROR, payload["run"], -1, 0, 0
 
     # -- slots the training loop holds -------------------------------------------------------------
     def hold(self, w: int, slot: int, event=None) -> None:
         """Slot ``slot`` of worker ``w`` is in use (by the training loop, or by a queued copy: ``event``)."""
         self.held.append([w, slot, event])
+        self._holding[w] += 1
 
     def held_by_user(self, w: int) -> int:
         """Slots of worker ``w`` the training loop holds."""
-        return sum(1 for h in self.held if h[0] == w)
+        return self._holding[w]
 
     def recycle(self) -> None:
         """Give back every held slot no one refers to any more (and whose queued CUDA copies are done)."""
         if not self.held:
             return
-        bases, keep = self.bases, []
+        keep, in_use = [], self.batches.in_use
         for h in self.held:
             w, slot, event = h
             if event is None:
-                if sys.getrefcount(bases[w][slot]) > UNHELD:  # every view of a slot refers to its array
+                if in_use(w, slot):  # a view or a tensor of it lives
                     keep.append(h)
                     continue
                 if self.events:  # a non_blocking copy from this slot may still be queued: wait for it
@@ -198,13 +242,30 @@ class WorkerPool:
             if event is not None and not event.query():
                 keep.append(h)
                 continue
+            self._holding[w] -= 1
             self.release(w, slot)
         self.held = keep
 
     def release(self, w: int, slot: int) -> None:
-        """Give slot ``slot`` back to worker ``w``."""
+        """Give slot ``slot`` back to worker ``w`` (sent with the next RELEASE_BATCH - 1, or when waiting on ``w``)."""
+        pending = self.pending[w]
+        pending.append(slot)
+        if len(pending) >= RELEASE_BATCH:
+            self.flush(w)
+
+    def flush(self, w: int) -> None:
+        """Send worker ``w`` the slots released since the last RELEASE."""
+        pending = self.pending[w]
+        if pending:
+            self.batches.prepare(w, pending)  # their next batches, made together while the caches are warm
+        while pending:
+            slots, pending[:] = pending[:PER_RELEASE], pending[PER_RELEASE:]
+            self._send(w, RELEASE, *slots, *[-1] * (PER_RELEASE - len(slots)))
+
+    def _send(self, w: int, tag: int, *args: int, payload: bytes = b"") -> None:
+        """A record to worker ``w`` (a dead worker is reported by take())."""
         try:
-            send(self.conns[w], RELEASE, slot)
+            self.outbox[w].send(tag, *args, payload=payload, waiting=lambda: self._check_alive(w))
         except (BrokenPipeError, OSError):
             pass  # a dead worker is reported by take()
 
@@ -230,6 +291,7 @@ class WorkerPool:
         self._beats[w] = (beat, moved, now)
         if now - moved > SILENT_S:
             p = self.procs[w]
+            self.silent.add(w)  # close() kills it without waiting for it to stop
             raise WorkerError(f"streamwin worker {w} (pid {p.pid}) has not answered for {now - moved:.0f} s: it is "
                               f"{_state(p.pid)}; it is killed when the loader closes")
 
@@ -238,13 +300,15 @@ class WorkerPool:
         if self.closed:
             return
         self.closed = True
-        for conn in self.conns:
+        for channel in self.outbox:
             try:
-                send(conn, STOP)
+                channel.send(STOP, wait=False)  # a worker that reads nothing any more is terminated below
             except (BrokenPipeError, OSError):
                 pass
         deadline = time.monotonic() + 5.0
-        for p in self.procs:
+        for w, p in enumerate(self.procs):
+            if w in self.silent:  # stopped or hung: it would not stop by itself (SIGKILL ends even a stopped one)
+                p.kill()
             p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
                 p.terminate()
@@ -255,6 +319,8 @@ class WorkerPool:
         for conn in self.conns:
             conn.close()
         self.bases = self.regions = []
+        self.batches = SlotBatches([])
+        self.inbox, self.outbox = [], []
         self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go
 
 

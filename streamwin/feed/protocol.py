@@ -1,13 +1,21 @@
-"""The pipe protocol between the trainer and its worker processes: fixed 33-byte messages, no pickling.
+"""The protocol between the trainer and its worker processes: fixed records in shared memory, no pickling.
 
-    trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slot) | STOP
-    worker -> trainer   READY | BATCH(run, slot)      | an error, as JSON (rare)
-    device mode         BLOCK(run, bytes, table bytes, source), then CHUNK(run, slot, bytes) ...
+    trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slots) | STOP
+    worker -> trainer   READY | BATCH(run, slot)      | an error or a warning, as JSON (rare)
 
-``run`` numbers passes: after a pass is abandoned midway (persistent workers), the trainer
-discards and releases what the old pass still sends. After an elastic resume, RUN carries the
-epoch's interrupted runs as a JSON tail (once per pass, a few hundred bytes). Errors and
-warnings travel as JSON: nothing a worker sends is ever unpickled.
+Each direction is a ``Channel``: a ring of 5-integer records in the shared file (slots.py), a
+semaphore counting the records in it and one counting the free places. The sender writes a
+record, then posts; the receiver takes a count, then reads the record at its own tail. A post
+is a release and a take an acquire, so a record is read only once it is whole, on any CPU;
+and neither is a system call unless the other side sleeps in it (glibc counts a semaphore's
+waiters: a post wakes only a sleeper). Per batch the trainer thus makes no system call while
+its worker keeps ahead, and wakes a sleeping worker once per ``RELEASE`` of up to four slots.
+
+A message with a payload (an error, a warning, a RUN's JSON tail) is written to the pipe first
+and announced by its record; the receiver reads it from the pipe when it reads the record, so
+order is kept. ``run`` numbers passes: after a pass is abandoned midway (persistent workers),
+the trainer discards and releases what the old pass still sends. Errors and warnings travel as
+JSON: nothing a worker sends is ever unpickled.
 """
 from __future__ import annotations
 
@@ -17,47 +25,95 @@ import struct
 import threading
 import traceback
 import warnings
+from typing import Any, Callable
+
+import numpy as np
 
 from streamwin import errors
 from streamwin.errors import ShardError
+from streamwin.feed.slots import RECORD
 
-MSG = struct.Struct("<Bqqqq")
-READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING, BLOCK, CHUNK = 1, 2, 3, 4, 5, 0, 6, 7, 8
-CHUNK_BYTES = 4 << 20  # slot size when workers ship blocks
-SEND_LOCK = threading.Lock()  # a worker's read-ahead thread may send a warning while its main thread sends a batch
-
-
-def send(conn, tag: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0, tail: bytes = b"") -> None:
-    """One message (and, for RUN, its JSON tail)."""
-    with SEND_LOCK:
-        conn.send_bytes(MSG.pack(tag, a, b, c, d) + tail)
+READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING = 1, 2, 3, 4, 5, 0, 6
+PIPED = (ERROR, WARNING)  # their payload waits in the pipe
+PER_RELEASE = 4  # slots one RELEASE record gives back (-1: none)
+RECORD_STRUCT = struct.Struct(f"={RECORD}q")  # a record in the ring: native int64 (both sides on one machine)
 
 
-def forward_warnings(conn) -> None:
+def ring_size(slots: int) -> int:
+    """Records a channel's ring holds: a BATCH for every slot, and as many more for warnings and commands."""
+    return 2 * slots + 8
+
+
+class Channel:
+    """One direction between the trainer and a worker: a ring of records, its two semaphores and the pipe.
+
+    ``ring``: [size, RECORD] int64 in shared memory; ``items`` (starts at 0) and ``space`` (starts at
+    the ring's size): multiprocessing semaphores; ``conn``: this side's end of the pipe.
+    """
+
+    def __init__(self, ring: np.ndarray, items: Any, space: Any, conn: Any):
+        self.items, self.space, self.conn = items, space, conn
+        self.size = len(ring)
+        self.buf = memoryview(ring).cast("B")  # records packed and unpacked in place: no array per record
+        self.head = self.tail = 0  # records sent by this side / taken by this side (each side uses one)
+        self.lock = threading.Lock()  # a worker's read-ahead thread may send a warning while its main thread sends
+
+    # -- sending --------------------------------------------------------------------------------------
+    def send(self, tag: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0, payload: bytes = b"",
+             waiting: Callable[[], None] | None = None, wait: bool = True) -> bool:
+        """One record (its payload first, into the pipe); False if the ring is full and not ``wait``.
+
+        While the ring stays full, ``waiting()`` runs every second (to raise if the other side died).
+        """
+        with self.lock:
+            if not self.space.acquire(False):
+                if not wait:
+                    return False
+                while not self.space.acquire(True, 1.0):
+                    if waiting is not None:
+                        waiting()
+            if payload:
+                self.conn.send_bytes(payload)
+            RECORD_STRUCT.pack_into(self.buf, self.head % self.size * RECORD_STRUCT.size, tag, a, b, c, d)
+            self.head += 1
+            self.items.release()
+            return True
+
+    # -- receiving ------------------------------------------------------------------------------------
+    def receive(self, timeout: float = 0.0) -> tuple[int, int, int, int, int] | None:
+        """The next record, (tag, a, b, c, d), or None if none came within ``timeout`` s. A record that
+        announces a payload (``has_payload``) is followed by ``payload()`` before the next ``receive``."""
+        if not self.items.acquire(False) and not (timeout and self.items.acquire(True, timeout)):
+            return None
+        record = RECORD_STRUCT.unpack_from(self.buf, self.tail % self.size * RECORD_STRUCT.size)
+        self.tail += 1
+        self.space.release()
+        return record
+
+    def payload(self) -> bytes:
+        """The payload of the record just received (it waits in the pipe)."""
+        return self.conn.recv_bytes()
+
+
+def has_payload(record: tuple) -> bool:
+    """Whether a record's payload waits in the pipe: errors, warnings, a RUN with interrupted runs."""
+    return record[0] in PIPED or (record[0] == RUN and record[4] != 0)
+
+
+def forward_warnings(channel: Channel) -> None:
     """Warnings raised in a worker (on any of its threads) are raised again in the trainer."""
     def show(message, category, filename, lineno, file=None, line=None):
-        payload = json.dumps({"category": category.__name__, "message": str(message)}).encode()
-        with SEND_LOCK:
-            conn.send_bytes(bytes([WARNING]) + payload)
+        channel.send(WARNING, payload=json.dumps({"category": category.__name__, "message": str(message)}).encode())
     warnings.showwarning = show
 
 
-def unpack(data: bytes) -> tuple:
-    """A trainer's message: (tag, a, b, c, d), and for RUN the epoch's interrupted runs (a list, maybe empty)."""
-    msg = MSG.unpack(data[: MSG.size])
-    if msg[0] == RUN:
-        return (*msg, json.loads(data[MSG.size :]) if len(data) > MSG.size else [])
-    return msg
-
-
-def send_error(conn, run: int, e: BaseException) -> None:
+def send_error(channel: Channel, run: int, e: BaseException) -> None:
     """An error as JSON (never pickle: nothing a worker sends is unpickled), with its traceback."""
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     where = {k: getattr(e, k, None) for k in ("shard", "member", "offset")} if isinstance(e, ShardError) else {}
     payload = {"run": run, "type": type(e).__name__, "module": type(e).__module__,
                "message": getattr(e, "reason", None) if where else str(e), "where": where, "text": text}
-    with SEND_LOCK:
-        conn.send_bytes(bytes([ERROR]) + json.dumps(payload, default=str).encode())
+    channel.send(ERROR, run, payload=json.dumps(payload, default=str).encode())
 
 
 def rebuild_error(payload: dict) -> BaseException:

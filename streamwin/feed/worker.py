@@ -1,10 +1,9 @@
 """A worker process: it runs one stream of the plan per pass and gathers batches into shared-memory slots.
 
-The trainer and the worker talk over one pipe (protocol.py). A worker writes a batch only
-into a slot the trainer has released, so a batch the trainer still holds is never
-overwritten; per batch it sends the slot's number. In device mode it ships whole blocks
-instead, every source's of its stream, in the order its batcher will read them
-(``nodes.block_order``), through the slots in chunks. A worker ignores SIGINT (the trainer
+The trainer and the worker exchange records through two rings in shared memory (protocol.py).
+A worker writes a batch only into a slot the trainer has released, so a batch the trainer
+still holds is never overwritten; per batch it sends the slot's number (device mode too: the
+trainer copies the slot to the device). A worker ignores SIGINT (the trainer
 stops it) and exits when the trainer dies: a thread of its own (``watch_parent``) checks every
 HEARTBEAT_S that the trainer lives and exits the process at once when it does not, even while
 the worker is blocked in a read; the same thread bumps a heartbeat counter in shared memory,
@@ -23,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from streamwin.dataset import WindowDataset
-from streamwin.feed.device import window_table
-from streamwin.feed.protocol import BATCH, BLOCK, CHUNK, READY, RELEASE, STOP, forward_warnings, send, send_error, unpack
+from streamwin.feed.protocol import (BATCH, READY, RELEASE, RUN, STOP, Channel, forward_warnings, has_payload,
+                                     send_error)
 from streamwin.feed.slots import SharedFile, SharedHandle, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS, read_counters
-from streamwin.pipeline import open_stream, ship_blocks
+from streamwin.pipeline import open_stream
 
 
 HEARTBEAT = 15  # the worker's counter (feed.slots.COUNTERS per worker) that its watchdog thread bumps
@@ -73,56 +72,72 @@ def watch_parent(parent_pid: int, heartbeat: np.ndarray) -> None:
     threading.Thread(target=run, name="streamwin-watchdog", daemon=True).start()
 
 
-def receive(conn, parent_pid: int) -> tuple:
-    """The next message to a worker; raises ParentGone if the trainer died meanwhile."""
-    ppid = os.getppid()
-    while not conn.poll(1.0):
-        if parent_gone(parent_pid, ppid):
+class Inbox:
+    """What the trainer sends a worker: released slots and commands (RUN, STOP)."""
+
+    def __init__(self, channel: Channel, parent_pid: int):
+        self.channel, self.parent_pid, self.ppid = channel, parent_pid, os.getppid()
+
+    def check_parent(self) -> None:
+        """ParentGone if the trainer died."""
+        if parent_gone(self.parent_pid, self.ppid):
             raise ParentGone
-    try:
-        return unpack(conn.recv_bytes())
-    except (EOFError, OSError) as e:
-        raise ParentGone from e
+
+    def next(self, wait: bool = True) -> tuple | None:
+        """The next message: (RELEASE, slots...), (RUN, run, epoch, first, interrupted runs) or (STOP,);
+        None (``wait=False``) if none has arrived. Raises ParentGone if the trainer died meanwhile."""
+        while (msg := self.channel.receive(1.0 if wait else 0.0)) is None:
+            if not wait:
+                return None
+            self.check_parent()
+        if msg[0] != RUN:
+            return msg
+        try:
+            rest = json.loads(self.channel.payload()) if has_payload(msg) else []
+        except (EOFError, OSError) as e:  # the trainer's end of the pipe is closed
+            raise ParentGone from e
+        return RUN, msg[1], msg[2], msg[3], rest
 
 
 def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[int, int], shared: SharedHandle,
-                slot_layout: SlotLayout, conn, parent_pid: int, ship: bool = False) -> None:
+                slot_layout: SlotLayout, conn, semaphores: tuple, parent_pid: int) -> None:
     """A worker process: map the slots, then run the passes the trainer asks for.
 
-    ``ship`` (device mode): instead of gathering batches, stream each block's window table and
-    bytes through the slots in chunks, in the order the trainer's batcher reads them; the
-    trainer uploads them and cuts the windows.
+    ``semaphores``: (items, space) of the channel to the worker, then of the one to the trainer.
     """
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
-    forward_warnings(conn)
     arr = SharedFile(slot_layout.nbytes, shared).array()
+    to_worker, to_trainer = slot_layout.rings(arr, worker)
+    inbox = Inbox(Channel(to_worker, *semaphores[:2], conn), parent_pid)
+    outbox = Channel(to_trainer, *semaphores[2:], conn)
+    forward_warnings(outbox)
     raw = [slot_layout.slot(arr, worker, i) for i in range(slot_layout.slots)]
-    slots = Slots(raw if ship else [ds.layout().views(r) for r in raw], conn, parent_pid)
+    slots = Slots([ds.layout().views(r) for r in raw], inbox, outbox)
     counters = slot_layout.counters(arr, worker)
     watch_parent(parent_pid, counters[HEARTBEAT:])
-    send(conn, READY, worker)
+    outbox.send(READY, worker)
     totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
     plans: dict[str, Any] = {}
     stream = world[0] * max(1, num_workers) + worker
     cmd = None
     try:
         while True:
-            msg = cmd or receive(conn, parent_pid)
+            msg = cmd or inbox.next()
             cmd = None
             if msg[0] == STOP:
                 return
             if msg[0] == RELEASE:
-                slots.free.append(msg[1])
+                slots.freed(msg)
                 continue
-            _, run, epoch, first, _, rest = msg
+            _, run, epoch, first, rest = msg
             key = json.dumps([epoch, rest])
             if key not in plans:
                 plans.clear()  # the trainer's world: torch.distributed is not initialized here
                 plans[key] = ds.plan(epoch, num_workers, rest, world_size=world[1])
-            cmd = run_pass(ds, plans[key], stream, run, first, slots, counters, totals, ship)
+            cmd = run_pass(ds, plans[key], stream, run, first, slots, counters, totals)
     except ParentGone:
         return
 
@@ -130,29 +145,33 @@ def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[i
 class Slots:
     """A worker's view of its slots: which are free, waiting for the trainer to release one."""
 
-    def __init__(self, slots: list, conn, parent_pid: int):
-        self.slots, self.conn, self.parent_pid = slots, conn, parent_pid
+    def __init__(self, slots: list, inbox: Inbox, outbox: Channel):
+        self.slots, self.inbox, self.outbox = slots, inbox, outbox
         self.free = deque(range(len(slots)))
         self.taken: list[int] = []  # popped for output that has not gone out yet
 
+    def freed(self, msg: tuple) -> None:
+        """The slots of a RELEASE record are free again."""
+        self.free.extend(s for s in msg[1:5] if s >= 0)
+
     def take(self):
-        """A free slot (its field views, or its bytes); its number is ``taken[-1]``."""
+        """A free slot's field views; its number is ``taken[-1]``."""
         while not self.free:
-            msg = receive(self.conn, self.parent_pid)
+            msg = self.inbox.next()
             if msg[0] != RELEASE:
                 raise Interrupted(msg)
-            self.free.append(msg[1])
+            self.freed(msg)
         self.taken.append(self.free.popleft())
         return self.slots[self.taken[-1]]
 
-    def sent(self, tag: int, run: int, nbytes: int = 0) -> None:
-        """Send the slot taken first, then collect the releases (or a command) that have arrived."""
-        send(self.conn, tag, run, self.taken.pop(0), nbytes)
-        while self.conn.poll(0):
-            msg = unpack(self.conn.recv_bytes())
+    def sent(self, run: int) -> None:
+        """Send the slot taken first (BATCH), then collect the releases (or a command) that have arrived.
+        While the ring to the trainer is full, it waits as long as the trainer lives."""
+        self.outbox.send(BATCH, run, self.taken.pop(0), waiting=self.inbox.check_parent)
+        while (msg := self.inbox.next(wait=False)) is not None:
             if msg[0] != RELEASE:
                 raise Interrupted(msg)
-            self.free.append(msg[1])
+            self.freed(msg)
 
     def give_back(self) -> None:
         """Slots popped for output that never went out are free again."""
@@ -161,28 +180,21 @@ class Slots:
 
 
 def run_pass(ds: WindowDataset, plan, stream: int, run: int, first: int, slots: Slots, counters: np.ndarray,
-             totals: np.ndarray, ship: bool) -> tuple | None:
+             totals: np.ndarray) -> tuple | None:
     """One pass of a stream into free slots; returns a command that interrupted it, or None."""
     running = None
     try:
-        if ship:
-            running = ship_blocks(ds, plan, stream, first)
-            for i, block in running:
-                ship_block(block, slots, run, i)
-                running.node.release(i, block)
-                counters[: len(STAT_FIELDS)] = totals + read_counters(running.stats())
-        else:
-            running = open_stream(ds, plan, stream, first, slots.take, prefetch=False)
-            for _ in running:
-                counters[: len(STAT_FIELDS)] = totals + read_counters(running.stats())
-                slots.sent(BATCH, run)
+        running = open_stream(ds, plan, stream, first, slots.take, prefetch=False)
+        for _ in running:
+            counters[: len(STAT_FIELDS)] = totals + read_counters(running.stats())
+            slots.sent(run)
         return None
     except Interrupted as e:
         return e.msg
     except (ParentGone, KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # hand the error to the trainer, which raises it
-        send_error(slots.conn, run, e)
+        send_error(slots.outbox, run, e)
         return None
     finally:
         slots.give_back()
@@ -192,14 +204,3 @@ def run_pass(ds: WindowDataset, plan, stream: int, run: int, first: int, slots: 
             totals += read_counters(stats)
             counters[: len(STAT_FIELDS)] = totals
 
-
-def ship_block(block, slots: Slots, run: int, source: int) -> None:
-    """BLOCK(bytes, table bytes, source), then the window table and the bytes in slot-sized CHUNKs."""
-    table = window_table(block)
-    send(slots.conn, BLOCK, run, len(block.buf), len(table), source)
-    for part in (table, block.buf):
-        for pos in range(0, len(part), len(slots.slots[0])):
-            dest = slots.take()
-            n = min(len(dest), len(part) - pos)
-            np.copyto(dest[:n], part[pos : pos + n])  # page cache -> shared (page-locked) memory, no GIL
-            slots.sent(CHUNK, run, n)

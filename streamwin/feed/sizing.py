@@ -1,0 +1,75 @@
+"""How many workers and slots a loader may have, and the memory they take: checked before anything starts.
+
+A worker pool maps, per worker, ``prefetch_factor + 2`` batch slots plus ``RELEASE_BATCH - 1``
+spare ones (the trainer gives slots back four at a time), and the trainer keeps up to
+``BufferPool.KEEP`` batches of its own (gathered in-process, or copied out of slots when batches
+are kept). Arguments whose processes or memory this machine cannot give fail here, naming them,
+instead of as a raw ``OSError`` halfway through starting the workers.
+"""
+from __future__ import annotations
+
+import sys
+
+from streamwin.arguments import check_fits
+from streamwin.batch import BufferPool
+from streamwin.feed.protocol import ring_size
+from streamwin.feed.slots import SlotLayout
+
+RELEASE_BATCH = 4  # slots the trainer gives back in one RELEASE (a worker gets RELEASE_BATCH - 1 spare slots)
+MAX_PREFETCH = 1024  # batches a worker may keep ready ahead of the trainer
+FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process sentinel
+
+
+def pool_slots(slots: int) -> int:
+    """Slots per worker of a pool asked for ``slots``: the spare ones that batched releases need added."""
+    return slots + RELEASE_BATCH - 1
+
+
+def pool_bytes(num_workers: int, slots: int, slot_bytes: int) -> int:
+    """Bytes of shared memory a pool of ``num_workers`` workers with ``slots`` slots of ``slot_bytes`` maps."""
+    return SlotLayout(num_workers, pool_slots(slots), slot_bytes, ring_size(pool_slots(slots))).nbytes
+
+
+def max_workers() -> tuple[int, str]:
+    """How many worker processes this process may start, and the limit that says so ("" if none does)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return sys.maxsize, ""
+    found = [(sys.maxsize, "")]
+    procs, files = resource.getrlimit(resource.RLIMIT_NPROC)[0], resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if procs != resource.RLIM_INFINITY:
+        found.append((procs, f"the process limit (ulimit -u: {procs})"))
+    if files != resource.RLIM_INFINITY:
+        found.append((max(0, files - 64) // FDS_PER_WORKER,
+                      f"the open-file limit (ulimit -n: {files}; {FDS_PER_WORKER} per worker)"))
+    return min(found)
+
+
+def check_workers(num_workers: int, prefetch_factor: int) -> None:
+    """ValueError naming ``num_workers`` beyond what this process may start, or ``prefetch_factor`` beyond MAX_PREFETCH."""
+    most, limit = max_workers()
+    if num_workers > most:
+        raise ValueError(f"num_workers={num_workers} is more worker processes than this process may start: "
+                         f"{most} by {limit}")
+    if not 1 <= prefetch_factor <= MAX_PREFETCH:
+        raise ValueError(f"prefetch_factor must be an integer from 1 to {MAX_PREFETCH} (batches each worker keeps "
+                         f"ready; more only takes memory), got {prefetch_factor!r}")
+
+
+def slots_text(dataset, num_workers: int, prefetch_factor: int) -> str:
+    """The arguments that size a loader's batch memory, as the user typed them."""
+    per = f"batch_size={dataset.batch_size} windows ({dataset.layout().nbytes / 1e6:,.1f} MB)"
+    if not num_workers:
+        return f"batches of {per}"
+    return f"num_workers={num_workers} x (prefetch_factor={prefetch_factor} + {pool_slots(2)}) batch slots of {per}"
+
+
+def check_memory(dataset, num_workers: int, prefetch_factor: int) -> None:
+    """ValueError naming the arguments if the slots and the trainer's own batches exceed this machine's memory."""
+    batch = dataset.layout().nbytes
+    need = BufferPool.KEEP * batch
+    if num_workers:
+        need += pool_bytes(num_workers, prefetch_factor + 2, batch)
+    check_fits(need, f"{slots_text(dataset, num_workers, prefetch_factor)}, and {BufferPool.KEEP} batches of this "
+               "process")

@@ -1,0 +1,242 @@
+"""The hand-off between worker processes and the trainer (issue 27), and what a loader leaves behind (issue 28).
+
+Slot numbers travel through rings in shared memory counted by semaphores (feed/protocol.py); a
+slot goes back to its worker once nothing refers to it (feed/slots.py). Checked here against
+references computed in the test: records and payloads arrive whole and in order across processes,
+however small the ring; whatever a training loop keeps of a batch (a view, a numpy array, its keys
+alone) keeps its values; a sleeping worker is woken once per four batches, not per batch; arguments
+whose slots cannot be had fail before anything is allocated; no worker of a failed pass lives on;
+a script that ends with a loader open prints nothing but its own output.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+import streamwin as sw
+from conftest import reference_windows
+from streamwin.arguments import memory_bytes
+from streamwin.feed import pool as feed_pool
+from streamwin.feed.protocol import ERROR, RECORD_STRUCT, WARNING, Channel, has_payload
+from streamwin.feed.slots import RECORD, leftovers
+
+pytestmark = pytest.mark.timeout(300)
+W, S, H, B = 16, 8, 4, 8
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make(url, workers=1, **kw):
+    loader_kw = {k: kw.pop(k) for k in ("persistent_workers", "prefetch_factor") if k in kw}
+    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=64, seed=3) | kw
+    return sw.WindowLoader(sw.WindowDataset(url, **args), num_workers=workers, **loader_kw)
+
+
+def naive(seqs, key, start, span):
+    arr = seqs[key]
+    ref = np.zeros((span,) + arr.shape[1:], arr.dtype)
+    part = arr[start : start + span]
+    ref[: len(part)] = part
+    return ref
+
+
+def our_children() -> list[psutil.Process]:
+    """Live child processes, less Python's own resource tracker."""
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
+            and "resource_tracker" not in " ".join(p.cmdline())]
+
+
+# -- the channel ------------------------------------------------------------------------------------------
+
+
+def _channel(size: int):
+    """Both ends of one channel over a ring of ``size`` records in anonymous shared memory (fork)."""
+    ctx = multiprocessing.get_context("fork")
+    ring = np.frombuffer(__import__("mmap").mmap(-1, size * RECORD * 8), dtype=np.int64).reshape(size, RECORD)
+    items, space = ctx.Semaphore(0), ctx.Semaphore(size)
+    mine, theirs = ctx.Pipe(duplex=True)
+    return ctx, ring, items, space, mine, theirs
+
+
+def _sender(ring, items, space, conn, n: int) -> None:
+    out = Channel(ring, items, space, conn)
+    for i in range(n):
+        if i % 7 == 3:  # a payload (a warning's JSON) between records
+            out.send(WARNING, i, payload=f"payload {i}".encode() * (1 + i % 5))
+        else:
+            out.send(2, i, 10 * i, -i, i * i)
+    out.send(ERROR, n, payload=b"the end")
+    conn.close()
+
+
+@pytest.mark.parametrize("size", [2, 5, 64])
+def test_a_channel_carries_records_and_payloads_in_order_across_processes(size):
+    """Another process sends 500 records, some with a payload, through a ring of 2, 5 or 64 places: every one
+    arrives whole and in order (a full ring makes the sender wait, never overwrite)."""
+    n = 500
+    ctx, ring, items, space, mine, theirs = _channel(size)
+    proc = ctx.Process(target=_sender, args=(ring, items, space, theirs, n))
+    proc.start()
+    theirs.close()
+    inbox = Channel(ring, items, space, mine)
+    got = []
+    while True:
+        msg = inbox.receive(10.0)
+        assert msg is not None, f"nothing within 10 s after {len(got)} records"
+        got.append((msg, inbox.payload() if has_payload(msg) else None))
+        if msg[0] == ERROR:
+            break
+    proc.join(10)
+    want = [((WARNING, i, 0, 0, 0), f"payload {i}".encode() * (1 + i % 5)) if i % 7 == 3 else
+            ((2, i, 10 * i, -i, i * i), None) for i in range(n)] + [((ERROR, n, 0, 0, 0), b"the end")]
+    assert got == want and proc.exitcode == 0
+
+
+def test_a_full_ring_refuses_a_send_that_must_not_wait():
+    ctx, ring, items, space, mine, theirs = _channel(3)
+    out = Channel(ring, items, space, mine)
+    assert all(out.send(4, i, wait=False) for i in range(3))
+    assert not out.send(5, wait=False)  # no place left: STOP at close is given up, not waited for
+    inbox = Channel(ring, items, space, theirs)
+    assert [inbox.receive() for _ in range(4)] == [(4, 0, 0, 0, 0), (4, 1, 0, 0, 0), (4, 2, 0, 0, 0), None]
+    assert RECORD_STRUCT.size == RECORD * 8
+
+
+# -- what a training loop keeps ----------------------------------------------------------------------------
+
+
+def test_views_and_arrays_kept_from_a_batch_keep_their_values(tiny, recwarn):
+    """A torch view and a numpy view of a batch tensor, kept after the batch itself is dropped, still hold the
+    batch's values at the end of the epoch: the slot they view is not reused while they live."""
+    url, seqs = tiny
+    kept = []
+    for b in make(url, shuffle_buffer=16):
+        kept.append((b["x"][0], b["x"].numpy()[1:3], b["key"][0], b["key"][1:3], b["start"].tolist()))
+        del b
+    assert len(kept) > 8
+    for row0, rows12, key0, keys12, starts in kept:
+        assert np.array_equal(row0.numpy(), naive(seqs, key0, starts[0], W))
+        for row, key, start in zip(rows12, keys12, starts[1:3]):
+            assert np.array_equal(row, naive(seqs, key, start, W))
+
+
+def test_keys_kept_alone_read_their_own_batch_and_do_not_hold_its_slot(tiny, recwarn):
+    """Keys kept without their batch (not yet decoded) decode to their own batch's keys after the slot has been
+    reused many times over, and keeping them costs no copy out of shared memory."""
+    url, seqs = tiny
+    kept = [(b["key"], b["x"].clone(), b["start"].clone()) for b in make(url, shuffle_buffer=16)]
+    assert len(kept) > 8 and not [w for w in recwarn if "copied out" in str(w.message)]
+    seen = set()
+    for keys, x, start in kept:
+        assert len(keys) == B
+        for i, (key, s) in enumerate(zip(keys, start.tolist())):
+            assert np.array_equal(x[i].numpy(), naive(seqs, key, s, W))
+            seen.add((key, s))
+    assert seen <= reference_windows(seqs, W, S, H) and len(seen) == B * len(kept)
+
+
+def test_a_sleeping_worker_is_woken_once_per_four_batches(tiny):
+    """Slots go back four to a record: over a pass whose steps take longer than a batch takes the worker, the
+    trainer sends its worker about a quarter as many records as it takes batches (each record wakes it at most
+    once), not one per batch; only when the trainer must wait for the worker does it send what it has at once."""
+    url, _ = tiny
+    loader = make(url, shuffle_buffer=16, persistent_workers=True)
+    taken = 0
+    for _ in loader:
+        taken += 1
+        time.sleep(0.005)  # a training step
+    pool = loader._pool
+    sent, waits = pool.outbox[0].head, pool.waits  # records to the worker: one RUN, then RELEASEs
+    loader.close()
+    assert feed_pool.RELEASE_BATCH == 4 and taken > 20
+    assert sent <= 1 + taken // 4 + waits + 1, (taken, sent, waits)
+    assert waits < taken // 4, f"the trainer waited for its worker at {waits} of {taken} batches"
+
+
+# -- bad arguments, failed passes, exits (issue 28, items 7 and 8) -----------------------------------------
+
+
+def _nothing_started(pid: int) -> bool:
+    return not our_children() and not leftovers(pid)
+
+
+def test_too_many_workers_fail_naming_num_workers_before_anything_starts(tiny):
+    url, _ = tiny
+    with pytest.raises(ValueError, match=r"num_workers=1000000 is more worker processes than this process may"):
+        make(url, 10**6)
+    assert _nothing_started(os.getpid())
+
+
+def test_a_huge_prefetch_factor_fails_naming_it(tiny):
+    url, _ = tiny
+    with pytest.raises(ValueError, match=r"prefetch_factor must be an integer from 1 to 1024 .* got 10000"):
+        make(url, prefetch_factor=10**4)
+
+
+def test_a_batch_whose_slots_cannot_fit_fails_naming_batch_size_before_allocating(tiny):
+    """One batch a tenth of this machine's memory passes every one-batch check; one worker's slots of it and the
+    trainer's own batches do not fit: refused, naming batch_size and the slots, before a worker or a slot exists."""
+    url, _ = tiny
+    per_window = make(url, 0).dataset.layout().nbytes / B
+    batch_size = int(memory_bytes() / 10 / per_window)
+    loader = make(url, batch_size=batch_size)
+    with pytest.raises(ValueError, match=rf"num_workers=1 x \(prefetch_factor=2 \+ \d+\) batch slots of "
+                                         rf"batch_size={batch_size} windows .* would need .* GB of memory"):
+        next(iter(loader))
+    assert loader._pool is None and _nothing_started(os.getpid())
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_workers_of_a_failed_pass_stop_with_it(tiny, tmp_path, persistent):
+    """A worker's error ends the pass and its workers at once (persistent ones too), not at the next pass."""
+    url, _ = tiny
+    bad = tmp_path / "bad"
+    shutil.copytree(url, bad)
+    for shard in sorted(p for p in os.listdir(bad) if p.endswith(".tar")):
+        data = (bad / shard).read_bytes()
+        (bad / shard).write_bytes(data.replace(b"\x93NUMPY", b"\x93NOMPY"))
+    loader = make(str(bad), shuffle=False, persistent_workers=persistent)
+    it = iter(loader)
+    with pytest.raises(sw.ShardError):
+        next(it)
+    assert _nothing_started(os.getpid()), "a worker of the failed pass is still alive"
+    with pytest.raises(StopIteration):
+        next(it)  # the failed pass is over
+    loader.close()
+
+
+def test_the_readme_quick_start_run_as_a_script_prints_only_its_own_output(tmp_path):
+    """The quick start as a script: its loader's worker is alive when the script ends; nothing is printed about
+    objects torn down at exit (before: ``Exception ignored in SharedFile.__del__ ... AttributeError``)."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    code = readme.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    script = tmp_path / "quickstart.py"
+    script.write_text(textwrap.dedent(code))
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                         env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "batches per epoch" in run.stdout
+    assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pinned_views_kept_after_a_non_blocking_copy_keep_their_values(tiny):
+    """With page-locked slots, a batch dropped right after queuing its copy keeps its slot until the copy is done."""
+    url, seqs = tiny
+    out = []
+    for b in sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=B, shuffle_buffer=16, seed=3),
+                             num_workers=1, pin_memory=True):
+        out.append((list(b["key"]), b["start"].tolist(), b["x"].to("cuda", non_blocking=True)))
+    torch.cuda.synchronize()
+    for keys, starts, x in out:
+        for i, (key, start) in enumerate(zip(keys, starts)):
+            assert np.array_equal(x[i].cpu().numpy(), naive(seqs, key, start, W))
