@@ -51,6 +51,7 @@ from streamwin.feed.stats import RunStats
 from streamwin.feed.to_device import Fixed
 from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
+from streamwin.transform import check_picklable
 
 log = logging.getLogger("streamwin")
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # loaders with a pass or workers running, closed at interpreter exit
@@ -133,6 +134,11 @@ class WindowLoader:
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer.
         persistent_workers: keep the worker processes between epochs.
+        transform: ``fn(batch, rng) -> batch`` on each batch (a dict of numpy arrays, fields included),
+            in the worker process (in-process: where batches are gathered) before the hand-off;
+            ``rng`` is a numpy Generator seeded from (seed, epoch, stream, batch), so a random
+            transform resumes exactly. Its outputs' shapes and dtypes are fixed after the first
+            batch (streamwin/transform.py). Must be picklable for "spawn" and "forkserver".
         multiprocessing_context: start method for workers: a name ("fork", "spawn", "forkserver") or a
             multiprocessing context object (``multiprocessing.get_context(...)``), as DataLoader takes. Where
             fork cannot be used (CUDA initialized before the loader starts), use "forkserver": its
@@ -142,7 +148,8 @@ class WindowLoader:
 
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
                  static: bool = False, pin_memory: bool = False, prefetch_factor: int | None = None,
-                 persistent_workers: bool = False, multiprocessing_context: Any = None, **kwargs: Any):
+                 persistent_workers: bool = False, multiprocessing_context: Any = None,
+                 transform: Callable[[dict, np.random.Generator], dict] | None = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
         if kwargs.get("batch_size") is not None:
@@ -170,6 +177,14 @@ class WindowLoader:
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
         self.multiprocessing_context = start_context(multiprocessing_context or default_start_method())
         self.batch_size = dataset.batch_size
+        self._fed = dataset  # what the streams run: the dataset, with the transform when one is given
+        if transform is not None:
+            if self.device is not None and self.num_workers == 0:
+                raise ValueError("transform runs on the numpy batches workers gather: with device=..., pass "
+                                 "num_workers >= 1 (in-process device mode cuts batches on the device)")
+            if self.num_workers and self.multiprocessing_context.get_start_method() != "fork":
+                check_picklable(transform, self.multiprocessing_context.get_start_method())
+            self._fed = dataset.transformed(transform)
         self.position = Position()
         self._epoch_set = False  # set_epoch called since the last pass began
         self._resume = False  # a loaded position waits for the next pass
@@ -276,12 +291,12 @@ class WindowLoader:
         self._log_once(world)
         self._stats.start()
         plan = self._plan()
-        ctx = FeedContext(self.dataset, self._stats, self.close_pass, self._worker_pool(world), self.device,
+        ctx = FeedContext(self._fed, self._stats, self.close_pass, self._worker_pool(world), self.device,
                           self.pin_memory, self.num_workers)
         _OPEN.add(self)
         if self.device is not None:
             if self.static and self._fixed is None:
-                self._fixed = Fixed(self.dataset.layout(), self.device)
+                self._fixed = Fixed(self._fed.layout(), self.device)
             self._feed = WorkerDeviceFeed(ctx, plan, pos, self._fixed) if self.num_workers else \
                 DeviceFeed(ctx, plan, pos, world[0], self._fixed)
         elif self.num_workers > 0:
@@ -321,13 +336,13 @@ class WindowLoader:
             return None
         if self._pool is None or self._pool.closed:
             to_cuda = self.device is not None and self.device.type == "cuda"
-            self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
+            self._pool = WorkerPool(self._fed, self.num_workers, world, slots=self.prefetch_factor + 2,
                                     pin=self.pin_memory or to_cuda, context=self.multiprocessing_context)
         return self._pool
 
     def _check_fits(self, world_size: int) -> None:
         """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
-        ds = self.dataset
+        ds = self._fed
         ds.check_fits()
         if self.num_workers:  # the batch slots in shared memory, allocated when the workers start
             slots = self.num_workers * (self.prefetch_factor + 2) * ds.layout().nbytes

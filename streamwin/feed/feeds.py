@@ -43,13 +43,13 @@ class FeedContext:
     num_workers: int = 0
 
 
-def to_batch(views: dict[str, np.ndarray], manifests: list) -> dict[str, Any]:
+def to_batch(views: dict[str, np.ndarray], manifests: list, per_crop: tuple[str, ...] = PER_CROP) -> dict[str, Any]:
     """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed).
 
     Packed rows: the per-crop fields cut to the batch's ``crops``."""
     if "crops" in views:
         n = int(views["crops"][0])
-        views = {k: v[:n] if k in PER_CROP else v for k, v in views.items() if k != "crops"}
+        views = {k: v[:n] if k in per_crop else v for k, v in views.items() if k != "crops"}
     out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
     source = views["source"].copy() if "source" in views else None
     out["key"] = BatchKeys(manifests=manifests, seq=views["seq"].copy(), source=source)
@@ -122,9 +122,10 @@ class LocalFeed(Feed):
         self.buffers = BufferPool(layout.nbytes, allocate=pinned, fenced=pinned is not None)
         self.stream = open_stream(ctx.dataset, plan, stream, self.first_batch(),
                                   lambda: layout.views(self.buffers.get()))
+        self.per_crop = layout.per_crop
 
     def _next(self) -> dict[str, Any]:
-        return to_batch(next(self.stream), self.manifests)
+        return to_batch(next(self.stream), self.manifests, self.per_crop)
 
     def read_counters(self) -> np.ndarray:
         if self.stream is None:
@@ -167,7 +168,7 @@ class WorkerFeed(Feed):
         else:
             buf = pool.bases[w][slot]
             pool.hold(w, slot)
-        return to_batch(self.layout.views(buf), self.manifests)
+        return to_batch(self.layout.views(buf), self.manifests, self.layout.per_crop)
 
     def _warn_keep(self) -> None:
         stats = self.ctx.stats
