@@ -393,3 +393,17 @@ def test_inspect_lists_fields(packed, capsys):
     line = next(x for x in out.splitlines() if x.startswith("fields"))
     assert "label int 0..3" in line and "store str (4 values)" in line and "ok bool False..True" in line
     assert "start time 2021-03-01T00:00:00.000000000.." in line
+
+
+def test_row_tables_take_meta_columns_per_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    starts = [pd.Timestamp("2020-01-01"), pd.Timestamp("2021-06-01"), pd.Timestamp("2022-01-01")]
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "target": [[1.0, 2, 3], [4.0, 5], [6.0, 7, 8, 9]],
+                             "start": pa.array(starts), "cat": ["x", "y", "x"]}), tmp_path / "t.parquet")
+    m = sw.pack(str(tmp_path / "t.parquet"), str(tmp_path / "o"), id_column="id", meta_columns=["start", "cat"],
+                progress=False)
+    assert m.value_columns == ("target",) and m.fields.kinds == {"cat": "str", "start": "time"}
+    assert m.fields.columns["start"].tolist() == [ns(s) for s in starts]
+    assert [m.fields.vocabulary["cat"][c] for c in m.fields.columns["cat"]] == ["x", "y", "x"]

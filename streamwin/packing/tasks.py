@@ -86,10 +86,10 @@ def encode_batches(units: list[InputUnit], options: EncodeOptions, tally: Tally)
                 if rec is not None:
                     yield rec
             continue
-        for key, arr, meta in got.items() if isinstance(got, Batch) else (got,):
-            enc = options.encode(key, arr, None if isinstance(got, Batch) else meta)
-            if enc is not None and isinstance(got, Batch) and meta:  # a table's meta columns: fields, no json member
-                enc = dataclasses.replace(enc, fields=meta)
+        for i, (key, arr, meta) in enumerate(got.items() if isinstance(got, Batch) else (got,)):
+            enc = options.encode(key, arr, meta)
+            if enc is not None and isinstance(got, Batch) and got.fields:  # meta columns: fields, no json member
+                enc = dataclasses.replace(enc, fields=got.meta(i))
             if enc is None:
                 tally.skipped += 1
                 continue

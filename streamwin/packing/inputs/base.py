@@ -99,10 +99,10 @@ class Batch:
         return len(self.keys)
 
     def items(self) -> Iterator[Item]:
-        """The batch as ``(key, array, meta)`` items, as `read_unit` yields them."""
+        """The batch as ``(key, array, None)`` items, as `read_unit` yields them (meta columns: `meta`)."""
         ends = self.bounds.tolist()
-        for i, (key, a, b) in enumerate(zip(self.keys, ends, ends[1:])):
-            yield key, self.values[a:b], self.meta(i)
+        for key, a, b in zip(self.keys, ends, ends[1:]):
+            yield key, self.values[a:b], None
 
     def meta(self, i: int) -> dict | None:
         """Sequence i's meta columns as a meta dict (str codes decoded), or None."""
