@@ -120,7 +120,7 @@ def main() -> None:
     TRANSFORM_S = args.transform_ms / 1e3
     warnings.simplefilter("ignore")
     n, steps = (400, 1000) if args.quick else (4000, 2000)
-    repeats = 2 if args.quick else args.repeats
+    repeats = args.repeats
     url = corpus(Path(args.root), n, steps)
     epoch_rate(url, ["label", "store"], 0, args.batch_size)  # warm: the page cache, the first mapping
     out: dict = {"cores": len(os.sched_getaffinity(0)), "load": os.getloadavg()[0], "rates": {}, "waits": {}}

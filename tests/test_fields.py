@@ -407,3 +407,15 @@ def test_row_tables_take_meta_columns_per_row(tmp_path):
     assert m.value_columns == ("target",) and m.fields.kinds == {"cat": "str", "start": "time"}
     assert m.fields.columns["start"].tolist() == [ns(s) for s in starts]
     assert [m.fields.vocabulary["cat"][c] for c in m.fields.columns["cat"]] == ["x", "y", "x"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("workers", [0, 1])
+def test_fields_on_cuda(packed, workers):
+    url, meta, *_ = packed
+    for kw in ({}, dict(pack_length=64, min_window=8, window_multiple=4)):
+        ds = sw.WindowDataset(url, window=16, batch_size=8, fields=["label", "store", "time"], **kw)
+        for b in sw.WindowLoader(ds, num_workers=workers, device="cuda"):
+            assert b["label"].is_cuda and b["time"].is_cuda
+            check_batch({k: (v.cpu() if hasattr(v, "cpu") else v) for k, v in b.items()}, [meta],
+                        ds.vocabulary("store"), ("label", "store", "time"))
