@@ -39,6 +39,7 @@ Usage:
   python benchmarks/scale.py --quick    # 1M sequences (~2 min on 2 cores)
   python benchmarks/scale.py            # 1M and 10M (~10 min on 2 cores, 11 GB of disk)
   python benchmarks/scale.py --sizes 2000000 --sums-gb 1 10 100 1000 --no-loaders   # issue 28's numbers
+  python benchmarks/scale.py --sizes 10000000 --no-loaders --fields   # issue 29: two int fields per sequence
 Prints a markdown table and one JSON line.
 """
 from __future__ import annotations
@@ -175,6 +176,8 @@ def child_manifest(url: str) -> dict:
             "anon_bytes_per_seq": (anon_mb() - before) * per}
     total = int(m.length.sum()) + int(m.offset.sum()) + int(m.size.sum()) + int(m.hlen.sum())
     total += int(m.key_ends.sum()) + len(m.keys(np.arange(0, m.num_sequences, 4096)))  # touch every page
+    for col in (m.fields.columns.values() if m.fields is not None else ()):  # --fields: their columns too
+        total += int(col.sum())
     private = anon_mb() - before
     shared = os.path.getsize(os.path.join(url, "index.columns")) + os.path.getsize(os.path.join(url, "index.json"))
     return {"load_s": load_s, "private_mb": private, "bytes_per_seq": private * 2**20 / m.num_sequences,
@@ -471,6 +474,8 @@ def main() -> None:
     ap.add_argument("--sums-gb", type=int, nargs="*", default=[],
                     help="checksum memory at these corpus sizes in GB of sparse shards (e.g. 1 10 100 1000)")
     ap.add_argument("--sums-blocks", type=int, default=8, help="blocks each checksum measurement reads")
+    ap.add_argument("--fields", action="store_true",
+                    help="also the manifest with two int fields per sequence (a label, a store id): bytes and load")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -488,6 +493,8 @@ def main() -> None:
         url = make_corpus(root / f"n{n}", n)
         row = {"sequences": n, "corpus_s": time.perf_counter() - t, "manifest": run_child("manifest", url),
                "plan": run_child("plan", url)}
+        if args.fields:
+            row["fields_manifest"] = run_child("manifest", with_fields(url, root / f"n{n}-fields"))
         for method in [] if args.no_loaders else METHODS:
             row[method] = run_child("loader", url, method)
         rows.append(row)
@@ -504,6 +511,29 @@ def main() -> None:
     print(json.dumps({"rows": rows, "pack": pack, "sums": sums, "cores": len(os.sched_getaffinity(0))}))
 
 
+def with_fields(url: str, dest: Path) -> str:
+    """The corpus's manifest with two int fields per sequence (label 0..999, store 0..49), written (columnar)
+    to ``dest`` beside no shards: what a manifest of labelled sequences costs to keep and to load."""
+    import dataclasses
+
+    import streamwin as sw
+    from streamwin.formats.meta import SeqFields
+    from streamwin.storage.manifests import write_manifest
+    from streamwin.storage.urls import url_to_fs
+
+    if (dest / "index.json").exists():
+        return str(dest)
+    m = sw.load_manifest(url)
+    rng = np.random.default_rng(0)
+    n = m.num_sequences
+    fields = SeqFields({"label": "int", "store": "int"}, {"label": rng.integers(0, 1000, n),
+                                                          "store": rng.integers(0, 50, n)}, {}, {})
+    dest.mkdir(parents=True, exist_ok=True)
+    fs, root = url_to_fs(str(dest))
+    write_manifest(fs, root, dataclasses.replace(m, fields=fields), columnar=True)
+    return str(dest)
+
+
 def print_manifests(rows: list[dict]) -> None:
     """What loading each manifest added to a fresh process, per sequence (goal: <= 40 bytes)."""
     if not rows:
@@ -514,6 +544,11 @@ def print_manifests(rows: list[dict]) -> None:
         m = r["manifest"]
         print(f"| {r['sequences']:,} | {m['load_s']:.3f} | {m['rss_bytes_per_seq']:.1f} | {m['peak_bytes_per_seq']:.1f} | "
               f"{m['anon_bytes_per_seq']:.1f} | {m['shared_mb']:.0f} |")
+        f = r.get("fields_manifest")
+        if f is not None:
+            print(f"| {r['sequences']:,} + 2 int fields | {f['load_s']:.3f} | {f['rss_bytes_per_seq']:.1f} | "
+                  f"{f['peak_bytes_per_seq']:.1f} | {f['anon_bytes_per_seq']:.1f} | {f['shared_mb']:.0f} "
+                  f"({(f['shared_mb'] - m['shared_mb']) * 2**20 / r['sequences']:.1f} B/seq more) |")
 
 
 def print_table(rows: list[dict], pack: dict, pack_seqs: int) -> None:

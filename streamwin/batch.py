@@ -21,7 +21,6 @@ first ``crops`` of a capacity fixed by the shortest crop). ``missing="mask"`` ad
 """
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,9 @@ from streamwin.formats.manifest import Manifest
 from streamwin.packer import CropBlock, crop_rows, segments
 from streamwin.plan.crops import units
 from streamwin.plan.options import WindowSpec
+from streamwin.buffers import BufferPool  # noqa: F401  (re-exported: the feeds take their buffers from here)
 from streamwin.read import Block
+from streamwin.seqfields import FieldGather
 
 ALIGN = 64  # each field starts on a cache line
 PER_CROP = ("start", "length", "row", "seq", "weight", "source")  # packed: per crop, the first ``crops`` entries
@@ -57,7 +58,8 @@ class BatchLayout:
     """Where each field of a batch lies in its byte buffer; the same for every batch of a loader."""
 
     def __init__(self, manifest: Manifest, spec: WindowSpec, batch_size: int, *, with_weight: bool,
-                 with_source: bool = False, pack_length: int | None = None, missing: bool = False):
+                 with_source: bool = False, pack_length: int | None = None, missing: bool = False,
+                 fields: Sequence[tuple[str, np.dtype]] = ()):
         step, dt, b = tuple(manifest.step_shape), np.dtype(manifest.dtype), batch_size
         wanted = _packed_fields(spec, b, pack_length, step, dt, missing) if pack_length else \
             _window_fields(spec, b, step, dt, missing)
@@ -69,6 +71,21 @@ class BatchLayout:
             wanted.append(("source", np.dtype(np.int64), (n,)))
         if pack_length:
             wanted.append(("crops", np.dtype(np.int64), (1,)))
+        wanted += [(name, np.dtype(dtype), (n,)) for name, dtype in fields]  # one value per window (or crop)
+        self.per_crop = PER_CROP + tuple(name for name, _ in fields)  # packed: cut to the batch's crops
+        self.place(wanted)
+
+    @classmethod
+    def of(cls, wanted: list[tuple[str, np.dtype, tuple[int, ...]]], per_crop: tuple[str, ...] = PER_CROP
+           ) -> "BatchLayout":
+        """A layout of the fields ``wanted`` (name, dtype, shape), in that order (a transform's output)."""
+        layout = cls.__new__(cls)
+        layout.per_crop = per_crop
+        layout.place(wanted)
+        return layout
+
+    def place(self, wanted: list) -> None:
+        """Lay the fields out one after the other, each at a multiple of ALIGN bytes."""
         self.fields: list[Field] = []
         at = 0
         for name, dtype, shape in wanted:
@@ -189,53 +206,6 @@ def _int64(values) -> np.ndarray:  # an int64 array, or bytes of one, as an int6
     return values if isinstance(values, np.ndarray) else np.frombuffer(values, dtype=np.int64)
 
 
-class BufferPool:
-    """Batch buffers reused once no one else refers to them (in-process batches).
-
-    Every view of a buffer (numpy views, tensors from ``torch.from_numpy``, a batch a training
-    loop kept) holds a reference to it, so a reference count of two (this pool's list and
-    getrefcount's argument) means its contents are nobody's any more. A consumer that keeps
-    every batch just makes the pool allocate fresh buffers; nothing it holds is overwritten.
-    With ``fenced`` (page-locked buffers), a released buffer is reused only once the CUDA work
-    queued before its release (a ``non_blocking`` copy from it) has finished.
-    """
-
-    KEEP = 6  # buffers kept for reuse (a consumer that keeps batches makes it allocate more)
-
-    def __init__(self, nbytes: int, keep: int = KEEP, allocate=None, fenced: bool = False):
-        self.nbytes, self.keep, self.fenced = nbytes, keep, fenced
-        self._allocate = allocate or (lambda n: np.empty(n, dtype=np.uint8))
-        self._buffers: list[np.ndarray] = []
-        self._fences: list = []
-
-    def get(self) -> np.ndarray:
-        """A buffer nobody else holds (and whose queued copies are done), or a fresh one."""
-        buffers = self._buffers
-        for i in range(len(buffers)):
-            if sys.getrefcount(buffers[i]) == 2 and self._settled(i):
-                return buffers[i]
-        fresh = self._allocate(self.nbytes)
-        if len(buffers) >= self.keep:
-            buffers.pop(0)
-            self._fences.pop(0)
-        buffers.append(fresh)
-        self._fences.append(None)
-        return fresh
-
-    def _settled(self, i: int) -> bool:
-        """Whether the CUDA work queued before buffer i was released is done (always, unfenced)."""
-        if not self.fenced:
-            return True
-        fence = self._fences[i]
-        if fence is None:
-            self._fences[i] = fence = torch.cuda.Event()
-            fence.record()
-        if not fence.query():
-            return False
-        self._fences[i] = None
-        return True
-
-
 def _cat(parts: list[tuple[Block, int, int]], name: str, out: np.ndarray) -> np.ndarray:
     """A per-window field of the batch, written into ``out``."""
     at = 0
@@ -266,13 +236,22 @@ def _byte_rows(block: Block, nbytes: int) -> torch.Tensor:
 class Gatherer:
     """Writes the windows (or packed rows) of (block, item range) parts into one batch's field arrays."""
 
-    def __init__(self, manifest: Manifest, spec: WindowSpec, pack_length: int | None = None, missing: bool = False):
-        self.spec, self.pack_length, self.missing = spec, pack_length, missing
+    def __init__(self, manifest: Manifest, spec: WindowSpec, pack_length: int | None = None, missing: bool = False,
+                 fields: FieldGather | None = None):
+        self.spec, self.pack_length, self.missing, self.fields = spec, pack_length, missing, fields
         self.sb = manifest.step_bytes
         self._zeros: np.ndarray | None = None  # packed: a row of zero bytes, the source of padding
 
     def gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray],
                counts: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch of ``parts`` in ``out``, with its per-sequence fields (seqfields.py)."""
+        out = self._gather(parts, out, counts)
+        if self.fields is not None:
+            self.fields.fill(out, int(out["crops"][0]) if self.pack_length else None)
+        return out
+
+    def _gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray],
+                counts: np.ndarray) -> dict[str, np.ndarray]:
         """Fill ``out`` (``layout.views`` of a batch buffer) with the items ``lo:hi`` of each part's block (windows
         ``block.offs[lo:hi]``, or packed rows); ``counts[i]``: the batch's items of source i (in source order)."""
         if self.pack_length:

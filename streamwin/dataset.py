@@ -14,6 +14,7 @@ cache_dir, cache_limit, verify_checksums).
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import warnings
@@ -31,8 +32,10 @@ from streamwin.plan.mix import normalized
 from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_packing
 from streamwin.plan.split import split_spec
 from streamwin.read import ReadOptions, zstd_slice_windows
+from streamwin.seqfields import FieldGather, field_spec, where_of
 from streamwin.source import Source
 from streamwin.state import POSITION_ONLY
+from streamwin.transform import Transform
 from streamwin.world import resolve
 
 log = logging.getLogger("streamwin")
@@ -103,6 +106,14 @@ class WindowDataset:
             A batch is B rows; needs horizon=0 and equalize="drop".
         missing: None, or "mask": ``batch["observed"]`` (bool, like x) says where x holds a finite
             value, and NaN and inf in x become 0.
+        fields: per-sequence fields stored at pack time (a label, a store, a start time; see
+            ``manifest.fields``) to put in every batch: ``batch[name]``, one value per window (per
+            crop, flat like ``start``, with ``pack_length``); str fields as int64 codes into
+            ``vocabulary(name)``; ``"time"``: each window's first step's timestamp, int64,
+            start + offset x freq. Names of batch keys (x, y, key, start, mask, ...) are refused.
+        fill: {field: value} for sources of a mix that lack the field (else refused, naming them).
+        where: {field: [values]}: only the sequences whose field holds one of the values; applied
+            in the plan, so the other sequences' windows are never read.
     """
 
     def __init__(self, url: str, window: int, stride: int | None = None, horizon: int = 0, *, pad: bool = False,
@@ -116,7 +127,8 @@ class WindowDataset:
                  holdout: int = 0, weights: Sequence[float] | Mapping[str, float] | None = None,
                  epoch_windows: int | None = None, jitter: bool = False, min_window: int | None = None,
                  window_multiple: int = 1, windows_per_sequence: int | None = None, pack_length: int | None = None,
-                 missing: str | None = None, verify_checksums: bool = True):
+                 missing: str | None = None, verify_checksums: bool = True, fields: Sequence[str] | None = None,
+                 fill: Mapping[str, Any] | None = None, where: Mapping[str, Sequence[Any]] | None = None):
         names, urls, self.weights, self.epoch_windows = mix_of(url, weights, epoch_windows)
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad, jitter, min_window,
                                window_multiple, windows_per_sequence)
@@ -133,12 +145,15 @@ class WindowDataset:
         self.split = split_spec(split, split_fractions, split_seed, holdout)
         self.url = str(url) if isinstance(url, (str, os.PathLike)) else tuple(urls)
         self.names = names
-        self.sources = tuple(Source(u, n, self.spec, self.split, read) for n, u in zip(names, urls))
+        self.where = where_of(where)
+        self.sources = tuple(Source(u, n, self.spec, self.split, read, self.where, fill) for n, u in zip(names, urls))
         self.read = read
         self._world: tuple[int, int] | None = None
         self._slices: int | None = None  # the default slice_windows, once computed
         self._lens: dict[PlanConfig, int] = {}
         self._check_sources()
+        self.field_spec = field_spec(fields, fill, [(s.url, s.manifest.fields) for s in self.sources])
+        self.transform: Transform | None = None  # a loader's (``transformed``): batches hold its outputs
         self.check_fits()
 
     def _check_sources(self) -> None:
@@ -183,6 +198,19 @@ class WindowDataset:
         """Names of the features (``x[..., f]``): the table columns pack took the values from, else None."""
         return self.manifest.value_columns
 
+    def vocabulary(self, name: str) -> tuple[str, ...]:
+        """The strings of str field ``name``: ``batch[name]`` holds codes into this tuple (every source's, sorted)."""
+        vocab = dict(self.field_spec.vocabulary) if self.field_spec is not None else {}
+        if name not in vocab:
+            raise KeyError(f"{name!r} is not a str field of this dataset's fields= (str fields: {sorted(vocab)})")
+        return vocab[name]
+
+    def field_gather(self) -> FieldGather | None:
+        """What fills a batch's fields (made where batches are gathered: the manifests are mapped there)."""
+        if self.field_spec is None:
+            return None
+        return FieldGather(self.field_spec, [s.manifest.fields for s in self.sources])
+
     @property
     def seed(self) -> int:
         return self.shuffle_spec.seed
@@ -196,11 +224,20 @@ class WindowDataset:
             self._world = world
         return self._world
 
+    def transformed(self, fn: Any) -> "WindowDataset":
+        """This dataset with ``fn`` applied to each batch where it is gathered (``WindowLoader(transform=fn)``)."""
+        out = copy.copy(self)
+        out.transform = Transform(fn, self.layout())
+        return out
+
     def layout(self) -> BatchLayout:
         """The fields, shapes and byte offsets of every batch this dataset yields."""
+        if self.transform is not None:
+            return self.transform.output
         return BatchLayout(self.manifest, self.spec, self.batch_size,
                            with_weight=self.equalize == "pad" or self.read.on_error == "skip",
-                           with_source=len(self.sources) > 1, pack_length=self.pack_length, missing=self.missing)
+                           with_source=len(self.sources) > 1, pack_length=self.pack_length, missing=self.missing,
+                           fields=self.field_spec.dtypes() if self.field_spec is not None else ())
 
     # -- the plan ----------------------------------------------------------------------------------
     def config(self, num_workers: int = 0, world_size: int | None = None) -> PlanConfig:
@@ -266,6 +303,8 @@ class WindowDataset:
         digests = [s.manifest.digest for s in self.sources]
         d["dataset"] = digests[0] if isinstance(self.url, str) else digests
         d["split"] = None if self.split is None else list(asdict(self.split).values())
+        if self.where:  # which sequences the plan holds
+            d["where"] = {k: list(v) for k, v in self.where.items()}
         if not isinstance(self.url, str):  # named sources: the names, weights and epoch size too
             d.update(sources=list(self.names), weights=self.weights, epoch_windows=self.epoch_windows)
         return d

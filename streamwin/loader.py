@@ -48,11 +48,12 @@ from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, WorkerDeviceFeed
 from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, WorkerFeed
 from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
-from streamwin.feed.sizing import MAX_PREFETCH, check_memory, check_workers, slots_text
+from streamwin.feed.sizing import check_memory, check_workers, slots_text
 from streamwin.feed.stats import RunStats
 from streamwin.feed.to_device import Fixed
 from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
+from streamwin.transform import transformed
 
 log = logging.getLogger("streamwin")
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # loaders with a pass or workers running, closed at interpreter exit
@@ -135,6 +136,11 @@ class WindowLoader:
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer (1 to 1024).
         persistent_workers: keep the worker processes between epochs.
+        transform: ``fn(batch, rng) -> batch`` on each batch (a dict of numpy arrays, fields included),
+            in the worker process (in-process: where batches are gathered) before the hand-off;
+            ``rng`` is a numpy Generator seeded from (seed, epoch, stream, batch), so a random
+            transform resumes exactly. Its outputs' shapes and dtypes are fixed after the first
+            batch (streamwin/transform.py). Must be picklable for "spawn" and "forkserver".
         multiprocessing_context: start method for workers: a name ("fork", "spawn", "forkserver") or a
             multiprocessing context object (``multiprocessing.get_context(...)``), as DataLoader takes. Where
             fork cannot be used (CUDA initialized before the loader starts), use "forkserver": its
@@ -144,7 +150,8 @@ class WindowLoader:
 
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
                  static: bool = False, pin_memory: bool = False, prefetch_factor: int | None = None,
-                 persistent_workers: bool = False, multiprocessing_context: Any = None, **kwargs: Any):
+                 persistent_workers: bool = False, multiprocessing_context: Any = None,
+                 transform: Callable[[dict, np.random.Generator], dict] | None = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
         if kwargs.get("batch_size") is not None:
@@ -154,14 +161,9 @@ class WindowLoader:
             raise TypeError(f"WindowLoader got unexpected arguments: {', '.join(sorted(kwargs))}")
         if num_workers is None:  # a worker process when a core is free for it
             num_workers = default_workers(multiprocessing_context)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
         pf = 2 if prefetch_factor is None else prefetch_factor
-        if isinstance(pf, bool) or not isinstance(pf, (int, np.integer)):
-            raise ValueError(f"prefetch_factor must be an integer from 1 to {MAX_PREFETCH}, got {prefetch_factor!r}")
-        check_workers(int(num_workers), int(pf))  # before anything starts: processes, open files, prefetch
+        self.num_workers, self.prefetch_factor = check_workers(num_workers, pf)  # before anything starts
         self.dataset = dataset
-        self.num_workers, self.prefetch_factor = int(num_workers), int(pf)
         self.device = _device(device)
         if not isinstance(static, bool):
             raise ValueError(f"static must be True or False, got {static!r}")
@@ -173,6 +175,8 @@ class WindowLoader:
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
         self.multiprocessing_context = start_context(multiprocessing_context or default_start_method())
         self.batch_size = dataset.batch_size
+        # what the streams run: the dataset, or it with the transform
+        self._fed = transformed(dataset, transform, self.device, self.num_workers, self.multiprocessing_context)
         self.position = Position()
         self._epoch_set = False  # set_epoch called since the last pass began
         self._resume = False  # a loaded position waits for the next pass
@@ -279,12 +283,12 @@ class WindowLoader:
         self._log_once(world)
         self._stats.start()
         plan = self._plan()
-        ctx = FeedContext(self.dataset, self._stats, self.close_pass, self._worker_pool(world), self.device,
+        ctx = FeedContext(self._fed, self._stats, self.close_pass, self._worker_pool(world), self.device,
                           self.pin_memory, self.num_workers, on_error=self._fail_pass)
         _OPEN.add(self)
         if self.device is not None:
             if self.static and self._fixed is None:
-                self._fixed = Fixed(self.dataset.layout(), self.device)
+                self._fixed = Fixed(self._fed.layout(), self.device)
             self._feed = WorkerDeviceFeed(ctx, plan, pos, self._fixed) if self.num_workers else \
                 DeviceFeed(ctx, plan, pos, world[0], self._fixed)
         elif self.num_workers > 0:
@@ -332,19 +336,19 @@ class WindowLoader:
         if self._pool is None or self._pool.closed:
             to_cuda = self.device is not None and self.device.type == "cuda"
             try:
-                self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
+                self._pool = WorkerPool(self._fed, self.num_workers, world, slots=self.prefetch_factor + 2,
                                         pin=self.pin_memory or to_cuda, context=self.multiprocessing_context)
             except OSError as e:
                 if e.errno not in (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.EAGAIN):
                     raise
-                what = slots_text(self.dataset, self.num_workers, self.prefetch_factor)
+                what = slots_text(self._fed, self.num_workers, self.prefetch_factor)
                 raise ValueError(f"{what}: the system refused them ({e.strerror}): make them smaller or fewer") from e
         return self._pool
 
     def _check_fits(self, world_size: int) -> None:
         """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
-        self.dataset.check_fits()
-        check_memory(self.dataset, self.num_workers, self.prefetch_factor)
+        self._fed.check_fits()
+        check_memory(self._fed, self.num_workers, self.prefetch_factor)
 
     def _log_once(self, world: tuple[int, int]) -> None:
         if self._logged:

@@ -62,7 +62,10 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     blocks = [BlockReader(reader, p, stream, readahead=ds.readahead,
                           transform=None if transform is None else partial(transform, source=i))
               for i, (reader, p) in enumerate(zip(readers, plan.sources))]
-    batcher = Batcher(blocks, plan.quotas, gatherer or gatherer_of(ds), next_buffer)
+    gather = gatherer or gatherer_of(ds)
+    if gatherer is None and ds.transform is not None:  # the user's transform, on each batch where it is gathered
+        gather = ds.transform.gatherer(gather, ds.seed, plan.epoch, stream, first_batch)
+    batcher = Batcher(blocks, plan.quotas, gather, next_buffer)
     batcher.reset({Batcher.BATCH_KEY: first_batch})
     node: BaseNode = batcher
     if prefetch and ds.prefetch > 0:
@@ -73,5 +76,5 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
 
 def gatherer_of(ds: WindowDataset) -> Gatherer:
     """The CPU gather of ``ds``'s batches (windows or packed rows)."""
-    return Gatherer(ds.manifest, ds.spec, ds.pack_length, ds.missing)
+    return Gatherer(ds.manifest, ds.spec, ds.pack_length, ds.missing, ds.field_gather())
 

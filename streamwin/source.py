@@ -15,6 +15,7 @@ from streamwin.plan.options import WindowSpec
 from streamwin.plan.space import WindowSpace
 from streamwin.plan.split import SplitSpec, split_views
 from streamwin.read import ReadOptions, ShardReader
+from streamwin.seqfields import keep_mask
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.manifests import load_manifest
 
@@ -22,8 +23,11 @@ from streamwin.storage.manifests import load_manifest
 class Source:
     """One dataset of a mix: its URL, manifest and window space (each loaded once), and its shard reader."""
 
-    def __init__(self, url: str, name: str, spec: WindowSpec, split: SplitSpec | None, read: ReadOptions):
+    def __init__(self, url: str, name: str, spec: WindowSpec, split: SplitSpec | None, read: ReadOptions,
+                 where: dict | None = None, fill: dict | None = None):
         self.url, self.name, self.spec, self.split, self.read = url, name, spec, split, read
+        self.where, self.fill = where, fill  # keep only the sequences whose fields hold these values
+        self._keep: np.ndarray | bool | None = None
         self._manifest: Manifest | None = None
         self._space: WindowSpace | None = None
         self._coarse: tuple[str, np.ndarray] | None = None  # (manifest digest, a WindowSpace's scan) from the trainer
@@ -50,16 +54,26 @@ class Source:
         if self._space is None:
             m = self.manifest
             shipped = self._coarse[1] if self._coarse is not None and self._coarse[0] == m.digest else None
-            self._space = WindowSpace(m.length, self.spec, None if self.split is None else self._views_of,
-                                      coarse=shipped)
+            views = None if self.split is None and not self.where else self._views_of
+            self._space = WindowSpace(m.length, self.spec, views, coarse=shipped)
             self._coarse = None
         return self._space
 
     def _views_of(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(first step, steps) of the split's part of sequences ``seqs``."""
+        """(first step, steps) of the split's part of sequences ``seqs``, none of those ``where`` excludes."""
         m = self.manifest
-        return split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window, span=self.spec.span,
-                           seqs=seqs)
+        if self.split is not None:
+            lo, steps = split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window,
+                                    span=self.spec.span, seqs=seqs)
+        else:
+            steps = np.asarray(m.length[seqs], dtype=np.int64)
+            lo = np.zeros_like(steps)
+        if self.where:
+            if self._keep is None:
+                self._keep = keep_mask(self.where, m.fields, self.url, self.fill)
+            keep = self._keep if isinstance(self._keep, bool) else self._keep[seqs]
+            steps = np.where(keep, steps, 0)
+        return lo, steps
 
     def reader(self) -> ShardReader:
         """A reader of the source's shards (with its node cache, retries and error policy)."""
@@ -68,6 +82,7 @@ class Source:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_manifest"] = None  # spawned workers reload (map) it; never ship a 100 MB index through a pipe
+        state["_keep"] = None  # remade from the mapped manifest
         state["_space"] = None  # its coarse scan travels instead (1/64 of a window-start array): no rescan there
         if self._space is not None:  # the scan of this very manifest: a worker that maps another one rescans
             state["_coarse"] = (self._manifest.digest, self._space.coarse)

@@ -87,7 +87,7 @@ _POSITION_RANGES = {"batch_size": (1, 1 << 31), "world_size": (1, 1 << 20), "num
 _FLAGS = frozenset({"shuffle", "pad", "jitter"})
 _COUNTS = frozenset({"seed", "window", "stride", "horizon", "min_window", "window_multiple", "windows_per_sequence",
                      "pack_length", "epoch_windows"})
-_OTHER_INPUTS = frozenset({"equalize", "dataset", "split", "sources", "weights"})
+_OTHER_INPUTS = frozenset({"equalize", "dataset", "split", "sources", "weights", "where"})
 _KEYS = {"state": frozenset({"version", "epoch", "batches", "inputs", "rest_of"}),
          "run": frozenset({"inputs", "batches"})}
 

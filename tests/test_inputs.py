@@ -446,8 +446,8 @@ def test_iterable_errors(item, message):
 def test_every_format_and_option_is_listed():
     """The formats' modules declare them; units lists them all, and the options any of them accepts."""
     assert FORMATS == ("npy", "npz", "parquet", "arrow", "csv", "jsonl", "text", "iterable", "table")
-    assert INPUT_OPTIONS == ("dtype", "field", "id_column", "key_field", "list_column", "meta_fields", "order_column",
-                             "squeeze", "suffixes", "value_columns", "variates_first")
+    assert INPUT_OPTIONS == ("dtype", "field", "id_column", "key_field", "list_column", "meta_columns", "meta_fields",
+                             "order_column", "regular_order", "squeeze", "suffixes", "value_columns", "variates_first")
     assert [format_of(u).name for u in list_units([("k", np.ones(2))])] == ["iterable"]
 
 

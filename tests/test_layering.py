@@ -12,15 +12,16 @@ PKG = pathlib.Path(streamwin.__file__).parent
 ORDER = [
     "errors", "arguments", "world",
     "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.sums", "formats.checks", "formats.fields",
-    "formats.seal",
+    "formats.meta", "formats.framed", "formats.seal",
     "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.deadline", "storage.ranged", "storage.manifests", "storage.cache", "storage",
     "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.streams", "plan.mix",
     "plan.epoch", "plan",
-    "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.tables",
+    "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.metacols", "packing.inputs.tables",
     "packing.inputs.rows", "packing.inputs.parquet", "packing.inputs.arrow", "packing.inputs.frames",
     "packing.inputs.csv", "packing.inputs.jsonl", "packing.inputs.text",
-    "packing.inputs.iterable", "packing.inputs.units", "packing.inputs", "packing.nonfinite", "packing.encode",
+    "packing.inputs.iterable", "packing.inputs.units", "packing.inputs", "packing.nonfinite", "packing.fieldcols",
+    "packing.encode",
     "packing.records", "packing.columns", "packing.writer", "packing.tasks", "packing.fragments", "packing.lock",
     "packing.dest", "packing.unit", "packing.parallel", "packing.cluster_ray", "packing.cluster_dask",
     "packing.parts", "packing.sources", "packing.engines",
@@ -28,15 +29,15 @@ ORDER = [
     "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.sums", "read.verify",
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
-    "state", "source", "packer", "batch", "nodes", "dataset", "pipeline",
-    "feed.stats", "feed.to_device", "feed.device_crops", "feed.device", "feed.slots", "feed.protocol", "feed.sizing",
-    "feed.worker", "feed.pool",
+    "state", "seqfields", "source", "packer", "buffers", "batch", "transform", "nodes", "dataset", "pipeline",
+    "feed.stats", "feed.to_device", "feed.device_crops", "feed.device_fields", "feed.device", "feed.slots", "feed.protocol",
+    "feed.sizing", "feed.worker", "feed.pool",
     "feed.feeds", "feed.device_feeds", "feed",
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__", "__main__",
 ]
-PURE = {"errors", "arguments", "formats", "storage", "plan", "packing", "read", "state", "source", "packer"}  # no torch
-READ_SIDE = {"plan", "read", "state", "source", "packer", "batch", "nodes", "dataset", "pipeline", "feed", "loader"}
+PURE = {"errors", "arguments", "formats", "storage", "plan", "packing", "read", "state", "seqfields", "source", "packer"}  # no torch
+READ_SIDE = {"plan", "read", "state", "seqfields", "source", "packer", "buffers", "batch", "transform", "nodes", "dataset", "pipeline", "feed", "loader"}
 
 
 def path_of(unit: str) -> pathlib.Path:

@@ -5,6 +5,8 @@ same way.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from streamwin.formats.manifest import Manifest
 
 
@@ -33,3 +35,23 @@ def value_columns(m: Manifest) -> str:
 def nonfinite_shards(m: Manifest) -> str:
     """``"2 of 7 shards"``: the shards holding NaN or inf values."""
     return f"{sum(1 for n in m.nonfinite.per_shard if n):,} of {len(m.shards):,} shards"
+
+
+def fields_line(m: Manifest) -> str:
+    """``label int 0..3, store str (4 values)  (left out: tags (why))``: the per-sequence fields, kinds and ranges."""
+    parts = []
+    for name, info in m.fields.describe().items():
+        kind = info["kind"]
+        if kind == "str":
+            parts.append(f"{name} str ({info['values']:,} values)")
+        elif "min" not in info:
+            parts.append(f"{name} {kind}")
+        elif kind in ("time", "duration"):
+            unit = "datetime64" if kind == "time" else "timedelta64"
+            lo, hi = (np.array(info[k], dtype=np.int64).view(f"{unit}[ns]") for k in ("min", "max"))
+            parts.append(f"{name} {kind} {lo}..{hi}")
+        else:
+            parts.append(f"{name} {kind} {info['min']:g}..{info['max']:g}" if kind == "float" else
+                         f"{name} {kind} {info['min']}..{info['max']}")
+    left = ", ".join(f"{_name(c)} ({why})" for c, why in m.fields.left_out.items())
+    return (", ".join(parts) or "none") + (f"  (left out: {left})" if left else "")

@@ -29,6 +29,7 @@ import torch
 
 from streamwin.batch import BatchKeys
 import streamwin.feed.device_crops as dc
+from streamwin.feed.device_fields import DeviceFields
 from streamwin.packer import CropBlock, release_of
 from streamwin.read import Block
 
@@ -53,6 +54,7 @@ class DeviceBlock:
     row_ptr: torch.Tensor | None = None  # packed: row r holds crops row_ptr[r]:row_ptr[r + 1]
     length_cpu: np.ndarray | None = None
     row_ptr_cpu: np.ndarray | None = None
+    seq_dev: torch.Tensor | None = None  # int64, each window's (crop's) sequence, on the device (fields)
 
     def __len__(self) -> int:
         return len(self.row_ptr_cpu) - 1 if self.row_ptr_cpu is not None else len(self.valid_cpu)
@@ -106,7 +108,8 @@ def device_block(dev: torch.Tensor, nbytes: int, table: np.ndarray, ready=None, 
     cpu = table[: 32 * w].view(np.int64)
     return DeviceBlock(buf=dev[:nbytes], offs=t[:at].view(torch.int64), start=t[at : 2 * at].view(torch.int64),
                        valid=t[2 * at : 3 * at].view(torch.int64), weight=t[4 * at :].view(torch.float32),
-                       valid_cpu=cpu[2 * w : 3 * w], seq=cpu[3 * w : 4 * w], ready=ready, source=source)
+                       valid_cpu=cpu[2 * w : 3 * w], seq=cpu[3 * w : 4 * w], ready=ready, source=source,
+                       seq_dev=t[3 * at : 4 * at].view(torch.int64))
 
 
 def _crop_block(buf: torch.Tensor, t: torch.Tensor, table: np.ndarray, ready, source: int) -> DeviceBlock:
@@ -118,7 +121,7 @@ def _crop_block(buf: torch.Tensor, t: torch.Tensor, table: np.ndarray, ready, so
     ptr = t[16 + 48 * n : at].view(torch.int64) if rows >= 0 else None
     return DeviceBlock(buf=buf, offs=col[0], start=col[1], valid=col[2], weight=t[at : at + 4 * n].view(torch.float32),
                        valid_cpu=cpu[2], seq=cpu[3], ready=ready, source=source, length=col[4], offset=col[5],
-                       row_ptr=ptr, length_cpu=cpu[4],
+                       row_ptr=ptr, length_cpu=cpu[4], seq_dev=col[3],
                        row_ptr_cpu=table[16 + 48 * n : at].view(np.int64) if rows >= 0 else None)
 
 
@@ -202,9 +205,10 @@ class DeviceGatherer:
     """Cuts a batch's windows (or packed rows) out of DeviceBlocks on the device; returns the batch dict."""
 
     def __init__(self, manifests: list, spec, device: torch.device, with_weight: bool, batch_size: int,
-                 pack_length: int | None = None, missing: bool = False):
-        """``manifests``: one per source (with several, batches get ``source``)."""
+                 pack_length: int | None = None, missing: bool = False, fields: DeviceFields | None = None):
+        """``manifests``: one per source (with several, batches get ``source``); ``fields``: per-sequence fields."""
         self.manifests, self.spec, self.device, self.with_weight = manifests, spec, device, with_weight
+        self.fields = fields
         self.pack_length, self.missing = pack_length, missing
         manifest = manifests[0]
         self.sb = manifest.step_bytes
@@ -227,8 +231,14 @@ class DeviceGatherer:
                     stream.wait_event(b.ready)
                     b.buf.record_stream(stream)
                 b.waited = True
-        if self.pack_length:
-            return self._gather_rows(parts)
+        batch = self._gather_rows(parts) if self.pack_length else self._gather_windows(parts)
+        if self.fields is not None:
+            self.fields.fill(batch, dc.cat(parts, "seq_dev", crops=bool(self.pack_length)), batch.get("source"))
+        return batch
+
+    def _gather_windows(self, parts: list[tuple[DeviceBlock, int, int]]) -> dict[str, Any]:
+        """The windows ``lo:hi`` of each part, cut on the device."""
+        spec = self.spec
         batch: dict[str, Any] = {"x": self._take(parts, 0, spec.window)}
         if spec.variable:
             self._crop_steps(parts, batch)

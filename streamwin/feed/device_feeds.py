@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from streamwin.feed.device import DeviceBlock, DeviceBytes, DeviceGatherer, Uploader
+from streamwin.feed.device_fields import DeviceFields
 from streamwin.feed.feeds import Feed, FeedContext
 from streamwin.feed.stats import read_counters
 from streamwin.feed.to_device import Fixed, ToDevice
@@ -29,8 +30,10 @@ from streamwin.state import Position
 def device_gatherer(ctx: FeedContext) -> DeviceGatherer:
     """The device gather of the context's dataset."""
     ds = ctx.dataset
+    gather = ds.field_gather()
+    fields = None if gather is None else DeviceFields(gather, [m.num_sequences for m in ds.manifests], ctx.device)
     return DeviceGatherer(ds.manifests, ds.spec, ctx.device, with_weight=ds.layout().has("weight"),
-                          batch_size=ds.batch_size, pack_length=ds.pack_length, missing=ds.missing)
+                          batch_size=ds.batch_size, pack_length=ds.pack_length, missing=ds.missing, fields=fields)
 
 
 def device_totals(ctx: FeedContext, blocks: int, uploaded: int, peak: int, waits: int) -> dict[str, int]:

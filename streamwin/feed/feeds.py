@@ -44,14 +44,14 @@ class FeedContext:
     on_error: Callable[[], None] | None = None  # a pass that raised: the loader stops it and its workers
 
 
-def to_batch(views: dict[str, np.ndarray], manifests: list) -> dict[str, Any]:
+def to_batch(views: dict[str, np.ndarray], manifests: list, per_crop: tuple[str, ...] = PER_CROP) -> dict[str, Any]:
     """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed).
 
     The keys keep a copy of ``seq`` (and ``source``), ~1 us: keys kept alone (a log of them) must not pin
     the buffer, nor be overwritten with it. Packed rows: the per-crop fields cut to the batch's ``crops``."""
     if "crops" in views:
         n = int(views["crops"][0])
-        views = {k: v[:n] if k in PER_CROP else v for k, v in views.items() if k != "crops"}
+        views = {k: v[:n] if k in per_crop else v for k, v in views.items() if k != "crops"}
     out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in views.items() if k != "seq"}
     source = views["source"].copy() if "source" in views else None
     out["key"] = BatchKeys(manifests=manifests, seq=views["seq"].copy(), source=source)
@@ -129,9 +129,10 @@ class LocalFeed(Feed):
         self.buffers = BufferPool(layout.nbytes, allocate=pinned, fenced=pinned is not None)
         self.stream = open_stream(ctx.dataset, plan, stream, self.first_batch(),
                                   lambda: layout.views(self.buffers.get()))
+        self.per_crop = layout.per_crop
 
     def _next(self) -> dict[str, Any]:
-        return to_batch(next(self.stream), self.manifests)
+        return to_batch(next(self.stream), self.manifests, self.per_crop)
 
     def read_counters(self) -> np.ndarray:
         if self.stream is None:
@@ -171,10 +172,10 @@ class WorkerFeed(Feed):
             buf = self.copies.get()
             np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
             pool.release(w, slot)
-            return to_batch(self.layout.views(buf), self.manifests)
+            return to_batch(self.layout.views(buf), self.manifests, self.layout.per_crop)
         pool.hold(w, slot)
         if not pool.batches.ahead:  # packed rows: per-crop fields cut to this batch's crops
-            return to_batch(pool.fields(w, slot), self.manifests)
+            return to_batch(pool.fields(w, slot), self.manifests, self.layout.per_crop)
         return pool.batches.take(w, slot)  # made ahead: no torch or numpy call here
 
     def _warn_keep(self) -> None:

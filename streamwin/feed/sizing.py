@@ -9,9 +9,12 @@ instead of as a raw ``OSError`` halfway through starting the workers.
 from __future__ import annotations
 
 import sys
+from typing import Any
+
+import numpy as np
 
 from streamwin.arguments import check_fits
-from streamwin.batch import BufferPool
+from streamwin.buffers import BufferPool
 from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
 
@@ -46,8 +49,14 @@ def max_workers() -> tuple[int, str]:
     return min(found)
 
 
-def check_workers(num_workers: int, prefetch_factor: int) -> None:
-    """ValueError naming ``num_workers`` beyond what this process may start, or ``prefetch_factor`` beyond MAX_PREFETCH."""
+def check_workers(num_workers: Any, prefetch_factor: Any) -> tuple[int, int]:
+    """(num_workers, prefetch_factor) as ints; ValueError naming either when it is no integer, ``num_workers``
+    beyond what this process may start, or ``prefetch_factor`` beyond MAX_PREFETCH."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+        raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+    if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, (int, np.integer)):
+        raise ValueError(f"prefetch_factor must be an integer from 1 to {MAX_PREFETCH}, got {prefetch_factor!r}")
+    num_workers, prefetch_factor = int(num_workers), int(prefetch_factor)
     most, limit = max_workers()
     if num_workers > most:
         raise ValueError(f"num_workers={num_workers} is more worker processes than this process may start: "
@@ -55,6 +64,7 @@ def check_workers(num_workers: int, prefetch_factor: int) -> None:
     if not 1 <= prefetch_factor <= MAX_PREFETCH:
         raise ValueError(f"prefetch_factor must be an integer from 1 to {MAX_PREFETCH} (batches each worker keeps "
                          f"ready; more only takes memory), got {prefetch_factor!r}")
+    return num_workers, prefetch_factor
 
 
 def slots_text(dataset, num_workers: int, prefetch_factor: int) -> str:

@@ -54,6 +54,7 @@ class Fields:
         at = {f.name: f.offset for f in layout.fields}
         self.seq, self.source, self.crops = at["seq"], at.get("source"), at.get("crops")
         self.items = next(f.shape[0] for f in layout.fields if f.name == "seq")  # windows (or crops) per batch
+        self.per_crop = layout.per_crop
 
     def views(self, raw: torch.Tensor) -> dict[str, torch.Tensor]:
         """The device fields as tensors over ``raw`` (uint8, ``nbytes``)."""
@@ -76,11 +77,11 @@ class Fields:
         return BatchKeys(manifests=manifests, seq=seq, source=source)
 
 
-def cut_crops(batch: dict[str, Any], crops: int | None) -> dict[str, Any]:
+def cut_crops(batch: dict[str, Any], crops: int | None, per_crop: tuple[str, ...] = PER_CROP) -> dict[str, Any]:
     """Packed rows: the per-crop fields cut to the batch's crops (views; the rest as they are)."""
     if crops is None:
         return batch
-    return {k: v[:crops] if k in PER_CROP and crops < len(v) else v for k, v in batch.items()}
+    return {k: v[:crops] if k in per_crop and crops < len(v) else v for k, v in batch.items()}
 
 
 class Fixed:
@@ -149,7 +150,7 @@ class ToDevice:
         self.copies += 1
         crops = fields.crops_of(host)
         batch = dict(fixed.tensors) if fixed is not None else fields.views(raw)
-        batch = cut_crops(batch, crops)
+        batch = cut_crops(batch, crops, fields.per_crop)
         batch["key"] = fields.keys(host, self.manifests, crops)
         return batch, done
 

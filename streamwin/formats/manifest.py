@@ -41,6 +41,8 @@ import numpy as np
 from streamwin.errors import ManifestError
 import streamwin.formats.fields as fields
 from streamwin.formats.checks import Checks
+from streamwin.formats.framed import Frames, NonFinite
+from streamwin.formats.meta import SeqFields, map_field_columns, parse_fields
 from streamwin.formats.seal import CONTENT_FIELD, check_seal, content_checksum
 
 FORMAT = "streamwin"
@@ -65,45 +67,6 @@ class ShardEntry:
     sha256: str
     num_sequences: int
     num_steps: int
-
-
-@dataclass(frozen=True)
-class NonFinite:
-    """NaN and ±inf values in a dataset's arrays, counted by pack (and index); per shard NaN + inf."""
-
-    nan: int
-    inf: int
-    per_shard: tuple[int, ...]
-
-
-@dataclass(frozen=True, eq=False)
-class Frames:
-    """Long zstd members packed as independent frames of ``rows`` steps each (the last may be shorter).
-
-    Frame 0 of a member also holds its npy header. ``seq`` lists the framed sequences (sorted);
-    ``ends`` holds, for each in turn, the compressed end offset (from the member's first byte)
-    of each of its ``ceil(length / rows)`` frames. Members not listed are one frame.
-    """
-
-    rows: int
-    seq: np.ndarray
-    ends: np.ndarray
-    first: np.ndarray = field(repr=False)  # [len(seq) + 1]: where each framed sequence's ends begin
-
-    @classmethod
-    def make(cls, rows: int, seq: np.ndarray, ends: np.ndarray, length: np.ndarray) -> "Frames":
-        """Frames of the sequences ``seq`` of a dataset whose lengths are ``length``; checked."""
-        seq, ends = np.asarray(seq, dtype=np.int64), np.asarray(ends, dtype=np.int64)
-        if rows < 1 or (len(seq) and (seq.min() < 0 or seq.max() >= len(length) or np.any(np.diff(seq) <= 0))):
-            raise ManifestError(f"manifest frames: rows {rows} or framed sequence numbers out of range")
-        first = np.zeros(len(seq) + 1, dtype=np.int64)
-        np.cumsum(-(-length[seq] // rows), out=first[1:])
-        if first[-1] != len(ends):
-            raise ManifestError(f"manifest frames: {len(ends)} frame ends for {first[-1]} frames")
-        return cls(int(rows), seq, ends, first)
-
-    def to_doc(self) -> dict:
-        return {"rows": self.rows, "seq": _encode(self.seq.astype("<i8")), "ends": _encode(self.ends.astype("<i8"))}
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,6 +96,7 @@ class Manifest:
     nonfinite: NonFinite | None = None
     frames: Frames | None = None
     checks: Checks | None = None
+    fields: SeqFields | None = None  # per-sequence fields (formats/meta.py): a label, a store, a start time
     sealed: bool = True  # False: read from an index.json written before content_sha256 existed
     shard_starts: np.ndarray = field(init=False, repr=False)
 
@@ -149,6 +113,8 @@ class Manifest:
         if self.nonfinite is not None and len(self.nonfinite.per_shard) != len(self.shards):
             raise ManifestError(f"manifest counts NaN/inf for {len(self.nonfinite.per_shard)} shards, "
                                 f"it lists {len(self.shards)}")
+        if self.fields is not None:
+            self.fields.check_rows(n)
         if self.checks is not None and self.checks.sizes.tolist() != [s.bytes for s in self.shards]:
             raise ManifestError("manifest checks were computed for other shard sizes than the shards it lists")
 
@@ -190,9 +156,11 @@ class Manifest:
         parts, layout, at = [], {}, 0
         held = self.checks is not None and not self.checks.in_files  # sums kept in the manifest (older form)
         names = {**_FILE_COLUMNS, **({"check_sums": "<u4"} if held else {})}
-        for name, dt in names.items():
+        extra = {} if self.fields is None else {name: values for name, _, values in self.fields.file_columns()}
+        for name, dt in {**names, **{n: d for n, d, _ in (self.fields.file_columns() if self.fields else ())}}.items():
             data = (np.frombuffer(self.key_blob, dtype=np.uint8) if name == "keys" else self.checks.sums.astype(dt)
-                    if name == "check_sums" else np.ascontiguousarray(getattr(self, name), dtype=dt))
+                    if name == "check_sums" else np.ascontiguousarray(extra[name], dtype=dt) if name in extra
+                    else np.ascontiguousarray(getattr(self, name), dtype=dt))
             pad = -at % _ALIGN
             if pad:
                 parts.append(bytes(pad))
@@ -231,6 +199,8 @@ class Manifest:
                                 "per_shard": list(self.nonfinite.per_shard)}
         if self.frames is not None:
             doc["frames"] = self.frames.to_doc()
+        if self.fields is not None:
+            doc["fields"] = self.fields.to_doc(inline=columns_file is None)
         if self.checks is not None:
             doc["checks"] = self.checks.to_doc()
             if columns_file is None and not self.checks.in_files:
@@ -296,21 +266,25 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> 
         fields.shard_name(s.name, where)
     n = sum(s.num_sequences for s in shards)
     if doc["version"] == COLUMNAR_VERSION:
-        cols = _map_columns(fields.mapping(doc.get("columns_file"), where, "columns_file"), columns, n, where)
+        spec = fields.mapping(doc.get("columns_file"), where, "columns_file")
+        cols = _map_columns(spec, columns, n, where)
         key_ends, blob = cols.pop("key_ends"), cols.pop("keys")
         sums = cols.pop("check_sums", None)
+        kinds = doc["fields"].get("kinds") if isinstance(doc.get("fields"), dict) else None
+        mapped = map_field_columns(spec["layout"], kinds, columns, n, _ALIGN, where)
     else:
         inline = fields.mapping(doc.get("columns"), where, "columns")
         cols = {name: fields.column(inline.get(name), dt, n, where, f"columns.{name}") for name, dt in COLUMNS.items()}
         key_ends = fields.column(inline.get("key_ends"), "<i8", n, where, "columns.key_ends")
         blob = fields.inflate(doc.get("keys"), None, where, "keys", most=n * fields.MAX_KEY_BYTES)
-        sums = None
+        sums = mapped = None
     step_bytes = int(dtype.itemsize * np.prod(step_shape, dtype=np.int64))
     starts = np.concatenate([[0], np.cumsum([s.num_sequences for s in shards], dtype=np.int64)])
     fields.check_columns(cols, key_ends, len(blob), starts, np.array([s.bytes for s in shards], dtype=np.int64),
                          np.array([s.num_steps for s in shards], dtype=np.int64), step_bytes, compression is not None,
                          where)
     optional = _optional_fields(doc, shards, cols["length"], cols["size"], sums, where)
+    optional["fields"] = parse_fields(doc.get("fields"), n, where, mapped)
     fields.check_totals(doc, shards, where)
     sealed = check_seal(doc, where)  # after every field: a damaged field is named as such, a valid one edited here
     return Manifest(
@@ -382,7 +356,8 @@ def build_manifest(dtype: np.dtype, step_shape: tuple[int, ...], compression: st
                    shards: list[ShardEntry], keys: list[str], columns: dict[str, list[int]],
                    dropped_empty: int = 0, *, value_columns: tuple[str, ...] | None = None,
                    left_out_columns: dict[str, str] | None = None, nonfinite: NonFinite | None = None,
-                   frames: tuple[int, list[int], list[int]] | None = None, checks: Checks | None = None) -> Manifest:
+                   frames: tuple[int, list[int], list[int]] | None = None, checks: Checks | None = None,
+                   fields: SeqFields | None = None) -> Manifest:
     """Assemble a Manifest from per-sequence lists (used by pack, index and merge)."""
     encoded = [k.encode("ascii") for k in keys]
     lengths = np.fromiter((len(k) for k in encoded), dtype=np.int64, count=len(encoded))
@@ -392,6 +367,6 @@ def build_manifest(dtype: np.dtype, step_shape: tuple[int, ...], compression: st
         dtype=np.dtype(dtype), step_shape=tuple(step_shape), compression=compression, shards=tuple(shards),
         key_blob=b"".join(encoded), key_ends=np.cumsum(lengths),
         dropped_empty=dropped_empty, value_columns=None if value_columns is None else tuple(value_columns),
-        left_out_columns=left_out_columns, nonfinite=nonfinite, frames=frames, checks=checks,
+        left_out_columns=left_out_columns, nonfinite=nonfinite, frames=frames, checks=checks, fields=fields,
         **{name: np.asarray(columns[name], dtype=dt.replace("<", "=")) for name, dt in COLUMNS.items()},
     )

@@ -27,6 +27,7 @@ from streamwin.errors import PackError
 from streamwin.formats import npy as npyfmt
 from streamwin.formats import zstd
 from streamwin.formats.keys import check_key
+from streamwin.packing.fieldcols import json_default
 from streamwin.packing.nonfinite import check_cast, count_nonfinite, first_nonfinite_step, refused
 
 STREAM_BYTES = 64 << 20  # a larger array (or any array-like that is not an ndarray) is packed chunk by chunk
@@ -52,6 +53,7 @@ class EncodedSeq:
     nan: int = 0  # NaN values in the array
     inf: int = 0  # +-inf values in the array
     frame_ends: tuple[int, ...] | None = None  # zstd frames of a long member: where each ends in ``body``
+    fields: dict | None = None  # the meta dict, whose values become the manifest's fields (packing.fieldcols)
 
     @property
     def size(self) -> int:
@@ -161,7 +163,7 @@ def encode_sequence(key: str, array: Any, meta: dict | None = None, *, cast: str
     if nan == "raise" and nans + infs:
         raise refused(key, nans, infs, first_nonfinite_step(arr))
     return EncodedSeq(key, head, body, meta_bytes, int(arr.shape[0]), arr.dtype.str, tuple(arr.shape[1:]), hlen,
-                      nans, infs, frame_ends)
+                      nans, infs, frame_ends, meta)
 
 
 def _check_shape(key: str, shape: tuple[int, ...]) -> None:
@@ -173,7 +175,7 @@ def _meta_bytes(key: str, meta: dict | None) -> bytes | None:
     if meta is None:
         return None
     try:
-        return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps(meta, sort_keys=True, separators=(",", ":"), default=json_default).encode()
     except (TypeError, ValueError) as e:
         raise PackError(f"sequence {key!r}: metadata is not JSON-serializable: {e}") from e
 
@@ -226,7 +228,7 @@ def _encode_streamed(key: str, arr: Any, meta: dict | None, *, cast: str | None,
         body = Streamed(length * step, lambda: (c.reshape(-1).view(np.uint8) for _, c in chunks()))
         frame_ends = None
     return EncodedSeq(key, head, body, _meta_bytes(key, meta), length, dtype.str, shape[1:], hlen, nans, infs,
-                      frame_ends)
+                      frame_ends, meta)
 
 
 def _first_pass(chunks: Callable[[], Iterator[tuple[int, np.ndarray]]],

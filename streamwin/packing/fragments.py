@@ -21,6 +21,7 @@ from streamwin.errors import PackError
 from streamwin.formats.checks import Checks
 from streamwin.formats.manifest import Frames, Manifest, NonFinite, ShardEntry, parse_manifest
 from streamwin.packing.columns import SequenceColumns, duplicate_key
+from streamwin.packing.fieldcols import merge_fields
 from streamwin.packing.inputs import Columns
 
 
@@ -68,6 +69,7 @@ class FragmentMerger:
         self.frame_ends: list[np.ndarray] = []
         self.frame_rows: set[int] = set()
         self.checks: list[Checks | None] = []  # each unit's chunk checksums, in unit order
+        self.fields: list[tuple] = []  # each unit's (fields, sequences, where), in unit order
 
     def add(self, manifest: Manifest | None, dropped: int = 0, columns: Columns | None = None, where: str = "") -> None:
         """Append one unit's manifest (None: it wrote nothing) after the ones added before."""
@@ -76,6 +78,7 @@ class FragmentMerger:
             return
         self._check_layout(manifest, where)
         _check_known(manifest)
+        self.fields.append((manifest.fields, manifest.num_sequences, where or f"unit {len(self.fields)}"))
         self.columns = _same_columns(self.columns, columns)
         if self.sequences is None and self.only is None:
             self.only = manifest  # one unit: its columns are the manifest's, no copy
@@ -129,7 +132,7 @@ class FragmentMerger:
             self.shards = list(m.shards)
             self._check_unique(np.frombuffer(m.key_blob, dtype=np.uint8), m.key_ends)
             return dataclasses.replace(m, dropped_empty=self.dropped, value_columns=self._taken(),
-                                       left_out_columns=self._left_out())
+                                       left_out_columns=self._left_out(), fields=merge_fields(self.fields))
         first = self.first[0]
         cols = self.sequences.columns()
         keys, key_ends = cols.pop("keys"), cols.pop("key_ends")
@@ -144,7 +147,8 @@ class FragmentMerger:
         return Manifest(dtype=first.dtype, step_shape=first.step_shape, compression=first.compression,
                         shards=tuple(self.shards), key_blob=memoryview(keys), key_ends=key_ends,
                         dropped_empty=self.dropped, value_columns=self._taken(), left_out_columns=self._left_out(),
-                        nonfinite=nonfinite, frames=frames, checks=Checks.concat(self.checks), **cols)
+                        nonfinite=nonfinite, frames=frames, checks=Checks.concat(self.checks),
+                        fields=merge_fields(self.fields), **cols)
 
     def _taken(self) -> tuple[str, ...] | None:
         return self.columns.taken if self.columns else None
@@ -171,7 +175,7 @@ class FragmentMerger:
 # the Manifest fields this merger merges; a field added to Manifest must be merged in
 # `_append` and `finish` (concatenated in unit order, per-sequence offsets shifted) before a fragment may carry it
 _MERGED = {"dtype", "step_shape", "compression", "shards", "length", "offset", "size", "hlen", "key_blob", "key_ends",
-           "dropped_empty", "digest", "value_columns", "left_out_columns", "nonfinite", "frames", "checks",
+           "dropped_empty", "digest", "value_columns", "left_out_columns", "nonfinite", "frames", "checks", "fields",
            "shard_starts"}
 
 

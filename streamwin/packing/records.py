@@ -23,6 +23,7 @@ from streamwin.formats import npy as npyfmt
 from streamwin.formats import tar as tarfmt
 from streamwin.packing.encode import EncodedSeq, check_empty, check_numeric
 from streamwin.packing.inputs import Batch
+from streamwin.packing.inputs.base import cut_fields
 from streamwin.packing.nonfinite import check_cast, count_nonfinite, first_nonfinite_step, nonfinite_per_sequence, refused
 
 RECORD_MAX = 1 << 20  # sequences up to this many bytes are copied into Records; longer ones are written from their arrays
@@ -51,6 +52,7 @@ class Records:
     dtype: str
     step_shape: tuple[int, ...]
     frames: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    fields: Any = None  # per sequence its meta dict (a tuple), or a table's meta columns (packing.fieldcols)
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -86,7 +88,7 @@ def records_of(seqs: list[EncodedSeq], suffix: str) -> Records:
                    np.array(content, dtype=np.int64), np.frombuffer(keys, dtype=np.uint8),
                    np.cumsum([len(s.key) for s in seqs], dtype=np.int64), col("length"), col("size"), col("hlen"),
                    col("nan"), col("inf"), seqs[0].dtype, seqs[0].step_shape,
-                   tuple((i, s.frame_ends) for i, s in enumerate(seqs) if s.frame_ends))
+                   tuple((i, s.frame_ends) for i, s in enumerate(seqs) if s.frame_ends), tuple(s.fields for s in seqs))
 
 
 def batch_fits(batch: Batch) -> bool:
@@ -101,7 +103,7 @@ def encode_batch(batch: Batch, *, cast: str | None = None, empty: str = "skip",
     """(Records, zero-length sequences skipped) for many short uncompressed sequences at once:
     byte for byte what `encode_sequence` and `records_of` make of them one by one, with the
     checks and errors of `encode_sequence`, but headers made with numpy for all of them."""
-    values, keys, starts, lengths, skipped = _nonempty(batch, empty)
+    values, keys, starts, lengths, skipped, fields = _nonempty(batch, empty)
     if not keys:
         return None, skipped
     check_numeric(keys[0], values.dtype)
@@ -131,18 +133,20 @@ def encode_batch(batch: Batch, *, cast: str | None = None, empty: str = "skip",
     _copy_contents(out, first + tarfmt.BLOCK, heads, which, values.reshape(-1).view(np.uint8),
                    starts * step_bytes, lengths * step_bytes)
     return Records(out, ends, np.full(len(keys), tarfmt.BLOCK, dtype=np.int64), blob, key_ends, lengths, size, hlen,
-                   nans, infs, values.dtype.str, step_shape), skipped
+                   nans, infs, values.dtype.str, step_shape, fields=fields), skipped
 
 
-def _nonempty(batch: Batch, empty: str) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, int]:
-    """(values, keys, first steps, lengths) of the batch's non-empty sequences, and how many were empty."""
+def _nonempty(batch: Batch, empty: str) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, int, Any]:
+    """(values, keys, first steps, lengths) of the batch's non-empty sequences, how many were empty, and the
+    non-empty ones' meta columns."""
     lengths = np.diff(batch.bounds)
     keep = lengths > 0
     if keep.all():
-        return batch.values, list(batch.keys), batch.bounds[:-1], lengths, 0
+        return batch.values, list(batch.keys), batch.bounds[:-1], lengths, 0, batch.fields
     check_empty(batch.keys[int(np.argmin(keep))], empty)
     keys = [k for k, ok in zip(batch.keys, keep.tolist()) if ok]
-    return batch.values, keys, batch.bounds[:-1][keep], lengths[keep], int((~keep).sum())
+    fields = cut_fields(batch.fields, keep)
+    return batch.values, keys, batch.bounds[:-1][keep], lengths[keep], int((~keep).sum()), fields
 
 
 def _copy_contents(out: np.ndarray, at: np.ndarray, heads: list[np.ndarray], which: np.ndarray,

@@ -29,6 +29,7 @@ from streamwin.formats import tar as tarfmt
 from streamwin.formats.checks import SUFFIX, Checks
 from streamwin.formats.sums import ShardSumsWriter
 from streamwin.formats.manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
+from streamwin.packing.fieldcols import FieldCollector
 from streamwin.packing.lock import PackLock, exclude_parts
 from streamwin.packing.scanner import CHUNK, NpyMember, ShardScan, scan_all
 from streamwin.storage.manifests import load_manifest, write_manifest
@@ -202,6 +203,7 @@ class _Indexer:
         self.nan = self.inf = 0
         self.shard_nonfinite: list[int] = []
         self.digests: list[tuple[str, str]] = []  # of each shard's sums file, written as it is scanned
+        self.fields = FieldCollector()  # from the .json members, as pack took them from the meta dicts
 
     def add(self, k: int, scan: ShardScan | ShardError) -> None:
         """Take shard k's members as the next sequences (raise the error a shard's scan gave)."""
@@ -212,6 +214,7 @@ class _Indexer:
             self._check(mem, shard_url)
             self.seen[mem.key] = scan.name
             self.keys.append(mem.key)
+            self.fields.add(mem.key, mem.meta)
             for col, value in (("length", mem.shape[0]), ("offset", mem.offset), ("size", mem.size), ("hlen", mem.hlen)):
                 self.columns[col].append(value)
         steps = sum(mem.shape[0] for mem in scan.members)
@@ -247,4 +250,5 @@ class _Indexer:
         return build_manifest(first.dtype, first.shape[1:], "zstd" if first.compressed else None,
                               self.shards, self.keys, self.columns,
                               nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)),
-                              checks=Checks.of_shards(self.digests, [s.bytes for s in self.shards]))
+                              checks=Checks.of_shards(self.digests, [s.bytes for s in self.shards]),
+                              fields=self.fields.result())

@@ -11,7 +11,9 @@ the results over in shard order; ``verify`` and ``index_shards`` (`scan`) are bu
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
 import sys
 import tarfile
@@ -53,6 +55,7 @@ class NpyMember:
     hlen: int  # npy header length (of the decompressed content)
     nan: int = 0  # NaN values in the array
     inf: int = 0  # +-inf values in the array
+    meta: dict | None = None  # its ``<key>.json`` member's object (what pack wrote of its meta dict)
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,18 @@ def _read_upto(f, n: int) -> bytes:
     return b"".join(parts)
 
 
+MAX_META_BYTES = 1 << 20  # a larger .json member is not read for fields
+
+
+def _json_object(data: bytes) -> dict | None:
+    """A JSON object (never anything else: no code, no pickle), or None when the bytes hold none."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def _walk(tf: tarfile.TarFile, shard: str, members: list[NpyMember], current: list) -> None:
     """Append the shard's npy members to ``members``; ``current[0]`` is the member being read."""
     for info in tf:
@@ -191,6 +206,12 @@ def _walk(tf: tarfile.TarFile, shard: str, members: list[NpyMember], current: li
         if not info.isreg():
             continue
         m = _WDS_KEY.match(info.name)
+        if m is not None and m.group(2) == "json" and members and members[-1].key == m.group(1) \
+                and info.size <= MAX_META_BYTES:  # the meta of the sequence before it: its fields (index)
+            meta = _json_object(tf.extractfile(info).read())
+            if meta is not None:
+                members[-1] = dataclasses.replace(members[-1], meta=meta)
+            continue
         if m is None or m.group(2) not in ("npy", "npy.zst"):
             continue
         members.append(_npy_member(tf, info, m.group(1), m.group(2) == "npy.zst", shard))

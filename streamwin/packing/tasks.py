@@ -10,6 +10,7 @@ its array. The same tasks give the same parts in one process or in many (see `pa
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -85,8 +86,10 @@ def encode_batches(units: list[InputUnit], options: EncodeOptions, tally: Tally)
                 if rec is not None:
                     yield rec
             continue
-        for key, arr, meta in got.items() if isinstance(got, Batch) else (got,):
+        for i, (key, arr, meta) in enumerate(got.items() if isinstance(got, Batch) else (got,)):
             enc = options.encode(key, arr, meta)
+            if enc is not None and isinstance(got, Batch) and got.fields:  # meta columns: fields, no json member
+                enc = dataclasses.replace(enc, fields=got.meta(i))
             if enc is None:
                 tally.skipped += 1
                 continue
@@ -111,5 +114,5 @@ def _sub_batches(batch: Batch) -> Iterator[Batch]:
     while i < len(batch):
         j = min(len(batch), i + BATCH_SEQS, int(np.searchsorted(bounds, bounds[i] + rows, side="right")) - 1)
         j = max(j, i + 1)
-        yield Batch(batch.keys[i:j], batch.values[bounds[i] : bounds[j]], bounds[i : j + 1] - bounds[i])
+        yield batch.slice(i, j)
         i = j

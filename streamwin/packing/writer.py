@@ -27,7 +27,9 @@ from streamwin.formats.manifest import Frames, Manifest, NonFinite, ShardEntry
 from streamwin.formats.zstd import frame_rows
 from streamwin.packing.columns import SequenceColumns
 from streamwin.packing.encode import EncodedSeq, Streamed
+from streamwin.packing.fieldcols import FieldCollector
 from streamwin.packing.inputs import Columns
+from streamwin.packing.inputs.base import cut_fields
 from streamwin.packing.records import RECORD_MAX, Records
 from streamwin.storage.urls import is_local, join, temp_path, write_atomic
 
@@ -86,6 +88,7 @@ class ShardWriter:
         self.suffix = ".npy.zst" if compression == "zstd" else ".npy"
         self.shards: list[ShardEntry] = []
         self.sequences = SequenceColumns()
+        self.fields = FieldCollector()  # per-sequence fields from the meta dicts (formats/meta.py)
         self.dtype: str | None = None
         self.step_shape: tuple[int, ...] | None = None
         self.nan = self.inf = 0
@@ -163,6 +166,11 @@ class ShardWriter:
         self.sequences.extend(rec.keys[k0 : int(rec.key_ends[stop - 1])], rec.key_ends[i:stop] - k0,
                           length=rec.length[i:stop], offset=shift + begin + rec.content[i:stop],
                           size=rec.size[i:stop], hlen=rec.hlen[i:stop])
+        if isinstance(rec.fields, tuple):
+            for k in range(i, stop):
+                self.fields.add(rec.key(k), rec.fields[k])
+        else:
+            self.fields.add_columns(rec.key(i), stop - i, cut_fields(rec.fields, slice(i, stop)) or {})
         nan, inf = int(rec.nan[i:stop].sum()), int(rec.inf[i:stop].sum())
         self._count += stop - i
         self._steps += int(rec.length[i:stop].sum())
@@ -227,6 +235,7 @@ class ShardWriter:
                 self.framed.append(self.count)
                 self.frame_ends.extend(record.frame_ends)
             self.sequences.append(record.key, record.length, self._pos, size, record.hlen)
+            self.fields.add(record.key, record.fields)
             self._count += 1
             self._steps += record.length
             self._nonfinite += record.nan + record.inf
@@ -272,4 +281,5 @@ class ShardWriter:
                         dropped_empty=dropped_empty, value_columns=columns.taken if columns else None,
                         left_out_columns=dict(columns.left_out) if columns else None,
                         nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)), frames=frames,
-                        checks=Checks.of_shards(self.sums_digests, [s.bytes for s in self.shards]), **cols)
+                        checks=Checks.of_shards(self.sums_digests, [s.bytes for s in self.shards]),
+                        fields=self.fields.result(), **cols)

@@ -92,15 +92,36 @@ class Batch:
     keys: list[str]
     values: np.ndarray
     bounds: np.ndarray
+    fields: dict | None = None  # meta columns: name -> (kind, one value per sequence, vocabulary of str codes);
+    # a field left out: name -> ("left", why, None)
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def items(self) -> Iterator[Item]:
-        """The batch as ``(key, array, None)`` items, as `read_unit` yields them."""
+        """The batch as ``(key, array, None)`` items, as `read_unit` yields them (meta columns: `meta`)."""
         ends = self.bounds.tolist()
         for key, a, b in zip(self.keys, ends, ends[1:]):
             yield key, self.values[a:b], None
+
+    def meta(self, i: int) -> dict | None:
+        """Sequence i's meta columns as a meta dict (str codes decoded), or None."""
+        if self.fields is None:
+            return None
+        return {k: (vocab[int(v[i])] if kind == "str" else _scalar(kind, v[i]))
+                for k, (kind, v, vocab) in self.fields.items() if kind != "left"}
+
+    def slice(self, i: int, j: int) -> "Batch":
+        """Sequences i..j-1 (their values, bounds from 0, meta columns)."""
+        b = self.bounds
+        return Batch(self.keys[i:j], self.values[b[i] : b[j]], b[i : j + 1] - b[i], cut_fields(self.fields, slice(i, j)))
+
+
+def cut_fields(fields: dict | None, rows) -> dict | None:
+    """Meta columns of some sequences (``rows``: a slice or a mask); fields left out stay as they are."""
+    if fields is None:
+        return None
+    return {k: e if e[0] == "left" else (e[0], e[1][rows], e[2]) for k, e in fields.items()}
 
 
 def open_unit(unit: InputUnit, mode: str = "rb") -> Any:
@@ -135,3 +156,12 @@ def check_array(arr: Any, where: str) -> np.ndarray:
     if arr.ndim == 0:
         raise PackError(f"{where}: a sequence needs shape [T] or [T, F, ...], got a scalar")
     return arr
+
+
+def _scalar(kind: str, value: Any) -> Any:
+    """A meta column's value as its meta dict holds it: time and duration as numpy datetime64 / timedelta64."""
+    if kind == "time":
+        return np.datetime64(int(value), "ns")
+    if kind == "duration":
+        return np.timedelta64(int(value), "ns")
+    return value.item() if isinstance(value, np.generic) else value

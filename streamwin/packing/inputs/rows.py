@@ -19,6 +19,7 @@ import numpy as np
 
 from streamwin.errors import PackError
 from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, InputUnit, Report, file_key, text_key
+from streamwin.packing.inputs.metacols import meta_fields
 from streamwin.packing.inputs.tables import LONG_OPTIONS, long_sequences, named_values
 
 TABLE_OPTIONS = (*LONG_OPTIONS, "list_column", "variates_first")
@@ -82,7 +83,13 @@ def _row_sequences(table: Any, names: list[str], opts: dict, unit: InputUnit, re
         keys = [text_key(f"{prefix}_{first_row + row}") for row in range(table.num_rows)]
     bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=bounds[1:])
-    return Batch(keys, values, bounds)
+    fields = None
+    if opts.get("meta_columns"):  # one value per row: the row's fields (a label, a start time)
+        rows = np.arange(len(keys))
+        cols = {c: table.column(c).to_numpy() for c in opts["meta_columns"] if c in table.column_names}
+        fields = meta_fields(cols, {"meta_columns": opts["meta_columns"]}, keys, rows, np.arange(len(keys) + 1),
+                             unit.path)[0]
+    return Batch(keys, values, bounds, fields)
 
 
 def _list_values(table: Any, name: str, where: str, variates_first: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -19,8 +19,9 @@ import numpy as np
 
 from streamwin.errors import PackError
 from streamwin.packing.inputs.base import NUMERIC_KINDS, Batch, Columns, Report, text_key
+from streamwin.packing.inputs.metacols import meta_fields
 
-LONG_OPTIONS = ("id_column", "order_column", "value_columns", "squeeze")
+LONG_OPTIONS = ("id_column", "order_column", "value_columns", "squeeze", "meta_columns", "regular_order")
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__|Unnamed: \d+|")  # what pandas writes for its index; "" too
 
 
@@ -34,12 +35,12 @@ def choose_columns(kinds: dict[str, str], opts: dict, where: str, index_columns:
     """Which columns hold the values: ``value_columns`` when given, else every numeric column
     (numpy dtype ``kinds``) but the id and order columns and a pandas index."""
     id_col, order_col, chosen = opts.get("id_column"), opts.get("order_column"), named_values(opts)
-    index = set(index_columns)
+    index, meta = set(index_columns), set(opts.get("meta_columns") or ())
     left_out = []
     for name, kind in kinds.items():
         if chosen is not None and name in chosen:
             continue
-        why = ("id column" if name == id_col else "order column" if name == order_col
+        why = ("id column" if name == id_col else "order column" if name == order_col else "meta column" if name in meta
                else "not in value_columns" if chosen is not None
                else "pandas index" if name in index or _PANDAS_INDEX.fullmatch(name)
                else "not numeric" if kind not in NUMERIC_KINDS else None)
@@ -77,7 +78,12 @@ def long_sequences(columns: dict[str, np.ndarray], opts: dict, where: str, repor
     rows = np.lexsort(sort_keys)  # grouped by rank (last key is primary), then by order, stable
     bounds = np.zeros(len(uniq) + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_rank, minlength=len(uniq)), out=bounds[1:])
-    return Batch([text_key(str(uniq[g])) for g in order.tolist()], values[rows], bounds)
+    keys = [text_key(str(uniq[g])) for g in order.tolist()]
+    if not opts.get("meta_columns") and order_col is None:
+        return Batch(keys, values[rows], bounds)
+    fields, left = meta_fields(columns, opts, keys, rows, bounds, where)
+    fields.update({name: ("left", why, None) for name, why in left.items()})
+    return Batch(keys, values[rows], bounds, fields or None)
 
 
 def _ask_for_values(columns: dict[str, np.ndarray], taken: tuple[str, ...], row_rank: np.ndarray, id_col: str,
@@ -94,7 +100,8 @@ def _ask_for_values(columns: dict[str, np.ndarray], taken: tuple[str, ...], row_
     if per_id and rest:  # (all of them one value per id: nothing tells them apart, they are the values)
         raise PackError(f"{where}: {', '.join(map(repr, per_id))} hold{'s' if len(per_id) == 1 else ''} one value "
                         f"per {id_col} (a label, a year?) and would become a feature of every step. Name the values, "
-                        f"value_columns={rest!r}, or pass value_columns='*' to take them all")
+                        f"value_columns={rest!r}, or pass value_columns='*' to take them all (per-sequence fields: "
+                        f"meta_columns={per_id!r})")
 
 
 def _one_value_per_id(columns: dict[str, np.ndarray], names: tuple[str, ...], row_rank: np.ndarray) -> list[str]:

@@ -36,7 +36,7 @@ _FORMATS = (NPY, NPZ, PARQUET, ARROW, CSV, JSONL, TEXT, ITERABLE, TABLE)
 _BY_NAME = {f.name: f for f in _FORMATS}
 FORMATS = tuple(_BY_NAME)
 INPUT_OPTIONS = tuple(sorted({name for f in _FORMATS for name in f.options}))  # every format's options
-_NAME_LISTS = ("suffixes", "value_columns", "list_column", "meta_fields")  # options that take one name or a list
+_NAME_LISTS = ("suffixes", "value_columns", "list_column", "meta_fields", "meta_columns")  # options that take one name or a list
 
 
 def format_of(unit: InputUnit) -> InputFormat:
