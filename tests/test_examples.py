@@ -77,6 +77,8 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = LAUNCH
     proc = subprocess.run(cmd, cwd=ROOT, env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-6000:]}"
+    # an example that succeeds prints only its own lines: no "Exception ignored" at exit, no traceback (issue 28.8)
+    assert "Exception ignored" not in out and "Traceback" not in out, f"{' '.join(cmd)}:\n{out[-6000:]}"
     return out
 
 
