@@ -5,6 +5,7 @@ import os
 import sys
 
 import numpy as np
+import psutil
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -94,3 +95,18 @@ def two_corpora(root) -> tuple[list[str], list[dict[str, np.ndarray]]]:
     for url, seqs in zip(urls, (big, small)):
         sw.pack(list(seqs.items()), url, shard_bytes=60_000, progress=False)
     return urls, [big, small]
+
+
+def our_children() -> list[psutil.Process]:
+    """Live child processes of this one, less Python's own resource tracker (spawn starts one per interpreter)."""
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
+            and "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def naive(seqs: dict[str, np.ndarray], key: str, start: int, span: int) -> np.ndarray:
+    """Steps [start, start + span) of sequence ``key``, zero-padded past its end: a window as packed."""
+    arr = seqs[key]
+    ref = np.zeros((span,) + arr.shape[1:], arr.dtype)
+    part = arr[start : start + span]
+    ref[: len(part)] = part
+    return ref

@@ -20,13 +20,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import streamwin as sw
-from conftest import make_sequences, two_corpora
+from conftest import make_sequences, our_children, two_corpora
 from streamwin.batch import PER_CROP
 from streamwin.feed.slots import leftovers
 
@@ -53,11 +52,6 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mix(tmp_path_factory):
     return two_corpora(tmp_path_factory.mktemp("devfeed_mix"))
-
-
-def our_children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
-            and "resource_tracker" not in " ".join(p.cmdline())]
 
 
 @pytest.fixture(autouse=True)

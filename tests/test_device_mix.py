@@ -11,12 +11,11 @@ import json
 import os
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
 import streamwin as sw
-from conftest import two_corpora
+from conftest import our_children, two_corpora
 from streamwin.batch import BatchKeys
 from streamwin.feed.slots import leftovers
 
@@ -28,12 +27,6 @@ OPEN: list[sw.WindowLoader] = []
 def corpora(tmp_path_factory):
     """(urls, sequences per source): a large corpus and a small one (conftest.two_corpora)."""
     return two_corpora(tmp_path_factory.mktemp("devmix"))
-
-
-def our_children() -> list[psutil.Process]:
-    """Live child processes, less Python's own resource tracker."""
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
-            and "resource_tracker" not in " ".join(p.cmdline())]
 
 
 @pytest.fixture(autouse=True)

@@ -19,12 +19,11 @@ import textwrap
 import time
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
 import streamwin as sw
-from conftest import reference_windows
+from conftest import naive, our_children, reference_windows
 from streamwin.arguments import memory_bytes
 from streamwin.feed import pool as feed_pool
 from streamwin.feed.protocol import ERROR, RECORD_STRUCT, WARNING, Channel, has_payload
@@ -39,20 +38,6 @@ def make(url, workers=1, **kw):
     loader_kw = {k: kw.pop(k) for k in ("persistent_workers", "prefetch_factor") if k in kw}
     args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=64, seed=3) | kw
     return sw.WindowLoader(sw.WindowDataset(url, **args), num_workers=workers, **loader_kw)
-
-
-def naive(seqs, key, start, span):
-    arr = seqs[key]
-    ref = np.zeros((span,) + arr.shape[1:], arr.dtype)
-    part = arr[start : start + span]
-    ref[: len(part)] = part
-    return ref
-
-
-def our_children() -> list[psutil.Process]:
-    """Live child processes, less Python's own resource tracker."""
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
-            and "resource_tracker" not in " ".join(p.cmdline())]
 
 
 # -- the channel ------------------------------------------------------------------------------------------

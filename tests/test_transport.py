@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import streamwin as sw
-from conftest import reference_windows
+from conftest import naive, our_children, reference_windows
 from streamwin.errors import WorkerError
 from streamwin.feed.slots import leftovers
 
@@ -43,20 +43,6 @@ def same(a, b):
     return len(a) == len(b) and all(
         x.keys() == y.keys() and all(list(x[k]) == list(y[k]) if k == "key" else torch.equal(x[k], y[k]) for k in x)
         for x, y in zip(a, b))
-
-
-def naive(seqs, key, start, span):
-    arr = seqs[key]
-    ref = np.zeros((span,) + arr.shape[1:], arr.dtype)
-    part = arr[start : start + span]
-    ref[: len(part)] = part
-    return ref
-
-
-def our_children() -> list[psutil.Process]:
-    """Live child processes, less Python's own resource tracker (spawn starts one per interpreter)."""
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
-            and "resource_tracker" not in " ".join(p.cmdline())]
 
 
 @pytest.mark.parametrize("workers,device", MODES)
