@@ -8,7 +8,7 @@ The trainer's side of a slot, for every feed (``WorkerFeed``, ``WorkerDeviceFeed
 
 - ``take(w)``: worker ``w``'s next filled batch slot (``receive(w)``: waiting for it);
 - ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes,
-  ``batches.take(w, slot)`` the batch made ahead over its fields (slots.SlotBatches);
+  ``batches.take(w, slot)`` a new dict of the slot's tensors, made once (slots.SlotBatches);
 - ``hold(w, slot, event=None)``: the slot is in use: it goes back to its worker once nothing
   refers to its arrays any more (every numpy view and every tensor made from them refers to
   them, so their reference counts tell) or, given a CUDA ``event``, once that event has
@@ -225,8 +225,9 @@ class WorkerPool:
         """Slots of worker ``w`` the training loop holds."""
         return self._holding[w]
 
-    def recycle(self) -> None:
-        """Give back every held slot no one refers to any more (and whose queued CUDA copies are done)."""
+    def recycle(self, send: bool = False) -> None:
+        """Give back every held slot no one refers to any more (and whose queued CUDA copies are done);
+        ``send``: tell their workers now instead of RELEASE_BATCH at a time."""
         if not self.held:
             return
         keep, in_use = [], self.batches.in_use
@@ -245,6 +246,9 @@ class WorkerPool:
             self._holding[w] -= 1
             self.release(w, slot)
         self.held = keep
+        if send:
+            for w in range(self.num_workers):
+                self.flush(w)
 
     def release(self, w: int, slot: int) -> None:
         """Give slot ``slot`` back to worker ``w`` (sent with the next RELEASE_BATCH - 1, or when waiting on ``w``)."""
@@ -256,8 +260,6 @@ class WorkerPool:
     def flush(self, w: int) -> None:
         """Send worker ``w`` the slots released since the last RELEASE."""
         pending = self.pending[w]
-        if pending:
-            self.batches.prepare(w, pending)  # their next batches, made together while the caches are warm
         while pending:
             slots, pending[:] = pending[:PER_RELEASE], pending[PER_RELEASE:]
             self._send(w, RELEASE, *slots, *[-1] * (PER_RELEASE - len(slots)))
