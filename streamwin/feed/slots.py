@@ -260,7 +260,8 @@ class SlotBatches:
         self.keys[w][slot] = self.batches[w][slot]["key"] = keys
 
 
-_use_count = torch._C._storage_Use_Count  # references to a storage (every tensor over it holds one)
+# references to a storage by its address (every tensor over it holds one), as torch's CUDA graph trees ask
+_use_count = torch._C._storage_Use_Count
 
 
 def _references(arrays: tuple) -> int:
