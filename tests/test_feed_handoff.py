@@ -143,7 +143,7 @@ def test_a_batch_changed_in_place_and_dropped_does_not_change_later_batches(tiny
         for j, (key, start) in enumerate(zip(b["key"], b["start"].tolist())):
             assert np.array_equal(b["x"][j].numpy(), naive(seqs, key, start, W))
         n += 1
-        change = i % 4
+        change = i % 5
         if change == 0:
             b["x"].unsqueeze_(0)
             b["start"].t_()
@@ -152,8 +152,10 @@ def test_a_batch_changed_in_place_and_dropped_does_not_change_later_batches(tiny
         elif change == 2:
             b.pop("start")
             b["extra"] = torch.zeros(1)
-        else:
+        elif change == 3:
             b["x"].mul_(-1.0)  # the slot's bytes: the worker writes the next batch over them
+        else:
+            assert len(list(b["key"])) == B  # keys decoded: the slot's next batch gets new ones
         del b
     assert n > 8 and not [w for w in recwarn if "copied out" in str(w.message)]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import operator
 import os
 import sys
 import tempfile
@@ -197,17 +198,17 @@ class SlotBatches:
 
     def __init__(self, bases: list[list[np.ndarray]], layout=None, manifests: list | None = None):
         self.manifests = manifests
+        self.bases = bases
         self.fields = [[{} if layout is None else layout.views(b) for b in bs] for bs in bases]
         self.ahead = layout is not None and not layout.has("crops")
         self.key_refs = 1 + (layout is not None and layout.has("source"))  # references of reading keys
-        self.refs = [[(b, *f.values()) for b, f in zip(bs, fs)] for bs, fs in zip(bases, self.fields)]
         self.batches = [[{} for _ in bs] for bs in bases]  # per slot: its tensors and keys, handed out as a copy
         self.tensors: list[list[tuple]] = [[() for _ in bs] for bs in bases]
-        self.storages: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # their storages, kept alive
+        self.watch: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # arrays and tensors whose references tell
+        self.storages: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # the tensors' storages, kept alive
         self.addresses: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # the storages' addresses
         self.keys = [[None] * len(bs) for bs in bases]  # the keys a slot's batch is handed out with
-        self.tensor_refs = [[0] * len(bs) for bs in bases]  # reference and use counts of a free slot's tensors
-        self.free = [[0] * len(bs) for bs in bases]
+        self.free = [[0] * len(bs) for bs in bases]  # reference and use counts of the slot free
         for w, fs in enumerate(self.fields):
             for slot in range(len(fs)):
                 self._make(w, slot)
@@ -217,11 +218,18 @@ class SlotBatches:
         return self.batches[w][slot].copy()
 
     def in_use(self, w: int, slot: int) -> bool:
-        """Whether anything refers to a slot handed out; keys that alone still read it take a copy (False)."""
-        extra = sum(map(sys.getrefcount, self.refs[w][slot])) - self.free[w][slot]
-        if self.ahead:
-            extra += (sum(map(sys.getrefcount, self.tensors[w][slot])) + sum(map(_use_count, self.addresses[w][slot]))
-                      - self.tensor_refs[w][slot])
+        """Whether anything refers to a slot handed out; keys that alone still read it take a copy (False).
+        A free slot whose tensors were changed gets new ones (made here, where no old one is referred to)."""
+        if self._held(w, slot):
+            return True
+        if self._changed(w, slot):
+            self._make(w, slot)
+        return False
+
+    def _held(self, w: int, slot: int) -> bool:
+        """Whether a tensor, array, view or the dict of a slot's batch lives outside (kept keys are detached)."""
+        extra = (sum(map(sys.getrefcount, self.watch[w][slot])) + sum(map(_use_count, self.addresses[w][slot]))
+                 - self.free[w][slot])
         keys = self.keys[w][slot]
         if keys is not None and keys.reading():
             extra -= self.key_refs  # the keys' own references (to seq, and source)
@@ -234,24 +242,28 @@ class SlotBatches:
             return True
         elif self.ahead:  # keys decoded or detached: the next batch gets new ones
             self._new_keys(w, slot)
-        if self.ahead and any(t._version or t.requires_grad for t in self.tensors[w][slot]):
-            self._make(w, slot)  # changed in place: its next batch gets new tensors
         return False
+
+    def _changed(self, w: int, slot: int) -> bool:
+        """Whether a slot's tensors were changed in place (data, shape, strides, storage) or set to require grad."""
+        tensors = self.tensors[w][slot]
+        return any(map(_VERSION, tensors)) or any(map(_GRAD, tensors))
 
     def _make(self, w: int, slot: int) -> None:
         """A slot's tensors (every field but ``seq``) and keys, and the counts of the slot free."""
         fields = self.fields[w][slot]
-        self.tensors[w][slot] = self.storages[w][slot] = self.addresses[w][slot] = ()
+        tensors: tuple = ()
         if self.ahead:
             batch = {k: torch.from_numpy(v) for k, v in fields.items() if k != "seq"}
-            self.tensors[w][slot] = tuple(batch.values())
-            self.storages[w][slot] = tuple(t.untyped_storage() for t in batch.values())  # even if a tensor is set_ elsewhere
-            self.addresses[w][slot] = tuple(st._cdata for st in self.storages[w][slot])
+            tensors = tuple(batch.values())
             self.batches[w][slot] = batch
             self._new_keys(w, slot)
-            self.tensor_refs[w][slot] = (sum(map(sys.getrefcount, self.tensors[w][slot]))
-                                         + sum(map(_use_count, self.addresses[w][slot])))
-        self.free[w][slot] = _references(self.refs[w][slot]) - (self.key_refs if self.keys[w][slot] is not None else 0)
+        self.tensors[w][slot] = tensors
+        self.watch[w][slot] = (self.bases[w][slot], *fields.values(), *tensors)
+        self.storages[w][slot] = tuple(t.untyped_storage() for t in tensors)  # alive even if a tensor is set_ elsewhere
+        self.addresses[w][slot] = tuple(st._cdata for st in self.storages[w][slot])
+        free = sum(map(sys.getrefcount, self.watch[w][slot])) + sum(map(_use_count, self.addresses[w][slot]))
+        self.free[w][slot] = free - (self.key_refs if self.keys[w][slot] is not None else 0)
 
     def _new_keys(self, w: int, slot: int) -> None:
         """New keys over a slot's ``seq`` (and ``source``) for its next batch."""
@@ -262,11 +274,8 @@ class SlotBatches:
 
 # references to a storage by its address (every tensor over it holds one), as torch's CUDA graph trees ask
 _use_count = torch._C._storage_Use_Count
-
-
-def _references(arrays: tuple) -> int:
-    """The reference counts of a slot's arrays, summed: above the count of a free slot, someone holds it."""
-    return sum(map(sys.getrefcount, arrays))
+_VERSION = operator.attrgetter("_version")  # bumped by every in-place change of a tensor (data, shape, storage)
+_GRAD = operator.attrgetter("requires_grad")
 
 
 def leftovers(pid: int | None = None) -> list[str]:
