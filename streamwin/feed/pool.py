@@ -101,7 +101,9 @@ class WorkerPool:
     def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
                  start_timeout: float = 120.0):
         self.num_workers = num_workers
-        self.user_slots = slots - 2  # slots of a worker the training loop may hold before batches are copied out
+        # slots of a worker the training loop may hold (looked at or not) before batches are copied out: the worker
+        # keeps two, and RELEASE_BATCH - 1 spare ones are for held slots not looked at yet
+        self.keep_limit = slots - 2 + RELEASE_BATCH - 1
         n = pool_slots(slots)
         layout = ds.layout()
         self.slot_layout = SlotLayout(num_workers, n, layout.nbytes, ring_size(n))
@@ -169,6 +171,27 @@ class WorkerPool:
             return msg[2]
         return self.receive(w, first=self._read(w, msg))
 
+    def hand_out(self, w: int) -> tuple[int, dict | None, bool]:
+        """(slot, batch, held) of worker ``w``'s next batch: a new dict of the slot's tensors, made once, the
+        slot held; batch None for packed rows (their per-crop fields are cut per batch; the slot is held), or,
+        ``keep_limit`` slots of ``w``'s still held by the training loop, not held (copy it, then release it).
+
+        Held slots are looked at, and sent back, RELEASE_BATCH at a time (the worker's spare slots): after a
+        training step the first look costs what several warm ones do. One call a batch, for the same reason.
+        """
+        if len(self.held) > RELEASE_BATCH:
+            self.recycle(send=True)
+        msg = self.inbox[w].receive()
+        slot = msg[2] if msg is not None and msg[0] == BATCH and msg[1] == self.run else \
+            self.receive(w, first=self._read(w, msg))
+        if self._holding[w] >= self.keep_limit:  # batches are being kept: the held ones may be free by now
+            self.recycle(send=True)
+            if self._holding[w] >= self.keep_limit:  # the worker would run out of slots
+                return slot, None, False
+        self.held.append([w, slot, None])
+        self._holding[w] += 1
+        return slot, self.batches.take(w, slot) if self.batches.ahead else None, True
+
     def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
         """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
         return self.batches.fields[w][slot]
@@ -220,10 +243,6 @@ class WorkerPool:
         """Slot ``slot`` of worker ``w`` is in use (by the training loop, or by a queued copy: ``event``)."""
         self.held.append([w, slot, event])
         self._holding[w] += 1
-
-    def held_by_user(self, w: int) -> int:
-        """Slots of worker ``w`` the training loop holds."""
-        return self._holding[w]
 
     def recycle(self, send: bool = False) -> None:
         """Give back every held slot no one refers to any more (and whose queued CUDA copies are done);

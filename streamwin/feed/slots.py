@@ -202,7 +202,7 @@ class SlotBatches:
         self.fields = [[{} if layout is None else layout.views(b) for b in bs] for bs in bases]
         self.ahead = layout is not None and not layout.has("crops")
         self.key_refs = 1 + (layout is not None and layout.has("source"))  # references of reading keys
-        self.batches = [[{} for _ in bs] for bs in bases]  # per slot: its tensors and keys, handed out as a copy
+        self.made = [[{} for _ in bs] for bs in bases]  # per slot: its tensors and keys, handed out as a copy
         self.tensors: list[list[tuple]] = [[() for _ in bs] for bs in bases]
         self.watch: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # arrays and tensors whose references tell
         self.storages: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # the tensors' storages, kept alive
@@ -215,19 +215,12 @@ class SlotBatches:
 
     def take(self, w: int, slot: int) -> dict:
         """The batch of a slot about to be handed out (a new dict of its tensors); the slot is held while it lives."""
-        return self.batches[w][slot].copy()
+        return self.made[w][slot].copy()
 
     def in_use(self, w: int, slot: int) -> bool:
         """Whether anything refers to a slot handed out; keys that alone still read it take a copy (False).
-        A free slot whose tensors were changed gets new ones (made here, where no old one is referred to)."""
-        if self._held(w, slot):
-            return True
-        if self._changed(w, slot):
-            self._make(w, slot)
-        return False
-
-    def _held(self, w: int, slot: int) -> bool:
-        """Whether a tensor, array, view or the dict of a slot's batch lives outside (kept keys are detached)."""
+        A free slot whose tensors were changed in place (data, shape, strides, storage) or set to require
+        grad gets new ones."""
         extra = (sum(map(sys.getrefcount, self.watch[w][slot])) + sum(map(_use_count, self.addresses[w][slot]))
                  - self.free[w][slot])
         keys = self.keys[w][slot]
@@ -242,12 +235,10 @@ class SlotBatches:
             return True
         elif self.ahead:  # keys decoded or detached: the next batch gets new ones
             self._new_keys(w, slot)
+        del keys  # the counts of a free slot are taken below with no old keys or tensors referred to from here
+        if any(map(_VERSION, self.tensors[w][slot])) or any(map(_GRAD, self.tensors[w][slot])):
+            self._make(w, slot)
         return False
-
-    def _changed(self, w: int, slot: int) -> bool:
-        """Whether a slot's tensors were changed in place (data, shape, strides, storage) or set to require grad."""
-        tensors = self.tensors[w][slot]
-        return any(map(_VERSION, tensors)) or any(map(_GRAD, tensors))
 
     def _make(self, w: int, slot: int) -> None:
         """A slot's tensors (every field but ``seq``) and keys, and the counts of the slot free."""
@@ -256,7 +247,7 @@ class SlotBatches:
         if self.ahead:
             batch = {k: torch.from_numpy(v) for k, v in fields.items() if k != "seq"}
             tensors = tuple(batch.values())
-            self.batches[w][slot] = batch
+            self.made[w][slot] = batch
             self._new_keys(w, slot)
         self.tensors[w][slot] = tensors
         self.watch[w][slot] = (self.bases[w][slot], *fields.values(), *tensors)
@@ -269,7 +260,7 @@ class SlotBatches:
         """New keys over a slot's ``seq`` (and ``source``) for its next batch."""
         fields = self.fields[w][slot]
         keys = BatchKeys(manifests=self.manifests, seq=fields["seq"], source=fields.get("source"))
-        self.keys[w][slot] = self.batches[w][slot]["key"] = keys
+        self.keys[w][slot] = self.made[w][slot]["key"] = keys
 
 
 # references to a storage by its address (every tensor over it holds one), as torch's CUDA graph trees ask
