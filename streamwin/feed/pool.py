@@ -6,12 +6,13 @@ per worker, and exchange slot numbers with the trainer through rings in the same
 
 The trainer's side of a slot, for every feed (``WorkerFeed``, ``WorkerDeviceFeed``):
 
-- ``take(w)``: worker ``w``'s next filled batch slot (``receive(w)``: waiting for it);
+- ``hand_out(w)``: worker ``w``'s next batch, the slot held, in one call a batch (``WorkerFeed``);
+  ``take(w)``: worker ``w``'s next filled batch slot (``receive(w)``: waiting for it);
 - ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes,
-  ``batches.take(w, slot)`` a new dict of the slot's tensors, made once (slots.SlotBatches);
+  ``batches.made[w][slot]`` the slot's tensors and keys, made once, handed out as a new dict (slots.SlotBatches);
 - ``hold(w, slot, event=None)``: the slot is in use: it goes back to its worker once nothing
-  refers to its arrays any more (every numpy view and every tensor made from them refers to
-  them, so their reference counts tell) or, given a CUDA ``event``, once that event has
+  refers to it any more (every numpy view refers to its arrays, every view of its tensors to
+  their storage: reference and use counts tell, slots.SlotBatches) or, given a CUDA ``event``, once that event has
   completed; when page-locked, also once the CUDA work queued before that point has finished;
 - ``release(w, slot)``: the slot is free (a slot not held); ``recycle()``: free every held slot
   nothing refers to any more. Freed slots go back RELEASE_BATCH at a time (a worker has as many
@@ -190,7 +191,7 @@ class WorkerPool:
                 return slot, None, False
         self.held.append([w, slot, None])
         self._holding[w] += 1
-        return slot, self.batches.take(w, slot) if self.batches.ahead else None, True
+        return slot, self.batches.made[w][slot].copy() if self.batches.ahead else None, True
 
     def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
         """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
@@ -263,10 +264,10 @@ class WorkerPool:
                 keep.append(h)
                 continue
             self._holding[w] -= 1
-            self.release(w, slot)
+            self.pending[w].append(slot)
         self.held = keep
-        if send:
-            for w in range(self.num_workers):
+        for w, pending in enumerate(self.pending):
+            if pending and (send or len(pending) >= RELEASE_BATCH):
                 self.flush(w)
 
     def release(self, w: int, slot: int) -> None:

@@ -202,7 +202,7 @@ class SlotBatches:
         self.fields = [[{} if layout is None else layout.views(b) for b in bs] for bs in bases]
         self.ahead = layout is not None and not layout.has("crops")
         self.key_refs = 1 + (layout is not None and layout.has("source"))  # references of reading keys
-        self.made = [[{} for _ in bs] for bs in bases]  # per slot: its tensors and keys, handed out as a copy
+        self.made = [[{} for _ in bs] for bs in bases]  # per slot: its tensors and keys, handed out as a new dict
         self.tensors: list[list[tuple]] = [[() for _ in bs] for bs in bases]
         self.watch: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # arrays and tensors whose references tell
         self.storages: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # the tensors' storages, kept alive
@@ -212,10 +212,6 @@ class SlotBatches:
         for w, fs in enumerate(self.fields):
             for slot in range(len(fs)):
                 self._make(w, slot)
-
-    def take(self, w: int, slot: int) -> dict:
-        """The batch of a slot about to be handed out (a new dict of its tensors); the slot is held while it lives."""
-        return self.made[w][slot].copy()
 
     def in_use(self, w: int, slot: int) -> bool:
         """Whether anything refers to a slot handed out; keys that alone still read it take a copy (False).
