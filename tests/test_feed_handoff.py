@@ -129,6 +129,37 @@ def test_keys_kept_alone_read_their_own_batch_and_do_not_hold_its_slot(tiny, rec
     assert seen <= reference_windows(seqs, W, S, H) and len(seen) == B * len(kept)
 
 
+def test_a_batch_changed_in_place_and_dropped_does_not_change_later_batches(tiny, recwarn):
+    """Slot tensors are handed out again while nothing refers to them: a batch whose dict is edited, whose
+    tensors are reshaped in place, written to or set to require grad, then dropped, leaves every later
+    batch with its own fields, shapes, flags and exact values."""
+    url, seqs = tiny
+    fields, n = None, 0
+    for i, b in enumerate(make(url, shuffle_buffer=16)):
+        if fields is None:
+            fields = {k: (tuple(v.shape), v.dtype) for k, v in b.items() if k != "key"}
+        assert {k: (tuple(v.shape), v.dtype) for k, v in b.items() if k != "key"} == fields
+        assert not any(v.requires_grad for k, v in b.items() if k != "key")
+        for j, (key, start) in enumerate(zip(b["key"], b["start"].tolist())):
+            assert np.array_equal(b["x"][j].numpy(), naive(seqs, key, start, W))
+        n += 1
+        change = i % 5
+        if change == 0:
+            b["x"].unsqueeze_(0)
+            b["start"].t_()
+        elif change == 1:
+            b["x"].requires_grad_()
+        elif change == 2:
+            b.pop("start")
+            b["extra"] = torch.zeros(1)
+        elif change == 3:
+            b["x"].mul_(-1.0)  # the slot's bytes: the worker writes the next batch over them
+        else:
+            assert len(list(b["key"])) == B  # keys decoded: the slot's next batch gets new ones
+        del b
+    assert n > 8 and not [w for w in recwarn if "copied out" in str(w.message)]
+
+
 def test_a_sleeping_worker_is_woken_once_per_four_batches(tiny):
     """Slots go back four to a record: over a pass whose steps take longer than a batch takes the worker, the
     trainer sends its worker about a quarter as many records as it takes batches (each record wakes it at most

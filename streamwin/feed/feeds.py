@@ -159,24 +159,23 @@ class WorkerFeed(Feed):
         self.pool = pool = ctx.pool
         self.layout = ctx.dataset.layout()
         self.copies = BufferPool(self.layout.nbytes)  # pageable: a copy from it never outlives the call
+        self.workers = n
         j = self.first_batch()
         pool.start(position.epoch, [worker_batches(j, n, w) for w in range(n)], position.rest)
 
     def _next(self) -> dict[str, Any]:
-        pool, n = self.pool, self.ctx.num_workers
-        w = self.first_batch() % n
-        pool.recycle()
-        slot = pool.take(w)
-        if pool.held_by_user(w) >= pool.user_slots:  # the worker would run out of slots: copy this one
-            self._warn_keep()
-            buf = self.copies.get()
-            np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
-            pool.release(w, slot)
-            return to_batch(self.layout.views(buf), self.manifests, self.layout.per_crop)
-        pool.hold(w, slot)
-        if not pool.batches.ahead:  # packed rows: per-crop fields cut to this batch's crops
+        pool = self.pool
+        slot, batch, held = pool.hand_out((self.position.taken - self.offset) % self.workers)
+        if batch is not None:  # the slot's tensors, made once: no torch or numpy call here
+            return batch
+        w = (self.position.taken - self.offset) % self.workers
+        if held:  # packed rows: per-crop fields cut to this batch's crops
             return to_batch(pool.fields(w, slot), self.manifests, self.layout.per_crop)
-        return pool.batches.take(w, slot)  # made ahead: no torch or numpy call here
+        self._warn_keep()  # the worker would run out of slots: copy this one
+        buf = self.copies.get()
+        np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
+        pool.release(w, slot)
+        return to_batch(self.layout.views(buf), self.manifests, self.layout.per_crop)
 
     def _warn_keep(self) -> None:
         stats = self.ctx.stats

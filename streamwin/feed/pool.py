@@ -6,12 +6,13 @@ per worker, and exchange slot numbers with the trainer through rings in the same
 
 The trainer's side of a slot, for every feed (``WorkerFeed``, ``WorkerDeviceFeed``):
 
-- ``take(w)``: worker ``w``'s next filled batch slot (``receive(w)``: waiting for it);
+- ``hand_out(w)``: worker ``w``'s next batch, the slot held, in one call a batch (``WorkerFeed``);
+  ``take(w)``: worker ``w``'s next filled batch slot (``receive(w)``: waiting for it);
 - ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes,
-  ``batches.take(w, slot)`` the batch made ahead over its fields (slots.SlotBatches);
+  ``batches.made[w][slot]`` the slot's tensors and keys, made once, handed out as a new dict (slots.SlotBatches);
 - ``hold(w, slot, event=None)``: the slot is in use: it goes back to its worker once nothing
-  refers to its arrays any more (every numpy view and every tensor made from them refers to
-  them, so their reference counts tell) or, given a CUDA ``event``, once that event has
+  refers to it any more (every numpy view refers to its arrays, every view of its tensors to
+  their storage: reference and use counts tell, slots.SlotBatches) or, given a CUDA ``event``, once that event has
   completed; when page-locked, also once the CUDA work queued before that point has finished;
 - ``release(w, slot)``: the slot is free (a slot not held); ``recycle()``: free every held slot
   nothing refers to any more. Freed slots go back RELEASE_BATCH at a time (a worker has as many
@@ -101,7 +102,9 @@ class WorkerPool:
     def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
                  start_timeout: float = 120.0):
         self.num_workers = num_workers
-        self.user_slots = slots - 2  # slots of a worker the training loop may hold before batches are copied out
+        # slots of a worker the training loop may hold (looked at or not) before batches are copied out: the worker
+        # keeps two, and RELEASE_BATCH - 1 spare ones are for held slots not looked at yet
+        self.keep_limit = slots - 2 + RELEASE_BATCH - 1
         n = pool_slots(slots)
         layout = ds.layout()
         self.slot_layout = SlotLayout(num_workers, n, layout.nbytes, ring_size(n))
@@ -169,6 +172,27 @@ class WorkerPool:
             return msg[2]
         return self.receive(w, first=self._read(w, msg))
 
+    def hand_out(self, w: int) -> tuple[int, dict | None, bool]:
+        """(slot, batch, held) of worker ``w``'s next batch: a new dict of the slot's tensors, made once, the
+        slot held; batch None for packed rows (their per-crop fields are cut per batch; the slot is held), or,
+        ``keep_limit`` slots of ``w``'s still held by the training loop, not held (copy it, then release it).
+
+        Held slots are looked at, and sent back, RELEASE_BATCH at a time (the worker's spare slots): after a
+        training step the first look costs what several warm ones do. One call a batch, for the same reason.
+        """
+        if len(self.held) > RELEASE_BATCH:
+            self.recycle(send=True)
+        msg = self.inbox[w].receive()
+        slot = msg[2] if msg is not None and msg[0] == BATCH and msg[1] == self.run else \
+            self.receive(w, first=self._read(w, msg))
+        if self._holding[w] >= self.keep_limit:  # batches are being kept: the held ones may be free by now
+            self.recycle(send=True)
+            if self._holding[w] >= self.keep_limit:  # the worker would run out of slots
+                return slot, None, False
+        self.held.append([w, slot, None])
+        self._holding[w] += 1
+        return slot, self.batches.made[w][slot].copy() if self.batches.ahead else None, True
+
     def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
         """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
         return self.batches.fields[w][slot]
@@ -221,12 +245,9 @@ class WorkerPool:
         self.held.append([w, slot, event])
         self._holding[w] += 1
 
-    def held_by_user(self, w: int) -> int:
-        """Slots of worker ``w`` the training loop holds."""
-        return self._holding[w]
-
-    def recycle(self) -> None:
-        """Give back every held slot no one refers to any more (and whose queued CUDA copies are done)."""
+    def recycle(self, send: bool = False) -> None:
+        """Give back every held slot no one refers to any more (and whose queued CUDA copies are done);
+        ``send``: tell their workers now instead of RELEASE_BATCH at a time."""
         if not self.held:
             return
         keep, in_use = [], self.batches.in_use
@@ -243,8 +264,11 @@ class WorkerPool:
                 keep.append(h)
                 continue
             self._holding[w] -= 1
-            self.release(w, slot)
+            self.pending[w].append(slot)
         self.held = keep
+        for w, pending in enumerate(self.pending):
+            if pending and (send or len(pending) >= RELEASE_BATCH):
+                self.flush(w)
 
     def release(self, w: int, slot: int) -> None:
         """Give slot ``slot`` back to worker ``w`` (sent with the next RELEASE_BATCH - 1, or when waiting on ``w``)."""
@@ -256,8 +280,6 @@ class WorkerPool:
     def flush(self, w: int) -> None:
         """Send worker ``w`` the slots released since the last RELEASE."""
         pending = self.pending[w]
-        if pending:
-            self.batches.prepare(w, pending)  # their next batches, made together while the caches are warm
         while pending:
             slots, pending[:] = pending[:PER_RELEASE], pending[PER_RELEASE:]
             self._send(w, RELEASE, *slots, *[-1] * (PER_RELEASE - len(slots)))

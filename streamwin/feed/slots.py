@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import operator
 import os
 import sys
 import tempfile
@@ -180,74 +181,88 @@ class SlotLayout:
 
 
 class SlotBatches:
-    """A pool's slots as the trainer hands them out: field views made once, batches made ahead.
+    """A pool's slots as the trainer hands them out: field views and tensors made once, handed out again.
 
-    A slot is free when the reference counts of its arrays are back to what they were when it was
-    free: every numpy view of a slot refers to its region's array or to one of its field views, and
-    every tensor made from a field view (``torch.from_numpy``) refers to that view until the tensor
-    and every view of it are gone. The batch a slot is handed out with (tensors over its fields,
-    keys over its ``seq``) is made right after its previous batch was released, for several slots
-    at once (``prepare``): after a training step the trainer's caches are cold and one torch call
-    costs tens of microseconds, a few more in a row hardly anything. Keys outlive their slot: when
-    only they still read it, they take a copy (``BatchKeys.detach``) and the slot is free. Packed
-    rows (per-crop fields cut per batch) get no batches made ahead; device mode copies the slot's
-    bytes instead (to_device.py) and takes none. ``layout`` None: a closed pool's (no slots).
+    A slot is free when nothing outside refers to it: every numpy view of a slot refers to its
+    region's array or to one of its field views (their reference counts tell), and every view of
+    a slot's tensors shares the tensor's storage (the storage's use count tells). Each slot's
+    tensors are made once and handed out again in a new dict while nothing refers to them: after
+    a training step the trainer's caches are cold and each torch call costs tens of microseconds,
+    so a batch costs a dict copy, not a tensor per field. A tensor changed in place (its version
+    moved: shape, strides, storage, or data) or set to require grad is made anew before its slot's
+    next hand-out. Keys outlive their slot: when only they still read it, they take a copy
+    (``BatchKeys.detach``) and the slot gets new ones. Packed rows (per-crop fields cut per batch)
+    get no tensors made ahead; device mode copies the slot's bytes instead (to_device.py) and
+    takes none. ``layout`` None: a closed pool's (no slots).
     """
 
     def __init__(self, bases: list[list[np.ndarray]], layout=None, manifests: list | None = None):
         self.manifests = manifests
+        self.bases = bases
         self.fields = [[{} if layout is None else layout.views(b) for b in bs] for bs in bases]
-        self.refs = [[(b, *f.values()) for b, f in zip(bs, fs)] for bs, fs in zip(bases, self.fields)]
-        self.free = [[_references(r) for r in rs] for rs in self.refs]  # counts of a free slot
         self.ahead = layout is not None and not layout.has("crops")
         self.key_refs = 1 + (layout is not None and layout.has("source"))  # references of reading keys
-        self.made = [[None] * len(bs) for bs in bases]  # batches made ahead, not handed out yet
-        self.keys = [[None] * len(bs) for bs in bases]  # the keys a slot's batch was handed out with
-        for w, bs in enumerate(bases):
-            self.prepare(w, range(len(bs)))
-
-    def take(self, w: int, slot: int) -> dict:
-        """The batch of a slot about to be handed out (made ahead, or now); the slot is held while it lives."""
-        batch = self.made[w][slot]
-        if batch is None:
-            batch = self._make(self.fields[w][slot])
-        self.made[w][slot] = None
-        self.keys[w][slot] = batch["key"]
-        return batch
+        self.made = [[{} for _ in bs] for bs in bases]  # per slot: its tensors and keys, handed out as a new dict
+        self.tensors: list[list[tuple]] = [[() for _ in bs] for bs in bases]
+        self.watch: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # arrays and tensors whose references tell
+        self.storages: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # the tensors' storages, kept alive
+        self.addresses: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # the storages' addresses
+        self.keys = [[None] * len(bs) for bs in bases]  # the keys a slot's batch is handed out with
+        self.free = [[0] * len(bs) for bs in bases]  # reference and use counts of the slot free
+        for w, fs in enumerate(self.fields):
+            for slot in range(len(fs)):
+                self._make(w, slot)
 
     def in_use(self, w: int, slot: int) -> bool:
-        """Whether anything refers to a slot handed out; keys that alone still read it take a copy (False)."""
-        extra = sum(map(sys.getrefcount, self.refs[w][slot])) - self.free[w][slot]
+        """Whether anything refers to a slot handed out; keys that alone still read it take a copy (False).
+        A free slot whose tensors were changed in place (data, shape, strides, storage) or set to require
+        grad gets new ones."""
+        extra = (sum(map(sys.getrefcount, self.watch[w][slot])) + sum(map(_use_count, self.addresses[w][slot]))
+                 - self.free[w][slot])
         keys = self.keys[w][slot]
         if keys is not None and keys.reading():
             extra -= self.key_refs  # the keys' own references (to seq, and source)
             if extra:  # a tensor or a view of the slot lives
                 return True
-            if sys.getrefcount(keys) > 3:  # referred to besides this list, this variable and the argument
+            if sys.getrefcount(keys) > 3 + self.ahead:  # referred to besides our lists, this variable and the argument
                 keys.detach()
+                self._new_keys(w, slot)
         elif extra:
             return True
-        self.keys[w][slot] = None
+        elif self.ahead:  # keys decoded or detached: the next batch gets new ones
+            self._new_keys(w, slot)
+        del keys  # the counts of a free slot are taken below with no old keys or tensors referred to from here
+        if any(map(_VERSION, self.tensors[w][slot])) or any(map(_GRAD, self.tensors[w][slot])):
+            self._make(w, slot)
         return False
 
-    def prepare(self, w: int, slots) -> None:
-        """Make the batches of freed slots ahead of their next hand-out."""
+    def _make(self, w: int, slot: int) -> None:
+        """A slot's tensors (every field but ``seq``) and keys, and the counts of the slot free."""
+        fields = self.fields[w][slot]
+        tensors: tuple = ()
         if self.ahead:
-            made, fields = self.made[w], self.fields[w]
-            for slot in slots:
-                if made[slot] is None:
-                    made[slot] = self._make(fields[slot])
+            batch = {k: torch.from_numpy(v) for k, v in fields.items() if k != "seq"}
+            tensors = tuple(batch.values())
+            self.made[w][slot] = batch
+            self._new_keys(w, slot)
+        self.tensors[w][slot] = tensors
+        self.watch[w][slot] = (self.bases[w][slot], *fields.values(), *tensors)
+        self.storages[w][slot] = tuple(t.untyped_storage() for t in tensors)  # alive even if a tensor is set_ elsewhere
+        self.addresses[w][slot] = tuple(st._cdata for st in self.storages[w][slot])
+        free = sum(map(sys.getrefcount, self.watch[w][slot])) + sum(map(_use_count, self.addresses[w][slot]))
+        self.free[w][slot] = free - (self.key_refs if self.keys[w][slot] is not None else 0)
 
-    def _make(self, fields: dict) -> dict:
-        """Tensors over a slot's field views (all but ``seq``) and its keys."""
-        batch = {k: torch.from_numpy(v) for k, v in fields.items() if k != "seq"}
-        batch["key"] = BatchKeys(manifests=self.manifests, seq=fields["seq"], source=fields.get("source"))
-        return batch
+    def _new_keys(self, w: int, slot: int) -> None:
+        """New keys over a slot's ``seq`` (and ``source``) for its next batch."""
+        fields = self.fields[w][slot]
+        keys = BatchKeys(manifests=self.manifests, seq=fields["seq"], source=fields.get("source"))
+        self.keys[w][slot] = self.made[w][slot]["key"] = keys
 
 
-def _references(arrays: tuple) -> int:
-    """The reference counts of a slot's arrays, summed: above the count of a free slot, someone holds it."""
-    return sum(map(sys.getrefcount, arrays))
+# references to a storage by its address (every tensor over it holds one), as torch's CUDA graph trees ask
+_use_count = torch._C._storage_Use_Count
+_VERSION = operator.attrgetter("_version")  # bumped by every in-place change of a tensor (data, shape, storage)
+_GRAD = operator.attrgetter("requires_grad")
 
 
 def leftovers(pid: int | None = None) -> list[str]:
