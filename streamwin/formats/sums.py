@@ -188,11 +188,11 @@ def parse_pages(data, layout: Layout, p0: int, table: np.ndarray) -> tuple[np.nd
     per = layout.record_words
     full = len(words) // per
     records = words[: full * per].reshape(full, per)
-    coarse, fine = records[:, 0], records[:, 1:].ravel()
+    coarse, fine = np.ascontiguousarray(records[:, 0]), records[:, 1:].ravel()  # copies: ``data`` is not held
     if full * per < len(words):  # the shard's last block, shorter
         coarse = np.append(coarse, words[full * per])
         fine = np.concatenate([fine, words[full * per + 1 :]])
-    return coarse.astype(np.uint32), fine.astype(np.uint32)
+    return coarse.astype(np.uint32, copy=False), fine.astype(np.uint32, copy=False)
 
 
 @dataclass(frozen=True, eq=False)
