@@ -39,8 +39,9 @@ def chunk_count(nbytes: int, chunk: int) -> int:
 
 
 def _hash_unlocked(piece) -> int:
-    """xxh3_64 of ``piece`` with the GIL released while it hashes (xxhash's hasher objects release it, its one-shot
-    functions do not), so a reading thread verifies beside the thread that gathers batches."""
+    """xxh3_64 of ``piece`` with the GIL released while it hashes, so a reading thread verifies beside the thread
+    that gathers batches: xxhash's hasher objects release it from 64 KiB (xxhash 4.1's one-shot functions do too,
+    read in its binary; not every version we accept does)."""
     return xxhash.xxh3_64(piece).intdigest()
 
 
