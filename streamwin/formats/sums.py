@@ -39,8 +39,9 @@ def chunk_count(nbytes: int, chunk: int) -> int:
 
 
 def _hash_unlocked(piece) -> int:
-    """xxh3_64 of ``piece`` with the GIL released while it hashes (xxhash's hasher objects release it, its one-shot
-    functions do not), so a reading thread verifies beside the thread that gathers batches."""
+    """xxh3_64 of ``piece`` with the GIL released while it hashes, so a reading thread verifies beside the thread
+    that gathers batches: xxhash's hasher objects release it from 64 KiB (xxhash 4.1's one-shot functions do too,
+    read in its binary; not every version we accept does)."""
     return xxhash.xxh3_64(piece).intdigest()
 
 
@@ -49,15 +50,25 @@ def sums_of(data, chunk: int = CHUNK) -> np.ndarray:
 
     Pieces of UNLOCKED bytes or more are hashed with the GIL released; smaller ones (a chunk:
     ~0.2 us of hashing) with it held, which costs less than handing it over and back."""
-    raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    whole = len(raw) // chunk
-    sums = np.empty(whole + (len(raw) > whole * chunk), dtype=np.uint64)
-    hash_ = _hash if chunk < UNLOCKED else _hash_unlocked
+    return (_digests(_raw(data), chunk) & _MASK).astype(np.uint32)  # the low 32 bits
+
+
+def _raw(data) -> np.ndarray:
+    """``data`` (any bytes-like) as a 1-D uint8 array, without a copy (a uint8 array is taken as it is)."""
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1:
+        return data
+    return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+
+
+def _digests(raw: np.ndarray, piece: int) -> np.ndarray:
+    """The full xxh3_64 of each ``piece``-byte piece of ``raw`` (the last possibly shorter), one call each."""
+    whole = len(raw) // piece
+    hash_ = _hash if piece < UNLOCKED else _hash_unlocked
     # the one Python step per piece: rows of a 2-D view cost less to hand over than memoryview slices (~1.4x)
-    sums[:whole] = np.fromiter(map(hash_, raw[: whole * chunk].reshape(whole, chunk)), dtype=np.uint64, count=whole)
-    if len(sums) > whole:
-        sums[whole] = hash_(raw[whole * chunk :])
-    return sums.astype(np.uint32)  # the low 32 bits
+    got = np.fromiter(map(hash_, raw[: whole * piece].reshape(whole, piece)), dtype=np.uint64, count=whole)
+    if len(raw) > whole * piece:
+        got = np.append(got, np.uint64(hash_(raw[whole * piece :])))
+    return got
 
 
 def digest_of(data) -> str:
@@ -178,11 +189,11 @@ def parse_pages(data, layout: Layout, p0: int, table: np.ndarray) -> tuple[np.nd
     per = layout.record_words
     full = len(words) // per
     records = words[: full * per].reshape(full, per)
-    coarse, fine = records[:, 0], records[:, 1:].ravel()
+    coarse, fine = np.ascontiguousarray(records[:, 0]), records[:, 1:].ravel()  # copies: ``data`` is not held
     if full * per < len(words):  # the shard's last block, shorter
         coarse = np.append(coarse, words[full * per])
         fine = np.concatenate([fine, words[full * per + 1 :]])
-    return coarse.astype(np.uint32), fine.astype(np.uint32)
+    return coarse.astype(np.uint32, copy=False), fine.astype(np.uint32, copy=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,10 +214,11 @@ class SumsSpan:
         a chunk boundary or the shard's end) differ from what was packed, to the chunk, neighbours merged.
 
         The blocks ``data`` covers whole are hashed in one call each; the chunks at either
-        end, and those of a block that failed, one call each.
+        end, and those of a block that failed, one call each. Each hash is compared as it
+        is, with no copy of ``data`` (a mapped range is hashed where it lies).
         """
         c, B = self.chunk, self.block
-        raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        raw = _raw(data)
         end = at + len(raw)
         if at % c or at < 0 or end > self.nbytes:
             raise ValueError(f"a verified range starts at a chunk boundary inside the shard, not bytes {at}..{end}")
@@ -216,27 +228,32 @@ class SumsSpan:
         z = end if end == self.nbytes else end // B * B
         if z <= a:
             return self._chunks(raw, at, at, end)
-        got = sums_of(raw[a - at : z - at], B)
-        want = self.coarse[a // B - self.coarse_at : a // B - self.coarse_at + len(got)]
-        if len(want) < len(got):
+        got = _digests(raw[a - at : z - at], B)
+        j = a // B - self.coarse_at
+        want = self.coarse[j : j + len(got)]
+        if j < 0 or len(want) < len(got):
             raise ValueError(f"bytes {a}..{z} lie past the block sums held ({len(self.coarse)} from {self.coarse_at})")
-        out = self._chunks(raw, at, at, a)
-        for j in np.flatnonzero(got != want).tolist():
+        out = self._chunks(raw, at, at, a) if a > at else []
+        for j in np.flatnonzero((got & _MASK) != want).tolist():
             out += self._chunks(raw, at, a + j * B, min(a + (j + 1) * B, z))
-        out += self._chunks(raw, at, z, end)
-        return _merged(out)
+        if end > z:
+            out += self._chunks(raw, at, z, end)
+        return _merged(out) if len(out) > 1 else out
 
     def _chunks(self, raw: np.ndarray, at: int, a: int, b: int) -> list[tuple[int, int]]:
         """The damaged chunks of shard bytes [a, b) (``raw`` holds the bytes from ``at``)."""
         if b <= a:
             return []
         c = self.chunk
-        got = sums_of(raw[a - at : b - at], c)
+        got = _digests(raw[a - at : b - at], c)
         j0 = a // c - self.fine_at
         want = self.fine[j0 : j0 + len(got)]
         if j0 < 0 or len(want) < len(got):
             raise ValueError(f"bytes {a}..{b} lie past the chunk sums held ({len(self.fine)} from {self.fine_at})")
-        return _merged([(a + j * c, min(a + (j + 1) * c, b)) for j in np.flatnonzero(got != want).tolist()])
+        wrong = np.flatnonzero((got & _MASK) != want)
+        if not len(wrong):
+            return []
+        return _merged([(a + j * c, min(a + (j + 1) * c, b)) for j in wrong.tolist()])
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -179,7 +179,9 @@ class PlainReads:
         refill) as ``_read_runs`` does; raises OSError when the system refuses a mapping.
         """
         at, nbytes = paged(lo, hi)
-        target = mapped.MappedBuffer(nbytes + tail)
+        # verified, every mapped page is hashed on this thread right away: its first touch maps it (cheaper than
+        # populating the page tables first, then reading the pages)
+        target = mapped.MappedBuffer(nbytes + tail, populate=self.verifier.checks is None)
         run_at = at + (runs.run_lo - lo)
         errors: list[ShardError | None] = []
         for j, k in enumerate(runs.shard.tolist()):

@@ -29,7 +29,7 @@ from streamwin.formats.checks import Checks
 from streamwin.formats.sums import SumsSpan, parse_pages
 
 SUMS_LIMIT = 4 << 20  # bytes of sums (page tables and pages) a reader keeps
-READ_PAGES = 4  # pages are read in aligned groups of this many (16 MiB of shard, 16 KiB of sums): fewer, larger reads
+READ_PAGES = 16  # pages are read in aligned groups of this many (64 MiB of shard, 65 KiB of sums): fewer, larger reads
 Fetch = Callable[[list[tuple[int, int, memoryview]]], list["ShardError | None"]]  # (shard, offset, out) of sums files
 
 
