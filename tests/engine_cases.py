@@ -116,7 +116,7 @@ def check_killed_task_is_retried(engine: str, tmp_path: Path, **engine_options) 
             if "shard-g000001-u000001-000000.tar" not in names:
                 time.sleep(0.002)
                 continue
-            for proc in psutil.process_iter():
+            for proc in psutil.Process().children(recursive=True):  # ours only: not another job's writer
                 try:
                     files = [f.path for f in proc.open_files()]
                 except psutil.Error:
