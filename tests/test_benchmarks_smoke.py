@@ -116,7 +116,7 @@ def test_the_models_train_on_cpu_through_the_gpu_step(model):
     """The CUDA step (autocast bf16, fused AdamW, non_blocking copy) on CPU: loss falls on one batch."""
     import torch
 
-    p = gpu_feed.Params(batch_size=4, window=32, device="cpu")
+    p = gpu_feed.Params(batch_size=2, window=16, device="cpu")  # the smallest batch that trains: same step path
     step = gpu_feed.model_step(model, p)
     x = torch.randn(p.batch_size, p.window, p.features, generator=torch.Generator().manual_seed(1))
     losses = [step(x).item() for _ in range(5)]
