@@ -91,13 +91,16 @@ def check_byte_identical(engine: str, tmp_path: Path, **engine_options) -> None:
         assert files_of(local) == files_of(remote), f"{name}: {engine} wrote other bytes than a local pack"
 
 
+LONG_UNIT = 12_000  # lines of unit 1: long enough for the watcher (a scan of every process: ~0.1 s) to catch it
+
+
 def check_killed_task_is_retried(engine: str, tmp_path: Path, **engine_options) -> None:
     """A worker killed while it writes a unit's shards: the task runs again, no sequence twice or lost."""
     src = tmp_path / "src"
     src.mkdir()
     rng = np.random.default_rng(5)
-    for f in range(3):  # unit 1 is long: 60,000 lines encoded one by one, into many shards
-        n = 60_000 if f == 1 else 50
+    for f in range(3):  # unit 1 is long: 12,000 lines encoded one by one, into ~375 shards (~1.5 s of CPU)
+        n = LONG_UNIT if f == 1 else 50
         (src / f"j{f}.jsonl").write_text("\n".join(json.dumps({"id": f"f{f}_{i}", "tokens": [i, i + 1, f]})
                                                    for i in range(n)) + "\n")
     dest = tmp_path / "killed"
@@ -113,7 +116,7 @@ def check_killed_task_is_retried(engine: str, tmp_path: Path, **engine_options) 
             if "shard-g000001-u000001-000000.tar" not in names:
                 time.sleep(0.002)
                 continue
-            for proc in psutil.process_iter():
+            for proc in psutil.Process().children(recursive=True):  # ours only: not another job's writer
                 try:
                     files = [f.path for f in proc.open_files()]
                 except psutil.Error:
@@ -130,7 +133,7 @@ def check_killed_task_is_retried(engine: str, tmp_path: Path, **engine_options) 
     assert killed, "the task of unit 1 was never caught writing"
     local = tmp_path / "local"
     sw.pack(str(src), str(local), shard_bytes=32 << 10, progress=False)
-    assert m.num_sequences == 60_100
+    assert m.num_sequences == LONG_UNIT + 100
     assert files_of(local) == files_of(dest)  # every sequence once, and no temporary left
 
 

@@ -92,20 +92,25 @@ def test_same_seed_same_batches_new_epoch_new_order(tiny):
 
 @pytest.mark.parametrize("opts", [{}, dict(pad=True, equalize="pad")])
 def test_resume_at_every_step_in_process(tiny, opts):
+    """A state taken after every step k (one pass, which taking them does not change) resumes to the batches
+    of an uninterrupted pass: the next 16 (past a shuffle buffer's refill) at every k, all the rest at every
+    8th k and the last: ~4,300 batches of the 153-batch pass instead of ~23,500 for every k's whole rest."""
     url, _ = tiny
     full = run(make(url, **opts))
-    for k in range(len(full) + 1):
-        loader = make(url, **opts)
-        it = iter(loader)
-        for _ in range(k):
-            next(it)
-        state = loader.state_dict()
+    loader = make(url, **opts)
+    it, states, taken = iter(loader), [loader.state_dict()], []
+    for _ in full:
+        taken += run([next(it)])
+        states.append(loader.state_dict())
+    assert same(full, taken), "taking a state changed the batches"
+    for k, state in enumerate(states):
         json.dumps(state)  # a checkpoint is plain data
         restored = make(url, **opts)
         restored.load_state_dict(pickle.loads(pickle.dumps(state)))
-        rest = run(restored)
+        whole = k % 8 == 0 or k >= len(full) - 1
+        rest = run(restored) if whole else run(b for b, _ in zip(restored, range(16)))
         if k < len(full):
-            assert same(full[k:], rest), f"resume after {k} batches differs"
+            assert same(full[k:] if whole else full[k:k + 16], rest), f"resume after {k} batches differs"
         else:  # at the epoch's end, the next pass is the next epoch, as for the uninterrupted loader
             assert same(run(loader), rest) and not same(full, rest)
 

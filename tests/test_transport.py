@@ -7,6 +7,7 @@ naively from the sequences, never by streamwin.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -236,7 +237,13 @@ def test_interrupted_trainer_leaves_no_process_and_no_shared_memory(tiny, tmp_pa
     pids = [int(p) for p in line.split()[1:]]
     time.sleep(0.3)
     proc.send_signal(sig)
-    proc.wait(timeout=20)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:  # a hang: fail saying where it was, leaving no process to the next tests
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        pytest.fail(f"the trainer did not exit within 20 s of {sig.name}:\n{proc.communicate()[1][-3000:]}")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                                               for p in pids[1:]):
