@@ -110,3 +110,12 @@ def naive(seqs: dict[str, np.ndarray], key: str, start: int, span: int) -> np.nd
     part = arr[start : start + span]
     ref[: len(part)] = part
     return ref
+
+
+def flip_byte(path, at: int, mask: int) -> None:
+    """XOR the byte at offset ``at`` of file ``path`` with ``mask``, in place (what a bit rot or an attacker does)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ mask]))

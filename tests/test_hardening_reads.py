@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from functools import partial
 
 import numpy as np
 import pytest
 
 import streamwin as sw
-from conftest import make_sequences
+from conftest import flip_byte, make_sequences
 from servers import FaultPlan
 from streamwin.storage.cache import ShardCache
 
@@ -61,10 +62,7 @@ def served(tmp_path_factory):
     return root, seqs, sw.load_manifest(str(root / "ds"))
 
 
-def flip(path, at: int) -> None:
-    data = bytearray(open(path, "rb").read())
-    data[at] ^= 0x10
-    open(path, "wb").write(bytes(data))
+flip = partial(flip_byte, mask=0x10)
 
 
 def data_byte(m, k: int) -> int:

@@ -9,6 +9,7 @@ import json
 import re
 import tarfile
 import zlib
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import webdataset as wds
 
 import streamwin as sw
+from conftest import flip_byte
 from streamwin.errors import ManifestError, ShardError
 from streamwin.formats.manifest import content_checksum
 from streamwin.packing.scan import index_shards, verify
@@ -28,10 +30,7 @@ def make_dataset(root: Path, n: int = 30, seed: int = 0, **kw) -> sw.Manifest:
     return sw.pack(seqs, str(root), shard_bytes=8 << 10, progress=False, **kw)
 
 
-def flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
+flip = partial(flip_byte, mask=0x01)
 
 
 def edit_index(root: Path, edit) -> None:

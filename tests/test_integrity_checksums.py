@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from functools import partial
 
 import numpy as np
 import pytest
 
 import streamwin as sw
-from conftest import make_sequences
+from conftest import flip_byte, make_sequences
 from streamwin.formats import checks
 
 W, S, H, B = 16, 8, 4, 8
@@ -54,12 +55,7 @@ def victim(m, seqs) -> tuple[int, int, str]:
     return i, at, m.shards[m.shard_of(i)].name
 
 
-def change(path, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0x40]))
+change = partial(flip_byte, mask=0x40)
 
 
 def assert_names(err: sw.ShardError, url, shard: str, member: str, at: int) -> None:

@@ -12,10 +12,13 @@ exact; with "raise" the ShardError names the chunk's first byte the read needed.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
 import streamwin as sw
+from conftest import flip_byte
 from streamwin.formats import sums
 from streamwin.read import ReadOptions, ShardReader
 from streamwin.read import sums as read_sums
@@ -56,12 +59,7 @@ class Slice:
         return self.length[seq]
 
 
-def flip(path, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0x20]))
+flip = partial(flip_byte, mask=0x20)
 
 
 def run_bytes(m, i: int, w0: int, w1: int) -> tuple[int, int]:
