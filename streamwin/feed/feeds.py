@@ -159,16 +159,15 @@ class WorkerFeed(Feed):
         self.pool = pool = ctx.pool
         self.layout = ctx.dataset.layout()
         self.copies = BufferPool(self.layout.nbytes)  # pageable: a copy from it never outlives the call
-        self.workers = n
         j = self.first_batch()
         pool.start(position.epoch, [worker_batches(j, n, w) for w in range(n)], position.rest)
 
     def _next(self) -> dict[str, Any]:
         pool = self.pool
-        slot, batch, held = pool.hand_out((self.position.taken - self.offset) % self.workers)
+        w = (self.position.taken - self.offset) % self.ctx.num_workers  # first_batch() % workers, one call fewer
+        slot, batch, held = pool.hand_out(w)
         if batch is not None:  # the slot's tensors, made once: no torch or numpy call here
             return batch
-        w = (self.position.taken - self.offset) % self.workers
         if held:  # packed rows: per-crop fields cut to this batch's crops
             return to_batch(pool.fields(w, slot), self.manifests, self.layout.per_crop)
         self._warn_keep()  # the worker would run out of slots: copy this one

@@ -182,7 +182,7 @@ class WorkerPool:
         """
         if len(self.held) > RELEASE_BATCH:
             self.recycle(send=True)
-        msg = self.inbox[w].receive()
+        msg = self.inbox[w].receive()  # take(w) and, below, hold(w, slot), inlined: each call costs after a step
         slot = msg[2] if msg is not None and msg[0] == BATCH and msg[1] == self.run else \
             self.receive(w, first=self._read(w, msg))
         if self._holding[w] >= self.keep_limit:  # batches are being kept: the held ones may be free by now
