@@ -215,6 +215,10 @@ def _cat(parts: list[tuple[Block, int, int]], name: str, out: np.ndarray) -> np.
     return out
 
 
+# OpenMP keeps torch's intra-op thread count per thread; torch's native pool (macOS) fixes it once for all
+_OPENMP = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
 def _byte_rows(block: Block, nbytes: int) -> torch.Tensor:
     """Row i = the ``nbytes`` bytes of the block buffer from byte i (made once per block and size).
 
@@ -244,10 +248,23 @@ class Gatherer:
 
     def gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray],
                counts: np.ndarray) -> dict[str, np.ndarray]:
-        """The batch of ``parts`` in ``out``, with its per-sequence fields (seqfields.py)."""
-        out = self._gather(parts, out, counts)
-        if self.fields is not None:
-            self.fields.fill(out, int(out["crops"][0]) if self.pack_length else None)
+        """The batch of ``parts`` in ``out``, with its per-sequence fields (seqfields.py), on one thread.
+
+        One thread, as in a worker process: after a parallel copy torch's other OpenMP threads spin,
+        waiting for more work, which cost an in-process loader 5-6 ms of CPU a batch on 2 cores against
+        1.1-1.3 ms on one thread, for no shorter step (docs/performance.md). OpenMP keeps the thread
+        count per calling thread, so the caller's own torch work keeps its threads.
+        """
+        threads = torch.get_num_threads() if _OPENMP else 1
+        if threads > 1:
+            torch.set_num_threads(1)
+        try:
+            out = self._gather(parts, out, counts)
+            if self.fields is not None:
+                self.fields.fill(out, int(out["crops"][0]) if self.pack_length else None)
+        finally:
+            if threads > 1:
+                torch.set_num_threads(threads)
         return out
 
     def _gather(self, parts: list[tuple[Block, int, int]], out: dict[str, np.ndarray],

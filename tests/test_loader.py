@@ -336,3 +336,30 @@ def test_stats_report_bytes_decompressed(tiny, tmp_path, workers):
         run(loader)
         stats = loader.stats()
         assert (stats["bytes_decompressed"] > 0) == compressed, (where, stats)
+
+
+def test_the_in_process_gather_runs_on_one_thread_and_leaves_the_callers_count(tiny, monkeypatch):
+    """torch's other intra-op threads spin after a parallel copy (ms of CPU a batch on a busy machine): the gather
+    copies on one thread, and the caller's own torch work keeps the threads it set."""
+    url, seqs = tiny
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch's native thread pool fixes its thread count once for the whole process")
+    seen = []
+    select = torch.index_select
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return select(*args, **kwargs)
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch, "index_select", recording)
+    torch.set_num_threads(2)
+    try:
+        batches = 0
+        for batch in make(url):
+            batches += 1
+            assert torch.get_num_threads() == 2
+            check_batch(batch, seqs, W, H, False)
+    finally:
+        torch.set_num_threads(before)
+    assert batches > 0 and len(seen) >= batches and set(seen) == {1}, seen[:10]
