@@ -6,8 +6,8 @@ Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``se
 - ``num_workers=0``: the rank's one stream runs in the trainer's process (blocks mapped or
   read on a background thread, each batch one GIL-free copy on the trainer's thread).
 - ``num_workers=N``: N worker processes each run a stream and gather batches into batch
-  slots in shared memory, allocated once; per batch the trainer takes a slot number from a
-  ring in that memory (feed/protocol.py, feed/pool.py). Batches are taken round robin, worker
+  slots in shared memory, allocated once; the trainer takes the slot numbers waiting in a ring
+  in that memory, every batch at hand in one go, and ``next()`` pops one (feed/feeds.py, feed/pool.py). Batches are taken round robin, worker
   ``j % N`` for batch ``j``. The default is one worker where the machine has a core to spare
   for it (and ``fork``): 0 and 1 workers run the same plan (one stream per rank), so the choice never
   differs in what a rank yields, only in whose thread gathers it.
@@ -46,7 +46,7 @@ from streamwin.arguments import check_keywords
 from streamwin.dataset import WindowDataset
 from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, WorkerDeviceFeed
-from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, WorkerFeed
+from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, Pass, WorkerFeed
 from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
 from streamwin.feed.sizing import check_memory, check_workers, slots_text
 from streamwin.feed.stats import RunStats
@@ -91,28 +91,6 @@ def _device(device: Any) -> torch.device | None:
         why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
         raise ValueError(f"device={device!r}, but {why} (torch {torch.__version__}); pass device=None for CPU tensors")
     return dev
-
-
-class PassIterator:
-    """What ``iter(loader)`` returns: the pass begins at the first ``next()``.
-
-    Frameworks (Lightning) may call ``iter()`` more than once before iterating one of the
-    results; the epoch, the position and the streams are settled when batches are asked for.
-    """
-
-    def __init__(self, begin: Callable[[], Feed], length: Callable[[], int]):
-        self.begin, self.length, self.feed = begin, length, None
-
-    def __iter__(self) -> "PassIterator":
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        if self.feed is None:
-            self.feed = self.begin()
-        return next(self.feed)
-
-    def __len__(self) -> int:
-        return self.length()
 
 
 @check_keywords()
@@ -265,8 +243,8 @@ class WindowLoader:
             pos.rest, pos.taken = [*rest, {"inputs": inputs, "batches": taken}], taken
 
     # -- iteration ---------------------------------------------------------------------------------
-    def __iter__(self) -> PassIterator:
-        return PassIterator(self._begin, self.__len__)
+    def __iter__(self) -> Pass:
+        return Pass(self._begin, self.__len__)
 
     def _begin(self) -> Feed:
         """Start a pass: the one iterator that moves this loader's position (an earlier one stops)."""
@@ -390,11 +368,11 @@ class WindowLoader:
         reads = self._stats.reads.copy()
         if self._pool is not None:
             reads += self._pool.stats()
-        device = self._stats.device
+        device, batches = self._stats.device, 0
         if self._feed is not None:
             reads += self._feed.read_counters()
-            device = self._feed.device_totals()
-        out = self._stats.report(self.batch_size, reads, device)
+            device, batches = self._feed.device_totals(), self._feed.batches()
+        out = self._stats.report(self.batch_size, reads, device, batches)
         return {**{k: out.pop(k) for k in ("batches", "windows", "windows_per_s", "wait_s")},
                 "epoch": self.position.epoch, "batches_in_epoch": self.position.taken, **out}
 

@@ -4,7 +4,8 @@ Slot numbers travel through rings in shared memory counted by semaphores (feed/p
 slot goes back to its worker once nothing refers to it (feed/slots.py). Checked here against
 references computed in the test: records and payloads arrive whole and in order across processes,
 however small the ring; whatever a training loop keeps of a batch (a view, a numpy array, its keys
-alone) keeps its values; a sleeping worker is woken once per four batches, not per batch; arguments
+alone) keeps its values; the trainer takes the batches at hand in one go and wakes a sleeping worker once
+per go, not per batch; arguments
 whose slots cannot be had fail before anything is allocated; no worker of a failed pass lives on;
 a script that ends with a loader open prints nothing but its own output.
 """
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -160,22 +162,53 @@ def test_a_batch_changed_in_place_and_dropped_does_not_change_later_batches(tiny
     assert n > 8 and not [w for w in recwarn if "copied out" in str(w.message)]
 
 
-def test_a_sleeping_worker_is_woken_once_per_four_batches(tiny):
-    """Slots go back four to a record: over a pass whose steps take longer than a batch takes the worker, the
-    trainer sends its worker about a quarter as many records as it takes batches (each record wakes it at most
-    once), not one per batch; only when the trainer must wait for the worker does it send what it has at once."""
+def test_the_trainer_takes_batches_in_runs_and_wakes_its_worker_once_a_run(tiny):
+    """Over a pass whose steps take longer than a batch takes the worker, the trainer takes the batches at hand in
+    one go: it looks at its held slots, and sends its worker records (each wakes it at most once), for fewer than
+    half the batches it takes, not per batch; it seldom waits; a batch costs next() a deque pop."""
     url, _ = tiny
     loader = make(url, shuffle_buffer=16, persistent_workers=True)
-    taken = 0
-    for _ in loader:
+    it = iter(loader)
+    next(it)
+    pool, looks = loader._pool, []
+    recycle = pool.recycle
+    pool.recycle = lambda *a, **k: (looks.append(1), recycle(*a, **k))[1]
+    taken, hot = 1, 0
+    for _ in it:
         taken += 1
+        hot += bool(it.ready)  # batches still made ready: the next next() looks at nothing else
         time.sleep(0.005)  # a training step
-    pool = loader._pool
     sent, waits = pool.outbox[0].head, pool.waits  # records to the worker: one RUN, then RELEASEs
     loader.close()
-    assert feed_pool.RELEASE_BATCH == 4 and taken > 20
-    assert sent <= 1 + taken // 4 + waits + 1, (taken, sent, waits)
-    assert waits < taken // 4, f"the trainer waited for its worker at {waits} of {taken} batches"
+    assert taken > 20
+    assert len(looks) <= taken / 2 + waits, (taken, len(looks), waits)
+    assert sent <= 1 + taken / 2 + waits, (taken, sent, waits)
+    assert hot >= taken / 2 and waits < taken // 4, (taken, hot, waits)
+
+
+def test_batches_made_ready_but_not_handed_out_go_back_and_are_not_counted(tiny):
+    """A pass abandoned with batches made ready: the position and stats() count only those handed out, their slots
+    go back to the worker (the next passes run without copying batches out of shared memory), and the next pass
+    yields the epoch from the start again, then the next epochs as an uninterrupted loader does."""
+    url, _ = tiny
+    reference = make(url, 0, shuffle_buffer=16)
+    expected = [[list(b["key"]) for b in reference] for _ in range(3)]  # epochs 0, 1, 2
+    loader = make(url, shuffle_buffer=16, persistent_workers=True)
+    it = iter(loader)
+    first = next(it)
+    time.sleep(0.2)
+    next(it)
+    assert len(it.ready) >= 2, "the worker had batches ready: they were taken in one go"
+    assert loader.state_dict()["batches"] == 2 and loader.stats()["batches"] == 2
+    del first
+    for epoch in range(3):  # the abandoned epoch 0 again, then 1 and 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "copied out of shared memory" would be a warning
+            keys = [list(b["key"]) for b in loader]
+        assert keys == expected[epoch]
+    assert loader.stats()["batches"] == 2 + 3 * len(expected[0])
+    assert loader._pool._holding[0] <= 1
+    loader.close()
 
 
 # -- bad arguments, failed passes, exits (issue 28, items 7 and 8) -----------------------------------------

@@ -1,19 +1,22 @@
 """The passes a WindowLoader runs: one epoch's batches, from this process or from worker processes.
 
-A feed is the one iterator that moves its loader's position (epoch, batches taken): it gets
-the plan and the position when the pass begins and advances the position by one per batch it
-hands out. The kinds, the same batches bit for bit for the same plan:
+A feed makes one pass's batches ready (``Feed.fill``) and ``Pass``, what ``iter(loader)`` returns,
+hands them out, moving the loader's position (epoch, batches taken) by one per batch: the feed
+gets the plan and the position when the pass begins. The kinds, the same batches bit for bit for
+the same plan:
 
 - ``LocalFeed``: the rank's one stream in this process; batches gathered into buffers
   reused once nothing refers to them (page-locked and fenced with ``pin_memory``).
-- ``WorkerFeed``: round robin over worker processes' shared-memory slots (pool.py); a
-  slot goes back to its worker once nothing refers to it and its queued CUDA copies are done.
+- ``WorkerFeed``: round robin over worker processes' shared-memory slots (pool.py), every batch
+  at hand taken in one go; a slot goes back to its worker once nothing refers to it and its
+  queued CUDA copies are done.
 - device feeds (device_feeds.py): blocks uploaded once, windows cut on the device.
 """
 from __future__ import annotations
 
 import time
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -58,42 +61,83 @@ def to_batch(views: dict[str, np.ndarray], manifests: list, per_crop: tuple[str,
     return out
 
 
+class Pass:
+    """What ``iter(loader)`` returns: the pass begins at the first ``next()``, and a batch costs a deque pop.
+
+    Frameworks (Lightning) may call ``iter()`` more than once before iterating one of the
+    results; the epoch, the position and the streams are settled when batches are asked for.
+    After a training step the trainer's caches are cold and every call costs tens of
+    microseconds, so ``next()`` is one frame: it hands out a batch its feed made ready
+    (``Feed.fill``: with workers, every batch they have ready, at once) and moves the position.
+    """
+
+    def __init__(self, begin: Callable[[], "Feed"], length: Callable[[], int]):
+        self.begin, self.length, self.feed = begin, length, None
+        self.ready: deque = deque()  # the feed's, once it has begun
+        self.position: Position | None = None
+
+    def __iter__(self) -> "Pass":
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        ready = self.ready
+        if not ready:
+            ready = self._fill()
+        self.position.taken += 1
+        return ready.popleft()
+
+    def _fill(self) -> deque:
+        if self.feed is None:
+            feed = self.feed = self.begin()
+            self.ready, self.position = feed.ready, feed.position
+        return self.feed.fill()
+
+    def __len__(self) -> int:
+        return self.length()
+
+
 class Feed:
-    """One pass over an epoch: an iterator of batches that moves the position."""
+    """One pass over an epoch: batches made ready ahead (``fill``), handed out by a Pass, which moves the position."""
 
     def __init__(self, ctx: FeedContext, plan: Plan, position: Position):
         self.ctx, self.plan, self.position = ctx, plan, position
         self.offset = position.offset  # batches of the epoch taken before this plan began (elastic resume)
         self.total = self.offset + plan.batches_per_rank
+        self.began = position.taken  # this pass's batches: position.taken - began
         self.manifests = ctx.dataset.manifests  # one per source (a mixed dataset's keys decode by source)
+        self.ready: deque = deque()  # batches made, not yet handed out (emptied when the pass closes)
         self.closed = False
 
-    def __iter__(self) -> "Feed":
-        return self
+    def fill(self) -> deque:
+        """``ready`` with at least one batch (waited for); StopIteration at the end of the pass, or once closed.
 
-    def __len__(self) -> int:
-        return self.total
-
-    def __next__(self) -> dict[str, Any]:
-        if self.closed or self.position.taken >= self.total:
+        The time spent here is the data-wait (``loader.stats()["wait_s"]``).
+        """
+        left = self.total - self.position.taken
+        if self.closed or left <= 0:
             if not self.closed:
                 self.ctx.on_end()
             raise StopIteration
         t = time.perf_counter()
         try:
-            batch = self._next()
+            self._fill(left)
         except BaseException:
             if self.ctx.on_error is not None:  # no worker of a failed pass waits for the next one
                 self.ctx.on_error()
             raise
-        stats = self.ctx.stats
-        stats.wait_s += time.perf_counter() - t
-        stats.batches += 1
-        self.position.taken += 1
-        return batch
+        self.ctx.stats.wait_s += time.perf_counter() - t
+        return self.ready
+
+    def _fill(self, left: int) -> None:
+        """Make at least one and at most ``left`` batches ready (one, unless a feed has more at hand)."""
+        self.ready.append(self._next())
 
     def _next(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def batches(self) -> int:
+        """Batches this pass has handed out."""
+        return self.position.taken - self.began
 
     def first_batch(self) -> int:
         """Batches of this plan this rank has taken: the next one is batch ``first_batch()`` of the plan."""
@@ -108,8 +152,11 @@ class Feed:
         return dict(self.ctx.stats.device)
 
     def close(self) -> None:
-        """Stop the pass's threads; its totals become the run's."""
+        """Stop the pass's threads; its totals become the run's; batches made but not handed out are dropped."""
+        if not self.closed:
+            self.ctx.stats.batches += self.batches()
         self.closed = True
+        self.ready.clear()
 
 
 def pinned_allocator(pin: bool):
@@ -162,18 +209,29 @@ class WorkerFeed(Feed):
         j = self.first_batch()
         pool.start(position.epoch, [worker_batches(j, n, w) for w in range(n)], position.rest)
 
-    def _next(self) -> dict[str, Any]:
-        pool = self.pool
-        w = (self.position.taken - self.offset) % self.ctx.num_workers  # first_batch() % workers, one call fewer
-        slot, batch, held = pool.hand_out(w)
-        if batch is not None:  # the slot's tensors, made once: no torch or numpy call here
-            return batch
-        if held:  # packed rows: per-crop fields cut to this batch's crops
-            return to_batch(pool.fields(w, slot), self.manifests, self.layout.per_crop)
-        self._warn_keep()  # the worker would run out of slots: copy this one
+    def _fill(self, left: int) -> None:
+        """Every batch the workers have ready, in order (at least one, waited for): one pass over the held slots
+        and one release per fill, not per batch; no torch or numpy call for a batch whose slot's tensors are made."""
+        pool, ready, n = self.pool, self.ready, self.ctx.num_workers
+        j = self.position.taken - self.offset  # first_batch(), one call fewer
+        pool.recycle(send=True)  # the slots the training loop let go of, back to their workers at once
+        while len(ready) < left:
+            w = (j + len(ready)) % n
+            got = pool.hand_out(w, wait=not ready)
+            if got is None:  # not ready yet (or the worker's slots are all held): hand out what is
+                break
+            slot, batch, held = got
+            if batch is None:
+                batch = to_batch(pool.fields(w, slot), self.manifests, self.layout.per_crop) if held else \
+                    self._copy_out(w, slot)
+            ready.append(batch)
+
+    def _copy_out(self, w: int, slot: int) -> dict[str, Any]:
+        """The batch of a slot not held (batches are being kept: the worker would run out), copied out of it."""
+        self._warn_keep()
         buf = self.copies.get()
-        np.copyto(buf, pool.bases[w][slot][: self.layout.nbytes])
-        pool.release(w, slot)
+        np.copyto(buf, self.pool.bases[w][slot][: self.layout.nbytes])
+        self.pool.release(w, slot)
         return to_batch(self.layout.views(buf), self.manifests, self.layout.per_crop)
 
     def _warn_keep(self) -> None:
@@ -185,6 +243,7 @@ class WorkerFeed(Feed):
                           "drop batches you no longer need, to avoid the copy.", RuntimeWarning, stacklevel=5)
 
     def close(self) -> None:
+        self.ready.clear()  # batches made, not handed out: their slots are free
         self.pool.recycle()  # slots still held stay held, released by a later pass once dropped
         super().close()
 

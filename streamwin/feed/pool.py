@@ -15,9 +15,11 @@ The trainer's side of a slot, for every feed (``WorkerFeed``, ``WorkerDeviceFeed
   their storage: reference and use counts tell, slots.SlotBatches) or, given a CUDA ``event``, once that event has
   completed; when page-locked, also once the CUDA work queued before that point has finished;
 - ``release(w, slot)``: the slot is free (a slot not held); ``recycle()``: free every held slot
-  nothing refers to any more. Freed slots go back RELEASE_BATCH at a time (a worker has as many
-  spare slots), and at once when the trainer waits on their worker, so a worker that sleeps for
-  want of a slot is woken once per RELEASE_BATCH batches; ``flush(w)`` sends them now.
+  nothing refers to any more. ``WorkerFeed`` takes every batch at hand in one go and recycles once
+  per go, sending the freed slots at once (``recycle(send=True)``), so a worker that sleeps for want
+  of a slot is woken once per go, not per batch; otherwise freed slots go back a full RELEASE
+  record (PER_RELEASE) at a time, and at once when the trainer waits on their worker;
+  ``flush(w)`` sends them now.
 
 A dead worker is named within POLL_S of the trainer waiting on it; one that stops answering
 (stopped by SIGSTOP, or hung so that not even its watchdog thread runs: its heartbeat in
@@ -39,7 +41,7 @@ import torch
 from streamwin.errors import WorkerError
 from streamwin.feed.protocol import (BATCH, ERROR, PER_RELEASE, RELEASE, RUN, STOP, WARNING, Channel, has_payload,
                                      raise_warning, rebuild_error, ring_size)
-from streamwin.feed.sizing import RELEASE_BATCH, pool_slots
+from streamwin.feed.sizing import pool_slots
 from streamwin.feed.slots import SharedFile, SlotBatches, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
@@ -96,17 +98,17 @@ class WorkerPool:
     """``num_workers`` processes, each with ``slots`` batch slots in one shared file (trainer side).
 
     ``slots``: per worker, the batches it may have ready plus those the training loop may hold
-    (the spare slots of batched releases are added).
+    (the spare slots are added: sizing.spare_slots).
     """
 
     def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
                  start_timeout: float = 120.0):
         self.num_workers = num_workers
-        # slots of a worker the training loop may hold (looked at or not) before batches are copied out: the worker
-        # keeps two, and RELEASE_BATCH - 1 spare ones are for held slots not looked at yet
-        self.keep_limit = slots - 2 + RELEASE_BATCH - 1
-        n = pool_slots(slots)
         layout = ds.layout()
+        n = pool_slots(slots, layout.nbytes)
+        # slots of a worker the training loop may hold (handed out, or ready to be) before batches are copied out:
+        # the worker keeps two
+        self.keep_limit = n - 2
         self.slot_layout = SlotLayout(num_workers, n, layout.nbytes, ring_size(n))
         self.shm = SharedFile(self.slot_layout.nbytes)
         self.procs: list = []
@@ -172,19 +174,23 @@ class WorkerPool:
             return msg[2]
         return self.receive(w, first=self._read(w, msg))
 
-    def hand_out(self, w: int) -> tuple[int, dict | None, bool]:
+    def hand_out(self, w: int, wait: bool = True) -> tuple[int, dict | None, bool] | None:
         """(slot, batch, held) of worker ``w``'s next batch: a new dict of the slot's tensors, made once, the
         slot held; batch None for packed rows (their per-crop fields are cut per batch; the slot is held), or,
         ``keep_limit`` slots of ``w``'s still held by the training loop, not held (copy it, then release it).
+        Not ``wait``: None unless the batch is there already and its slot can be held.
 
-        Held slots are looked at, and sent back, RELEASE_BATCH at a time (the worker's spare slots): after a
-        training step the first look costs what several warm ones do. One call a batch, for the same reason.
+        Held slots are recycled by the caller (``WorkerFeed._fill``: once for all the batches at hand).
         """
-        if len(self.held) > RELEASE_BATCH:
-            self.recycle(send=True)
+        if not wait and self._holding[w] >= self.keep_limit:
+            return None
         msg = self.inbox[w].receive()  # take(w) and, below, hold(w, slot), inlined: each call costs after a step
-        slot = msg[2] if msg is not None and msg[0] == BATCH and msg[1] == self.run else \
-            self.receive(w, first=self._read(w, msg))
+        if msg is not None and msg[0] == BATCH and msg[1] == self.run:
+            slot = msg[2]
+        elif msg is None and not wait:
+            return None
+        else:
+            slot = self.receive(w, first=self._read(w, msg))
         if self._holding[w] >= self.keep_limit:  # batches are being kept: the held ones may be free by now
             self.recycle(send=True)
             if self._holding[w] >= self.keep_limit:  # the worker would run out of slots
@@ -247,7 +253,7 @@ class WorkerPool:
 
     def recycle(self, send: bool = False) -> None:
         """Give back every held slot no one refers to any more (and whose queued CUDA copies are done);
-        ``send``: tell their workers now instead of RELEASE_BATCH at a time."""
+        ``send``: tell their workers now instead of a full RELEASE record at a time."""
         if not self.held:
             return
         keep, in_use = [], self.batches.in_use
@@ -267,14 +273,14 @@ class WorkerPool:
             self.pending[w].append(slot)
         self.held = keep
         for w, pending in enumerate(self.pending):
-            if pending and (send or len(pending) >= RELEASE_BATCH):
+            if pending and (send or len(pending) >= PER_RELEASE):
                 self.flush(w)
 
     def release(self, w: int, slot: int) -> None:
-        """Give slot ``slot`` back to worker ``w`` (sent with the next RELEASE_BATCH - 1, or when waiting on ``w``)."""
+        """Give slot ``slot`` back to worker ``w`` (sent with the next PER_RELEASE - 1, or when waiting on ``w``)."""
         pending = self.pending[w]
         pending.append(slot)
-        if len(pending) >= RELEASE_BATCH:
+        if len(pending) >= PER_RELEASE:
             self.flush(w)
 
     def flush(self, w: int) -> None:

@@ -1,7 +1,7 @@
 """How many workers and slots a loader may have, and the memory they take: checked before anything starts.
 
-A worker pool maps, per worker, ``prefetch_factor + 2`` batch slots plus ``RELEASE_BATCH - 1``
-spare ones (the trainer gives slots back four at a time), and the trainer keeps up to
+A worker pool maps, per worker, ``prefetch_factor + 2`` batch slots plus 3 to 9 spare ones
+(``spare_slots``: the trainer takes the batches at hand in runs), and the trainer keeps up to
 ``BufferPool.KEEP`` batches of its own (gathered in-process, or copied out of slots when batches
 are kept). Arguments whose processes or memory this machine cannot give fail here, naming them,
 instead of as a raw ``OSError`` halfway through starting the workers.
@@ -18,19 +18,28 @@ from streamwin.buffers import BufferPool
 from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
 
-RELEASE_BATCH = 4  # slots the trainer gives back in one RELEASE (a worker gets RELEASE_BATCH - 1 spare slots)
+SPARE_BYTES = 32 << 20  # a worker's spare slots take up to this much memory
+MIN_SPARE, MAX_SPARE = 3, 9  # spare slots per worker, whatever the batch
 MAX_PREFETCH = 1024  # batches a worker may keep ready ahead of the trainer
 FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process sentinel
 
 
-def pool_slots(slots: int) -> int:
-    """Slots per worker of a pool asked for ``slots``: the spare ones that batched releases need added."""
-    return slots + RELEASE_BATCH - 1
+def spare_slots(slot_bytes: int) -> int:
+    """Slots a worker has beyond ``prefetch_factor + 2``: the trainer takes every batch at hand in one go and gives
+    slots back once per go, so runs average about (spare + 3) / 2 batches and a run's cost is shared by them.
+    Small batches (short steps, where that cost counts) get up to MAX_SPARE, within SPARE_BYTES."""
+    return max(MIN_SPARE, min(MAX_SPARE, SPARE_BYTES // max(1, slot_bytes)))
+
+
+def pool_slots(slots: int, slot_bytes: int) -> int:
+    """Slots per worker of a pool asked for ``slots`` of ``slot_bytes``: the spare ones added."""
+    return slots + spare_slots(slot_bytes)
 
 
 def pool_bytes(num_workers: int, slots: int, slot_bytes: int) -> int:
     """Bytes of shared memory a pool of ``num_workers`` workers with ``slots`` slots of ``slot_bytes`` maps."""
-    return SlotLayout(num_workers, pool_slots(slots), slot_bytes, ring_size(pool_slots(slots))).nbytes
+    n = pool_slots(slots, slot_bytes)
+    return SlotLayout(num_workers, n, slot_bytes, ring_size(n)).nbytes
 
 
 def max_workers() -> tuple[int, str]:
@@ -72,7 +81,8 @@ def slots_text(dataset, num_workers: int, prefetch_factor: int) -> str:
     per = f"batch_size={dataset.batch_size} windows ({dataset.layout().nbytes / 1e6:,.1f} MB)"
     if not num_workers:
         return f"batches of {per}"
-    return f"num_workers={num_workers} x (prefetch_factor={prefetch_factor} + {pool_slots(2)}) batch slots of {per}"
+    extra = pool_slots(2, dataset.layout().nbytes)
+    return f"num_workers={num_workers} x (prefetch_factor={prefetch_factor} + {extra}) batch slots of {per}"
 
 
 def check_memory(dataset, num_workers: int, prefetch_factor: int) -> None:

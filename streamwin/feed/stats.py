@@ -22,7 +22,7 @@ class RunStats:
 
     def __init__(self) -> None:
         self.reads = np.zeros(len(STAT_FIELDS), dtype=np.int64)  # of finished passes and closed worker pools
-        self.batches = 0
+        self.batches = 0  # of finished passes (a live one counts its own: Feed.batches)
         self.wait_s = 0.0  # time the trainer waited in next(): the data-wait
         self.started: float | None = None
         self.device: dict[str, int] = {}  # device mode: blocks and bytes uploaded, peak device bytes
@@ -39,11 +39,13 @@ class RunStats:
                 "device_uploaded_bytes": d.get("device_uploaded_bytes", 0) + uploaded,
                 "device_peak_bytes": max(d.get("device_peak_bytes", 0), peak)}
 
-    def report(self, batch_size: int, reads: np.ndarray, device: dict[str, int]) -> dict[str, Any]:
-        """The totals as ``loader.stats()`` prints them, with the live reads and device totals given."""
+    def report(self, batch_size: int, reads: np.ndarray, device: dict[str, int], live_batches: int = 0
+               ) -> dict[str, Any]:
+        """The totals as ``loader.stats()`` prints them, with the live pass's reads, device totals and batches."""
         elapsed = time.perf_counter() - self.started if self.started else 0.0
-        windows = self.batches * batch_size
-        out = {"batches": self.batches, "windows": windows, "windows_per_s": windows / elapsed if elapsed else 0.0,
+        batches = self.batches + live_batches
+        windows = batches * batch_size
+        out = {"batches": batches, "windows": windows, "windows_per_s": windows / elapsed if elapsed else 0.0,
                "wait_s": self.wait_s}
         out.update(zip(STAT_FIELDS, reads.tolist()))
         out.update(device)
