@@ -11,7 +11,7 @@ gather writes straight into it: a reused in-process array (``BufferPool``) or a
 shared-memory slot that a worker process fills and the trainer only views.
 Keys travel as sequence indices and become strings only when read (``BatchKeys``).
 
-Pretraining batches (packer.py cuts the blocks): with drawn lengths (``min_window``) each
+Pretraining batches (crop_stage.py cuts the blocks): with drawn lengths (``min_window``) each
 window is gathered whole and the steps past its crop are zeroed (``length``, ``mask``; a
 horizon follows the crop). Packed (``pack_length``) a row is gathered by patches: one
 ``index_select`` of the patches of every row, each from its crop's bytes or from the block's
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from streamwin.formats.manifest import Manifest
-from streamwin.packer import CropBlock, crop_rows, segments
+from streamwin.crop_stage import CropBlock, crop_rows, segments
 from streamwin.plan.crops import units
 from streamwin.plan.options import WindowSpec
 from streamwin.buffers import BufferPool  # noqa: F401  (re-exported: the feeds take their buffers from here)

@@ -7,7 +7,7 @@ produced. Everything else (which windows, in which order, which bytes) is recomp
 plan, so a checkpoint is a few integers.
 
 A block holds *items*: windows, or with ``pack_length`` rows of crops (the crop stage,
-packer.py, runs on the reader's read-ahead thread). The plan says how many items each block
+crop_stage.py, runs on the reader's read-ahead thread). The plan says how many items each block
 holds (``SourcePlan.item_bounds``), so the batcher's cursor still locates a block and an item.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from streamwin.packer import cut, needs_cut, release_of
+from streamwin.crop_stage import cut, needs_cut, release_of
 from streamwin.plan.mix import quota_positions
 from streamwin.plan.streams import SourcePlan
 from streamwin.read import Block, ShardReader
@@ -28,7 +28,7 @@ class BlockReader(BaseNode[Block]):
     """Yields the blocks of one source's stream, reading ``readahead`` blocks ahead on a thread.
 
     Where batches need crop lengths or packed rows, each block is cut into crops there too
-    (packer.cut): a CropBlock, whose ``len()`` is its items.
+    (crop_stage.cut): a CropBlock, whose ``len()`` is its items.
     """
 
     BLOCK_KEY = "block"

@@ -1,7 +1,7 @@
 """The pipeline: the one place that wires a stream's stages, top to bottom.
 
     per source:  ShardReader (bytes)  ->  BlockReader (blocks of the plan, read ahead)
-                 [-> cut (crops with drawn lengths; packed rows), on the read-ahead thread: packer.py]
+                 [-> cut (crops with drawn lengths; packed rows), on the read-ahead thread: crop_stage.py]
     then:        Batcher (quotas of every source per batch, gathered into a buffer)
                  -> torchdata Prefetcher (optional, ``prefetch`` batches ahead on a thread)
 

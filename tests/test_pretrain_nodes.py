@@ -13,7 +13,7 @@ import streamwin as sw
 from resume import assert_resumes_identically
 from streamwin.batch import PER_CROP
 from streamwin.nodes import BlockReader
-from streamwin.packer import CropBlock
+from streamwin.crop_stage import CropBlock
 from test_nodes import batcher, two  # noqa: F401  (two: the corpora, a fixture)
 
 

@@ -1,6 +1,6 @@
 """Device mode's crops: drawn lengths and packed rows cut on the device, bit for bit the CPU gather's.
 
-The CPU gather (batch.py, with packer.py's numpy tables) and this module compute the same
+The CPU gather (batch.py, with crop_stage.py's numpy tables) and this module compute the same
 integers with the same runs, the one in numpy, the other in torch on the block's device
 tables (uploaded once per block), so a batch costs a few kernel launches and no upload.
 Sizes that torch would otherwise read back from the device (how many patches a part has)
@@ -28,7 +28,7 @@ def crop_rows(row_ptr: torch.Tensor, lo: int, hi: int, n: int) -> tuple[torch.Te
 
 def patch_index(offs: torch.Tensor, first: torch.Tensor, size: torch.Tensor, patches: int, patch_bytes: int,
                 total: int, zero: int) -> torch.Tensor:
-    """Byte offset of each of ``total`` patches of some rows (packer.patch_index, on the device); ``patches``:
+    """Byte offset of each of ``total`` patches of some rows (crop_stage.patch_index, on the device); ``patches``:
     the crops' patches, summed."""
     out = torch.full((total,), zero, dtype=torch.int64, device=offs.device)
     within = torch.arange(patches, device=offs.device) - _spread(torch.cumsum(size, 0) - size, size, patches)
@@ -38,7 +38,7 @@ def patch_index(offs: torch.Tensor, first: torch.Tensor, size: torch.Tensor, pat
 
 def segments(first: torch.Tensor, length: torch.Tensor, rank: torch.Tensor, total: int) -> tuple[torch.Tensor,
                                                                                                    torch.Tensor]:
-    """(segment_ids, positions), int32 [total], of crops at steps [first, first + length) (packer.segments)."""
+    """(segment_ids, positions), int32 [total], of crops at steps [first, first + length) (crop_stage.segments)."""
     dev, n = first.device, len(first)
     if not n:
         zeros = torch.zeros(total, dtype=torch.int32, device=dev)

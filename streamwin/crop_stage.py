@@ -1,5 +1,7 @@
 """The crop stage: a block's windows as crops with their lengths, packed into rows with ``pack_length``.
 
+(Not the shard packer: that is packing/, which writes the shards; this cuts blocks as they are read.)
+
 It runs after a block is read and before the gather, on the block's read-ahead thread (so a
 batch never waits for it), and only when a batch needs more than a window's bytes: drawn
 lengths (``min_window``) or packed rows (``pack_length``). Everything it adds is a pure
