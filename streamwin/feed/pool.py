@@ -224,11 +224,11 @@ class WorkerPool:
                     return slot
                 self.release(w, slot)  # from a pass abandoned midway
 
-    def _next(self, w: int, timeout: float = 0.0) -> tuple[int, int, int, int, int] | None:
+    def _next(self, w: int, timeout: float = 0.0) -> tuple[int, ...] | None:
         """Worker ``w``'s next record within ``timeout`` s, or None; an error of this pass is raised, a warning warned."""
         return self._read(w, self.inbox[w].receive(timeout))
 
-    def _read(self, w: int, msg: tuple | None) -> tuple[int, int, int, int, int] | None:
+    def _read(self, w: int, msg: tuple | None) -> tuple[int, ...] | None:
         """A record of worker ``w``'s, its payload read: an error of this pass is raised, a warning warned."""
         if msg is None or not has_payload(msg):
             return msg

@@ -3,13 +3,13 @@
     trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slots) | STOP
     worker -> trainer   READY | BATCH(run, slot)      | an error or a warning, as JSON (rare)
 
-Each direction is a ``Channel``: a ring of 5-integer records in the shared file (slots.py), a
+Each direction is a ``Channel``: a ring of 9-integer records (a tag and 8 values) in the shared file (slots.py), a
 semaphore counting the records in it and one counting the free places. The sender writes a
 record, then posts; the receiver takes a count, then reads the record at its own tail. A post
 is a release and a take an acquire, so a record is read only once it is whole, on any CPU;
 and neither is a system call unless the other side sleeps in it (glibc counts a semaphore's
 waiters: a post wakes only a sleeper). Per batch the trainer thus makes no system call while
-its worker keeps ahead, and wakes a sleeping worker once per ``RELEASE`` of up to four slots.
+its worker keeps ahead, and wakes a sleeping worker once per ``RELEASE`` of up to eight slots.
 
 A message with a payload (an error, a warning, a RUN's JSON tail) is written to the pipe first
 and announced by its record; the receiver reads it from the pipe when it reads the record, so
@@ -35,7 +35,8 @@ from streamwin.feed.slots import RECORD
 
 READY, BATCH, RUN, RELEASE, STOP, ERROR, WARNING = 1, 2, 3, 4, 5, 0, 6
 PIPED = (ERROR, WARNING)  # their payload waits in the pipe
-PER_RELEASE = 4  # slots one RELEASE record gives back (-1: none)
+PER_RELEASE = RECORD - 1  # slots one RELEASE record gives back (-1: none)
+_ZEROS = (0,) * (RECORD - 1)  # a record's values past those given
 RECORD_STRUCT = struct.Struct(f"={RECORD}q")  # a record in the ring: native int64 (both sides on one machine)
 
 
@@ -59,9 +60,10 @@ class Channel:
         self.lock = threading.Lock()  # a worker's read-ahead thread may send a warning while its main thread sends
 
     # -- sending --------------------------------------------------------------------------------------
-    def send(self, tag: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0, payload: bytes = b"",
-             waiting: Callable[[], None] | None = None, wait: bool = True) -> bool:
-        """One record (its payload first, into the pipe); False if the ring is full and not ``wait``.
+    def send(self, tag: int, *values: int, payload: bytes = b"", waiting: Callable[[], None] | None = None,
+             wait: bool = True) -> bool:
+        """One record, ``tag`` and up to RECORD - 1 ``values`` (0 past them), its payload first, into the pipe;
+        False if the ring is full and not ``wait``.
 
         While the ring stays full, ``waiting()`` runs every second (to raise if the other side died).
         """
@@ -74,14 +76,15 @@ class Channel:
                         waiting()
             if payload:
                 self.conn.send_bytes(payload)
-            RECORD_STRUCT.pack_into(self.buf, self.head % self.size * RECORD_STRUCT.size, tag, a, b, c, d)
+            RECORD_STRUCT.pack_into(self.buf, self.head % self.size * RECORD_STRUCT.size, tag, *values,
+                                    *_ZEROS[len(values):])
             self.head += 1
             self.items.release()
             return True
 
     # -- receiving ------------------------------------------------------------------------------------
-    def receive(self, timeout: float = 0.0) -> tuple[int, int, int, int, int] | None:
-        """The next record, (tag, a, b, c, d), or None if none came within ``timeout`` s. A record that
+    def receive(self, timeout: float = 0.0) -> tuple[int, ...] | None:
+        """The next record, (tag, RECORD - 1 values), or None if none came within ``timeout`` s. A record that
         announces a payload (``has_payload``) is followed by ``payload()`` before the next ``receive``."""
         if not self.items.acquire(False) and not (timeout and self.items.acquire(True, timeout)):
             return None

@@ -31,7 +31,7 @@ from streamwin.batch import BatchKeys
 PREFIX = "streamwin-"
 PAGE = mmap.PAGESIZE
 COUNTERS = 16  # int64 counters per worker (read statistics)
-RECORD = 5  # int64 per record of a ring (protocol.Channel)
+RECORD = 9  # int64 per record of a ring (protocol.Channel): a tag and 8 values (a RELEASE gives back 8 slots)
 
 
 def shm_dir() -> str:

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from streamwin.dataset import WindowDataset
-from streamwin.feed.protocol import (BATCH, READY, RELEASE, RUN, STOP, Channel, forward_warnings, has_payload,
-                                     send_error)
+from streamwin.feed.protocol import (BATCH, PER_RELEASE, READY, RELEASE, RUN, STOP, Channel, forward_warnings,
+                                     has_payload, send_error)
 from streamwin.feed.slots import SharedFile, SharedHandle, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS, read_counters
 from streamwin.pipeline import open_stream
@@ -152,7 +152,7 @@ class Slots:
 
     def freed(self, msg: tuple) -> None:
         """The slots of a RELEASE record are free again."""
-        self.free.extend(s for s in msg[1:5] if s >= 0)
+        self.free.extend(s for s in msg[1 : 1 + PER_RELEASE] if s >= 0)
 
     def take(self):
         """A free slot's field views; its number is ``taken[-1]``."""
