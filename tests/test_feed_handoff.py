@@ -170,22 +170,25 @@ def test_the_trainer_takes_batches_in_runs_and_wakes_its_worker_once_a_run(tiny)
     half the batches it takes, not per batch; it seldom waits; a batch costs next() a deque pop."""
     url, _ = tiny
     loader = make(url, shuffle_buffer=16, persistent_workers=True)
-    it = iter(loader)
-    next(it)
-    pool, looks = loader._pool, []
-    recycle = pool.recycle
-    pool.recycle = lambda *a, **k: (looks.append(1), recycle(*a, **k))[1]
-    taken, hot = 1, 0
-    for _ in it:
-        taken += 1
-        hot += bool(it.ready)  # batches still made ready: the next next() looks at nothing else
-        time.sleep(0.005)  # a training step
-    sent, waits = pool.outbox[0].head, pool.waits  # records to the worker: one RUN, then RELEASEs
-    loader.close()
+    try:
+        it = iter(loader)
+        next(it)
+        pool, looks = loader._pool, []
+        recycle = pool.recycle
+        pool.recycle = lambda *a, **k: (looks.append(1), recycle(*a, **k))[1]
+        taken, hot = 1, 0
+        for _ in it:
+            taken += 1
+            hot += bool(it.ready)  # batches still made ready: the next next() looks at nothing else
+            time.sleep(0.005)  # a training step
+        sent, waits = pool.outbox[0].head, pool.waits  # records to the worker: one RUN, then RELEASEs
+    finally:
+        loader.close()
     assert taken > 20
     assert len(looks) <= taken / 2 + waits, (taken, len(looks), waits)
     assert sent <= 1 + taken / 2 + waits, (taken, sent, waits)
-    assert hot >= taken / 2 and waits < taken // 4, (taken, hot, waits)
+    # popped from a run, unless the worker fell behind (then the trainer waited for it: a loaded machine)
+    assert hot + waits >= taken / 2 and waits < taken // 4, (taken, hot, waits)
 
 
 def test_batches_made_ready_but_not_handed_out_go_back_and_are_not_counted(tiny):
@@ -196,21 +199,29 @@ def test_batches_made_ready_but_not_handed_out_go_back_and_are_not_counted(tiny)
     reference = make(url, 0, shuffle_buffer=16)
     expected = [[list(b["key"]) for b in reference] for _ in range(3)]  # epochs 0, 1, 2
     loader = make(url, shuffle_buffer=16, persistent_workers=True)
-    it = iter(loader)
-    first = next(it)
-    time.sleep(0.2)
-    next(it)
-    assert len(it.ready) >= 2, "the worker had batches ready: they were taken in one go"
-    assert loader.state_dict()["batches"] == 2 and loader.stats()["batches"] == 2
-    del first
-    for epoch in range(3):  # the abandoned epoch 0 again, then 1 and 2
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # "copied out of shared memory" would be a warning
-            keys = [list(b["key"]) for b in loader]
-        assert keys == expected[epoch]
-    assert loader.stats()["batches"] == 2 + 3 * len(expected[0])
-    assert loader._pool._holding[0] <= 1
-    loader.close()
+    try:
+        it = iter(loader)
+        first = next(it)
+        records = loader._pool.inbox[0].items  # the worker's records waiting in the ring
+        deadline = time.monotonic() + 60
+        while records.get_value() < 3 and time.monotonic() < deadline:  # slow on a loaded machine: wait for them
+            time.sleep(0.01)
+        taken = 1
+        while len(it.ready) < 2 and taken < 8:  # the rest of the first run, then the records waiting, in one go
+            next(it)
+            taken += 1
+        assert len(it.ready) >= 2, "the worker had batches ready: they were taken in one go"
+        assert loader.state_dict()["batches"] == taken and loader.stats()["batches"] == taken
+        del first
+        for epoch in range(3):  # the abandoned epoch 0 again, then 1 and 2
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # "copied out of shared memory" would be a warning
+                keys = [list(b["key"]) for b in loader]
+            assert keys == expected[epoch]
+        assert loader.stats()["batches"] == taken + 3 * len(expected[0])
+        assert loader._pool._holding[0] <= 1
+    finally:
+        loader.close()  # a failed check must not leave the persistent worker to the next tests
 
 
 # -- bad arguments, failed passes, exits (issue 28, items 7 and 8) -----------------------------------------
