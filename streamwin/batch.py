@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from streamwin.formats.manifest import Manifest
 from streamwin.crop_stage import CropBlock, crop_rows, segments
+from streamwin.formats.manifest import Manifest
 from streamwin.plan.crops import units
 from streamwin.plan.options import WindowSpec
 from streamwin.buffers import BufferPool  # noqa: F401  (re-exported: the feeds take their buffers from here)

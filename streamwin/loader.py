@@ -7,10 +7,11 @@ Three ways to run, one interface (StatefulDataLoader's: iteration, ``len``, ``se
   read on a background thread, each batch one GIL-free copy on the trainer's thread).
 - ``num_workers=N``: N worker processes each run a stream and gather batches into batch
   slots in shared memory, allocated once; the trainer takes the slot numbers waiting in a ring
-  in that memory, every batch at hand in one go, and ``next()`` pops one (feed/feeds.py, feed/pool.py). Batches are taken round robin, worker
-  ``j % N`` for batch ``j``. The default is one worker where the machine has a core to spare
-  for it (and ``fork``): 0 and 1 workers run the same plan (one stream per rank), so the choice never
-  differs in what a rank yields, only in whose thread gathers it.
+  in that memory, every batch at hand in one go, and ``next()`` pops one (feed/feeds.py,
+  feed/pool.py). Batches are taken round robin, worker ``j % N`` for batch ``j``. The default is
+  one worker where the machine has a core to spare for it (and ``fork``): 0 and 1 workers run the
+  same plan (one stream per rank), so the choice never differs in what a rank yields, only in
+  whose thread gathers it.
 - ``device="cuda"``: batches arrive on the device, and the trainer's thread never waits for it.
   With workers, each batch goes from its page-locked slot to the device in one copy on a side
   stream (feed/to_device.py); in-process, each block's bytes are uploaded once by the read-ahead

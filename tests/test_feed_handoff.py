@@ -219,7 +219,7 @@ def test_batches_made_ready_but_not_handed_out_go_back_and_are_not_counted(tiny)
                 keys = [list(b["key"]) for b in loader]
             assert keys == expected[epoch]
         assert loader.stats()["batches"] == taken + 3 * len(expected[0])
-        assert loader._pool._holding[0] <= 1
+        assert len(loader._pool.held) <= 1
     finally:
         loader.close()  # a failed check must not leave the persistent worker to the next tests
 

@@ -12,8 +12,8 @@ from torchdata.nodes import Prefetcher
 import streamwin as sw
 from resume import assert_resumes_identically
 from streamwin.batch import PER_CROP
-from streamwin.nodes import BlockReader
 from streamwin.crop_stage import CropBlock
+from streamwin.nodes import BlockReader
 from test_nodes import batcher, two  # noqa: F401  (two: the corpora, a fixture)
 
 

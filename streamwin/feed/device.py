@@ -29,8 +29,8 @@ import torch
 
 from streamwin.batch import BatchKeys
 import streamwin.feed.device_crops as dc
-from streamwin.feed.device_fields import DeviceFields
 from streamwin.crop_stage import CropBlock, release_of
+from streamwin.feed.device_fields import DeviceFields
 from streamwin.read import Block
 
 

@@ -213,7 +213,7 @@ class WorkerFeed(Feed):
         """Every batch the workers have ready, in order (at least one, waited for): one pass over the held slots
         and one release per fill, not per batch; no torch or numpy call for a batch whose slot's tensors are made."""
         pool, ready, n = self.pool, self.ready, self.ctx.num_workers
-        j = self.position.taken - self.offset  # first_batch(), one call fewer
+        j = self.first_batch()
         pool.recycle(send=True)  # the slots the training loop let go of, back to their workers at once
         while len(ready) < left:
             w = (j + len(ready)) % n

@@ -178,7 +178,8 @@ class WorkerPool:
         """(slot, batch, held) of worker ``w``'s next batch: a new dict of the slot's tensors, made once, the
         slot held; batch None for packed rows (their per-crop fields are cut per batch; the slot is held), or,
         ``keep_limit`` slots of ``w``'s still held by the training loop, not held (copy it, then release it).
-        Not ``wait``: None unless the batch is there already and its slot can be held.
+        Not ``wait``: None unless a record is there already and the slot can be held (a record other than this
+        pass's batch, a warning or an abandoned pass's batch, is dealt with, then the batch after it waited for).
 
         Held slots are recycled by the caller (``WorkerFeed._fill``: once for all the batches at hand).
         """

@@ -26,7 +26,7 @@ FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process senti
 
 def spare_slots(slot_bytes: int) -> int:
     """Slots a worker has beyond ``prefetch_factor + 2``: the trainer takes every batch at hand in one go and gives
-    slots back once per go, so runs average about (spare + 3) / 2 batches and a run's cost is shared by them.
+    slots back once per go, so runs average about (prefetch_factor + spare + 1) / 2 batches, which share a run's cost.
     Small batches (short steps, where that cost counts) get up to MAX_SPARE, within SPARE_BYTES."""
     return max(MIN_SPARE, min(MAX_SPARE, SPARE_BYTES // max(1, slot_bytes)))
 
