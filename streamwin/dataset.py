@@ -29,7 +29,8 @@ from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
-from streamwin.plan.options import EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_packing
+from streamwin.plan.options import (DEFAULT_CANONICAL, EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_canonical,
+                                    pretraining)
 from streamwin.plan.split import split_spec
 from streamwin.read import ReadOptions, zstd_slice_windows
 from streamwin.seqfields import FieldGather, field_spec, where_of
@@ -62,8 +63,12 @@ class WindowDataset:
         pad: give a sequence shorter than window + horizon one zero-padded window with ``batch["mask"]``.
         shuffle: permute slices per epoch and windows within blocks of ``shuffle_buffer``.
         shuffle_buffer: windows per shuffle block; bounds resident memory.
-        seed: the order is a pure function of (seed, epoch, world_size, num_workers, batch_size).
-        batch_size: windows per batch (batches are formed in the worker).
+        seed: the order is a pure function of (seed, epoch, canonical, world_size x batch_size).
+        batch_size: windows per batch of one rank (batches are formed in the worker).
+        canonical: (rank slots, step phases) of the canonical streams (plan/canon.py): global batch k is the
+            same in any world that divides the slots, with num_workers 0 or dividing the phases, at the same
+            world_size x batch_size. (8, 8): 1, 2, 4, 8 ranks, 0, 1, 2, 4, 8 workers; others refused. None: one
+            stream per rank and worker (order depends on both; states saved before canonical streams load so).
         equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
             (each at least once, repeats marked ``batch["weight"] == 0``).
         rank, world_size: override the detected ones (see streamwin.world).
@@ -128,7 +133,8 @@ class WindowDataset:
                  epoch_windows: int | None = None, jitter: bool = False, min_window: int | None = None,
                  window_multiple: int = 1, windows_per_sequence: int | None = None, pack_length: int | None = None,
                  missing: str | None = None, verify_checksums: bool = True, fields: Sequence[str] | None = None,
-                 fill: Mapping[str, Any] | None = None, where: Mapping[str, Sequence[Any]] | None = None):
+                 fill: Mapping[str, Any] | None = None, where: Mapping[str, Sequence[Any]] | None = None,
+                 canonical: tuple[int, int] | None = DEFAULT_CANONICAL):
         names, urls, self.weights, self.epoch_windows = mix_of(url, weights, epoch_windows)
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad, jitter, min_window,
                                window_multiple, windows_per_sequence)
@@ -137,6 +143,7 @@ class WindowDataset:
         check_int("batch_size", batch_size, 1, MAX_BATCH)
         check_choice("equalize", equalize, EQUALIZE)
         self.batch_size, self.equalize = int(batch_size), equalize
+        self.canonical = None if canonical is None else check_canonical(canonical)
         self._rank, self._world_size = _explicit_world(rank, world_size)
         read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit, verify_checksums)
         for name, value in (("readahead", readahead), ("prefetch", prefetch)):
@@ -247,7 +254,7 @@ class WindowDataset:
                           world_size=self.world()[1] if world_size is None else world_size,
                           num_workers=num_workers, seed=s.seed, shuffle=bool(s.shuffle), block_windows=s.shuffle_buffer,
                           equalize=self.equalize, slice_windows=s.slice_windows or self._default_slices(),
-                          pack_length=self.pack_length)
+                          pack_length=self.pack_length, canonical=self.canonical)
 
     def _default_slices(self) -> int:
         """Windows per read slice by default: shuffle_buffer // 8, or more for zstd (read.zstd_slice_windows)."""
@@ -298,7 +305,9 @@ class WindowDataset:
     def plan_inputs(self, num_workers: int = 0) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed exactly (the state format of version 2)."""
         cfg = self.config(num_workers)
-        d = {k: v for k, v in asdict(cfg).items() if k != "spec" and (k != "pack_length" or v is not None)}
+        d = {k: v for k, v in asdict(cfg).items() if k not in ("spec", "canonical") and (k != "pack_length" or v is not None)}
+        if cfg.canonical is not None:  # absent: one stream per rank and worker (as every state saved before it)
+            d["canonical"] = list(cfg.canonical)
         d.update(cfg.spec.plain())
         digests = [s.manifest.digest for s in self.sources]
         d["dataset"] = digests[0] if isinstance(self.url, str) else digests
@@ -377,15 +386,6 @@ def _weights(url: Sequence | Mapping, weights: Any) -> list[float] | None:
     except ValueError:
         raise ValueError(f"weights must be finite numbers >= 0, not all 0, got {weights!r}") from None
     return [float(w) for w in values]
-
-
-def pretraining(spec: WindowSpec, pack_length: Any, equalize: Any, missing: Any) -> tuple[int | None, str | None]:
-    """(pack_length, missing) checked against the window spec, named as the user typed them."""
-    if isinstance(equalize, str) and equalize in EQUALIZE:  # a bad equalize is named by its own check
-        check_packing(spec, pack_length, equalize)
-    if missing not in (None, "mask"):
-        raise ValueError(f"missing must be None or 'mask', got {missing!r}")
-    return None if pack_length is None else int(pack_length), missing
 
 
 def _explicit_world(rank: Any, world_size: Any) -> tuple[int | None, int | None]:

@@ -19,8 +19,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from streamwin.crop_stage import cut, needs_cut, release_of
-from streamwin.plan.mix import quota_positions
-from streamwin.plan.streams import SourcePlan
+from streamwin.plan.streams import QuotaSchedule, SourcePlan
 from streamwin.read import Block, ShardReader
 
 
@@ -34,12 +33,13 @@ class BlockReader(BaseNode[Block]):
     BLOCK_KEY = "block"
 
     def __init__(self, reader: ShardReader, plan: SourcePlan, stream: int, *, readahead: int = 1,
-                 transform: Callable[[Block], Any] | None = None):
+                 transform: Callable[[Block], Any] | None = None, pool: ThreadPoolExecutor | None = None):
         super().__init__()
         self.reader, self.plan, self.stream, self.readahead = reader, plan, stream, readahead
         self.transform = transform  # runs on the read-ahead thread (device mode: upload the block)
         self.cut = needs_cut(plan)
-        self._pool: ThreadPoolExecutor | None = None
+        self._shared = pool is not None  # one read thread shared by the readers of a source (canonical streams)
+        self._pool: ThreadPoolExecutor | None = pool
         self._pending: dict[int, Future] = {}
         self._next = 0
 
@@ -92,33 +92,37 @@ class BlockReader(BaseNode[Block]):
         self._pending.clear()
 
     def shutdown(self) -> None:
-        """Stop the read-ahead thread (a read in flight finishes on its own)."""
+        """Stop the read-ahead thread (a read in flight finishes on its own); a shared one stops with its stream."""
         self._cancel()
-        if self._pool is not None:
+        if self._pool is not None and not self._shared:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
 
 class Batcher(BaseNode[dict]):
-    """Cuts a stream's blocks into batches: batch j takes ``quotas[j, i]`` items (windows, or packed rows) of
-    source i, grouped by source.
+    """Cuts a process's blocks into batches as its schedule says: batch j takes so many items (windows, or
+    packed rows) of each reader (a lane: one source's stream), grouped by source.
 
-    Each batch is gathered into the buffer ``next_buffer()`` hands out (its field views): a
-    reused in-process array or a worker's shared-memory slot. The state is the batch count:
-    source i's position at batch j is ``quotas[:j, i].sum()``, so a reset seeks every reader to
-    its block and offset (each reader's ``bounds``: items before each block). A dataset of one
-    source has quotas [J, 1] of B.
+    The schedule (the plan's ``schedule(stream)``) gives per batch the (lane, items) parts in
+    batch order and the items of each source, and the items each lane has given before any
+    batch. Without canonical streams a lane is a source (batch j takes ``quotas[j, i]`` of
+    source i; ``quotas`` may be passed as such); with them, one of the process's canonical
+    streams of a source (plan/canon.py). Each batch is gathered into the buffer
+    ``next_buffer()`` hands out (its field views): a reused in-process array or a worker's
+    shared-memory slot. The state is the batch count, so a reset seeks every reader to its
+    block and offset (each reader's ``bounds``: items before each block).
     """
 
     BATCH_KEY = "batch"
 
-    def __init__(self, readers: list[BaseNode], quotas: np.ndarray, gatherer,
+    def __init__(self, readers: list[BaseNode], schedule: Any, gatherer,
                  next_buffer: Callable[[], dict[str, np.ndarray] | None]):
         super().__init__()
-        self.readers, self.quotas = readers, quotas
+        if isinstance(schedule, np.ndarray):  # quotas [J, sources]: one lane per source
+            schedule = QuotaSchedule(schedule, [(i, 0) for i in range(schedule.shape[1])])
+        self.readers, self.schedule = readers, schedule
         self.bounds = [reader.bounds for reader in readers]
         self.gatherer, self.next_buffer = gatherer, next_buffer
-        self.positions = quota_positions(quotas)
         self._batch = 0
         self._blocks: list[Any] = [None] * len(readers)
         self._pos = [0] * len(readers)
@@ -126,24 +130,24 @@ class Batcher(BaseNode[dict]):
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._batch = int(initial_state[self.BATCH_KEY]) if initial_state is not None else 0
-        j = min(self._batch, len(self.quotas))
-        for i, reader in enumerate(self.readers):
-            k, self._pos[i] = locate(self.bounds[i], int(self.positions[j, i]))
+        j = min(self._batch, self.schedule.batches)
+        for i, (reader, item) in enumerate(zip(self.readers, self.schedule.positions(j))):
+            k, self._pos[i] = locate(self.bounds[i], item)
             reader.reset({BlockReader.BLOCK_KEY: k})
             self._blocks[i] = None
 
     def next(self) -> dict:
         j = self._batch
-        if j >= len(self.quotas):
+        if j >= self.schedule.batches:
             raise StopIteration
         parts, done = [], []  # done: (reader, block) of the blocks this batch finished
-        for i, reader in enumerate(self.readers):
-            need, finished = int(self.quotas[j, i]), []
-            if need:
-                self._blocks[i], self._pos[i] = _take(reader, self._blocks[i], self._pos[i], need, parts, finished)
+        wanted, counts = self.schedule.parts(j)
+        for i, need in wanted:
+            reader, finished = self.readers[i], []
+            self._blocks[i], self._pos[i] = _take(reader, self._blocks[i], self._pos[i], need, parts, finished)
             done += [(reader, block) for block in finished]
         self._batch += 1
-        batch = self.gatherer.gather(parts, self.next_buffer(), self.quotas[j])  # copies: no view of a block
+        batch = self.gatherer.gather(parts, self.next_buffer(), counts)  # copies: no view of a block
         for reader, block in done:
             reader.release(block)
         return batch

@@ -11,6 +11,8 @@ mode in-process swaps the gather (windows are cut on the device).
 """
 from __future__ import annotations
 
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable
 
@@ -22,13 +24,17 @@ from streamwin.dataset import WindowDataset
 from streamwin.nodes import Batcher, BlockReader
 from streamwin.plan.epoch import Plan
 from streamwin.read import ReadStats, ShardReader
+from streamwin.storage import mapped
+
+_WARNED: set = set()  # the URLs warned about (once a process)
 
 
 class Stream:
-    """A running stream: its top node (batches) and the shard readers under it."""
+    """A running stream: its top node (batches), the shard readers under it (one per source) and the read
+    threads its block readers share (one per source, with canonical streams)."""
 
-    def __init__(self, node: Any, batcher: Any, readers: list[ShardReader]):
-        self.node, self.batcher, self.readers = node, batcher, readers
+    def __init__(self, node: Any, batcher: Any, readers: list[ShardReader], pools: list | None = None):
+        self.node, self.batcher, self.readers, self.pools = node, batcher, readers, pools or []
 
     def __iter__(self):
         return iter(self.node)
@@ -45,6 +51,8 @@ class Stream:
         threads, then the shard readers' GET threads and connections."""
         self.node = None
         self.batcher.shutdown()
+        for pool in self.pools:
+            pool.shutdown(wait=False, cancel_futures=True)
         for reader in self.readers:
             reader.shutdown(wait=False)  # a block read still in flight on a read-ahead thread is not waited for
 
@@ -58,23 +66,47 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     (device mode uploads there); ``gatherer`` replaces the CPU gather (device mode gathers on
     the device).
     """
+    schedule = plan.schedule(stream)
     readers = [source.reader() for source in ds.sources]
-    blocks = [BlockReader(reader, p, stream, readahead=ds.readahead,
+    pools = None
+    if len(schedule.lanes) > len(readers):  # canonical streams: one read thread per source, shared by its lanes
+        pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read") for _ in readers]
+        warn_unmapped(ds, readers, len(schedule.lanes) // len(readers))
+    blocks = [BlockReader(readers[i], plan.sources[i], s, readahead=ds.readahead, pool=pools and pools[i],
                           transform=None if transform is None else partial(transform, source=i))
-              for i, (reader, p) in enumerate(zip(readers, plan.sources))]
+              for i, s in schedule.lanes]
     gather = gatherer or gatherer_of(ds)
     if gatherer is None and ds.transform is not None:  # the user's transform, on each batch where it is gathered
         gather = ds.transform.gatherer(gather, ds.seed, plan.epoch, stream, first_batch)
-    batcher = Batcher(blocks, plan.quotas, gather, next_buffer)
+    batcher = Batcher(blocks, schedule, gather, next_buffer)
     batcher.reset({Batcher.BATCH_KEY: first_batch})
     node: BaseNode = batcher
     if prefetch and ds.prefetch > 0:
         node = Prefetcher(batcher, prefetch_factor=ds.prefetch)
         node.reset({"snapshot": batcher.state_dict(), "steps_since_snapshot": 0})
-    return Stream(node, batcher, readers)
+    return Stream(node, batcher, readers, pools)
 
 
 def gatherer_of(ds: WindowDataset) -> Gatherer:
     """The CPU gather of ``ds``'s batches (windows or packed rows)."""
     return Gatherer(ds.manifest, ds.spec, ds.pack_length, ds.missing, ds.field_gather())
 
+
+
+def warn_unmapped(ds: WindowDataset, readers: list[ShardReader], lanes: int) -> None:
+    """Warn once per source whose blocks are held in memory, not mapped from the page cache (remote shards with no
+    node cache, zstd shards): each of the process's ``lanes`` canonical streams then holds its blocks in RAM."""
+    for source, reader in zip(ds.sources, readers):
+        m = source.manifest
+        if source.url in _WARNED or (not m.compression and reader.shards.mappable and mapped.available()):
+            continue
+        _WARNED.add(source.url)
+        span = ds.spec.span * m.step_bytes
+        block = ds.shuffle_spec.shuffle_buffer * min(ds.spec.stride * m.step_bytes, span) + span
+        why = "zstd shards are decompressed into memory" if m.compression else "remote shards with no cache_dir"
+        warnings.warn(
+            f"streamwin: {source.url}: {why}, so each of this process's {lanes} canonical streams holds its blocks "
+            f"in memory: up to {lanes} x (readahead={ds.readahead} + 1) blocks of up to {block / 2**20:,.0f} MB "
+            "(shuffle_buffer windows). Pass cache_dir= (a node cache: blocks are mapped from it), a smaller "
+            "shuffle_buffer, or canonical=None (one stream a process; the order then depends on the world size and "
+            "workers)", RuntimeWarning, stacklevel=3)

@@ -87,7 +87,7 @@ _POSITION_RANGES = {"batch_size": (1, 1 << 31), "world_size": (1, 1 << 20), "num
 _FLAGS = frozenset({"shuffle", "pad", "jitter"})
 _COUNTS = frozenset({"seed", "window", "stride", "horizon", "min_window", "window_multiple", "windows_per_sequence",
                      "pack_length", "epoch_windows"})
-_OTHER_INPUTS = frozenset({"equalize", "dataset", "split", "sources", "weights", "where"})
+_OTHER_INPUTS = frozenset({"equalize", "dataset", "split", "sources", "weights", "where", "canonical"})
 _KEYS = {"state": frozenset({"version", "epoch", "batches", "inputs", "rest_of"}),
          "run": frozenset({"inputs", "batches"})}
 
@@ -145,6 +145,10 @@ def check_inputs(inputs: Any, field: str = "inputs") -> dict[str, Any]:
     if streams > MAX_STREAMS:  # a plan keeps a few numbers per stream: 10**9 of them would not fit
         raise _bad(f"{field}.world_size", inputs.get("world_size"), f"at most {MAX_STREAMS:,} streams with its "
                    f"num_workers ({streams:,} would need ~{streams * 64 / 1e9:,.0f} GB to plan)")
+    canonical = inputs.get("canonical")
+    if canonical is not None and (not isinstance(canonical, list) or len(canonical) != 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4096 for v in canonical)):
+        raise _bad(f"{field}.canonical", canonical, "[rank slots, step phases], two integers of 1..4096")
     if "equalize" in inputs and inputs["equalize"] not in ("drop", "pad"):
         raise _bad(f"{field}.equalize", inputs["equalize"], '"drop" or "pad"')
     return dict(inputs)
@@ -188,12 +192,34 @@ def check_state(state: Any, inputs: Mapping[str, Any], *, finished: bool = False
     diffs = [f"{k}: in checkpoint {saved.get(k)!r} / now {inputs.get(k)!r}" for k in names
              if _planned(k, saved.get(k)) != _planned(k, inputs.get(k))]
     if diffs:
-        raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs))
+        hint = ""
+        if saved.get("canonical") is None and inputs.get("canonical") is not None:
+            hint = (". This state was taken in the order of one stream per rank and worker (streamwin before "
+                     "canonical streams, or canonical=None): resume it with WindowDataset(..., canonical=None); "
+                     "its next epochs can then be run in that order, or a new job started with canonical streams")
+        raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs) + hint)
+
+
+# with canonical streams these matter only through the global batch, world_size x batch_size
+_WORLD = frozenset({"world_size", "num_workers", "batch_size"})
 
 
 def same_position(saved: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
-    """Whether a position taken under ``saved`` inputs means the same batches under ``now`` (no elastic resume)."""
-    return all(_planned(k, saved.get(k)) == _planned(k, now.get(k)) for k in POSITION_ONLY)
+    """Whether a position taken under ``saved`` inputs means the same batches under ``now`` (no elastic resume).
+
+    With canonical streams the position is the global step, the same in any world and worker count,
+    so only the global batch (world_size x batch_size) and the order's own inputs must agree.
+    """
+    names = POSITION_ONLY
+    if saved.get("canonical") is not None and saved.get("canonical") == now.get("canonical"):
+        if _global_batch(saved) != _global_batch(now):
+            return False
+        names = POSITION_ONLY - _WORLD
+    return all(_planned(k, saved.get(k)) == _planned(k, now.get(k)) for k in names)
+
+
+def _global_batch(inputs: Mapping[str, Any]) -> Any:
+    return inputs.get("world_size", 1) * inputs.get("batch_size", 0)
 
 
 def _planned(name: str, value: Any) -> Any:

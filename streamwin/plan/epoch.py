@@ -22,80 +22,29 @@ way over the new world: each source's order is then what its old streams had not
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
 from streamwin.arguments import check_keywords
-from streamwin.plan.mix import epoch_quotas, normalized, quota_positions, shares
+from streamwin.plan.mix import epoch_quotas, normalized, shares
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import ONLY_SOURCE, ShareOrder, cut_slices
 from streamwin.plan.rows import RowPlan
 from streamwin.plan.space import WindowSpace, array_views
-from streamwin.plan.streams import RestOrder, SourcePlan, stream_ranges, worker_batches
-
-
-@dataclass(frozen=True, eq=False)
-class Plan:
-    """One epoch's plan: a ``SourcePlan`` per source and the windows of each source in every batch."""
-
-    config: PlanConfig
-    epoch: int
-    weights: np.ndarray  # normalized
-    sources: tuple[SourcePlan, ...]  # per source: its order dealt over the streams; items_per_stream = its quotas' sum
-    quotas: np.ndarray  # [J, sources] windows (rows when packed) of each source in batch j of every stream
-    generation: int = 0  # elastic resumes this epoch has been through
-
-    @property
-    def positions(self) -> np.ndarray:
-        """[J + 1, sources]: windows of each source a stream has yielded before batch j."""
-        return quota_positions(self.quotas)
-
-    @property
-    def batches_per_stream(self) -> int:
-        return len(self.quotas)
-
-    @property
-    def batches_per_rank(self) -> int:
-        return self.batches_per_stream * self.config.workers_per_rank
-
-    @property
-    def total_windows(self) -> int:
-        """Windows in this plan's orders: the epoch's, or what an interrupted epoch had left."""
-        return sum(p.total_windows for p in self.sources)
-
-    @property
-    def dropped_windows(self) -> int:
-        return sum(p.dropped_windows for p in self.sources)
-
-    @property
-    def repeated_windows(self) -> int:
-        return sum(p.repeated_windows for p in self.sources)
-
-    @property
-    def dropped_rows(self) -> int:
-        """Packed: rows the streams could fill but leave out to yield equally many (0 unpacked)."""
-        return sum(p.dropped_rows for p in self.sources)
-
-    def taken(self, stream: int, batches_per_rank: int) -> int:
-        """Batches ``stream`` has yielded once its rank took ``batches_per_rank`` (round robin over workers)."""
-        n = self.config.workers_per_rank
-        return min(worker_batches(batches_per_rank, n, stream % n), self.batches_per_stream)
-
-    def used(self, batches_per_rank: int) -> np.ndarray:
-        """[sources, streams]: windows (rows when packed) of each source each stream has yielded after
-        ``batches_per_rank``."""
-        steps = [self.taken(s, batches_per_rank) for s in range(self.config.num_streams)]
-        return self.positions[steps].T.copy()
+from streamwin.plan.canon import deal_canonical
+from streamwin.plan.streams import Plan, RestOrder, SourcePlan, stream_ranges
 
 
 def deal(config: PlanConfig, epoch: int, weights: Sequence[float], orders: Sequence, spaces: Sequence[WindowSpace],
          generation: int = 0) -> Plan:
     """Deal each source's order over ``config``'s streams and fix the quotas and batch count J."""
     w = normalized(weights)
-    ranges = [stream_ranges(o.total, config.num_streams) for o in orders]
     keyed = [ONLY_SOURCE] if len(orders) == 1 else range(len(orders))
+    if config.canonical is not None:
+        return deal_canonical(config, epoch, w, orders, spaces, list(keyed), generation)
+    ranges = [stream_ranges(o.total, config.num_streams) for o in orders]
     if config.pack_length is not None:
         return _deal_rows(config, epoch, w, orders, spaces, ranges, list(keyed), generation)
     quotas = epoch_quotas(config, w, [np.diff(r) for r in ranges])

@@ -156,6 +156,15 @@ def check_packing(spec: WindowSpec, pack_length: Any, equalize: str) -> None:
                          "for validation) is not supported with it, use unpacked batches for validation")
 
 
+def pretraining(spec: WindowSpec, pack_length: Any, equalize: Any, missing: Any) -> tuple[int | None, str | None]:
+    """(pack_length, missing) checked against the window spec, named as the user typed them."""
+    if isinstance(equalize, str) and equalize in EQUALIZE:  # a bad equalize is named by its own check
+        check_packing(spec, pack_length, equalize)
+    if missing not in (None, "mask"):
+        raise ValueError(f"missing must be None or 'mask', got {missing!r}")
+    return None if pack_length is None else int(pack_length), missing
+
+
 @check_keywords()
 @dataclass(frozen=True)
 class PlanConfig:
@@ -171,6 +180,7 @@ class PlanConfig:
     slice_windows: int = 1_250
     equalize: str = "drop"
     pack_length: int | None = None  # rows of this many steps, each holding whole crops (plan/rows.py)
+    canonical: tuple[int, int] | None = None  # (rank slots, step phases): one order for every world (plan/canon.py)
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("world_size", 1), ("num_workers", 0), ("seed", 0),
@@ -181,6 +191,9 @@ class PlanConfig:
         if self.equalize not in EQUALIZE:
             raise ValueError(f"equalize must be 'drop' or 'pad', got {self.equalize!r}")
         check_packing(self.spec, self.pack_length, self.equalize)
+        if self.canonical is not None:
+            object.__setattr__(self, "canonical", check_canonical(self.canonical))
+            check_world(self.canonical, int(self.world_size), int(self.num_workers))
 
     @property
     def workers_per_rank(self) -> int:
@@ -189,4 +202,44 @@ class PlanConfig:
 
     @property
     def num_streams(self) -> int:
+        """Streams the plan deals each source over: the canonical ones, or one per rank and worker."""
+        if self.canonical is not None:
+            return self.canonical[0] * self.canonical[1]
         return self.world_size * self.workers_per_rank
+
+
+DEFAULT_CANONICAL = (8, 8)  # rank slots x step phases: worlds of 1, 2, 4, 8 ranks; 0, 1, 2, 4, 8 workers
+
+
+def check_canonical(canonical: Any) -> tuple[int, int]:
+    """``canonical`` as (rank slots, step phases), two integers >= 1, named as the user typed it."""
+    if isinstance(canonical, (str, bytes)) or not hasattr(canonical, "__len__") or len(canonical) != 2:
+        raise ValueError(f"canonical must be None or (rank slots, step phases), two integers >= 1, got {canonical!r}")
+    for what, value in zip(("rank slots", "step phases"), canonical):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 4096:
+            raise ValueError(f"canonical must be None or (rank slots, step phases), two integers of 1..4096: its "
+                             f"{what} is {value!r} in canonical={tuple(canonical)!r}")
+    return int(canonical[0]), int(canonical[1])
+
+
+def check_world(canonical: tuple[int, int], world_size: int, num_workers: int) -> None:
+    """Refuse a world or worker count the canonical streams cannot serve in their one order, saying what would."""
+    slots, phases = canonical
+    if slots % world_size:
+        fits = [w for w in range(1, slots + 1) if slots % w == 0]
+        raise ValueError(
+            f"world_size={world_size} does not divide the {slots} rank slots of canonical={canonical} (each rank "
+            f"serves whole slots; worlds of {fits} ranks fit): pass canonical=({_multiple(world_size, slots)}, "
+            f"{phases}) to WindowDataset (the same on every job that should share one order), or canonical=None "
+            "for an order that depends on the world size and worker count")
+    if num_workers and phases % num_workers:
+        fits = [w for w in range(1, phases + 1) if phases % w == 0]
+        raise ValueError(
+            f"num_workers={num_workers} does not divide the {phases} step phases of canonical={canonical} (each "
+            f"worker serves whole phases; {fits} workers fit, or 0): pass num_workers= one of those to WindowLoader, "
+            f"or canonical=({slots}, {_multiple(num_workers, phases)}) to WindowDataset")
+
+
+def _multiple(n: int, at_least: int) -> int:
+    """The least multiple of ``n`` that is >= ``at_least``."""
+    return -(-at_least // n) * n

@@ -41,7 +41,7 @@ class RowPlan:
 
     def _stream_bounds(self, plan, stream: int) -> np.ndarray:
         """[blocks + 1]: rows of stream ``stream`` before each of its blocks."""
-        n, bw = plan.windows_per_stream, plan.config.block_windows
+        n, bw = plan.length(stream), plan.config.block_windows
         owned = min(plan.owned(stream), n)
         patches = np.zeros(-(-n // bw), dtype=np.float64)
         crops_in, long = np.zeros_like(patches), np.zeros_like(patches)

@@ -24,15 +24,95 @@ from typing import Sequence
 import numpy as np
 
 from streamwin.plan.crops import lengths, place, units
+from streamwin.plan.mix import quota_positions
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import block_key
 from streamwin.plan.rows import RowPlan, pack
 from streamwin.plan.space import WindowSpace
 
 
-def stream_ranges(total: int, streams: int) -> np.ndarray:
-    """[S + 1]: stream s owns positions [r[s], r[s + 1]) of an order of ``total`` (sizes differ by at most one)."""
-    return (np.arange(streams + 1, dtype=np.int64) * total) // streams
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One epoch's plan: a ``SourcePlan`` per source and the windows of each source in every batch."""
+
+    config: PlanConfig
+    epoch: int
+    weights: np.ndarray  # normalized
+    sources: tuple[SourcePlan, ...]  # per source: its order dealt over the streams; items_per_stream = its quotas' sum
+    quotas: np.ndarray  # [J, sources] windows (rows when packed) of each source in batch j of every stream
+    generation: int = 0  # elastic resumes this epoch has been through
+
+    @property
+    def positions(self) -> np.ndarray:
+        """[J + 1, sources]: windows of each source a stream has yielded before batch j."""
+        return quota_positions(self.quotas)
+
+    @property
+    def batches_per_stream(self) -> int:
+        return len(self.quotas)
+
+    @property
+    def batches_per_rank(self) -> int:
+        return self.batches_per_stream * self.config.workers_per_rank
+
+    @property
+    def total_windows(self) -> int:
+        """Windows in this plan's orders: the epoch's, or what an interrupted epoch had left."""
+        return sum(p.total_windows for p in self.sources)
+
+    @property
+    def dropped_windows(self) -> int:
+        return sum(p.dropped_windows for p in self.sources)
+
+    @property
+    def repeated_windows(self) -> int:
+        return sum(p.repeated_windows for p in self.sources)
+
+    @property
+    def dropped_rows(self) -> int:
+        """Packed: rows the streams could fill but leave out to yield equally many (0 unpacked)."""
+        return sum(p.dropped_rows for p in self.sources)
+
+    def taken(self, stream: int, batches_per_rank: int) -> int:
+        """Batches ``stream`` has yielded once its rank took ``batches_per_rank`` (round robin over workers)."""
+        n = self.config.workers_per_rank
+        return min(worker_batches(batches_per_rank, n, stream % n), self.batches_per_stream)
+
+    def used(self, batches_per_rank: int) -> np.ndarray:
+        """[sources, streams]: windows (rows when packed) of each source each stream has yielded after
+        ``batches_per_rank``."""
+        steps = [self.taken(s, batches_per_rank) for s in range(self.config.num_streams)]
+        return self.positions[steps].T.copy()
+
+    def schedule(self, stream: int) -> "QuotaSchedule":
+        """What stream ``stream`` (rank * max(1, workers) + worker) takes from each source per batch."""
+        return QuotaSchedule(self.quotas, [(i, stream) for i in range(len(self.sources))])
+
+
+class QuotaSchedule:
+    """A stream's batches: batch j takes ``quotas[j, i]`` items of source i's lane (i, stream)."""
+
+    def __init__(self, quotas: np.ndarray, lanes: list[tuple[int, int]]):
+        self.quotas, self.lanes, self.batches = quotas, lanes, len(quotas)
+        self._positions = quota_positions(quotas)
+
+    def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """((lane, items) of batch ``j`` in batch order, items of each source)."""
+        q = self.quotas[j]
+        return [(i, int(n)) for i, n in enumerate(q.tolist()) if n], q
+
+    def positions(self, j: int) -> list[int]:
+        """Items each lane has given before batch ``j``."""
+        return self._positions[min(j, self.batches)].tolist()
+
+
+def stream_ranges(total: int, streams: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """[S + 1]: stream s owns positions [r[s], r[s + 1]) of an order of ``total`` (sizes differ by at most one,
+    or with ``weights`` [S] are in their proportion, within one)."""
+    if weights is None:
+        return (np.arange(streams + 1, dtype=np.int64) * total) // streams
+    cw = np.concatenate([[0], np.cumsum(weights, dtype=np.int64)])
+    return (cw * total) // max(int(cw[-1]), 1)
 
 
 def worker_batches(batches_per_rank: int, workers: int, worker: int) -> int:
@@ -53,7 +133,8 @@ class SourcePlan:
     generation: int = 0  # elastic resumes this epoch has been through (keys the block shuffle)
     source: int | None = None  # the source this plan deals, None for a dataset of one (keys the block shuffle)
     rows: RowPlan | None = None  # packed (pack_length): every stream's rows per block
-    rows_per_stream: int = 0  # packed: rows of this source each stream yields in the epoch
+    rows_per_stream: int | np.ndarray = 0  # packed: rows of this source each stream yields (canonical: per stream)
+    lengths: np.ndarray | None = None  # canonical: windows each stream yields (they differ by slot), else None
     _recent: dict = field(default_factory=dict, init=False, repr=False)  # the last blocks' parts (read, then cut)
 
     @property
@@ -66,7 +147,7 @@ class SourcePlan:
         if self.rows is not None:
             return self.rows.bounds(stream)
         nb = self.num_blocks(stream)
-        return np.minimum(np.arange(nb + 1, dtype=np.int64) * self.config.block_windows, self.windows_per_stream)
+        return np.minimum(np.arange(nb + 1, dtype=np.int64) * self.config.block_windows, self.length(stream))
 
     @property
     def crop_key(self) -> tuple[int, int, int | None]:
@@ -84,7 +165,7 @@ class SourcePlan:
 
         Packed: the windows dealt to no stream (the rows a stream leaves are ``dropped_rows``).
         """
-        owned = np.minimum(np.diff(self.stream_lo), self.windows_per_stream)
+        owned = np.minimum(np.diff(self.stream_lo), self._lengths)
         return self.order.dropped_before + self.total_windows - int(owned.sum())
 
     @property
@@ -95,10 +176,18 @@ class SourcePlan:
     @property
     def repeated_windows(self) -> int:
         """Windows yielded a second time to equalize steps (equalize="pad"), marked weight 0."""
-        return int(np.maximum(self.windows_per_stream - np.diff(self.stream_lo), 0).sum())
+        return int(np.maximum(self._lengths - np.diff(self.stream_lo), 0).sum())
+
+    @property
+    def _lengths(self) -> np.ndarray | int:
+        return self.windows_per_stream if self.lengths is None else self.lengths
+
+    def length(self, stream: int) -> int:
+        """Windows of this source stream ``stream`` yields in the epoch (packed: reads)."""
+        return self.windows_per_stream if self.lengths is None else int(self.lengths[stream])
 
     def num_blocks(self, stream: int) -> int:
-        return -(-self.windows_per_stream // self.config.block_windows)
+        return -(-self.length(stream) // self.config.block_windows)
 
     def owned(self, stream: int) -> int:
         """Windows of the order that stream ``stream`` owns (those of its positions that are real)."""
@@ -126,7 +215,7 @@ class SourcePlan:
     def _block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         cfg = self.config
         lo = block * cfg.block_windows
-        hi = min(lo + cfg.block_windows, self.windows_per_stream)
+        hi = min(lo + cfg.block_windows, self.length(stream))
         if not 0 <= lo < hi:
             raise IndexError(f"stream {stream} has no block {block}")
         positions = np.arange(lo, hi, dtype=np.int64)
@@ -214,7 +303,7 @@ class RestOrder:
     def _left_of(self, s: int):
         """(block, windows of it yielded, windows left) of old stream ``s``'s blocks with windows left."""
         base, used_s = self.base, self.used[s]
-        bw, length, owned = base.config.block_windows, base.windows_per_stream, base.owned(s)
+        bw, length, owned = base.config.block_windows, base.length(s), base.owned(s)
         for b in range(used_s // bw, base.num_blocks(s)):
             lo, hi = b * bw, min((b + 1) * bw, length)
             skip = max(used_s - lo, 0)
@@ -232,7 +321,7 @@ class RestOrder:
         """(block, rows of it yielded, crops left) of old stream ``s``'s blocks (packed): every crop not in a
         yielded row, those of the block the stream stopped in (packing it) and every one of the blocks after."""
         base, used_s = self.base, self.used[s]
-        bw, length, owned = base.config.block_windows, base.windows_per_stream, base.owned(s)
+        bw, length, owned = base.config.block_windows, base.length(s), base.owned(s)
         bounds = base.rows.bounds(s)
         first = int(np.searchsorted(bounds, used_s, side="right")) - 1
         for b in range(first, base.num_blocks(s)):

@@ -1,0 +1,190 @@
+"""Canonical streams: one order of global batches, whatever the number of ranks and workers.
+
+``canonical=(A, P)`` (default (8, 8)): C = A x P canonical streams, A *rank slots* x P *step
+phases*. Nothing below depends on the world size W or the worker count, only on the global
+batch G = world_size x batch_size (items: windows, or packed rows), so global batch k (every
+rank's batch k, in rank order) is the same in every world A allows, with any workers P allows.
+
+1. **Slots.** Slot a's micro-batch holds m_a = G(a+1)//A - Ga//A items (they sum to G).
+2. **Streams.** Stream c = a*P + p takes range c of each source's epoch order, the ranges in
+   proportion to m_a (so every stream runs out at the same step; equal when A divides G), and
+   permutes it in blocks of ``shuffle_buffer`` windows keyed (seed, epoch, c, block), as any
+   stream does (streams.SourcePlan): reads, crops, packed rows and their fill are per block,
+   as in the order that deals one stream per rank and worker.
+3. **Global batch k** is, slot after slot, micro-batch t = k // P of stream (a, k mod P). With
+   a mix, micro-batch t of slot a holds ``batch_quotas(m_a)``'s row t*A + a of each source (its
+   share within one item), so the slots of one batch take their extra items in turn.
+4. **Who serves what.** Rank r of W (W divides A) serves slots [rA/W, (r+1)A/W): its batch k is
+   its slots' micro-batches, batch_size items. Worker w of n (n divides P) makes the rank's
+   batches k = w mod n (the loader takes workers' batches round robin), so it runs the streams
+   of phases p = w mod n: (A/W) x (P/n) streams a process (all P phases in-process). A rank's
+   batch is grouped by source (each source's micro-batches, slot after slot), as any batch of a mix.
+5. **Steps.** Phase p's streams give J_p micro-batches: the most every slot's stream holds
+   ("drop"), or the fewest that cover each ("pad": repeats of weight 0). The epoch has
+   K = min_p (P J_p + p) steps ("drop"; "pad": the fewest that cover every phase), the same on
+   every rank. Before step k stream (a, p) has given ceil((k - p) / P) micro-batches: the
+   position of a job is its step, in any world.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from streamwin.plan.mix import batch_quotas
+from streamwin.plan.options import PlanConfig
+from streamwin.plan.rows import RowPlan
+from streamwin.plan.streams import Plan, SourcePlan, stream_ranges, worker_batches
+from streamwin.plan.space import WindowSpace
+
+
+def slot_sizes(total: int, slots: int) -> np.ndarray:
+    """[A] items of each slot's micro-batch: G(a+1)//A - Ga//A (they sum to ``total``)."""
+    return np.diff(np.arange(slots + 1, dtype=np.int64) * total // slots)
+
+
+def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int) -> tuple[np.ndarray, ...]:
+    """Per slot a, int64 [micro, sources]: items of each source in micro-batch t (row t*A + a of batch_quotas(m_a))."""
+    slots = len(m)
+    if len(w) == 1:
+        return tuple(np.full((micro, 1), int(n), dtype=np.int64) for n in m)
+    return tuple(batch_quotas(int(m[a]), w, micro * slots)[a::slots].copy() for a in range(slots))
+
+
+def phase_steps(cum: np.ndarray, size: np.ndarray, drop: bool) -> int:
+    """Micro-batches a stream of ``size`` items per source gives: the most that fit (``drop``), or the fewest that
+    cover; ``cum`` [T + 1, sources] its slot's summed quotas (from 0). T when T do not suffice."""
+    if drop:
+        return min(int(np.searchsorted(cum[:, i], size[i], side="right")) - 1 for i in range(len(size)))
+    return max(int(np.searchsorted(cum[:, i], size[i], side="left")) for i in range(len(size)))
+
+
+@dataclass(frozen=True, eq=False)
+class CanonPlan(Plan):
+    """An epoch's plan over canonical streams: every source dealt over the C streams, the slots' quotas, K steps."""
+
+    slots: tuple[np.ndarray, ...] = ()  # per slot a: [T, sources] items of each source in its micro-batch t
+    steps: int = 0  # K: global batches of the epoch (every rank's batches)
+
+    @property
+    def batches_per_rank(self) -> int:
+        return self.steps
+
+    @property
+    def batches_per_stream(self) -> int:
+        """Micro-batches the streams of phase 0 give (the most any stream gives)."""
+        return self.micro(0, self.steps)
+
+    def micro(self, stream: int, step: int) -> int:
+        """Micro-batches canonical stream ``stream`` has given before global step ``step``."""
+        p = stream % self.config.canonical[1]
+        return max(0, -(-(step - p) // self.config.canonical[1]))
+
+    def taken(self, stream: int, batches_per_rank: int) -> int:
+        return self.micro(stream, min(batches_per_rank, self.steps))
+
+    def used(self, batches_per_rank: int) -> np.ndarray:
+        """[sources, C]: items of each source each canonical stream has given after ``batches_per_rank`` steps."""
+        a_of = np.arange(self.config.num_streams) // self.config.canonical[1]
+        out = np.zeros((len(self.sources), self.config.num_streams), dtype=np.int64)
+        for c in range(self.config.num_streams):
+            t = self.taken(c, batches_per_rank)
+            out[:, c] = self.slots[a_of[c]][:t].sum(axis=0)
+        return out
+
+    def schedule(self, stream: int) -> "CanonSchedule":
+        """What process ``stream`` (rank * max(1, workers) + worker) takes from which canonical stream, per batch."""
+        return CanonSchedule(self, *divmod(stream, self.config.workers_per_rank))
+
+
+class CanonSchedule:
+    """One process's batches: lane l = (source, canonical stream) of its slots and phases; batch j = global step k."""
+
+    def __init__(self, plan: CanonPlan, rank: int, worker: int):
+        cfg = plan.config
+        slots, phases = cfg.canonical
+        per, self.n, self.w = slots // cfg.world_size, cfg.num_workers, worker
+        self.phases = phases
+        mine = range(worker, phases, cfg.num_workers) if cfg.num_workers else range(phases)
+        self.lanes = [(i, a * phases + p) for i in range(len(plan.sources))
+                      for a in range(rank * per, (rank + 1) * per) for p in mine]
+        self.batches = worker_batches(plan.steps, self.n, worker) if self.n else plan.steps
+        self._col = [plan.slots[c // phases][:, i] for i, c in self.lanes]
+        self._cum = [np.concatenate([[0], np.cumsum(q)]) for q in self._col]
+        self._by_phase = {p: [(l, i) for l, (i, c) in enumerate(self.lanes) if c % phases == p] for p in mine}
+        self._sources = len(plan.sources)
+
+    def step(self, j: int) -> int:
+        """The global step of this process's batch ``j``."""
+        return j * self.n + self.w if self.n else j
+
+    def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """((lane, items) of batch ``j`` in batch order, items of each source)."""
+        k = self.step(j)
+        t = k // self.phases
+        counts = np.zeros(self._sources, dtype=np.int64)
+        out = []
+        for lane, i in self._by_phase[k % self.phases]:
+            need = int(self._col[lane][t])
+            if need:
+                out.append((lane, need))
+                counts[i] += need
+        return out, counts
+
+    def positions(self, j: int) -> list[int]:
+        """Items each lane has given before this process's batch ``j``."""
+        k = self.step(j)
+        out = []
+        for (_, c), cum in zip(self.lanes, self._cum):
+            t = max(0, -(-(k - c % self.phases) // self.phases))
+            out.append(int(cum[min(t, len(cum) - 1)]))
+        return out
+
+
+def deal_canonical(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, spaces: Sequence[WindowSpace],
+                   keyed: list, generation: int = 0) -> CanonPlan:
+    """Deal each source's order over the canonical streams, in proportion to their slots' micro-batches; fix K."""
+    slots, phases = config.canonical
+    m = slot_sizes(config.world_size * config.batch_size, slots)
+    ranges = [stream_ranges(o.total, slots * phases, np.repeat(m, phases)) for o in orders]
+    plans = [SourcePlan(config, epoch, space, order, r, int(np.diff(r).max(initial=0)), generation, source=key,
+                        lengths=np.diff(r)) for space, order, r, key in zip(spaces, orders, ranges, keyed)]
+    q_w = w  # the sources' shares of every micro-batch
+    if config.pack_length is not None:  # each stream reads every window it owns; items are rows
+        row_units = config.pack_length // config.spec.window_multiple
+        rows = [RowPlan(p, row_units) for p in plans]
+        sizes = np.stack([r.per_stream for r in rows])
+        filled = sizes.sum(axis=1).astype(np.float64)
+        q_w = filled / filled.sum() if filled.sum() else w
+    else:
+        rows, sizes = None, np.stack([np.diff(r) for r in ranges])
+    drop = config.equalize == "drop"
+    live = [a for a in range(slots) if m[a]]
+    need = max([int(sizes[:, a * phases:(a + 1) * phases].sum(axis=0).max(initial=0)) // int(m[a]) for a in live],
+               default=0) + 2
+    while True:  # enough micro-batches for every stream to run out (pad: cover) within them
+        quotas = slot_quotas(m, q_w, need)
+        cums = [np.concatenate([np.zeros((1, len(q_w)), dtype=np.int64), np.cumsum(q, axis=0)]) for q in quotas]
+        per = np.array([[phase_steps(cums[a], sizes[:, a * phases + p], drop) for a in live] for p in range(phases)])
+        if drop or (per <= need).all():
+            break
+        need *= 2
+    if drop:
+        j = per.min(axis=1) if live else np.zeros(phases, dtype=np.int64)
+        steps = int(min(phases * int(j[p]) + p for p in range(phases)))
+    else:
+        j = per.max(axis=1)
+        steps = max([phases * (int(j[p]) - 1) + p + 1 for p in range(phases) if j[p] > 0], default=0)
+    micro = -(-steps // phases)
+    quotas = tuple(q[:micro] for q in quotas)
+    taken = [max(0, -(-(steps - c % phases) // phases)) for c in range(slots * phases)]
+    items = np.array([[int(quotas[c // phases][:taken[c], i].sum()) for c in range(slots * phases)]
+                      for i in range(len(plans))], dtype=np.int64)
+    if rows is None:
+        plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)))
+                 for i, p in enumerate(plans)]
+    else:
+        plans = [replace(p, rows=r, rows_per_stream=items[i]) for i, (p, r) in enumerate(zip(plans, rows))]
+    return CanonPlan(config, epoch, w, tuple(plans), np.zeros((0, len(plans)), dtype=np.int64), generation,
+                     slots=quotas, steps=steps)

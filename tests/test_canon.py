@@ -1,0 +1,240 @@
+"""One order of global batches, whatever the world size and worker count (issue 30, canonical streams).
+
+Ranks are simulated in one process (explicit rank/world_size) and stepped in lockstep; global
+batch k is every rank's batch k, in rank order. For each kind of batch (plain windows, jitter
+crops, windows_per_sequence, packed rows, a weighted mix) the global batches of every
+(world, workers) must equal those of one process without workers; independently of streamwin,
+every window must be one the naive enumeration of the corpus gives (or, for drawn crops, lie
+inside its sequence), hold exactly that sequence's steps, and come at most once. Unshuffled, the
+order itself is computed here from the corpus alone (``reference_unshuffled``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+import streamwin as sw
+from conftest import lockstep, make_sequences, reference_windows, two_corpora
+
+W, S, G = 16, 8, 16  # window, stride, global batch
+WORLDS = [(1, 0), (1, 2), (2, 0), (2, 1), (4, 1)]
+CASES = {
+    "plain": dict(),
+    "jitter": dict(jitter=True),
+    "windows_per_sequence": dict(windows_per_sequence=3),
+    "packed": dict(pack_length=48, min_window=8, window_multiple=4),
+    "mix": dict(weights=[0.7, 0.3]),
+}
+OPEN: list = []
+
+
+@pytest.fixture(autouse=True)
+def close_loaders():
+    yield
+    while OPEN:
+        OPEN.pop().close()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("canon")
+    return two_corpora(root)
+
+
+def job(url, world, workers, batch=G, **kw):
+    kw = {"shuffle_buffer": 64, "seed": 11, **kw}
+    group = [sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=batch // world, rank=r,
+                                              world_size=world, **kw), num_workers=workers)
+             for r in range(world)]
+    OPEN.extend(group)
+    return group
+
+
+def crops(b) -> list[tuple]:
+    """(source, key, start, length) of every window (crop) of a batch, in batch order."""
+    n = len(b["key"])
+    source = b["source"].tolist() if "source" in b else [0] * n
+    length = b["length"].tolist() if "length" in b else [W] * n
+    return list(zip(source, list(b["key"]), b["start"].tolist(), length))
+
+
+def summary(b) -> tuple:
+    return crops(b), hashlib.sha256(b["x"].numpy().tobytes()).hexdigest()[:16]
+
+
+def global_batches(per_rank, grouped=False) -> list:
+    """Step k: the ranks' batches of step k in rank order (crops; sorted where a batch of a mix is grouped by source)."""
+    out = []
+    for k in range(len(per_rank[0])):
+        got = sum((r[k][0] for r in per_rank), [])
+        out.append(sorted(got) if grouped else got)
+    return out
+
+
+def check_content(seqs_by_source, packed: bool):
+    """Independent of streamwin: each crop's steps are its sequence's, as the corpus was written."""
+    def check(b):
+        x = b["x"].numpy()
+        if packed:  # rows of crops: segment ids mark each crop's steps in its row
+            pos, table = 0, crops(b)
+            for row in range(len(x)):
+                seg = b["segment_ids"][row].numpy()
+                for sid in range(1, int(seg.max(initial=0)) + 1):
+                    src, key, start, n = table[pos]
+                    want = seqs_by_source[src][key][start : start + n]
+                    assert len(want) == n and np.array_equal(x[row][seg == sid], want), (key, start)
+                    pos += 1
+            return
+        for i, (src, key, start, n) in enumerate(crops(b)):
+            want = seqs_by_source[src][key][start : start + n]
+            assert len(want) == n and np.array_equal(x[i][:n], want), (key, start)
+    return check
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, case):
+    urls, seqs = corpus
+    kw = dict(CASES[case])
+    mixed = "weights" in kw
+    url = urls if mixed else urls[0]
+    seqs_by_source = seqs if mixed else seqs[:1]
+    check = check_content(seqs_by_source, "pack_length" in kw)
+    runs, xs = {}, {}
+    for world, workers in WORLDS:
+        group = job(url, world, workers, **kw)
+        per_rank = lockstep(group, summary, check=check)
+        assert {len(x) for x in group} == {len(r) for r in per_rank}, "equal steps on every rank, as len() says"
+        runs[world, workers] = global_batches(per_rank, grouped=mixed)
+        xs[world, workers] = [[r[k][1] for r in per_rank] for k in range(len(per_rank[0]))]
+    ref = runs[1, 0]
+    assert len(ref) > 5
+    for key, got in runs.items():
+        assert len(got) == len(ref), f"{key}: {len(got)} global batches, one process made {len(ref)}"
+        for k, (a, b) in enumerate(zip(got, ref)):
+            assert a == b, f"{key}: global batch {k} differs from one process's"
+        if key[0] == 1:  # one rank: the x bytes too, bitwise
+            assert xs[key] == xs[1, 0], f"{key}: x differs"
+    seen = [c[:3] for batch in ref for c in batch]
+    once = [c for c in seen if c[0] == 0]  # the small source of the mix repeats by its weight, the large one not
+    assert len(once) == len(set(once)), "a window twice in one epoch"
+    if case in ("plain", "mix"):  # the stride grid: every window is one of the naive enumeration's
+        ref_sets = [reference_windows(s, W, S) for s in seqs_by_source]
+        assert all((key, start) in ref_sets[src] for src, key, start in seen)
+        if case == "plain":
+            total = len(ref_sets[0])
+            assert total - len(seen) < 64 * G // 8, "less than a micro-batch per canonical stream dropped"
+    if mixed:  # each global batch holds the weights' share of each source, within one window per slot
+        for batch in ref:
+            n0 = sum(c[0] == 0 for c in batch)
+            assert abs(n0 - 0.7 * G) <= 8
+
+
+def reference_unshuffled(seqs, shard_keys, slots, phases, g):
+    """The canonical order computed from the corpus alone (shuffle=False): the windows in manifest order cut into
+    slices of at most ``slice_windows`` per shard, laid end to end; stream c = a*P + p owns range c (in proportion
+    to its slot's micro-batch); global batch k = per slot a, micro-batch k // P of stream (a, k mod P)."""
+    order = []
+    for keys in shard_keys:  # shards in manifest order; each shard's windows in key order
+        order += [(k, s) for k in keys for s in range(0, len(seqs[k]) - W + 1, S)]
+    m = [g * (a + 1) // slots - g * a // slots for a in range(slots)]
+    weights = np.repeat(m, phases)
+    cw = np.concatenate([[0], np.cumsum(weights)])
+    bounds = cw * len(order) // cw[-1]
+    streams = [order[bounds[c]:bounds[c + 1]] for c in range(slots * phases)]
+    steps = min(phases * min(len(streams[a * phases + p]) // m[a] for a in range(slots) if m[a]) + p
+                for p in range(phases))
+    out = []
+    for k in range(steps):
+        p, t = k % phases, k // phases
+        out.append([w for a in range(slots) for w in streams[a * phases + p][t * m[a]:(t + 1) * m[a]]])
+    return out
+
+
+@pytest.mark.parametrize("world,workers,batch", [(1, 0, 16), (2, 1, 12), (4, 2, 16)])
+def test_the_unshuffled_order_is_the_one_computed_from_the_corpus(tmp_path, world, workers, batch):
+    seqs = make_sequences(50, seed=5, max_len=300)
+    keys = sorted(seqs)
+    shards = [keys[:20], keys[20:]]  # pack writes its input in order; two calls would be two datasets
+    url = str(tmp_path / "ds")
+    sw.pack([(k, seqs[k]) for k in keys], url, shard_bytes=10**9, progress=False)
+    group = job(url, world, workers, batch=batch, shuffle=False, slice_windows=10**6, canonical=(4, 2))
+    got = global_batches(lockstep(group, lambda b: (list(zip(list(b["key"]), b["start"].tolist())), None)))
+    want = reference_unshuffled(seqs, [keys], 4, 2, batch)
+    assert got == want
+    assert shards  # (one shard: slices of 10**6 windows are whole shards)
+
+
+def test_epochs_differ_and_runs_repeat(corpus):
+    url = corpus[0][0]
+    a = [lockstep(job(url, 2, 0), summary) for _ in range(2)]
+    assert a[0] == a[1]
+    group = job(url, 2, 0)
+    for x in group:
+        x.set_epoch(1)
+    assert lockstep(group, summary) != a[0]
+
+
+@pytest.mark.parametrize("old,new", [((4, 1), (2, 0)), ((1, 0), (2, 2))])
+def test_a_resume_in_another_world_continues_the_same_global_batches(corpus, old, new):
+    url = corpus[0][0]
+    whole = global_batches(lockstep(job(url, *old), summary))
+    first = job(url, *old)
+    before = global_batches(lockstep(first, summary, take=7))
+    state = json.loads(json.dumps(first[-1].state_dict()))
+    group = job(url, *new)
+    for x in group:
+        x.load_state_dict(state)
+    after = global_batches(lockstep(group, summary))
+    assert before + after == whole
+    assert {len(x) for x in group} == {len(whole)}
+
+
+def test_a_resume_under_another_global_batch_deals_the_rest_once(corpus):
+    """World x batch changed: the rest of the epoch is dealt anew over the canonical streams; no window twice."""
+    url = corpus[0][0]
+    first = job(url, 2, 0, batch=16)
+    before = global_batches(lockstep(first, summary, take=5))
+    state = first[0].state_dict()
+    group = job(url, 2, 0, batch=8)
+    for x in group:
+        x.load_state_dict(state)
+    after = global_batches(lockstep(group, summary))
+    seen = [c for batch in before + after for c in batch]
+    assert len(seen) == len(set(seen)) and len(after) > 5
+    assert {len(x) for x in group} == {5 + len(after)}
+
+
+def test_worlds_and_workers_the_canonical_streams_do_not_divide_are_refused(corpus):
+    url = corpus[0][0]
+    ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4)
+    with pytest.raises(ValueError, match=r"world_size=3 does not divide the 8 rank slots of canonical=\(8, 8\).*"
+                                         r"canonical=\(9, 8\)"):
+        len(ds)
+    ds = sw.WindowDataset(url, window=W, rank=0, world_size=1, batch_size=4)
+    with pytest.raises(ValueError, match=r"num_workers=3 does not divide the 8 step phases"):
+        ds.plan(0, 3)
+    with pytest.raises(ValueError, match=r"canonical must be None or \(rank slots, step phases\)"):
+        sw.WindowDataset(url, window=W, canonical=8)
+    ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4, canonical=None)
+    assert len(ds) > 0  # the order of one stream per rank and worker
+
+
+def test_a_state_of_the_order_before_canonical_streams_is_refused_saying_how_to_load_it(corpus):
+    url = corpus[0][0]
+    old = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=4, canonical=None), num_workers=0)
+    OPEN.append(old)
+    it = iter(old)
+    next(it)
+    state = old.state_dict()
+    assert "canonical" not in state["inputs"]
+    new = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=4), num_workers=0)
+    OPEN.append(new)
+    with pytest.raises(sw.StateMismatchError, match=r"canonical: in checkpoint None / now \[8, 8\].*canonical=None"):
+        new.load_state_dict(state)
+    again = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=4, canonical=None), num_workers=0)
+    OPEN.append(again)
+    again.load_state_dict(state)
+    assert len(list(again)) == len(old) - 1
