@@ -27,6 +27,7 @@ from streamwin.read import ReadStats, ShardReader
 from streamwin.storage import mapped
 
 _WARNED: set = set()  # the URLs warned about (once a process)
+WARN_BYTES = 256 << 20  # warn where the blocks a process may hold in memory exceed this
 
 
 class Stream:
@@ -100,13 +101,15 @@ def warn_unmapped(ds: WindowDataset, readers: list[ShardReader], lanes: int) -> 
         m = source.manifest
         if source.url in _WARNED or (not m.compression and reader.shards.mappable and mapped.available()):
             continue
-        _WARNED.add(source.url)
         span = ds.spec.span * m.step_bytes
         block = ds.shuffle_spec.shuffle_buffer * min(ds.spec.stride * m.step_bytes, span) + span
+        if lanes * (ds.readahead + 1) * block < WARN_BYTES:
+            continue
+        _WARNED.add(source.url)
         why = "zstd shards are decompressed into memory" if m.compression else "remote shards with no cache_dir"
         warnings.warn(
             f"streamwin: {source.url}: {why}, so each of this process's {lanes} canonical streams holds its blocks "
-            f"in memory: up to {lanes} x (readahead={ds.readahead} + 1) blocks of up to {block / 2**20:,.0f} MB "
+            f"in memory: up to {lanes} x (readahead={ds.readahead} + 1) blocks of up to {block / 2**20:,.1f} MB "
             "(shuffle_buffer windows). Pass cache_dir= (a node cache: blocks are mapped from it), a smaller "
             "shuffle_buffer, or canonical=None (one stream a process; the order then depends on the world size and "
             "workers)", RuntimeWarning, stacklevel=3)
