@@ -48,7 +48,7 @@ def close_loaders():
 
 
 def loader(url, workers=0, device=None, *, rank=0, world=1, batch=4, **kw) -> sw.WindowLoader:
-    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=48, seed=11) | kw
+    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=48, seed=11, canonical=(6, 8)) | kw  # 1-3 ranks
     ld = sw.WindowLoader(sw.WindowDataset(url, rank=rank, world_size=world, **args), num_workers=workers,
                          device=device)
     OPEN.append(ld)
