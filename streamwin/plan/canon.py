@@ -12,8 +12,8 @@ rank's batch k, in rank order) is the same in every world A allows, with any wor
    stream does (streams.SourcePlan): reads, crops, packed rows and their fill are per block,
    as in the order that deals one stream per rank and worker.
 3. **Global batch k** is, slot after slot, micro-batch t = k // P of stream (a, k mod P). With
-   a mix, micro-batch t of slot a holds ``batch_quotas(m_a)``'s row t*A + a of each source (its
-   share within one item), so the slots of one batch take their extra items in turn.
+   a mix, global batch k holds floor(w_i G) or ceil(w_i G) items of source i, spread over the
+   slots so evenly that every rank's batch holds its share within an item or two (``slot_quotas``).
 4. **Who serves what.** Rank r of W (W divides A) serves slots [rA/W, (r+1)A/W): its batch k is
    its slots' micro-batches, batch_size items. Worker w of n (n divides P) makes the rank's
    batches k = w mod n (the loader takes workers' batches round robin), so it runs the streams
@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from streamwin.plan.mix import batch_quotas
+from streamwin.plan.mix import PHI, batch_quotas
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.rows import RowPlan
 from streamwin.plan.streams import Plan, SourcePlan, stream_ranges, worker_batches
@@ -45,11 +45,43 @@ def slot_sizes(total: int, slots: int) -> np.ndarray:
 
 
 def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int) -> tuple[np.ndarray, ...]:
-    """Per slot a, int64 [micro, sources]: items of each source in micro-batch t (row t*A + a of batch_quotas(m_a))."""
+    """Per slot a, int64 [micro, sources]: items of each source in micro-batch t.
+
+    Global micro-row t (every slot's micro-batch t, the G items of a global batch) holds
+    ``batch_quotas(G)``'s row t of each source: floor(w_i G) or ceil(w_i G). Its G positions are
+    dealt to sources by smooth weighted round robin (``interleave``), a circular pattern turned by
+    frac(t * PHI) * G, and slot a takes positions [G a // A, G (a + 1) // A) of it: any run of
+    slots (a rank's) holds its share within one or two items of each source (two sources: floor
+    or ceil of it), and every slot takes each source's share on average, as its streams' ranges do.
+    """
     slots = len(m)
     if len(w) == 1:
         return tuple(np.full((micro, 1), int(n), dtype=np.int64) for n in m)
-    return tuple(batch_quotas(int(m[a]), w, micro * slots)[a::slots].copy() for a in range(slots))
+    rows = batch_quotas(int(m.sum()), w, micro)
+    g, edges = int(m.sum()), np.concatenate([[0], np.cumsum(m)])
+    turn = (np.modf(np.arange(micro, dtype=np.float64) * PHI)[0] * g).astype(np.int64)  # row t's rotation
+    out = np.zeros((micro, slots, len(w)), dtype=np.int64)
+    kinds, which = np.unique(rows, axis=0, return_inverse=True)  # a few distinct rows (floor or ceil per source)
+    for k, counts in enumerate(kinds):
+        twice = np.eye(len(w), dtype=np.int64)[interleave(counts) * 2]  # the circular pattern, unrolled twice
+        cum = np.concatenate([np.zeros((1, len(w)), dtype=np.int64), np.cumsum(twice, axis=0)])
+        mine = np.flatnonzero(which.reshape(-1) == k)
+        at = cum[turn[mine, None] + edges[None, :]]  # [rows, slots + 1, sources]: items before each slot edge
+        out[mine] = np.diff(at, axis=1)
+    return tuple(out[:, a].copy() for a in range(slots))
+
+
+def interleave(counts: np.ndarray) -> list[int]:
+    """The source of each of sum(counts) positions, ``counts[i]`` of source i, spread evenly (smooth weighted
+    round robin: each position goes to the source furthest behind its share; ties to the earlier source)."""
+    total, c = int(counts.sum()), [int(n) for n in counts]
+    credit, out = [0] * len(c), []
+    for _ in range(total):
+        credit = [a + b for a, b in zip(credit, c)]
+        i = max(range(len(c)), key=credit.__getitem__)
+        credit[i] -= total
+        out.append(i)
+    return out
 
 
 def phase_steps(cum: np.ndarray, size: np.ndarray, drop: bool) -> int:
@@ -142,12 +174,39 @@ class CanonSchedule:
         return out
 
 
+REDEALS = 4  # deals again, at most, of a mix's ranges in proportion to what each stream takes
+
+
 def deal_canonical(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, spaces: Sequence[WindowSpace],
                    keyed: list, generation: int = 0) -> CanonPlan:
-    """Deal each source's order over the canonical streams, in proportion to their slots' micro-batches; fix K."""
+    """Deal each source's order over the canonical streams and fix K.
+
+    The ranges follow the slots' micro-batches (every stream runs out at the same step). With
+    several sources a stream's share of each source wavers around its slot's average by an
+    item or two, a lot for a small source over 64 streams: the ranges are then dealt again in
+    proportion to what each stream takes of each source under the first deal.
+    """
     slots, phases = config.canonical
     m = slot_sizes(config.world_size * config.batch_size, slots)
-    ranges = [stream_ranges(o.total, slots * phases, np.repeat(m, phases)) for o in orders]
+    plan = _deal(config, epoch, w, orders, spaces, keyed, generation, [np.repeat(m, phases)] * len(orders))
+    for _ in range(REDEALS if len(orders) > 1 else 0):
+        if not plan.steps:
+            break
+        takes = [np.asarray(p.rows_per_stream if p.rows is not None else p.lengths) for p in plan.sources]
+        again = _deal(config, epoch, w, orders, spaces, keyed, generation,
+                      [t if t.sum() else np.repeat(m, phases) for t in takes])
+        if again.steps <= plan.steps:
+            break
+        plan = again
+    return plan
+
+
+def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, spaces: Sequence[WindowSpace],
+          keyed: list, generation: int, shares: list[np.ndarray]) -> CanonPlan:
+    """``deal_canonical`` with source i's ranges in proportion to ``shares[i]`` [C]."""
+    slots, phases = config.canonical
+    m = slot_sizes(config.world_size * config.batch_size, slots)
+    ranges = [stream_ranges(o.total, slots * phases, share) for o, share in zip(orders, shares)]
     plans = [SourcePlan(config, epoch, space, order, r, int(np.diff(r).max(initial=0)), generation, source=key,
                         lengths=np.diff(r)) for space, order, r, key in zip(spaces, orders, ranges, keyed)]
     q_w = w  # the sources' shares of every micro-batch
