@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from streamwin.plan.mix import PHI, batch_quotas
+from streamwin.plan.mix import batch_quotas
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.rows import RowPlan
 from streamwin.plan.streams import Plan, SourcePlan, stream_ranges, worker_batches
@@ -50,7 +50,7 @@ def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int) -> tuple[np.ndarray, .
     Global micro-row t (every slot's micro-batch t, the G items of a global batch) holds
     ``batch_quotas(G)``'s row t of each source: floor(w_i G) or ceil(w_i G). Its G positions are
     dealt to sources by smooth weighted round robin (``interleave``), a circular pattern turned by
-    frac(t * PHI) * G, and slot a takes positions [G a // A, G (a + 1) // A) of it: any run of
+    frac(t * TURN) * G, and slot a takes positions [G a // A, G (a + 1) // A) of it: any run of
     slots (a rank's) holds its share within one or two items of each source (two sources: floor
     or ceil of it), and every slot takes each source's share on average, as its streams' ranges do.
     """
@@ -59,7 +59,9 @@ def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int) -> tuple[np.ndarray, .
         return tuple(np.full((micro, 1), int(n), dtype=np.int64) for n in m)
     rows = batch_quotas(int(m.sum()), w, micro)
     g, edges = int(m.sum()), np.concatenate([[0], np.cumsum(m)])
-    turn = (np.modf(np.arange(micro, dtype=np.float64) * PHI)[0] * g).astype(np.int64)  # row t's rotation
+    # row t's rotation: by another irrational than the rows' own (mix.PHI), with which it would correlate (a source's
+    # extra item would fall on the same slots)
+    turn = (np.modf(np.arange(micro, dtype=np.float64) * TURN)[0] * g).astype(np.int64)
     out = np.zeros((micro, slots, len(w)), dtype=np.int64)
     kinds, which = np.unique(rows, axis=0, return_inverse=True)  # a few distinct rows (floor or ceil per source)
     for k, counts in enumerate(kinds):
@@ -174,6 +176,7 @@ class CanonSchedule:
         return out
 
 
+TURN = 2 ** 0.5 - 1  # the rotation of a global batch's positions per micro-row (an irrational apart from mix.PHI)
 REDEALS = 4  # deals again, at most, of a mix's ranges in proportion to what each stream takes
 
 
