@@ -29,6 +29,7 @@ def main() -> None:
     p.add_argument("--equalize", default="drop")
     p.add_argument("--storage-options", default=None, help="JSON file")
     p.add_argument("--cache-dir", default=None, help="node-local shard cache")
+    p.add_argument("--canonical", default="8,8", help="rank slots,step phases of the canonical streams, or none")
     p.add_argument("--stop-after", type=int, default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--state-of-rank", type=int, default=None, help="every rank loads this old rank's state")
@@ -36,7 +37,8 @@ def main() -> None:
     so = json.load(open(a.storage_options)) if a.storage_options else None
     # built before init_process_group, as users often do: rank is resolved when iteration starts
     ds = sw.WindowDataset(a.url, window=a.window, stride=a.stride, batch_size=a.batch_size, shuffle_buffer=64,
-                          seed=7, equalize=a.equalize, storage_options=so, cache_dir=a.cache_dir)
+                          seed=7, equalize=a.equalize, storage_options=so, cache_dir=a.cache_dir,
+                          canonical=None if a.canonical == "none" else tuple(map(int, a.canonical.split(","))))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     loader = sw.WindowLoader(ds, num_workers=a.workers)
