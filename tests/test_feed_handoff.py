@@ -179,7 +179,7 @@ def test_the_trainer_takes_batches_in_runs_and_wakes_its_worker_once_a_run(tiny)
         taken, hot = 1, 0
         for _ in it:
             taken += 1
-            hot += bool(it.ready)  # batches still made ready: the next next() looks at nothing else
+            hot += bool(it.at_hand())  # batches still made ready: the next next() looks at nothing else
             time.sleep(0.005)  # a training step
         sent, waits = pool.outbox[0].head, pool.waits  # records to the worker: one RUN, then RELEASEs
     finally:
@@ -207,10 +207,10 @@ def test_batches_made_ready_but_not_handed_out_go_back_and_are_not_counted(tiny)
         while records.get_value() < 3 and time.monotonic() < deadline:  # slow on a loaded machine: wait for them
             time.sleep(0.01)
         taken = 1
-        while len(it.ready) < 2 and taken < 8:  # the rest of the first run, then the records waiting, in one go
+        while it.at_hand() < 2 and taken < 8:  # the rest of the first run, then the records waiting, in one go
             next(it)
             taken += 1
-        assert len(it.ready) >= 2, "the worker had batches ready: they were taken in one go"
+        assert it.at_hand() >= 2, "the worker had batches ready: they were taken in one go"
         assert loader.state_dict()["batches"] == taken and loader.stats()["batches"] == taken
         del first
         for epoch in range(3):  # the abandoned epoch 0 again, then 1 and 2
