@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import operator
+from itertools import chain
 import os
 import sys
 import tempfile
@@ -186,17 +187,19 @@ class SlotState:
     One object per slot, so that looking at a held slot after a training step (cold caches)
     touches it and the objects it watches, not a list per attribute."""
 
-    __slots__ = ("fields", "made", "tensors", "watch", "storages", "addresses", "keys", "free")
+    __slots__ = ("fields", "made", "tensors", "pointers", "watch", "storages", "addresses", "keys", "free", "rest")
 
     def __init__(self, fields: dict[str, np.ndarray]):
         self.fields = fields
         self.made: dict = {}  # its tensors and keys, handed out as a new dict
         self.tensors: tuple = ()
+        self.pointers: list = []  # the tensors' data pointers when made (into the slot)
         self.watch: tuple = ()  # the arrays or tensors whose references tell
         self.storages: tuple = ()  # the tensors' storages, kept alive
         self.addresses: tuple = ()  # the storages' addresses
         self.keys: BatchKeys | None = None  # the keys its batch is handed out with
-        self.free = 0  # reference and use counts of the slot free
+        self.free = 0  # reference and use counts of the slot free (``in_use``)
+        self.rest = 0  # those and its keys' references, counted as ``none_in_use`` counts them
 
 
 class SlotBatches:
@@ -208,9 +211,11 @@ class SlotBatches:
     tensors are made once and handed out again in a new dict while nothing refers to them: after
     a training step the trainer's caches are cold and each torch call costs tens of microseconds,
     so a batch costs a dict copy, not a tensor per field. A tensor changed in place (its version
-    moved: shape, strides, storage, or data) or set to require grad is made anew before its slot's
-    next hand-out. Keys outlive their slot: when only they still read it, they take a copy
-    (``BatchKeys.detach``) and the slot gets new ones. Packed rows (per-crop fields cut per batch)
+    moved: shape, strides, storage, or data), set to require grad, or whose data moved without
+    a version (``.data =``, ``share_memory_()``, as a torch.multiprocessing queue does) is made
+    anew before its slot's next hand-out, never handed out pointing elsewhere. Keys outlive their
+    slot: when only they still read it, they take a copy (``BatchKeys.detach``) and the slot gets
+    new ones. Packed rows (per-crop fields cut per batch)
     get no tensors made ahead (a batch's tensors refer to the field views, which are watched
     then); device mode copies the slot's bytes instead (to_device.py) and takes none. ``layout``
     None: a closed pool's (no slots).
@@ -228,8 +233,13 @@ class SlotBatches:
     def in_use(self, state: SlotState) -> bool:
         """Whether anything refers to a slot handed out; keys that alone still read it take a copy (False).
         A free slot whose tensors were changed in place (data, shape, strides, storage) or set to require
-        grad gets new ones."""
+        grad, or whose data moved, gets new ones."""
         extra = sum(map(sys.getrefcount, state.watch)) + sum(map(_use_count, state.addresses)) - state.free
+        tensors = state.tensors
+        moved = (any(map(_VERSION, tensors)) or any(map(_GRAD, tensors))
+                 or list(map(_DATA_PTR, tensors)) != state.pointers)
+        if moved:  # a tensor that left its storage (set_, .data =) no longer counts in its use count
+            extra += sum(t.untyped_storage()._cdata != a for t, a in zip(tensors, state.addresses))
         keys = state.keys
         if keys is not None and keys.reading():
             if extra:  # a tensor or a view of the slot lives
@@ -241,11 +251,30 @@ class SlotBatches:
             return True
         elif self.ahead:  # keys decoded or detached: the next batch gets new ones
             self._new_keys(state)
-        del keys
-        tensors = state.tensors
-        if any(map(_VERSION, tensors)) or any(map(_GRAD, tensors)):
+        del keys, tensors
+        if moved:
             self._make(state, state.watch[0])
         return False
+
+    def none_in_use(self, states: list[SlotState]) -> bool:
+        """Whether nothing refers to any of ``states`` and none needs new tensors or keys, in one look at them all.
+
+        The usual case, a training loop that let go of every batch but the last, at a fraction of
+        an ``in_use`` per slot. False (then look at each) where tensors are made per batch, where a
+        tensor was changed in place, set to require grad or moved (a storage swapped by ``set_``
+        would lower a count), or where keys were decoded. Otherwise no count is below its slot's
+        rest, so the sum of the counts equals the sum of the rests only if every slot is at rest.
+        """
+        if not self.ahead:
+            return False
+        tensors = [t for s in states for t in s.tensors]
+        if (any(map(_VERSION, tensors)) or any(map(_GRAD, tensors))
+                or list(map(_DATA_PTR, tensors)) != [p for s in states for p in s.pointers]):
+            return False
+        del tensors  # counted below with no reference from here
+        if not all(map(BatchKeys.reading, [s.keys for s in states])):
+            return False
+        return _counts(states) == sum([s.rest for s in states])
 
     def _make(self, state: SlotState, base: np.ndarray) -> None:
         """A slot's tensors (every field but ``seq``) and keys, and the counts of the slot free."""
@@ -256,6 +285,7 @@ class SlotBatches:
             state.made = batch
             self._new_keys(state)
         state.tensors = tensors
+        state.pointers = list(map(_DATA_PTR, tensors))
         # every numpy view of the slot refers to its region's array; with tensors made, only they and the keys refer
         # to the field views (the keys are looked at apart); without, a batch's tensors refer to the field views
         state.watch = (base, *(tensors if self.ahead else state.fields.values()))
@@ -263,6 +293,7 @@ class SlotBatches:
         state.storages = tuple(t.untyped_storage() for t in state.tensors)  # alive if a tensor is set_ elsewhere
         state.addresses = tuple(st._cdata for st in state.storages)
         state.free = sum(map(sys.getrefcount, state.watch)) + sum(map(_use_count, state.addresses))
+        state.rest = _counts([state]) if self.ahead else 0
 
     def _new_keys(self, state: SlotState) -> None:
         """New keys over a slot's ``seq`` (and ``source``) for its next batch."""
@@ -271,10 +302,19 @@ class SlotBatches:
                                                    source=fields.get("source"))
 
 
+def _counts(states: list[SlotState]) -> int:
+    """The reference and use counts of the slots' watched arrays and tensors and of their keys, summed: one slot
+    or many, each object is counted through the same temporaries, so a slot's part is the same either way."""
+    return (sum(map(sys.getrefcount, chain.from_iterable([s.watch for s in states])))
+            + sum(map(_use_count, chain.from_iterable([s.addresses for s in states])))
+            + sum(map(sys.getrefcount, [s.keys for s in states])))
+
+
 # references to a storage by its address (every tensor over it holds one), as torch's CUDA graph trees ask
 _use_count = torch._C._storage_Use_Count
 _VERSION = operator.attrgetter("_version")  # bumped by every in-place change of a tensor (data, shape, storage)
 _GRAD = operator.attrgetter("requires_grad")
+_DATA_PTR = torch.Tensor.data_ptr  # moves without a version with .data = or share_memory_()
 
 
 def leftovers(pid: int | None = None) -> list[str]:
