@@ -256,19 +256,10 @@ class WorkerPool:
     def recycle(self, send: bool = False) -> None:
         """Give back every held slot no one refers to any more (and whose queued CUDA copies are done);
         ``send``: tell their workers now instead of a full RELEASE record at a time."""
-        held = self.held
-        if not held:
+        if not self.held:
             return
-        if len(held) > 1 and not self.events:  # every batch but the last let go of? one look at them all
-            older = held[:-1]
-            states = [h[3] for h in older if h[2] is None]
-            if len(states) == len(older) and self.batches.none_in_use(states):
-                for w, slot, _, _ in older:
-                    self._holding[w] -= 1
-                    self.pending[w].append(slot)
-                held = held[-1:]
         keep, in_use = [], self.batches.in_use
-        for h in held:
+        for h in self.held:
             w, slot, event, state = h
             if event is None:
                 if in_use(state):  # a view or a tensor of it lives

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import operator
-from itertools import chain
 import os
 import sys
 import tempfile
@@ -187,7 +186,7 @@ class SlotState:
     One object per slot, so that looking at a held slot after a training step (cold caches)
     touches it and the objects it watches, not a list per attribute."""
 
-    __slots__ = ("fields", "made", "tensors", "pointers", "watch", "storages", "addresses", "keys", "free", "rest")
+    __slots__ = ("fields", "made", "tensors", "pointers", "watch", "storages", "addresses", "keys", "free")
 
     def __init__(self, fields: dict[str, np.ndarray]):
         self.fields = fields
@@ -198,8 +197,7 @@ class SlotState:
         self.storages: tuple = ()  # the tensors' storages, kept alive
         self.addresses: tuple = ()  # the storages' addresses
         self.keys: BatchKeys | None = None  # the keys its batch is handed out with
-        self.free = 0  # reference and use counts of the slot free (``in_use``)
-        self.rest = 0  # those and its keys' references, counted as ``none_in_use`` counts them
+        self.free = 0  # reference and use counts of the slot free
 
 
 class SlotBatches:
@@ -215,10 +213,9 @@ class SlotBatches:
     a version (``.data =``, ``share_memory_()``, as a torch.multiprocessing queue does) is made
     anew before its slot's next hand-out, never handed out pointing elsewhere. Keys outlive their
     slot: when only they still read it, they take a copy (``BatchKeys.detach``) and the slot gets
-    new ones. Packed rows (per-crop fields cut per batch)
-    get no tensors made ahead (a batch's tensors refer to the field views, which are watched
-    then); device mode copies the slot's bytes instead (to_device.py) and takes none. ``layout``
-    None: a closed pool's (no slots).
+    new ones. Packed rows (per-crop fields cut per batch) get no tensors made ahead (a batch's
+    tensors refer to the field views, which are watched then); device mode copies the slot's
+    bytes instead (to_device.py) and takes none. ``layout`` None: a closed pool's (no slots).
     """
 
     def __init__(self, bases: list[list[np.ndarray]], layout=None, manifests: list | None = None):
@@ -256,26 +253,6 @@ class SlotBatches:
             self._make(state, state.watch[0])
         return False
 
-    def none_in_use(self, states: list[SlotState]) -> bool:
-        """Whether nothing refers to any of ``states`` and none needs new tensors or keys, in one look at them all.
-
-        The usual case, a training loop that let go of every batch but the last, at a fraction of
-        an ``in_use`` per slot. False (then look at each) where tensors are made per batch, where a
-        tensor was changed in place, set to require grad or moved (a storage swapped by ``set_``
-        would lower a count), or where keys were decoded. Otherwise no count is below its slot's
-        rest, so the sum of the counts equals the sum of the rests only if every slot is at rest.
-        """
-        if not self.ahead:
-            return False
-        tensors = [t for s in states for t in s.tensors]
-        if (any(map(_VERSION, tensors)) or any(map(_GRAD, tensors))
-                or list(map(_DATA_PTR, tensors)) != [p for s in states for p in s.pointers]):
-            return False
-        del tensors  # counted below with no reference from here
-        if not all(map(BatchKeys.reading, [s.keys for s in states])):
-            return False
-        return _counts(states) == sum([s.rest for s in states])
-
     def _make(self, state: SlotState, base: np.ndarray) -> None:
         """A slot's tensors (every field but ``seq``) and keys, and the counts of the slot free."""
         tensors: tuple = ()
@@ -293,21 +270,12 @@ class SlotBatches:
         state.storages = tuple(t.untyped_storage() for t in state.tensors)  # alive if a tensor is set_ elsewhere
         state.addresses = tuple(st._cdata for st in state.storages)
         state.free = sum(map(sys.getrefcount, state.watch)) + sum(map(_use_count, state.addresses))
-        state.rest = _counts([state]) if self.ahead else 0
 
     def _new_keys(self, state: SlotState) -> None:
         """New keys over a slot's ``seq`` (and ``source``) for its next batch."""
         fields = state.fields
         state.keys = state.made["key"] = BatchKeys(manifests=self.manifests, seq=fields["seq"],
                                                    source=fields.get("source"))
-
-
-def _counts(states: list[SlotState]) -> int:
-    """The reference and use counts of the slots' watched arrays and tensors and of their keys, summed: one slot
-    or many, each object is counted through the same temporaries, so a slot's part is the same either way."""
-    return (sum(map(sys.getrefcount, chain.from_iterable([s.watch for s in states])))
-            + sum(map(_use_count, chain.from_iterable([s.addresses for s in states])))
-            + sum(map(sys.getrefcount, [s.keys for s in states])))
 
 
 # references to a storage by its address (every tensor over it holds one), as torch's CUDA graph trees ask
