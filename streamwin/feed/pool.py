@@ -27,6 +27,7 @@ shared memory stands still) within SILENT_S.
 """
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -47,6 +48,7 @@ from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
 
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
+NO_SLOTS = (-1,) * PER_RELEASE  # a RELEASE record's places past its slots
 SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the trainer waits on it is named
 
 
@@ -124,6 +126,7 @@ class WorkerPool:
         self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
         self.silent: set[int] = set()  # workers named for not answering
         self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
+        self._alive = [functools.partial(self._check_alive, w) for w in range(num_workers)]  # raise if w died
         try:
             self.pinned = pin and self.shm.pin()
             self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
@@ -289,13 +292,14 @@ class WorkerPool:
         """Send worker ``w`` the slots released since the last RELEASE."""
         pending = self.pending[w]
         while pending:
-            slots, pending[:] = pending[:PER_RELEASE], pending[PER_RELEASE:]
-            self._send(w, RELEASE, *slots, *[-1] * (PER_RELEASE - len(slots)))
+            slots = pending[:PER_RELEASE]
+            del pending[:PER_RELEASE]
+            self._send(w, RELEASE, *slots, *NO_SLOTS[len(slots):])
 
     def _send(self, w: int, tag: int, *args: int, payload: bytes = b"") -> None:
         """A record to worker ``w`` (a dead worker is reported by take())."""
         try:
-            self.outbox[w].send(tag, *args, payload=payload, waiting=lambda: self._check_alive(w))
+            self.outbox[w].send(tag, *args, payload=payload, waiting=self._alive[w])
         except (BrokenPipeError, OSError):
             pass  # a dead worker is reported by take()
 
