@@ -13,11 +13,12 @@ from servers import *  # noqa: E402,F401,F403  (s3_server, s3_bucket, s3_fault_p
 
 import streamwin as sw  # noqa: E402
 
-#: The slowest test files first (seconds each in a serial run on 2 idle cores, at 3eaf9a2), so that under
+#: The slowest test files first (their tests' seconds summed, under `make test` at 192146b), so that under
 #: `make test` (pytest-xdist, ``--dist loadfile``: a file runs whole on one process, its module fixtures
 #: built once) the two processes finish together instead of one starting a long file near the end.
-SLOW_FIRST = ["test_longseq.py", "test_examples.py", "test_ddp.py", "test_benchmarks_peers.py", "test_docs.py",
-              "test_cli.py", "test_transport.py", "test_benchmarks_smoke.py", "test_pack.py"]
+SLOW_FIRST = ["test_examples.py", "test_longseq.py", "test_ddp.py", "test_benchmarks_peers.py", "test_docs.py",
+              "test_cli.py", "test_transport.py", "test_benchmarks_smoke.py", "test_plan.py", "test_frictions.py",
+              "test_pack_ray.py", "test_pack.py", "test_pretrain.py"]
 
 
 def pytest_collection_modifyitems(config, items) -> None:
