@@ -29,8 +29,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# Test files run on TEST_PROCS processes (pytest-xdist), each file whole on one of them (its module fixtures built
+# once), the slowest first (tests/conftest.py's SLOW_FIRST); TEST_PROCS=0 runs them in this one process.
+TEST_PROCS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q tests --durations=25
+	$(PY) -m pytest -q tests -n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder --durations=25
 
 bench: $(STAMP)
 	$(PY) benchmarks/throughput.py
