@@ -47,6 +47,10 @@ class Position:
     def taken(self, batches: int) -> None:
         self.counted, self.at_hand = batches, None
 
+    def settle(self) -> None:
+        """No live run any more: its batches not handed out are not taken."""
+        self.taken = self.taken
+
     @property
     def offset(self) -> int:
         """Batches of the epoch taken before this job's plan began (after an elastic resume), else 0."""

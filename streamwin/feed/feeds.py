@@ -89,8 +89,9 @@ class Pass(itertools.chain):
 
     def at_hand(self) -> int:
         """Batches made ready and not yet handed out (the next ``next()`` calls take them, looking at nothing else)."""
-        feed = self.runs.feed
-        return 0 if feed is None else feed.at_hand()
+        feed = self.runs.feed  # once closed, the position may be a later pass's
+        at_hand = None if feed is None or feed.closed else feed.position.at_hand
+        return 0 if at_hand is None else at_hand()
 
 
 class _Runs:
@@ -117,8 +118,7 @@ class Feed:
         self.total = self.offset + plan.batches_per_rank
         self.began = position.taken  # this pass's batches: position.taken - began
         self.manifests = ctx.dataset.manifests  # one per source (a mixed dataset's keys decode by source)
-        self.ready: list = []  # the live run: batches made, handed out through ``run`` (emptied when the pass closes)
-        self.run: Iterator = iter(self.ready)
+        self.ready: list = []  # the live run: batches made, handed out by its iterator (emptied when the pass closes)
         self.closed = False
 
     def fill(self) -> Iterator[dict[str, Any]]:
@@ -140,15 +140,11 @@ class Feed:
             if self.ctx.on_error is not None:  # no worker of a failed pass waits for the next one
                 self.ctx.on_error()
             raise
-        self.run = run = iter(self.ready)
+        run = iter(self.ready)
         pos = self.position
         pos.counted, pos.at_hand = pos.taken + len(self.ready), run.__length_hint__
         self.ctx.stats.wait_s += time.perf_counter() - t
         return run
-
-    def at_hand(self) -> int:
-        """Batches of the live run not yet handed out."""
-        return self.run.__length_hint__()
 
     def _fill(self, left: int) -> None:
         """Make at least one and at most ``left`` batches ready (one, unless a feed has more at hand)."""
@@ -175,11 +171,15 @@ class Feed:
 
     def close(self) -> None:
         """Stop the pass's threads; its totals become the run's; batches made but not handed out are dropped."""
-        self.position.taken = self.position.taken  # settled: the run's batches not handed out are not taken
+        self.drop_run()
         if not self.closed:
             self.ctx.stats.batches += self.batches()
         self.closed = True
-        self.ready.clear()  # the run's iterator hands out nothing more
+
+    def drop_run(self) -> None:
+        """The live run's batches not yet handed out are dropped, and not taken: its iterator hands out nothing more."""
+        self.position.settle()
+        self.ready.clear()
 
 
 def pinned_allocator(pin: bool):
@@ -266,8 +266,6 @@ class WorkerFeed(Feed):
                           "drop batches you no longer need, to avoid the copy.", RuntimeWarning, stacklevel=6)
 
     def close(self) -> None:
-        self.position.taken = self.position.taken  # settled before the run is emptied
-        self.ready.clear()  # batches made, not handed out: their slots are free
+        super().close()  # batches made, not handed out, are dropped: their slots are free
         self.pool.recycle()  # slots still held stay held, released by a later pass once dropped
-        super().close()
 

@@ -236,7 +236,7 @@ class SlotBatches:
         moved = (any(map(_VERSION, tensors)) or any(map(_GRAD, tensors))
                  or list(map(_DATA_PTR, tensors)) != state.pointers)
         if moved:  # a tensor that left its storage (set_, .data =) no longer counts in its use count
-            extra += sum(t.untyped_storage()._cdata != a for t, a in zip(tensors, state.addresses))
+            extra += sum(t.untyped_storage().data_ptr() != st.data_ptr() for t, st in zip(tensors, state.storages))
         keys = state.keys
         if keys is not None and keys.reading():
             if extra:  # a tensor or a view of the slot lives
