@@ -19,7 +19,8 @@ batch (one element and a small slice's sum), then sleeps (the device finishing):
 Trainer CPU per batch: every run measures ``time.process_time`` (all threads of the trainer
 process, its workers excluded) over the timed steps, and the workers' CPU (psutil, children).
 With ``idle`` each run alternates blocks of CPU_ROUND steps fed by its case with as many fed
-preallocated batches (a bare loop) in the same process, and "trainer CPU us/batch" is the
+preallocated batches (a bare loop, through the same generator and ``batch_tensor`` as the cases, so the
+harness's own per-batch Python is on both sides) in the same process, and "trainer CPU us/batch" is the
 difference: the feed's CPU in the trainer, measured beside a bare loop under the same load (the
 floor's row shows that difference for two bare loops: the noise). With the other models it is a
 run's CPU per step minus the floor run's (medians): noisier, as the runs see different loads.
@@ -92,6 +93,7 @@ CPU_ROUND = 25  # idle model: steps per block, alternately fed by the case and b
 MODELS = {"mlp": (512, 0), "small": (128, 2), "medium": (256, 4)}
 HOLD_S, SLEEP_S = SIMULATED_MODELS[SIMULATED]  # the simulated step: interpreter held, then asleep
 FLOOR_POOL = 8  # preallocated batches the floor cycles through
+FLOOR_EPOCH = 512  # the floor's "epoch": FLOOR_POOL batches this many times
 MODEL_CASES = ("floor", "streamwin:0", "streamwin:1", "streamwin:2", "streamwin:4", "streamwin:8",
                "streamwin-device:0", "streamwin-device:1", "webdataset:8")
 LOADER_CASES = ("streamwin:0", "streamwin:1", "streamwin:2", "streamwin:8", "webdataset:2")
@@ -227,11 +229,12 @@ def batches_forever(loader: Any) -> Iterator[torch.Tensor]:
 
 
 def floor_batches(p: Params) -> Iterator[torch.Tensor]:
-    """Preallocated batches, already on the device: the feed that costs nothing."""
+    """Preallocated batches, already on the device: the feed that costs nothing. Yielded through the cases' own
+    path (``batches_forever`` over dicts), so that the trainer CPU above the floor is the loader's, not the harness's."""
     generator = torch.Generator().manual_seed(p.seed)
-    pool = [torch.randn(p.batch_size, p.window, p.features, generator=generator).to(p.device)
+    pool = [{"x": torch.randn(p.batch_size, p.window, p.features, generator=generator).to(p.device)}
             for _ in range(FLOOR_POOL)]
-    return itertools.cycle(pool)
+    return batches_forever(pool * FLOOR_EPOCH)
 
 
 def simulated_step(x: Any, hold: float = HOLD_S, sleep: float = SLEEP_S) -> float:

@@ -46,7 +46,7 @@ def main() -> None:
     try:
         for _ in range(a.batches):
             time.sleep(a.step_ms / 1e3)
-            ready = len(it.ready)
+            ready = it.at_hand()
             t = time.thread_time()
             batch = next(it)  # the previous batch is held during the call, as in a for loop
             spent = (time.thread_time() - t) * 1e6
@@ -54,7 +54,7 @@ def main() -> None:
                 pops.append(spent)
             else:
                 runs.append(spent)
-                lengths.append(len(it.ready) + 1)
+                lengths.append(it.at_hand() + 1)
     except StopIteration:
         pass
     finally:

@@ -245,7 +245,7 @@ class WindowLoader:
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Pass:
-        return Pass(self._begin, self.__len__)
+        return Pass.of(self._begin, self.__len__)
 
     def _begin(self) -> Feed:
         """Start a pass: the one iterator that moves this loader's position (an earlier one stops)."""
@@ -354,11 +354,11 @@ class WindowLoader:
                     f"streamwin: {source.url} holds {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values (counted "
                     "by pack, in index.json); windows that cover them reach the model as they are. Repack with "
                     "nan='raise' to find them, clean them before packing, or use missing='mask' to mask them",
-                    NonFiniteData, stacklevel=4)
+                    NonFiniteData, stacklevel=5)
             if m.checks is None and self.dataset.read.verify_checksums:
                 warnings.warn(f"streamwin: {source.url} was packed without chunk checksums (by an older streamwin): "
                               "its bytes are read unverified; repack it, or run `streamwin index` on it, to add them",
-                              RuntimeWarning, stacklevel=4)
+                              RuntimeWarning, stacklevel=5)
 
     def summary(self) -> dict[str, Any]:
         """The dataset's numbers for this loader's plan: windows, dropped, batches per rank, streams."""

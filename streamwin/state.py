@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -34,8 +34,22 @@ class Position:
     """Where a loader is: the epoch, the batches taken in it, and the epoch's interrupted runs (elastic)."""
 
     epoch: int = 0
-    taken: int = 0
+    counted: int = 0  # batches handed out, and those of the live run not yet (``at_hand``)
     rest: list[dict[str, Any]] = field(default_factory=list)  # {"inputs": plan inputs, "batches": taken then}
+    at_hand: Callable[[], int] | None = None  # the live run's batches not yet handed out (its iterator's count)
+
+    @property
+    def taken(self) -> int:
+        """Batches of the epoch handed out: those counted, less the live run's still at hand."""
+        return self.counted - self.at_hand() if self.at_hand is not None else self.counted
+
+    @taken.setter
+    def taken(self, batches: int) -> None:
+        self.counted, self.at_hand = batches, None
+
+    def settle(self) -> None:
+        """No live run any more: its batches not handed out are not taken."""
+        self.taken = self.taken
 
     @property
     def offset(self) -> int:

@@ -13,6 +13,21 @@ from servers import *  # noqa: E402,F401,F403  (s3_server, s3_bucket, s3_fault_p
 
 import streamwin as sw  # noqa: E402
 
+#: The slowest test files first (their tests' seconds summed, under `make test` at 192146b), so that under
+#: `make test` (pytest-xdist, ``--dist loadfile``: a file runs whole on one process, its module fixtures
+#: built once) the two processes finish together instead of one starting a long file near the end.
+SLOW_FIRST = ["test_examples.py", "test_longseq.py", "test_ddp.py", "test_benchmarks_peers.py", "test_docs.py",
+              "test_cli.py", "test_transport.py", "test_benchmarks_smoke.py", "test_plan.py", "test_frictions.py",
+              "test_pack_ray.py", "test_pack.py", "test_pretrain.py"]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist, the slow files first (a stable sort: each file's tests keep their order)."""
+    if getattr(config, "workerinput", None) is None:
+        return  # a plain run keeps pytest's order
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 def make_sequences(n: int = 60, *, features: tuple[int, ...] = (3,), seed: int = 0, max_len: int = 400,
                    dtype=np.float32) -> dict[str, np.ndarray]:

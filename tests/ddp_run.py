@@ -2,8 +2,9 @@
 
 Every step does a real gloo all_reduce, so a rank with fewer batches would hang the others
 (the test bounds that with a timeout). Writes <out>/rank<r>.json; optionally stops after
---stop-after batches saving <out>/state<r>.pt, or resumes from --resume <dir> (each rank its own
-state, or with --state-of-rank R every rank rank R's: elastic resume into another world).
+--stop-after batches saving <out>/state<r>.pt, saves <out>/at<S>/state<r>.pt at each --save-at step S
+and goes on, or resumes from --resume <dir> (each rank its own state, or with --state-of-rank R
+every rank rank R's: elastic resume into another world).
 """
 import argparse
 import datetime
@@ -31,6 +32,7 @@ def main() -> None:
     p.add_argument("--cache-dir", default=None, help="node-local shard cache")
     p.add_argument("--canonical", default="8,8", help="rank slots,step phases of the canonical streams, or none")
     p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--save-at", type=int, nargs="*", default=[], help="save the state at these steps and go on")
     p.add_argument("--resume", default=None)
     p.add_argument("--state-of-rank", type=int, default=None, help="every rank loads this old rank's state")
     a = p.parse_args()
@@ -59,6 +61,10 @@ def main() -> None:
                             "weight": batch["weight"].tolist() if "weight" in batch else None,
                             "x": hashlib.sha256(batch["x"].numpy().tobytes()).hexdigest()})
             steps += 1
+            if steps in a.save_at:
+                where = os.path.join(a.out, f"at{steps}")
+                os.makedirs(where, exist_ok=True)
+                torch.save({"data": loader.state_dict(), "epoch": epoch}, os.path.join(where, f"state{rank}.pt"))
             if a.stop_after is not None and steps == a.stop_after:
                 torch.save({"data": loader.state_dict(), "epoch": epoch}, os.path.join(a.out, f"state{rank}.pt"))
                 break

@@ -43,16 +43,36 @@ def dataset(tmp_path_factory):
     return url, seqs
 
 
+def resume_at(n: int) -> dict[str, int]:
+    """The steps the resume tests take a 2 x 2 run's state at, for ``n`` batches per rank per epoch."""
+    return {"elastic": n // 2 + 1, "exact": n + n // 2}  # mid-way through epoch 0, and through epoch 1
+
+
 @pytest.fixture(scope="module")
 def runs(dataset, tmp_path_factory):
-    """torchrun results by (nproc, workers), each launched once per module (launches are slow)."""
-    cache = {}
+    """torchrun results by (nproc, workers), each launched once per module (launches are slow). The 2 x 2 run
+    also saves every rank's state at the resume tests' steps (``resume_at``), going on: ``runs.saved(step)``."""
+    cache, outs = {}, {}
 
     def get(nproc: int, workers: int) -> list[dict]:
         if (nproc, workers) not in cache:
             out = tmp_path_factory.mktemp(f"run{nproc}x{workers}")
-            cache[nproc, workers] = torchrun(nproc, dataset[0], out, "--workers", str(workers))
+            extra = []
+            if (nproc, workers) == (2, 2):  # batches per rank per epoch, counted here as ddp_run.py's loaders do
+                ds = sw.WindowDataset(dataset[0], window=W, stride=S, batch_size=B, shuffle_buffer=64, seed=7, rank=0,
+                                      world_size=2)
+                n = len(sw.WindowLoader(ds, num_workers=2))
+                extra = ["--save-at", *(str(s) for s in resume_at(n).values())]
+            cache[nproc, workers] = torchrun(nproc, dataset[0], out, "--workers", str(workers), *extra)
+            outs[nproc, workers] = out
+            if extra:
+                assert cache[nproc, workers][0]["len"] == n
         return cache[nproc, workers]
+
+    def saved(step: int) -> str:
+        get(2, 2)
+        return str(outs[2, 2] / f"at{step}")
+    get.saved = saved
     return get
 
 
@@ -87,12 +107,11 @@ def test_eval_mode_pads_every_rank_to_lockstep_with_weights(dataset, tmp_path):
 
 
 def test_resume_under_torchrun_continues_exactly(dataset, runs, tmp_path):
+    """Resumed from each rank's state at a step mid-way through epoch 1: the rest of the uninterrupted run."""
     url, _ = dataset
     full = runs(2, 2)
-    n = full[0]["len"]
-    stop = n + n // 2  # mid-way through epoch 1
-    torchrun(2, url, tmp_path / "ckpt", "--workers", "2", "--stop-after", str(stop))
-    resumed = torchrun(2, url, tmp_path / "resumed", "--workers", "2", "--resume", str(tmp_path / "ckpt"))
+    stop = resume_at(full[0]["len"])["exact"]
+    resumed = torchrun(2, url, tmp_path / "resumed", "--workers", "2", "--resume", runs.saved(stop))
     for f, r in zip(full, resumed):
         assert r["records"] == f["records"][stop:]
 
@@ -102,9 +121,9 @@ def test_elastic_resume_under_torchrun_two_ranks_to_three(dataset, runs, tmp_pat
     url, seqs = dataset
     full = runs(2, 2)
     old_dropped = reference_windows(seqs, W, S) - set(windows(full, 0))
-    stop = full[0]["len"] // 2 + 1
-    before = torchrun(2, url, tmp_path / "ckpt", "--workers", "2", "--stop-after", str(stop))
-    after = torchrun(3, url, tmp_path / "resumed", "--workers", "1", "--epochs", "1", "--resume", str(tmp_path / "ckpt"),
+    stop = resume_at(full[0]["len"])["elastic"]
+    before = [dict(r, records=r["records"][:stop]) for r in full]  # what the 2 ranks trained on up to the state
+    after = torchrun(3, url, tmp_path / "resumed", "--workers", "1", "--epochs", "1", "--resume", runs.saved(stop),
                      "--state-of-rank", "0")
     steps = {len(r["records"]) for r in after}
     assert len(steps) == 1 and {r["len"] for r in after} == {stop + steps.pop()}  # lockstep, len = taken + rest

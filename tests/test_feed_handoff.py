@@ -164,6 +164,37 @@ def test_a_batch_changed_in_place_and_dropped_does_not_change_later_batches(tiny
     assert n > 8 and not [w for w in recwarn if "copied out" in str(w.message)]
 
 
+def test_a_tensor_swapped_or_moved_and_dropped_never_frees_a_kept_slot_nor_stales_a_batch(tiny):
+    """A batch tensor whose storage is swapped (``set_``, ``.data =``) or whose data moves to shared memory
+    (``share_memory_()``, what a torch.multiprocessing queue does; no version moves), then dropped, beside views
+    kept of other batches: the kept views keep their values, every later batch is exact, and no slot leaks."""
+    url, seqs = tiny
+    loader = make(url, shuffle_buffer=16, persistent_workers=True)
+    kept, n = [], 0
+    try:
+        for i, b in enumerate(b for _ in range(3) for b in loader):  # 3 epochs: every slot is used again
+            for j, (key, start) in enumerate(zip(b["key"], b["start"].tolist())):
+                assert np.array_equal(b["x"][j].numpy(), naive(seqs, key, start, W))
+            n += 1
+            change = i % 4
+            if change == 0 and len(kept) < 3:
+                kept.append((b["x"][0], b["key"][0], int(b["start"][0])))  # a view: its slot must stay
+            elif change == 1:
+                b["x"].set_(torch.zeros(3))
+            elif change == 2:
+                b["x"].data = b["x"].data.clone()
+            elif change == 3:
+                b["x"].share_memory_()
+            del b
+        assert n > 3 * 28 and len(kept) == 3  # more batches than slots
+        for row, key, start in kept:
+            assert np.array_equal(row.numpy(), naive(seqs, key, start, W))
+        # and the last batch's: the generator and enumerate's result tuple still hold it while the pass ends
+        assert len(loader._pool.held) <= len(kept) + 1, "slots of dropped batches are still held"
+    finally:
+        loader.close()
+
+
 def test_the_trainer_takes_batches_in_runs_and_wakes_its_worker_once_a_run(tiny):
     """Over a pass whose steps take longer than a batch takes the worker, the trainer takes the batches at hand in
     one go: it looks at its held slots, and sends its worker records (each wakes it at most once), for fewer than
@@ -179,7 +210,7 @@ def test_the_trainer_takes_batches_in_runs_and_wakes_its_worker_once_a_run(tiny)
         taken, hot = 1, 0
         for _ in it:
             taken += 1
-            hot += bool(it.ready)  # batches still made ready: the next next() looks at nothing else
+            hot += bool(it.at_hand())  # batches still made ready: the next next() looks at nothing else
             time.sleep(0.005)  # a training step
         sent, waits = pool.outbox[0].head, pool.waits  # records to the worker: one RUN, then RELEASEs
     finally:
@@ -207,10 +238,10 @@ def test_batches_made_ready_but_not_handed_out_go_back_and_are_not_counted(tiny)
         while records.get_value() < 3 and time.monotonic() < deadline:  # slow on a loaded machine: wait for them
             time.sleep(0.01)
         taken = 1
-        while len(it.ready) < 2 and taken < 8:  # the rest of the first run, then the records waiting, in one go
+        while it.at_hand() < 2 and taken < 8:  # the rest of the first run, then the records waiting, in one go
             next(it)
             taken += 1
-        assert len(it.ready) >= 2, "the worker had batches ready: they were taken in one go"
+        assert it.at_hand() >= 2, "the worker had batches ready: they were taken in one go"
         assert loader.state_dict()["batches"] == taken and loader.stats()["batches"] == taken
         del first
         for epoch in range(3):  # the abandoned epoch 0 again, then 1 and 2

@@ -318,7 +318,7 @@ def test_a_finished_in_process_pass_lets_go_of_its_stream(tiny):
     loader = make(url, 0)
     it = iter(loader)
     next(it)
-    source = weakref.ref(it.feed.stream)
+    source = weakref.ref(it.runs.feed.stream)
     gc.disable()
     try:
         for _ in it:

@@ -231,7 +231,7 @@ def test_interrupted_trainer_leaves_no_process_and_no_shared_memory(tiny, tmp_pa
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT.format(url=url)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+                            env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "PYTHONFAULTHANDLER": "1"})
     line = proc.stdout.readline()
     assert line.startswith("PIDS"), proc.stderr.read()
     pids = [int(p) for p in line.split()[1:]]
@@ -240,6 +240,9 @@ def test_interrupted_trainer_leaves_no_process_and_no_shared_memory(tiny, tmp_pa
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:  # a hang: fail saying where it was, leaving no process to the next tests
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack (where the trainer waits)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
         for pid in pids:
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()

@@ -14,11 +14,11 @@ the same plan:
 """
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -61,39 +61,52 @@ def to_batch(views: dict[str, np.ndarray], manifests: list, per_crop: tuple[str,
     return out
 
 
-class Pass:
-    """What ``iter(loader)`` returns: the pass begins at the first ``next()``, and a batch costs a deque pop.
+class Pass(itertools.chain):
+    """What ``iter(loader)`` returns: the pass begins at the first ``next()``, and a batch costs no Python frame.
 
     Frameworks (Lightning) may call ``iter()`` more than once before iterating one of the
     results; the epoch, the position and the streams are settled when batches are asked for.
-    After a training step the trainer's caches are cold and every call costs tens of
-    microseconds, so ``next()`` is one frame: it hands out a batch its feed made ready
-    (``Feed.fill``: with workers, every batch they have ready, at once) and moves the position.
+    After a training step the trainer's caches are cold and every Python call costs several
+    microseconds, so ``next()`` is itertools.chain's, in C: it hands out the next batch of the
+    run its feed made ready (``Feed.fill``: with workers, every batch they have ready, at once);
+    only at a run's end does Python run (``_Runs``). The position counts the run's batches
+    as they are handed out (``Position.taken``: those counted less the run's still at hand).
     """
 
-    def __init__(self, begin: Callable[[], "Feed"], length: Callable[[], int]):
-        self.begin, self.length, self.feed = begin, length, None
-        self.ready: deque = deque()  # the feed's, once it has begun
-        self.position: Position | None = None
+    runs: "_Runs"
+    length: Callable[[], int]
 
-    def __iter__(self) -> "Pass":
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        ready = self.ready
-        if not ready:
-            ready = self._fill()
-        self.position.taken += 1
-        return ready.popleft()
-
-    def _fill(self) -> deque:
-        if self.feed is None:
-            feed = self.feed = self.begin()
-            self.ready, self.position = feed.ready, feed.position
-        return self.feed.fill()
+    @classmethod
+    def of(cls, begin: Callable[[], "Feed"], length: Callable[[], int]) -> "Pass":
+        """A pass whose feed ``begin()`` starts at the first ``next()``; ``len()`` is ``length()``."""
+        runs = _Runs(begin)
+        p = cls.from_iterable(runs)  # an instance of this class: chain's next(), in C
+        p.runs, p.length = runs, length
+        return p
 
     def __len__(self) -> int:
         return self.length()
+
+    def at_hand(self) -> int:
+        """Batches made ready and not yet handed out (the next ``next()`` calls take them, looking at nothing else)."""
+        feed = self.runs.feed  # once closed, the position may be a later pass's
+        at_hand = None if feed is None or feed.closed else feed.position.at_hand
+        return 0 if at_hand is None else at_hand()
+
+
+class _Runs:
+    """A pass's runs of batches, for itertools.chain: the feed begins at the first, each is ``Feed.fill``'s."""
+
+    def __init__(self, begin: Callable[[], "Feed"]):
+        self.begin, self.feed = begin, None
+
+    def __iter__(self) -> "_Runs":
+        return self
+
+    def __next__(self) -> Iterator[dict[str, Any]]:
+        if self.feed is None:
+            self.feed = self.begin()
+        return self.feed.fill()
 
 
 class Feed:
@@ -105,11 +118,12 @@ class Feed:
         self.total = self.offset + plan.batches_per_rank
         self.began = position.taken  # this pass's batches: position.taken - began
         self.manifests = ctx.dataset.manifests  # one per source (a mixed dataset's keys decode by source)
-        self.ready: deque = deque()  # batches made, not yet handed out (emptied when the pass closes)
+        self.ready: list = []  # the live run: batches made, handed out by its iterator (emptied when the pass closes)
         self.closed = False
 
-    def fill(self) -> deque:
-        """``ready`` with at least one batch (waited for); StopIteration at the end of the pass, or once closed.
+    def fill(self) -> Iterator[dict[str, Any]]:
+        """The next run: an iterator over at least one batch (waited for); StopIteration at the end of the pass, or
+        once closed. The position counts the run's batches as its iterator hands them out.
 
         The time spent here is the data-wait (``loader.stats()["wait_s"]``).
         """
@@ -119,14 +133,18 @@ class Feed:
                 self.ctx.on_end()
             raise StopIteration
         t = time.perf_counter()
+        self.ready = []
         try:
             self._fill(left)
         except BaseException:
             if self.ctx.on_error is not None:  # no worker of a failed pass waits for the next one
                 self.ctx.on_error()
             raise
+        run = iter(self.ready)
+        pos = self.position
+        pos.counted, pos.at_hand = pos.taken + len(self.ready), run.__length_hint__
         self.ctx.stats.wait_s += time.perf_counter() - t
-        return self.ready
+        return run
 
     def _fill(self, left: int) -> None:
         """Make at least one and at most ``left`` batches ready (one, unless a feed has more at hand)."""
@@ -153,9 +171,14 @@ class Feed:
 
     def close(self) -> None:
         """Stop the pass's threads; its totals become the run's; batches made but not handed out are dropped."""
+        self.drop_run()
         if not self.closed:
             self.ctx.stats.batches += self.batches()
         self.closed = True
+
+    def drop_run(self) -> None:
+        """The live run's batches not yet handed out are dropped, and not taken: its iterator hands out nothing more."""
+        self.position.settle()
         self.ready.clear()
 
 
@@ -240,10 +263,9 @@ class WorkerFeed(Feed):
             stats.warned_keep = True
             warnings.warn("streamwin: batches are being kept while iterating; to keep worker slots free, later "
                           "batches are copied out of shared memory (one extra copy each). Clone what you keep, or "
-                          "drop batches you no longer need, to avoid the copy.", RuntimeWarning, stacklevel=5)
+                          "drop batches you no longer need, to avoid the copy.", RuntimeWarning, stacklevel=6)
 
     def close(self) -> None:
-        self.ready.clear()  # batches made, not handed out: their slots are free
+        super().close()  # batches made, not handed out, are dropped: their slots are free
         self.pool.recycle()  # slots still held stay held, released by a later pass once dropped
-        super().close()
 

@@ -9,7 +9,7 @@ The trainer's side of a slot, for every feed (``WorkerFeed``, ``WorkerDeviceFeed
 - ``hand_out(w)``: worker ``w``'s next batch, the slot held, in one call a batch (``WorkerFeed``);
   ``take(w)``: worker ``w``'s next filled batch slot (``receive(w)``: waiting for it);
 - ``fields(w, slot)``: the slot's field arrays (made once per slot), ``bases[w][slot]`` its bytes,
-  ``batches.made[w][slot]`` the slot's tensors and keys, made once, handed out as a new dict (slots.SlotBatches);
+  ``batches.slots[w][slot]`` the slot's tensors and keys, made once, handed out as a new dict (slots.SlotState);
 - ``hold(w, slot, event=None)``: the slot is in use: it goes back to its worker once nothing
   refers to it any more (every numpy view refers to its arrays, every view of its tensors to
   their storage: reference and use counts tell, slots.SlotBatches) or, given a CUDA ``event``, once that event has
@@ -27,6 +27,7 @@ shared memory stands still) within SILENT_S.
 """
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -47,6 +48,7 @@ from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
 
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
+NO_SLOTS = (-1,) * PER_RELEASE  # a RELEASE record's places past its slots
 SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the trainer waits on it is named
 
 
@@ -105,7 +107,7 @@ class WorkerPool:
                  start_timeout: float = 120.0):
         self.num_workers = num_workers
         layout = ds.layout()
-        n = pool_slots(slots, layout.nbytes)
+        n = pool_slots(slots, layout.nbytes, num_workers)
         # slots of a worker the training loop may hold (handed out, or ready to be) before batches are copied out:
         # the worker keeps two
         self.keep_limit = n - 2
@@ -117,13 +119,14 @@ class WorkerPool:
         self.outbox: list[Channel] = []  # per worker: the trainer's records to it
         self.run = 0
         self.closed = False
-        self.held: list[list] = []  # [worker, slot, cuda event or None]: slots handed out, not yet released
+        self.held: list[list] = []  # [worker, slot, cuda event or None, SlotState]: slots handed out, not yet released
         self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
         self._holding = [0] * num_workers  # held slots per worker
         self.waits = 0  # times the trainer waited for a worker's record (each sends the releases pending first)
         self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
         self.silent: set[int] = set()  # workers named for not answering
         self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
+        self._alive = [functools.partial(self._check_alive, w) for w in range(num_workers)]  # raise if w died
         try:
             self.pinned = pin and self.shm.pin()
             self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
@@ -196,13 +199,14 @@ class WorkerPool:
             self.recycle(send=True)
             if self._holding[w] >= self.keep_limit:  # the worker would run out of slots
                 return slot, None, False
-        self.held.append([w, slot, None])
+        state = self.batches.slots[w][slot]
+        self.held.append([w, slot, None, state])
         self._holding[w] += 1
-        return slot, self.batches.made[w][slot].copy() if self.batches.ahead else None, True
+        return slot, state.made.copy() if self.batches.ahead else None, True
 
     def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
         """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
-        return self.batches.fields[w][slot]
+        return self.batches.slots[w][slot].fields
 
     def receive(self, w: int, first: tuple | None = None) -> int:
         """The slot of worker ``w``'s next BATCH of the current pass, waiting for it (held slots are recycled
@@ -249,7 +253,7 @@ class WorkerPool:
     # -- slots the training loop holds -------------------------------------------------------------
     def hold(self, w: int, slot: int, event=None) -> None:
         """Slot ``slot`` of worker ``w`` is in use (by the training loop, or by a queued copy: ``event``)."""
-        self.held.append([w, slot, event])
+        self.held.append([w, slot, event, self.batches.slots[w][slot]])
         self._holding[w] += 1
 
     def recycle(self, send: bool = False) -> None:
@@ -259,9 +263,9 @@ class WorkerPool:
             return
         keep, in_use = [], self.batches.in_use
         for h in self.held:
-            w, slot, event = h
+            w, slot, event, state = h
             if event is None:
-                if in_use(w, slot):  # a view or a tensor of it lives
+                if in_use(state):  # a view or a tensor of it lives
                     keep.append(h)
                     continue
                 if self.events:  # a non_blocking copy from this slot may still be queued: wait for it
@@ -288,13 +292,14 @@ class WorkerPool:
         """Send worker ``w`` the slots released since the last RELEASE."""
         pending = self.pending[w]
         while pending:
-            slots, pending[:] = pending[:PER_RELEASE], pending[PER_RELEASE:]
-            self._send(w, RELEASE, *slots, *[-1] * (PER_RELEASE - len(slots)))
+            slots = pending[:PER_RELEASE]
+            del pending[:PER_RELEASE]
+            self._send(w, RELEASE, *slots, *NO_SLOTS[len(slots):])
 
     def _send(self, w: int, tag: int, *args: int, payload: bytes = b"") -> None:
         """A record to worker ``w`` (a dead worker is reported by take())."""
         try:
-            self.outbox[w].send(tag, *args, payload=payload, waiting=lambda: self._check_alive(w))
+            self.outbox[w].send(tag, *args, payload=payload, waiting=self._alive[w])
         except (BrokenPipeError, OSError):
             pass  # a dead worker is reported by take()
 

@@ -3,13 +3,13 @@
     trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slots) | STOP
     worker -> trainer   READY | BATCH(run, slot)      | an error or a warning, as JSON (rare)
 
-Each direction is a ``Channel``: a ring of 9-integer records (a tag and 8 values) in the shared file (slots.py), a
+Each direction is a ``Channel``: a ring of 17-integer records (a tag and 16 values) in the shared file (slots.py), a
 semaphore counting the records in it and one counting the free places. The sender writes a
 record, then posts; the receiver takes a count, then reads the record at its own tail. A post
 is a release and a take an acquire, so a record is read only once it is whole, on any CPU;
 and neither is a system call unless the other side sleeps in it (glibc counts a semaphore's
 waiters: a post wakes only a sleeper). Per batch the trainer thus makes no system call while
-its worker keeps ahead, and wakes a sleeping worker once per ``RELEASE`` of up to eight slots.
+its worker keeps ahead, and wakes a sleeping worker once per ``RELEASE`` of up to 16 slots.
 
 A message with a payload (an error, a warning, a RUN's JSON tail) is written to the pipe first
 and announced by its record; the receiver reads it from the pipe when it reads the record, so

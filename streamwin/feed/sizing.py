@@ -1,6 +1,6 @@
 """How many workers and slots a loader may have, and the memory they take: checked before anything starts.
 
-A worker pool maps, per worker, ``prefetch_factor + 2`` batch slots plus 3 to 9 spare ones
+A worker pool maps, per worker, ``prefetch_factor + 2`` batch slots plus 3 to 24 spare ones
 (``spare_slots``: the trainer takes the batches at hand in runs), and the trainer keeps up to
 ``BufferPool.KEEP`` batches of its own (gathered in-process, or copied out of slots when batches
 are kept). Arguments whose processes or memory this machine cannot give fail here, naming them,
@@ -18,27 +18,29 @@ from streamwin.buffers import BufferPool
 from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
 
-SPARE_BYTES = 32 << 20  # a worker's spare slots take up to this much memory
-MIN_SPARE, MAX_SPARE = 3, 9  # spare slots per worker, whatever the batch
+SPARE_BYTES = 64 << 20  # the workers' spare slots take up to this much memory, all of them together
+MIN_SPARE, MAX_SPARE = 3, 24  # spare slots per worker, whatever the batch
 MAX_PREFETCH = 1024  # batches a worker may keep ready ahead of the trainer
 FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process sentinel
 
 
-def spare_slots(slot_bytes: int) -> int:
-    """Slots a worker has beyond ``prefetch_factor + 2``: the trainer takes every batch at hand in one go and gives
-    slots back once per go, so runs average about (prefetch_factor + spare + 1) / 2 batches, which share a run's cost.
-    Small batches (short steps, where that cost counts) get up to MAX_SPARE, within SPARE_BYTES."""
-    return max(MIN_SPARE, min(MAX_SPARE, SPARE_BYTES // max(1, slot_bytes)))
+def spare_slots(slot_bytes: int, num_workers: int = 1) -> int:
+    """Slots a worker has beyond ``prefetch_factor + 2``: the trainer takes every batch at hand in one go (a run, from
+    every worker in turn) and gives slots back once per go, so a worker's share of a run averages about
+    (prefetch_factor + spare + 1) / 2 batches, and a run's cost (~150 us after a step, caches cold) is shared by
+    them. Small batches (short steps, where that cost counts) get up to MAX_SPARE, within SPARE_BYTES for all
+    ``num_workers`` together."""
+    return max(MIN_SPARE, min(MAX_SPARE, SPARE_BYTES // max(1, slot_bytes * max(1, num_workers))))
 
 
-def pool_slots(slots: int, slot_bytes: int) -> int:
-    """Slots per worker of a pool asked for ``slots`` of ``slot_bytes``: the spare ones added."""
-    return slots + spare_slots(slot_bytes)
+def pool_slots(slots: int, slot_bytes: int, num_workers: int = 1) -> int:
+    """Slots per worker of a pool of ``num_workers`` asked for ``slots`` of ``slot_bytes``: the spare ones added."""
+    return slots + spare_slots(slot_bytes, num_workers)
 
 
 def pool_bytes(num_workers: int, slots: int, slot_bytes: int) -> int:
     """Bytes of shared memory a pool of ``num_workers`` workers with ``slots`` slots of ``slot_bytes`` maps."""
-    n = pool_slots(slots, slot_bytes)
+    n = pool_slots(slots, slot_bytes, num_workers)
     return SlotLayout(num_workers, n, slot_bytes, ring_size(n)).nbytes
 
 
@@ -81,7 +83,7 @@ def slots_text(dataset, num_workers: int, prefetch_factor: int) -> str:
     per = f"batch_size={dataset.batch_size} windows ({dataset.layout().nbytes / 1e6:,.1f} MB)"
     if not num_workers:
         return f"batches of {per}"
-    extra = pool_slots(2, dataset.layout().nbytes)
+    extra = pool_slots(2, dataset.layout().nbytes, num_workers)
     return f"num_workers={num_workers} x (prefetch_factor={prefetch_factor} + {extra}) batch slots of {per}"
 
 

@@ -31,7 +31,7 @@ from streamwin.batch import BatchKeys
 PREFIX = "streamwin-"
 PAGE = mmap.PAGESIZE
 COUNTERS = 16  # int64 counters per worker (read statistics)
-RECORD = 9  # int64 per record of a ring (protocol.Channel): a tag and 8 values (a RELEASE gives back 8 slots)
+RECORD = 17  # int64 per record of a ring (protocol.Channel): a tag and 16 values (a RELEASE gives back 16 slots)
 
 
 def shm_dir() -> str:
@@ -180,89 +180,109 @@ class SlotLayout:
                 arr[at + n : at + 2 * n].view(np.int64).reshape(self.ring, RECORD))
 
 
+class SlotState:
+    """One slot as the trainer hands it out: its field views, tensors and keys, and the counts that say it is free.
+
+    One object per slot, so that looking at a held slot after a training step (cold caches)
+    touches it and the objects it watches, not a list per attribute."""
+
+    __slots__ = ("fields", "made", "tensors", "pointers", "watch", "storages", "addresses", "keys", "free")
+
+    def __init__(self, fields: dict[str, np.ndarray]):
+        self.fields = fields
+        self.made: dict = {}  # its tensors and keys, handed out as a new dict
+        self.tensors: tuple = ()
+        self.pointers: list = []  # the tensors' data pointers when made (into the slot)
+        self.watch: tuple = ()  # the arrays or tensors whose references tell
+        self.storages: tuple = ()  # the tensors' storages, kept alive
+        self.addresses: tuple = ()  # the storages' addresses
+        self.keys: BatchKeys | None = None  # the keys its batch is handed out with
+        self.free = 0  # reference and use counts of the slot free
+
+
 class SlotBatches:
     """A pool's slots as the trainer hands them out: field views and tensors made once, handed out again.
 
     A slot is free when nothing outside refers to it: every numpy view of a slot refers to its
-    region's array or to one of its field views (their reference counts tell), and every view of
-    a slot's tensors shares the tensor's storage (the storage's use count tells). Each slot's
+    region's array (its reference count tells), and every view of a slot's tensors shares the
+    tensor's storage (the storage's use count tells); a tensor held refers to itself. Each slot's
     tensors are made once and handed out again in a new dict while nothing refers to them: after
     a training step the trainer's caches are cold and each torch call costs tens of microseconds,
     so a batch costs a dict copy, not a tensor per field. A tensor changed in place (its version
-    moved: shape, strides, storage, or data) or set to require grad is made anew before its slot's
-    next hand-out. Keys outlive their slot: when only they still read it, they take a copy
-    (``BatchKeys.detach``) and the slot gets new ones. Packed rows (per-crop fields cut per batch)
-    get no tensors made ahead; device mode copies the slot's bytes instead (to_device.py) and
-    takes none. ``layout`` None: a closed pool's (no slots).
+    moved: shape, strides, storage, or data), set to require grad, or whose data moved without
+    a version (``.data =``, ``share_memory_()``, as a torch.multiprocessing queue does) is made
+    anew before its slot's next hand-out, never handed out pointing elsewhere. Keys outlive their
+    slot: when only they still read it, they take a copy (``BatchKeys.detach``) and the slot gets
+    new ones. Packed rows (per-crop fields cut per batch) get no tensors made ahead (a batch's
+    tensors refer to the field views, which are watched then); device mode copies the slot's
+    bytes instead (to_device.py) and takes none. ``layout`` None: a closed pool's (no slots).
     """
 
     def __init__(self, bases: list[list[np.ndarray]], layout=None, manifests: list | None = None):
         self.manifests = manifests
         self.bases = bases
-        self.fields = [[{} if layout is None else layout.views(b) for b in bs] for bs in bases]
         self.ahead = layout is not None and not layout.has("crops")
-        self.key_refs = 1 + (layout is not None and layout.has("source"))  # references of reading keys
-        self.made = [[{} for _ in bs] for bs in bases]  # per slot: its tensors and keys, handed out as a new dict
-        self.tensors: list[list[tuple]] = [[() for _ in bs] for bs in bases]
-        self.watch: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # arrays and tensors whose references tell
-        self.storages: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # the tensors' storages, kept alive
-        self.addresses: list[list[tuple]] = [[() for _ in bs] for bs in bases]  # the storages' addresses
-        self.keys = [[None] * len(bs) for bs in bases]  # the keys a slot's batch is handed out with
-        self.free = [[0] * len(bs) for bs in bases]  # reference and use counts of the slot free
-        for w, fs in enumerate(self.fields):
-            for slot in range(len(fs)):
-                self._make(w, slot)
+        self.slots = [[SlotState({} if layout is None else layout.views(b)) for b in bs] for bs in bases]
+        for w, states in enumerate(self.slots):
+            for slot, state in enumerate(states):
+                self._make(state, self.bases[w][slot])
 
-    def in_use(self, w: int, slot: int) -> bool:
+    def in_use(self, state: SlotState) -> bool:
         """Whether anything refers to a slot handed out; keys that alone still read it take a copy (False).
         A free slot whose tensors were changed in place (data, shape, strides, storage) or set to require
-        grad gets new ones."""
-        extra = (sum(map(sys.getrefcount, self.watch[w][slot])) + sum(map(_use_count, self.addresses[w][slot]))
-                 - self.free[w][slot])
-        keys = self.keys[w][slot]
+        grad, or whose data moved, gets new ones."""
+        extra = sum(map(sys.getrefcount, state.watch)) + sum(map(_use_count, state.addresses)) - state.free
+        tensors = state.tensors
+        moved = (any(map(_VERSION, tensors)) or any(map(_GRAD, tensors))
+                 or list(map(_DATA_PTR, tensors)) != state.pointers)
+        if moved:  # a tensor that left its storage (set_, .data =) no longer counts in its use count
+            extra += sum(t.untyped_storage().data_ptr() != st.data_ptr() for t, st in zip(tensors, state.storages))
+        keys = state.keys
         if keys is not None and keys.reading():
-            extra -= self.key_refs  # the keys' own references (to seq, and source)
             if extra:  # a tensor or a view of the slot lives
                 return True
-            if sys.getrefcount(keys) > 3 + self.ahead:  # referred to besides our lists, this variable and the argument
+            if sys.getrefcount(keys) > 3 + self.ahead:  # held besides by the slot (twice), this variable, the argument
                 keys.detach()
-                self._new_keys(w, slot)
+                self._new_keys(state)
         elif extra:
             return True
         elif self.ahead:  # keys decoded or detached: the next batch gets new ones
-            self._new_keys(w, slot)
-        del keys  # the counts of a free slot are taken below with no old keys or tensors referred to from here
-        if any(map(_VERSION, self.tensors[w][slot])) or any(map(_GRAD, self.tensors[w][slot])):
-            self._make(w, slot)
+            self._new_keys(state)
+        del keys, tensors
+        if moved:
+            self._make(state, state.watch[0])
         return False
 
-    def _make(self, w: int, slot: int) -> None:
+    def _make(self, state: SlotState, base: np.ndarray) -> None:
         """A slot's tensors (every field but ``seq``) and keys, and the counts of the slot free."""
-        fields = self.fields[w][slot]
         tensors: tuple = ()
         if self.ahead:
-            batch = {k: torch.from_numpy(v) for k, v in fields.items() if k != "seq"}
+            batch = {k: torch.from_numpy(v) for k, v in state.fields.items() if k != "seq"}
             tensors = tuple(batch.values())
-            self.made[w][slot] = batch
-            self._new_keys(w, slot)
-        self.tensors[w][slot] = tensors
-        self.watch[w][slot] = (self.bases[w][slot], *fields.values(), *tensors)
-        self.storages[w][slot] = tuple(t.untyped_storage() for t in tensors)  # alive even if a tensor is set_ elsewhere
-        self.addresses[w][slot] = tuple(st._cdata for st in self.storages[w][slot])
-        free = sum(map(sys.getrefcount, self.watch[w][slot])) + sum(map(_use_count, self.addresses[w][slot]))
-        self.free[w][slot] = free - (self.key_refs if self.keys[w][slot] is not None else 0)
+            state.made = batch
+            self._new_keys(state)
+        state.tensors = tensors
+        state.pointers = list(map(_DATA_PTR, tensors))
+        # every numpy view of the slot refers to its region's array; with tensors made, only they and the keys refer
+        # to the field views (the keys are looked at apart); without, a batch's tensors refer to the field views
+        state.watch = (base, *(tensors if self.ahead else state.fields.values()))
+        del base, tensors  # the counts of the slot free are taken with no reference from here
+        state.storages = tuple(t.untyped_storage() for t in state.tensors)  # alive if a tensor is set_ elsewhere
+        state.addresses = tuple(st._cdata for st in state.storages)
+        state.free = sum(map(sys.getrefcount, state.watch)) + sum(map(_use_count, state.addresses))
 
-    def _new_keys(self, w: int, slot: int) -> None:
+    def _new_keys(self, state: SlotState) -> None:
         """New keys over a slot's ``seq`` (and ``source``) for its next batch."""
-        fields = self.fields[w][slot]
-        keys = BatchKeys(manifests=self.manifests, seq=fields["seq"], source=fields.get("source"))
-        self.keys[w][slot] = self.made[w][slot]["key"] = keys
+        fields = state.fields
+        state.keys = state.made["key"] = BatchKeys(manifests=self.manifests, seq=fields["seq"],
+                                                   source=fields.get("source"))
 
 
 # references to a storage by its address (every tensor over it holds one), as torch's CUDA graph trees ask
 _use_count = torch._C._storage_Use_Count
 _VERSION = operator.attrgetter("_version")  # bumped by every in-place change of a tensor (data, shape, storage)
 _GRAD = operator.attrgetter("requires_grad")
+_DATA_PTR = torch.Tensor.data_ptr  # moves without a version with .data = or share_memory_()
 
 
 def leftovers(pid: int | None = None) -> list[str]:
