@@ -2,7 +2,9 @@
 
 Systems (``--systems``): ``streamwin`` (WindowDataset + WindowLoader, every byte read verified against
 the manifest's chunk checksums), ``streamwin-unverified`` (the same with ``verify_checksums=False``:
-side by side, the two rows give what verification costs), ``webdataset`` (decode ->
+side by side, the two rows give what verification costs), ``streamwin-canonical`` (the same with
+``canonical=(8, 8)``: one order of global batches for every world, beside ``streamwin``'s one stream per
+rank and worker), ``webdataset`` (decode ->
 window generator -> shuffle -> batched), ``tutorial`` (everything in memory, a list of
 windows, DataLoader(shuffle)), and two ceilings: ``read`` (reading the shard bytes) and
 ``copy`` (one memcpy per batch into a reused array). Pipelines run at every ``--workers``
@@ -59,7 +61,8 @@ def baselines_module():
 
 
 REPO = Path(__file__).resolve().parent.parent
-PIPELINES = ("streamwin", "streamwin-unverified", "webdataset", "tutorial")
+PIPELINES = ("streamwin", "streamwin-unverified", "streamwin-canonical", "webdataset", "tutorial")
+OURS = ("streamwin", "streamwin-unverified", "streamwin-canonical")
 LIMITS = ("read", "copy")
 SYSTEMS = PIPELINES + LIMITS
 #: The copy ceiling runs at least this many windows so that its timing is not noise.
@@ -69,6 +72,9 @@ TARGET_VS_WEBDATASET = 3.0
 TARGET_VS_COPY = 0.5
 #: Verification (chunk checksums) may cost at most this share of streamwin's throughput (issue 20).
 TARGET_CHECKSUM_COST = 0.05
+#: Canonical streams (one order for every world) may cost at most this share of streamwin's throughput (issue 30).
+TARGET_CANONICAL_COST = 0.05
+CANONICAL = (8, 8)  # streamwin-canonical's canonical=(rank slots, step phases)
 
 
 @dataclass(frozen=True)
@@ -96,22 +102,24 @@ def preload(case: str) -> None:
     baselines_module()
     if case in ("webdataset", "baseline"):
         import webdataset  # noqa: F401, PLC0415
-    if case in ("streamwin", "streamwin-unverified", "baseline") and data.streamwin_api() is not None:
+    if case in (*OURS, "baseline") and data.streamwin_api() is not None:
         import streamwin  # noqa: F401, PLC0415
         import torchdata.stateful_dataloader  # noqa: F401, PLC0415
 
 
 def build_pipeline(case: str, data_dir: Path, params: Params, workers: int) -> Iterable[Any]:
     """Construct the loader of one system; everything it does up front is its set-up cost."""
-    if case in ("streamwin", "streamwin-unverified"):
+    if case in OURS:
         import streamwin as sw  # noqa: PLC0415 - the library may not exist yet
 
         verify = {"verify_checksums": False} if case == "streamwin-unverified" else {}
+        if case == "streamwin-canonical":
+            verify = {"canonical": CANONICAL}
         dataset = sw.WindowDataset(str(data_dir), window=params.window, stride=params.stride,
                                    horizon=0, shuffle=True, shuffle_buffer=params.shuffle_buffer,
                                    seed=params.seed, batch_size=params.batch_size,
                                    rank=0, world_size=1, **verify)
-        if case == "streamwin" and dataset.manifest.checks is None:
+        if case != "streamwin-unverified" and dataset.manifest.checks is None:
             raise SystemExit(f"{data_dir} was packed without chunk checksums: delete it (it is written anew) "
                              "to measure what verifying them costs")
         return sw.WindowLoader(dataset, num_workers=workers)
@@ -352,6 +360,22 @@ def checksum_lines(rows: list[dict[str, Any]], workers: Sequence[int]) -> list[s
     return lines
 
 
+def canonical_lines(rows: list[dict[str, Any]], workers: Sequence[int]) -> list[str]:
+    """What one order for every world costs: streamwin-canonical beside streamwin (one stream per rank and worker)."""
+    lines = []
+    for w in workers:
+        one, canon = _rate(rows, "streamwin", w), _rate(rows, "streamwin-canonical", w)
+        if one and canon:
+            cost = 1 - canon / one
+            verdict = " MEETS" if cost <= TARGET_CANONICAL_COST else " ABOVE"
+            rss = [next((r.get("peak_pss_mb") or r.get("peak_rss_mb") for r in rows
+                         if r["case"] == c and r["workers"] == w), None) for c in ("streamwin", "streamwin-canonical")]
+            more = f"; peak memory {rss[1]:,.0f} vs {rss[0]:,.0f} MB" if all(rss) else ""
+            lines.append(f"workers={w}: canonical={CANONICAL} costs {100 * cost:.1f}% of throughput ({canon:,.0f} vs "
+                         f"{one:,.0f} windows/s; target <= {100 * TARGET_CANONICAL_COST:g}%){verdict}{more}")
+    return lines
+
+
 def busy_warning(records: list[dict[str, Any]], threshold: float = 0.25) -> str | None:
     """A warning when other processes (or the hypervisor) took CPU during the runs, else None."""
     others = [r["other_cpu_cores"] for r in records if r.get("other_cpu_cores") is not None]
@@ -484,7 +508,7 @@ def parent_main(args: argparse.Namespace) -> int:
     print()
     print(markdown_table(rows))
     print()
-    for line in ratio_lines(ratios) + checksum_lines(rows, args.workers):
+    for line in ratio_lines(ratios) + checksum_lines(rows, args.workers) + canonical_lines(rows, args.workers):
         print(line)
     busy = busy_warning(records)
     if busy:

@@ -207,10 +207,11 @@ def check_state(state: Any, inputs: Mapping[str, Any], *, finished: bool = False
              if _planned(k, saved.get(k)) != _planned(k, inputs.get(k))]
     if diffs:
         hint = ""
-        if saved.get("canonical") is None and inputs.get("canonical") is not None:
-            hint = (". This state was taken in the order of one stream per rank and worker (streamwin before "
-                     "canonical streams, or canonical=None): resume it with WindowDataset(..., canonical=None); "
-                     "its next epochs can then be run in that order, or a new job started with canonical streams")
+        if saved.get("canonical") != inputs.get("canonical"):
+            was = saved.get("canonical")
+            hint = (f". This state was taken with canonical={None if was is None else tuple(was)!r}: resume it with "
+                    f"WindowDataset(..., canonical={None if was is None else tuple(was)!r}); a job moves to another "
+                    "order at an epoch's end (a fresh start of the order)")
         raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs) + hint)
 
 

@@ -20,6 +20,7 @@ import streamwin as sw
 from conftest import lockstep, make_sequences, reference_windows, two_corpora
 
 W, S, G = 16, 8, 16  # window, stride, global batch
+CANON = (8, 8)  # rank slots x step phases: worlds of 1, 2, 4, 8 ranks, 0, 1, 2, 4, 8 workers
 WORLDS = [(1, 0), (1, 2), (2, 0), (2, 1), (4, 1)]
 CASES = {
     "plain": dict(),
@@ -45,7 +46,7 @@ def corpus(tmp_path_factory):
 
 
 def job(url, world, workers, batch=G, **kw):
-    kw = {"shuffle_buffer": 64, "seed": 11, **kw}
+    kw = {"shuffle_buffer": 64, "seed": 11, "canonical": CANON, **kw}
     group = [sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=batch // world, rank=r,
                                               world_size=world, **kw), num_workers=workers)
              for r in range(world)]
@@ -209,11 +210,11 @@ def test_a_resume_under_another_global_batch_deals_the_rest_once(corpus):
 
 def test_worlds_and_workers_the_canonical_streams_do_not_divide_are_refused(corpus):
     url = corpus[0][0]
-    ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4)
+    ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4, canonical=CANON)
     with pytest.raises(ValueError, match=r"world_size=3 does not divide the 8 rank slots of canonical=\(8, 8\).*"
                                          r"canonical=\(9, 8\)"):
         len(ds)
-    ds = sw.WindowDataset(url, window=W, rank=0, world_size=1, batch_size=4)
+    ds = sw.WindowDataset(url, window=W, rank=0, world_size=1, batch_size=4, canonical=CANON)
     with pytest.raises(ValueError, match=r"num_workers=3 does not divide the 8 step phases"):
         ds.plan(0, 3)
     with pytest.raises(ValueError, match=r"canonical must be None or \(rank slots, step phases\)"):
@@ -230,7 +231,7 @@ def test_a_state_of_the_order_before_canonical_streams_is_refused_saying_how_to_
     next(it)
     state = old.state_dict()
     assert "canonical" not in state["inputs"]
-    new = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=4), num_workers=0)
+    new = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=4, canonical=CANON), num_workers=0)
     OPEN.append(new)
     with pytest.raises(sw.StateMismatchError, match=r"canonical: in checkpoint None / now \[8, 8\].*canonical=None"):
         new.load_state_dict(state)
@@ -238,3 +239,7 @@ def test_a_state_of_the_order_before_canonical_streams_is_refused_saying_how_to_
     OPEN.append(again)
     again.load_state_dict(state)
     assert len(list(again)) == len(old) - 1
+    it = iter(new)  # and the other way: a canonical state does not load into the order of one stream a process
+    next(it)
+    with pytest.raises(sw.StateMismatchError, match=r"canonical"):
+        again.load_state_dict(new.state_dict())

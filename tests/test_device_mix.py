@@ -140,9 +140,7 @@ def test_device_memory_stays_bounded_when_a_large_source_has_far_more_blocks(cor
     """0.9/0.1 of a large and a small dataset, small blocks, in-process (blocks uploaded once): the trainer
     holds a few blocks, never a source's all. (With workers, batches are copied whole: nothing to bound.)"""
     urls, _ = corpora
-    # one stream: canonical streams hold a block (and read-ahead) of each of the process's streams, 64 in one
-    # process by default (docs/performance.md, "Canonical streams"); what this bounds is one stream's
-    loader = make(urls, 0, "cpu", weights=(0.9, 0.1), shuffle_buffer=16, canonical=(1, 1))
+    loader = make(urls, 0, "cpu", weights=(0.9, 0.1), shuffle_buffer=16)
     assert len(run(loader)) == len(loader) > 0
     s = loader.stats()
     per_block = s["device_uploaded_bytes"] / s["device_blocks"]

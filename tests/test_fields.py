@@ -168,8 +168,7 @@ def test_elastic_resume_two_to_three_ranks_keeps_fields(packed):
 
     def group(world):
         return [sw.WindowLoader(sw.WindowDataset(url, window=16, batch_size=4, fields=["label", "store", "time"],
-                                                 rank=r, world_size=world, canonical=(6, 2)), num_workers=0)
-                for r in range(world)]
+                                                 rank=r, world_size=world), num_workers=0) for r in range(world)]
     old = group(2)
     its = [iter(x) for x in old]
     for _ in range(3):

@@ -1,9 +1,7 @@
 """Golden batches: every delivery mode yields bitwise the batches recorded before the redesign.
 
 The digests in ``golden_batches.json`` were recorded from streamwin at 73f61a4 (before the
-redesign of issue 19) by ``python tests/test_golden.py --record``, and again when canonical
-streams became the default order (issue 30); the ``one_stream_*`` cases (canonical=None) are
-those of 73f61a4, unchanged: the order of one stream per rank and worker is kept bit for bit. Each case hashes, batch by
+redesign of issue 19) by ``python tests/test_golden.py --record``. Each case hashes, batch by
 batch, the bytes of every field a batch carries (x, y, mask, y_mask, weight, start, source)
 and its keys, so any change of content, order, dtype, shape or field set fails here, naming
 the case and the first batch that differs. Record again only for a change of behaviour that
@@ -137,15 +135,9 @@ def cases(urls: dict) -> dict[str, callable]:
         "resume_mixed": lambda: resumed(lambda: sw.WindowLoader(dataset([plain, small], **mix), num_workers=0), 6),
         "two_ranks": lambda: lockstep([sw.WindowLoader(dataset(plain, rank=r, world_size=2), num_workers=0)
                                        for r in range(2)]),
-        "elastic_2_to_4": lambda: elastic(plain, 2, 4, 4),
-        "elastic_2_to_4_pad": lambda: elastic(plain, 2, 4, 3, **pad),
-        "elastic_2_to_4_mixed": lambda: elastic([plain, small], 2, 4, 3, **mix),
-        # one stream per rank and worker (canonical=None): the order before canonical streams, as recorded then
-        "one_stream_in_process": lambda: run(sw.WindowLoader(dataset(plain, canonical=None), num_workers=0),
-                                             epochs=(0, 1)),
-        "one_stream_workers_2": lambda: run(sw.WindowLoader(dataset(plain, canonical=None, **pad), num_workers=2),
-                                            epochs=(0, 1)),
-        "one_stream_elastic_2_to_3": lambda: elastic(plain, 2, 3, 4, canonical=None),
+        "elastic_2_to_3": lambda: elastic(plain, 2, 3, 4),
+        "elastic_2_to_3_pad": lambda: elastic(plain, 2, 3, 3, **pad),
+        "elastic_2_to_3_mixed": lambda: elastic([plain, small], 2, 3, 3, **mix),
         "split_val": lambda: run(sw.WindowLoader(dataset(plain, split="val", split_fractions=(0.5, 0.3, 0.2)),
                                                  num_workers=0)),
         "holdout_test": lambda: run(sw.WindowLoader(dataset(plain, split="test", holdout=20), num_workers=0)),

@@ -119,13 +119,8 @@ def corpora(tmp_path_factory):
     return two_corpora(tmp_path_factory.mktemp("mix"))
 
 
-# few canonical streams: these corpora give a stream of 64 a handful of the small source's windows, and a share that
-# wavers by one of them drops a lot (docs/performance.md, "Canonical streams"); 2 and 3 ranks, 0-2 workers divide
-CANON = (6, 2)
-
-
 def loaders(urls, world, workers, batch=B, **kw):
-    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=64, seed=7, weights=WEIGHTS, canonical=CANON) | kw
+    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=64, seed=7, weights=WEIGHTS) | kw
     return [sw.WindowLoader(sw.WindowDataset(urls, rank=r, world_size=world, **args), num_workers=workers)
             for r in range(world)]
 
@@ -312,8 +307,7 @@ def test_mixing_without_weights_takes_every_window_at_most_once(corpora):
     seen = Counter(flat(lockstep(group, check=content_check(seqs))))
     assert max(seen.values()) == 1
     dropped = sum(len(r) for r in refs) - len(seen)
-    streams, micro = CANON[0] * CANON[1], -(-2 * B // CANON[0])  # canonical streams, the largest micro-batch
-    assert 0 <= dropped < streams * (micro + 2 * (1 + math.log(len(group[0]) + 2)) + 1)
+    assert 0 <= dropped < 2 * (B + 2 * (1 + math.log(len(group[0]) + 2)) + 1) * 2
 
 
 def test_inspect_of_several_urls_shows_each_sources_windows_share_and_repeats(corpora, capsys):

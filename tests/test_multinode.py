@@ -35,7 +35,8 @@ def launch(out, url, nproc: int, *args: str, nodes: int = 1, node: int = 0, port
     where = ["--standalone"] if nodes == 1 else ["--nnodes", str(nodes), "--node_rank", str(node),
                                                   "--master_addr", "127.0.0.1", "--master_port", str(port)]
     cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
-           os.path.join(HERE, "ddp_run.py"), "--url", url, "--out", str(out), "--epochs", "1", *args]
+           os.path.join(HERE, "ddp_run.py"), "--url", url, "--out", str(out), "--epochs", "1",
+           "--canonical", "8,8", *args]
     if cache is not None:
         cmd += ["--cache-dir", str(cache)]
     return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

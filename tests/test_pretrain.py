@@ -48,7 +48,7 @@ def close_loaders():
 
 
 def loader(url, workers=0, device=None, *, rank=0, world=1, batch=4, **kw) -> sw.WindowLoader:
-    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=48, seed=11, canonical=(6, 8)) | kw  # 1-3 ranks
+    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=48, seed=11) | kw
     ld = sw.WindowLoader(sw.WindowDataset(url, rank=rank, world_size=world, **args), num_workers=workers,
                          device=device)
     OPEN.append(ld)
@@ -113,7 +113,7 @@ def check_windows(seqs: dict, got: list[dict], horizon: int = 0) -> None:
 
 def test_jitter_moves_each_grid_window_within_its_stride_keeping_every_sequences_count(corpus):
     url, seqs = corpus
-    got = batches(loader(url, batch=1, jitter=True, canonical=(1, 1)))  # one stream, batch 1: nothing dropped
+    got = batches(loader(url, batch=1, jitter=True))  # one stream, batch 1: nothing dropped
     check_windows(seqs, got)
     per_seq = Counter(k for b in got for k in b["key"])
     assert dict(per_seq) == {k: grid(len(v), W, S) for k, v in seqs.items() if grid(len(v), W, S)}
@@ -129,9 +129,9 @@ def test_jitter_moves_each_grid_window_within_its_stride_keeping_every_sequences
 
 def test_jitter_draws_new_offsets_each_epoch_independent_of_world_workers_and_batch(corpus):
     url, _ = corpus
-    starts = {(k, s // S): s for b in batches(loader(url, batch=1, jitter=True, canonical=(1, 1))) for k, s in
+    starts = {(k, s // S): s for b in batches(loader(url, batch=1, jitter=True)) for k, s in
               zip(b["key"], b["start"].tolist())}
-    again = {(k, s // S): s for b in batches(loader(url, batch=1, jitter=True, canonical=(1, 1)), epoch=1) for k, s in
+    again = {(k, s // S): s for b in batches(loader(url, batch=1, jitter=True), epoch=1) for k, s in
              zip(b["key"], b["start"].tolist())}
     assert starts.keys() == again.keys() and starts != again, "a new epoch draws new offsets"
     group = [loader(url, 2, rank=r, world=2, batch=3, jitter=True) for r in range(2)]
@@ -179,7 +179,7 @@ def test_lengths_are_multiples_of_window_multiple_in_range_right_padded_with_a_m
 def test_windows_per_sequence_gives_k_stratified_distinct_crops_or_one_per_start(corpus):
     url, seqs = corpus
     k = 3
-    got = batches(loader(url, batch=1, windows_per_sequence=k, canonical=(1, 1)))
+    got = batches(loader(url, batch=1, windows_per_sequence=k))
     check_windows(seqs, got)
     starts: dict[str, list[int]] = {}
     for b in got:
@@ -190,7 +190,7 @@ def test_windows_per_sequence_gives_k_stratified_distinct_crops_or_one_per_start
         room, n = len(seqs[key]) - W + 1, want[key]
         for j, st in enumerate(sorted(s)):  # crop j in stratum j of the room
             assert j * room // n <= st < (j + 1) * room // n, (key, j, st, room)
-    again = [int(b["start"][0]) for b in batches(loader(url, batch=1, windows_per_sequence=k, canonical=(1, 1)), epoch=1)]
+    again = [int(b["start"][0]) for b in batches(loader(url, batch=1, windows_per_sequence=k), epoch=1)]
     assert sorted(again) != sorted(st for s in starts.values() for st in s), "new crops each epoch"
 
 
@@ -242,10 +242,7 @@ def test_rows_are_97_percent_full_for_lengths_64_to_512_into_2048(tmp_path):
     url = str(tmp_path / "long")
     sw.pack([(f"s{i}", rng.standard_normal(int(n)).astype(np.float32)) for i, n in
              enumerate(rng.integers(600, 4000, 160))], url, progress=False)
-    # one stream: what this bounds is the packing of a block; 64 canonical streams of this small corpus hold a few
-    # rows each, whose slack row lowers the fill (docs/performance.md, "Canonical streams")
     ds = sw.WindowDataset(url, window=512, stride=64, min_window=64, pack_length=2048, batch_size=8, seed=1,
-                          canonical=(1, 1),
                           rank=0, world_size=1)
     fill, lengths = [], []
     for b in sw.WindowLoader(ds, num_workers=0):
@@ -266,9 +263,7 @@ def test_readme_pretraining_snippet_runs_as_pasted(tmp_path):
                        env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parent.parent)))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "'segment_ids': (8, 2048)" in r.stdout and "'source': (" in r.stdout, r.stdout
-    # this toy corpus gives each of the 64 canonical streams a block of a few rows, one of them slack: one stream per
-    # rank packed its first batch 90%+ full, canonical streams 77% (docs/performance.md, "Canonical streams")
-    assert float(re.search(r"rows ([\d.]+)% full", r.stdout).group(1)) > 70, r.stdout
+    assert float(re.search(r"rows ([\d.]+)% full", r.stdout).group(1)) > 90, r.stdout
 
 
 def test_packing_refuses_horizon_and_padding_repeats(corpus):
@@ -365,8 +360,7 @@ def test_packed_resume_at_every_step_is_exact(corpus, workers, device):
 @pytest.mark.parametrize("combo", ["packed", "drawn"])
 def test_elastic_2_to_3_ranks_and_another_batch_size_keeps_every_crop_at_most_once_and_as_drawn(mix, combo):
     urls, _ = mix
-    # no source repeats; canonical streams (6, 1): 2000 windows over 48 streams would drop many (test_canon.py)
-    kw = COMBOS[combo] | dict(weights=[0.9, 0.1], epoch_windows=2000, batch=3, canonical=(6, 1))
+    kw = COMBOS[combo] | dict(weights=[0.9, 0.1], epoch_windows=2000, batch=3)  # no source repeats
     full = {c[:3]: c[3] for b in batches(loader(urls, **(kw | dict(batch=1)))) for c in crops_of(b)}
     old = [loader(urls, rank=r, world=2, **kw) for r in range(2)]
     before = lockstep(old, crops_of, take=4)

@@ -116,6 +116,16 @@ def test_elastic_resume_snippet_runs_as_pasted(tmp_path):
     r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(r"batches per rank: \[(\d+), (\d+), (\d+)\] after 10, len (\d+)", r.stdout)
+    assert m and len(set(m.groups()[:3])) == 1 and int(m.group(4)) == 10 + int(m.group(1)) > 10, r.stdout
+
+
+def test_canonical_resume_snippet_replays_the_uninterrupted_jobs_global_batches(tmp_path):
+    blocks = code_blocks(section("One order for every world: canonical streams", "docs/resume.md"), "python")
+    assert len(blocks) == 1
+    r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr[-3000:]
     m = re.search(r"steps after 10: (\d+), len (\d+), the uninterrupted job's global batches: True", r.stdout)
     assert m and int(m.group(2)) == 10 + int(m.group(1)) > 10, r.stdout
 

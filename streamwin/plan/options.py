@@ -208,7 +208,7 @@ class PlanConfig:
         return self.world_size * self.workers_per_rank
 
 
-DEFAULT_CANONICAL = (8, 8)  # rank slots x step phases: worlds of 1, 2, 4, 8 ranks; 0, 1, 2, 4, 8 workers
+DEFAULT_CANONICAL = None  # one stream per rank and worker: the fastest order; (8, 8) gives one order for worlds of 1, 2, 4, 8 ranks and 0, 1, 2, 4, 8 workers
 
 
 def check_canonical(canonical: Any) -> tuple[int, int]:
