@@ -63,14 +63,11 @@ class WindowDataset:
         pad: give a sequence shorter than window + horizon one zero-padded window with ``batch["mask"]``.
         shuffle: permute slices per epoch and windows within blocks of ``shuffle_buffer``.
         shuffle_buffer: windows per shuffle block; bounds resident memory.
-        seed: the order is a pure function of (seed, epoch, world_size, num_workers, batch_size), or with
-            canonical streams of (seed, epoch, canonical, world_size x batch_size).
+        seed: the order is a pure function of (seed, epoch, world_size, num_workers, batch_size).
         batch_size: windows per batch of one rank (batches are formed in the worker).
-        canonical: None (default): one stream per rank and worker, the fastest order, which depends on
-            both. (A, P): A rank slots x P step phases of canonical streams (plan/canon.py): global batch k is
-            the same in any world that divides A, with num_workers 0 or dividing P, at the same
-            world_size x batch_size (elastic resume continues the uninterrupted job's batches); (8, 8) covers
-            1, 2, 4, 8 ranks and 0, 1, 2, 4, 8 workers, others are refused. Costs loader CPU and page cache.
+        canonical: None (default, fastest): one stream per rank and worker. (A, P) rank slots x step phases
+            (plan/canon.py): global batch k is one for every world dividing A and num_workers 0 or dividing
+            P, at the same world_size x batch_size ((8, 8): 1-8 ranks, 0-8 workers); costs loader CPU.
         equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
             (each at least once, repeats marked ``batch["weight"] == 0``).
         rank, world_size: override the detected ones (see streamwin.world).
