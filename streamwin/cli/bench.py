@@ -16,10 +16,12 @@ from tqdm.auto import tqdm
 
 from streamwin.cli.args import add_command, add_storage, add_window, int_at_least, storage_options
 from streamwin.errors import StreamwinError
+from streamwin.storage.manifests import load_manifest
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Load up to ``--batches`` batches on one rank and print the throughput."""
+    load_manifest(args.url, storage_options(args.storage_option))  # a store that cannot be read fails before torch
     from streamwin.dataset import WindowDataset  # torch, seconds to import: only the verb that loads batches pays for it
     from streamwin.loader import WindowLoader
 
