@@ -29,10 +29,9 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-# TEST_PROCS=2 runs the test files on 2 processes (pytest-xdist), each file whole on one of them (its module
-# fixtures built once), the slowest first (tests/conftest.py's SLOW_FIRST). Not yet the default: under it, one
-# transport test's trainer did not exit after SIGINT in 2 of 2 runs (cause not found; it never did alone).
-TEST_PROCS ?= 0
+# The test files run on 2 processes (pytest-xdist), each file whole on one of them (its module fixtures built
+# once), the slowest first (tests/conftest.py's SLOW_FIRST); TEST_PROCS=0 runs them in this one process.
+TEST_PROCS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q tests -n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder --durations=25
 
