@@ -5,6 +5,9 @@
    for streamwin's block shuffle at several shuffle_buffer sizes, against a perfect global
    shuffle of all windows and against no shuffle, on the perf-notes corpus shape
    (10,963 sequences, lengths log-uniform 200..20,000, W=256, stride 64, batch 256).
+3. Mixing of the ways a worker-independent (canonical) order can deal an epoch (docs/performance.md,
+   "What it would take to be the default"): distinct sequences per global batch of 256 and the
+   windows a process in one process holds, each from the same epoch order of slices.
 
     python benchmarks/plan.py [--quick]
 """
@@ -59,6 +62,64 @@ def mixing(lengths: np.ndarray, shard_starts: np.ndarray, buffer: int | None, ba
     return {"distinct_per_batch": float(np.mean(distinct)), "max_share_of_one_sequence": float(np.mean(top))}
 
 
+def canonical_mixing(lengths: np.ndarray, shard_starts: np.ndarray, buffer: int, batches: int,
+                     slots: int = 8, phases: int = 8) -> dict[str, dict]:
+    """Distinct sequences per global batch (G = 256) over ``batches`` global batches, per design.
+
+    Every design cuts the same epoch order (slices of buffer // 8 windows, permuted) into ranges,
+    one per stream, and permutes each stream's blocks; they differ in streams and block sizes:
+    one stream (today, one process), phases with full blocks (``canonical=(A, P)`` today), chunks
+    (A streams, blocks of Q micro-batches, Q = buffer / G), and phases with blocks aligned to the
+    step (A x P streams, blocks of Q micro-batches, Q = buffer / (P G)). ``held``: windows of the
+    blocks one process holds at a time (without read-ahead).
+    """
+    g = 256
+    spec = WindowSpec(256, 64)
+    cfg = PlanConfig(spec, batch_size=g, block_windows=buffer, slice_windows=max(1, buffer // 8))
+    source = make_plan(lengths, shard_starts, cfg, epoch=0).sources[0]
+    total = source.total_windows
+    seq = source.space.locate(source.order.at(np.arange(total, dtype=np.int64)))[0]
+    rng = np.random.default_rng(1)
+
+    def stream(lo: int, hi: int, block: int, need: int) -> np.ndarray:
+        """The first ``need`` sequences a stream over order positions [lo, hi) yields, blocks permuted."""
+        out, at = [], lo
+        while sum(len(x) for x in out) < need and at < hi:
+            part = seq[at : min(at + block, hi)]
+            out.append(part[rng.permutation(len(part))])
+            at += block
+        return np.concatenate(out)[:need]
+
+    def interleave(streams: int, micro: int, block: int, phase_count: int) -> np.ndarray:
+        """Global batch k: stream (a, k mod phase_count)'s micro-batch k // phase_count, slot after slot."""
+        edges = np.arange(streams + 1) * total // streams
+        per = -(-batches // phase_count) * micro
+        lanes = [stream(int(edges[c]), int(edges[c + 1]), block, per) for c in range(streams)]
+        rows = []
+        for k in range(batches):
+            p, t = k % phase_count, k // phase_count
+            rows.append(np.concatenate([lanes[a * phase_count + p][t * micro : (t + 1) * micro]
+                                        for a in range(slots)]))
+        return np.stack(rows)
+
+    m = g // slots
+    q_chunk, q_phase = max(1, buffer // g), max(1, round(buffer / (phases * g)))
+    designs = {
+        "one stream (canonical=None)": (stream(0, total, buffer, batches * g).reshape(-1, g), buffer),
+        f"phases, full blocks (canonical=({slots}, {phases}))": (interleave(slots * phases, m, buffer, phases),
+                                                                  slots * phases * buffer),
+        f"chunks, {slots} slots, blocks of {q_chunk} steps": (interleave(slots, m, q_chunk * m, 1), slots * q_chunk * m),
+        f"phases, blocks of {q_phase} steps": (interleave(slots * phases, m, q_phase * m, phases),
+                                               slots * phases * q_phase * m),
+    }
+    out = {}
+    for name, (rows, held) in designs.items():
+        out[name] = {"distinct_per_batch": float(np.mean([len(np.unique(r)) for r in rows])),
+                     "max_share_of_one_sequence": float(np.mean([np.bincount(r).max() / g for r in rows])),
+                     "windows_held": int(held)}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
@@ -83,7 +144,13 @@ def main() -> None:
         r = mixing(lengths, shard_starts, buf, batches=50)
         mix[name] = r
         print(f"| {name} | {r['distinct_per_batch']:.1f} | {r['max_share_of_one_sequence']:.2f} |")
-    print(json.dumps({"plan_seconds": timing, "mixing": mix}))
+    print("\n| canonical design (shuffle_buffer 10,000) | distinct sequences per global batch of 256 | largest share "
+          "of one sequence | windows held in one process |\n|---|---:|---:|---:|")
+    canon = canonical_mixing(lengths, shard_starts, 10_000, batches=64)
+    for name, r in canon.items():
+        print(f"| {name} | {r['distinct_per_batch']:.1f} | {r['max_share_of_one_sequence']:.2f} | "
+              f"{r['windows_held']:,} |")
+    print(json.dumps({"plan_seconds": timing, "mixing": mix, "canonical_mixing": canon}))
 
 
 if __name__ == "__main__":
