@@ -3,7 +3,7 @@
 Systems (``--systems``): ``streamwin`` (WindowDataset + WindowLoader, every byte read verified against
 the manifest's chunk checksums), ``streamwin-unverified`` (the same with ``verify_checksums=False``:
 side by side, the two rows give what verification costs), ``streamwin-canonical`` (the same with
-``canonical=(8, 8)``: one order of global batches for every world, beside ``streamwin``'s one stream per
+``canonical=(8, 1)``: one order of global batches for every world, beside ``streamwin``'s one stream per
 rank and worker), ``webdataset`` (decode ->
 window generator -> shuffle -> batched), ``tutorial`` (everything in memory, a list of
 windows, DataLoader(shuffle)), and two ceilings: ``read`` (reading the shard bytes) and
@@ -74,7 +74,7 @@ TARGET_VS_COPY = 0.5
 TARGET_CHECKSUM_COST = 0.05
 #: Canonical streams (one order for every world) may cost at most this share of streamwin's throughput (issue 30).
 TARGET_CANONICAL_COST = 0.05
-CANONICAL = (8, 8)  # streamwin-canonical's canonical=(rank slots, step phases)
+CANONICAL = (8, 1)  # streamwin-canonical's canonical=(rank slots, step phases): one phase, blocks aligned to the step
 
 
 @dataclass(frozen=True)

@@ -95,16 +95,22 @@ def check_content(seqs_by_source, packed: bool):
     return check
 
 
+# one phase: blocks aligned to the step, a process's slots' blocks read as one (in-process or one worker)
+ALIGNED, ALIGNED_WORLDS = (8, 1), [(1, 0), (1, 1), (2, 0), (4, 1), (8, 0)]
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, case):
+@pytest.mark.parametrize("canon", ["phases", "aligned"])
+def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, case, canon):
     urls, seqs = corpus
-    kw = dict(CASES[case])
+    kw = dict(CASES[case]) | ({"canonical": ALIGNED} if canon == "aligned" else {})
+    worlds = ALIGNED_WORLDS if canon == "aligned" else WORLDS
     mixed = "weights" in kw
     url = urls if mixed else urls[0]
     seqs_by_source = seqs if mixed else seqs[:1]
     check = check_content(seqs_by_source, "pack_length" in kw)
     runs, xs = {}, {}
-    for world, workers in WORLDS:
+    for world, workers in worlds:
         group = job(url, world, workers, **kw)
         per_rank = lockstep(group, summary, check=check)
         assert {len(x) for x in group} == {len(r) for r in per_rank}, "equal steps on every rank, as len() says"
@@ -154,16 +160,17 @@ def reference_unshuffled(seqs, shard_keys, slots, phases, g):
     return out
 
 
-@pytest.mark.parametrize("world,workers,batch", [(1, 0, 16), (2, 1, 12), (4, 2, 16)])
-def test_the_unshuffled_order_is_the_one_computed_from_the_corpus(tmp_path, world, workers, batch):
+@pytest.mark.parametrize("world,workers,batch,canon", [(1, 0, 16, (4, 2)), (2, 1, 12, (4, 2)), (4, 2, 16, (4, 2)),
+                                                       (1, 0, 16, (4, 1)), (2, 1, 12, (4, 1)), (4, 0, 16, (4, 1))])
+def test_the_unshuffled_order_is_the_one_computed_from_the_corpus(tmp_path, world, workers, batch, canon):
     seqs = make_sequences(50, seed=5, max_len=300)
     keys = sorted(seqs)
     shards = [keys[:20], keys[20:]]  # pack writes its input in order; two calls would be two datasets
     url = str(tmp_path / "ds")
     sw.pack([(k, seqs[k]) for k in keys], url, shard_bytes=10**9, progress=False)
-    group = job(url, world, workers, batch=batch, shuffle=False, slice_windows=10**6, canonical=(4, 2))
+    group = job(url, world, workers, batch=batch, shuffle=False, slice_windows=10**6, canonical=canon)
     got = global_batches(lockstep(group, lambda b: (list(zip(list(b["key"]), b["start"].tolist())), None)))
-    want = reference_unshuffled(seqs, [keys], 4, 2, batch)
+    want = reference_unshuffled(seqs, [keys], *canon, batch)
     assert got == want
     assert shards  # (one shard: slices of 10**6 windows are whole shards)
 
@@ -178,14 +185,15 @@ def test_epochs_differ_and_runs_repeat(corpus):
     assert lockstep(group, summary) != a[0]
 
 
-@pytest.mark.parametrize("old,new", [((4, 1), (2, 0)), ((1, 0), (2, 2))])
-def test_a_resume_in_another_world_continues_the_same_global_batches(corpus, old, new):
+@pytest.mark.parametrize("old,new,canon", [((4, 1), (2, 0), CANON), ((1, 0), (2, 2), CANON), ((4, 1), (2, 0), ALIGNED),
+                                           ((1, 0), (8, 0), ALIGNED)])
+def test_a_resume_in_another_world_continues_the_same_global_batches(corpus, old, new, canon):
     url = corpus[0][0]
-    whole = global_batches(lockstep(job(url, *old), summary))
-    first = job(url, *old)
+    whole = global_batches(lockstep(job(url, *old, canonical=canon), summary))
+    first = job(url, *old, canonical=canon)
     before = global_batches(lockstep(first, summary, take=7))
     state = json.loads(json.dumps(first[-1].state_dict()))
-    group = job(url, *new)
+    group = job(url, *new, canonical=canon)
     for x in group:
         x.load_state_dict(state)
     after = global_batches(lockstep(group, summary))

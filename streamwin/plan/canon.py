@@ -127,9 +127,94 @@ class CanonPlan(Plan):
             out[:, c] = self.slots[a_of[c]][:t].sum(axis=0)
         return out
 
-    def schedule(self, stream: int) -> "CanonSchedule":
+    def schedule(self, stream: int) -> "CanonSchedule | GroupSchedule":
         """What process ``stream`` (rank * max(1, workers) + worker) takes from which canonical stream, per batch."""
+        if all(p.bounds is not None for p in self.sources):  # blocks aligned to the step: one group a source
+            return GroupSchedule(self, *divmod(stream, self.config.workers_per_rank))
         return CanonSchedule(self, *divmod(stream, self.config.workers_per_rank))
+
+
+class GroupPlan:
+    """One source's blocks of a process's slots, block j of each read as one block (prototype, issue 30).
+
+    With one phase, stream a's block j holds its micro-batches of steps [jQ, (j + 1)Q) (``SourcePlan.bounds``),
+    so the blocks of a process's slots cover the same steps: read as one block whose yield order is, step after
+    step, each slot's micro-batch (slot after slot), a batch is one part and one gather, as with one stream.
+    """
+
+    def __init__(self, plan: SourcePlan, lanes: list[int], cums: list[np.ndarray], edges: np.ndarray):
+        self.plan, self.lanes, self.cums, self.edges = plan, lanes, cums, edges
+        self._bounds = sum(cum[edges] for cum in cums) if cums else np.zeros(len(edges), dtype=np.int64)
+        self._recent: dict = {}
+
+    def __getattr__(self, name: str):  # config, locate, ends, crop_key, crop_lengths...: the source plan's
+        if name == "plan":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.plan, name)
+
+    def num_blocks(self, stream: int) -> int:
+        return len(self.edges) - 1
+
+    def item_bounds(self, stream: int) -> np.ndarray:
+        return self._bounds
+
+    def block(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+        g, real, order = self.block_parts(stream, block)
+        return g[order], real[order]
+
+    def block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(windows of the slots' blocks, stream order; real flags; the yield order: step after step, slot after slot)."""
+        got = self._recent.get(block)
+        if got is None:
+            got = self._recent[block] = self._parts(block)
+            if len(self._recent) > 4:
+                self._recent.pop(next(iter(self._recent)))
+        return got
+
+    def _parts(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        t0, t1 = int(self.edges[block]), int(self.edges[block + 1])
+        gs, reals, lanes, at = [], [], [], 0
+        for c, cum in zip(self.lanes, self.cums):
+            lo = int(cum[t0])
+            if cum[t1] > lo:
+                g, real, order = self.plan.block_parts(c, block)
+                gs.append(g)
+                reals.append(real)
+                lanes.append((cum, lo, at, order if order is not None else np.arange(len(g))))
+                at += len(g)
+        pieces = [o[cum[t] - lo : cum[t + 1] - lo] + base for t in range(t0, t1) for cum, lo, base, o in lanes]
+        return _cat(gs, np.int64), _cat(reals, bool), _cat(pieces, np.int64)
+
+
+def _cat(arrays: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+
+
+class GroupSchedule:
+    """A process's batches over blocks aligned to the step: one lane per source (its ``GroupPlan``); batch j is
+    global step j (no phases: in-process or one worker)."""
+
+    def __init__(self, plan: CanonPlan, rank: int, worker: int):
+        cfg = plan.config
+        per = cfg.canonical[0] // cfg.world_size
+        mine = range(rank * per, (rank + 1) * per)
+        q = max(1, -(-cfg.block_windows // (cfg.world_size * cfg.batch_size)))
+        edges = np.unique(np.minimum(np.arange(0, plan.steps + q, q), plan.steps))
+        self.batches = plan.steps
+        self.lanes = [(i, 0) for i in range(len(plan.sources))]
+        self.plans, self._cum = [], []
+        for i, sp in enumerate(plan.sources):
+            cums = [np.concatenate([[0], np.cumsum(plan.slots[a][:, i])]) for a in mine]
+            self.plans.append(GroupPlan(sp, list(mine), cums, edges))
+            self._cum.append(sum(cums))
+        self._counts = np.stack([np.diff(c) for c in self._cum], axis=1) if self._cum else None
+
+    def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+        counts = self._counts[j]
+        return [(i, int(n)) for i, n in enumerate(counts.tolist()) if n], counts
+
+    def positions(self, j: int) -> list[int]:
+        return [int(c[min(j, len(c) - 1)]) for c in self._cum]
 
 
 class CanonSchedule:
@@ -244,9 +329,18 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
     items = np.array([[int(quotas[c // phases][:taken[c], i].sum()) for c in range(slots * phases)]
                       for i in range(len(plans))], dtype=np.int64)
     if rows is None:
-        plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)))
+        plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)),
+                         bounds=_aligned(config, quotas, i, steps) if phases == 1 else None)
                  for i, p in enumerate(plans)]
     else:
         plans = [replace(p, rows=r, rows_per_stream=items[i]) for i, (p, r) in enumerate(zip(plans, rows))]
     return CanonPlan(config, epoch, w, tuple(plans), np.zeros((0, len(plans)), dtype=np.int64), generation,
                      slots=quotas, steps=steps)
+
+
+def _aligned(config: PlanConfig, quotas: tuple[np.ndarray, ...], source: int, steps: int) -> tuple[np.ndarray, ...]:
+    """Per stream (one phase: stream a is slot a), items of ``source`` before each block of Q steps,
+    Q = shuffle_buffer / G: the blocks of all slots cover the same steps (prototype, issue 30)."""
+    q = max(1, -(-config.block_windows // (config.world_size * config.batch_size)))
+    edges = np.unique(np.minimum(np.arange(0, steps + q, q), steps))
+    return tuple(np.concatenate([[0], np.cumsum(qa[:, source])])[edges] for qa in quotas)

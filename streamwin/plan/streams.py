@@ -135,6 +135,7 @@ class SourcePlan:
     rows: RowPlan | None = None  # packed (pack_length): every stream's rows per block
     rows_per_stream: int | np.ndarray = 0  # packed: rows of this source each stream yields (canonical: per stream)
     lengths: np.ndarray | None = None  # canonical: windows each stream yields (they differ by slot), else None
+    bounds: tuple | None = None  # canonical, aligned: per stream, items before each of its blocks (Q steps each)
     _recent: dict = field(default_factory=dict, init=False, repr=False)  # the last blocks' parts (read, then cut)
 
     @property
@@ -146,6 +147,8 @@ class SourcePlan:
         """[blocks + 1]: items (rows when packed, else windows) of ``stream`` before each of its blocks."""
         if self.rows is not None:
             return self.rows.bounds(stream)
+        if self.bounds is not None:
+            return self.bounds[stream]
         nb = self.num_blocks(stream)
         return np.minimum(np.arange(nb + 1, dtype=np.int64) * self.config.block_windows, self.length(stream))
 
@@ -187,6 +190,8 @@ class SourcePlan:
         return self.windows_per_stream if self.lengths is None else int(self.lengths[stream])
 
     def num_blocks(self, stream: int) -> int:
+        if self.bounds is not None:
+            return len(self.bounds[stream]) - 1
         return -(-self.length(stream) // self.config.block_windows)
 
     def owned(self, stream: int) -> int:
@@ -214,8 +219,11 @@ class SourcePlan:
 
     def _block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         cfg = self.config
-        lo = block * cfg.block_windows
-        hi = min(lo + cfg.block_windows, self.length(stream))
+        if self.bounds is not None:
+            lo, hi = int(self.bounds[stream][block]), int(self.bounds[stream][block + 1])
+        else:
+            lo = block * cfg.block_windows
+            hi = min(lo + cfg.block_windows, self.length(stream))
         if not 0 <= lo < hi:
             raise IndexError(f"stream {stream} has no block {block}")
         positions = np.arange(lo, hi, dtype=np.int64)
@@ -303,9 +311,9 @@ class RestOrder:
     def _left_of(self, s: int):
         """(block, windows of it yielded, windows left) of old stream ``s``'s blocks with windows left."""
         base, used_s = self.base, self.used[s]
-        bw, length, owned = base.config.block_windows, base.length(s), base.owned(s)
-        for b in range(used_s // bw, base.num_blocks(s)):
-            lo, hi = b * bw, min((b + 1) * bw, length)
+        owned, bounds = base.owned(s), base.item_bounds(s)  # blocks of block_windows, or aligned to the step
+        for b in range(max(int(np.searchsorted(bounds, used_s, side="right")) - 1, 0), base.num_blocks(s)):
+            lo, hi = int(bounds[b]), int(bounds[b + 1])
             skip = max(used_s - lo, 0)
             if hi <= owned:  # every window of the block is real
                 left = hi - lo - skip
