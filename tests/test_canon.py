@@ -95,8 +95,8 @@ def check_content(seqs_by_source, packed: bool):
     return check
 
 
-# one phase: blocks aligned to the step, a process's slots' blocks read as one (in-process or one worker)
-ALIGNED, ALIGNED_WORLDS = (8, 1), [(1, 0), (1, 1), (2, 0), (4, 1), (8, 0)]
+# one phase: blocks aligned to the step, a process's slots' blocks read as one; workers take chunks of steps
+ALIGNED, ALIGNED_WORLDS = (8, 1), [(1, 0), (1, 3), (2, 2), (4, 1), (8, 0)]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -105,6 +105,8 @@ def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, cas
     urls, seqs = corpus
     kw = dict(CASES[case]) | ({"canonical": ALIGNED} if canon == "aligned" else {})
     worlds = ALIGNED_WORLDS if canon == "aligned" else WORLDS
+    if canon == "aligned" and "pack_length" in kw:  # packed rows keep a block reader a stream: 0 or 1 worker
+        worlds = [(1, 0), (1, 1), (2, 0), (4, 1), (8, 0)]
     mixed = "weights" in kw
     url = urls if mixed else urls[0]
     seqs_by_source = seqs if mixed else seqs[:1]
@@ -186,7 +188,7 @@ def test_epochs_differ_and_runs_repeat(corpus):
 
 
 @pytest.mark.parametrize("old,new,canon", [((4, 1), (2, 0), CANON), ((1, 0), (2, 2), CANON), ((4, 1), (2, 0), ALIGNED),
-                                           ((1, 0), (8, 0), ALIGNED)])
+                                           ((1, 0), (8, 0), ALIGNED), ((2, 2), (1, 3), ALIGNED)])
 def test_a_resume_in_another_world_continues_the_same_global_batches(corpus, old, new, canon):
     url = corpus[0][0]
     whole = global_batches(lockstep(job(url, *old, canonical=canon), summary))

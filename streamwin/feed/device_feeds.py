@@ -23,7 +23,6 @@ from streamwin.feed.stats import read_counters
 from streamwin.feed.to_device import Fixed, ToDevice
 from streamwin.pipeline import open_stream
 from streamwin.plan.epoch import Plan
-from streamwin.plan.streams import worker_batches
 from streamwin.state import Position
 
 
@@ -96,11 +95,11 @@ class WorkerDeviceFeed(Feed):
         self.pool = pool = ctx.pool
         self.copy = ToDevice(ctx.dataset.layout(), ctx.device, self.manifests, fixed=fixed, pinned=pool.pinned)
         j = self.first_batch()
-        pool.start(position.epoch, [worker_batches(j, n, w) for w in range(n)], position.rest)
+        pool.start(position.epoch, [plan.worker_taken(j, n, w) for w in range(n)], position.rest)
 
     def _next(self) -> dict[str, Any]:
         pool = self.pool
-        w = self.first_batch() % self.ctx.num_workers
+        w = self.plan.worker_of(self.first_batch(), self.ctx.num_workers)
         pool.recycle()
         slot = pool.take(w)
         batch, done = self.copy(pool.bases[w][slot])

@@ -29,7 +29,6 @@ from streamwin.feed.pool import WorkerPool
 from streamwin.feed.stats import STAT_FIELDS, RunStats, read_counters
 from streamwin.pipeline import open_stream
 from streamwin.plan.epoch import Plan
-from streamwin.plan.streams import worker_batches
 from streamwin.state import Position
 
 
@@ -230,7 +229,7 @@ class WorkerFeed(Feed):
         self.layout = ctx.dataset.layout()
         self.copies = BufferPool(self.layout.nbytes)  # pageable: a copy from it never outlives the call
         j = self.first_batch()
-        pool.start(position.epoch, [worker_batches(j, n, w) for w in range(n)], position.rest)
+        pool.start(position.epoch, [plan.worker_taken(j, n, w) for w in range(n)], position.rest)
 
     def _fill(self, left: int) -> None:
         """Every batch the workers have ready, in order (at least one, waited for): one pass over the held slots
@@ -238,8 +237,9 @@ class WorkerFeed(Feed):
         pool, ready, n = self.pool, self.ready, self.ctx.num_workers
         j = self.first_batch()
         pool.recycle(send=True)  # the slots the training loop let go of, back to their workers at once
+        worker_of = self.plan.worker_of
         while len(ready) < left:
-            w = (j + len(ready)) % n
+            w = worker_of(j + len(ready), n)
             got = pool.hand_out(w, wait=not ready)
             if got is None:  # not ready yet (or the worker's slots are all held): hand out what is
                 break

@@ -127,6 +127,23 @@ class CanonPlan(Plan):
             out[:, c] = self.slots[a_of[c]][:t].sum(axis=0)
         return out
 
+    @property
+    def chunk(self) -> int:
+        """Steps a chunk: Q = shuffle_buffer / G with blocks aligned to the step (workers take whole chunks), else 1."""
+        if not all(p.bounds is not None for p in self.sources):
+            return 1
+        return chunk_steps(self.config)
+
+    def worker_of(self, step: int, workers: int) -> int:
+        return (step // self.chunk) % workers
+
+    def worker_taken(self, batches_per_rank: int, workers: int, worker: int) -> int:
+        q = self.chunk
+        if q == 1:
+            return worker_batches(batches_per_rank, workers, worker)
+        starts = np.arange(worker * q, min(batches_per_rank, self.steps), workers * q)
+        return int(np.minimum(batches_per_rank - starts, q).sum()) if len(starts) else 0
+
     def schedule(self, stream: int) -> "CanonSchedule | GroupSchedule":
         """What process ``stream`` (rank * max(1, workers) + worker) takes from which canonical stream, per batch."""
         if all(p.bounds is not None for p in self.sources):  # blocks aligned to the step: one group a source
@@ -142,9 +159,11 @@ class GroupPlan:
     step, each slot's micro-batch (slot after slot), a batch is one part and one gather, as with one stream.
     """
 
-    def __init__(self, plan: SourcePlan, lanes: list[int], cums: list[np.ndarray], edges: np.ndarray):
-        self.plan, self.lanes, self.cums, self.edges = plan, lanes, cums, edges
-        self._bounds = sum(cum[edges] for cum in cums) if cums else np.zeros(len(edges), dtype=np.int64)
+    def __init__(self, plan: SourcePlan, lanes: list[int], cums: list[np.ndarray], edges: np.ndarray,
+                 chunks: list[int]):
+        self.plan, self.lanes, self.cums, self.edges, self.chunks = plan, lanes, cums, edges, chunks
+        items = [sum(int(cum[edges[c + 1]] - cum[edges[c]]) for cum in cums) for c in chunks]
+        self._bounds = np.concatenate([[0], np.cumsum(items, dtype=np.int64)]).astype(np.int64)
         self._recent: dict = {}
 
     def __getattr__(self, name: str):  # config, locate, ends, crop_key, crop_lengths...: the source plan's
@@ -153,7 +172,7 @@ class GroupPlan:
         return getattr(self.plan, name)
 
     def num_blocks(self, stream: int) -> int:
-        return len(self.edges) - 1
+        return len(self.chunks)
 
     def item_bounds(self, stream: int) -> np.ndarray:
         return self._bounds
@@ -172,6 +191,7 @@ class GroupPlan:
         return got
 
     def _parts(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        block = self.chunks[block]  # this process's block ``block`` is chunk ``chunks[block]`` of every stream
         t0, t1 = int(self.edges[block]), int(self.edges[block + 1])
         gs, reals, lanes, at = [], [], [], 0
         for c, cum in zip(self.lanes, self.cums):
@@ -191,23 +211,26 @@ def _cat(arrays: list[np.ndarray], dtype) -> np.ndarray:
 
 
 class GroupSchedule:
-    """A process's batches over blocks aligned to the step: one lane per source (its ``GroupPlan``); batch j is
-    global step j (no phases: in-process or one worker)."""
+    """A process's batches over blocks aligned to the step: one lane per source (its ``GroupPlan``). Worker w of n
+    takes chunks w, w + n, ... of Q steps (all of them in-process): its batch j is the j-th step of its chunks."""
 
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         cfg = plan.config
         per = cfg.canonical[0] // cfg.world_size
         mine = range(rank * per, (rank + 1) * per)
-        q = max(1, -(-cfg.block_windows // (cfg.world_size * cfg.batch_size)))
+        q, n = chunk_steps(cfg), max(1, cfg.num_workers)
         edges = np.unique(np.minimum(np.arange(0, plan.steps + q, q), plan.steps))
-        self.batches = plan.steps
+        chunks = list(range(worker, len(edges) - 1, n))
+        steps = np.concatenate([np.arange(edges[c], edges[c + 1]) for c in chunks]) if chunks else np.zeros(0, int)
+        self.batches = len(steps)
         self.lanes = [(i, 0) for i in range(len(plan.sources))]
-        self.plans, self._cum = [], []
+        self.plans, counts = [], []
         for i, sp in enumerate(plan.sources):
             cums = [np.concatenate([[0], np.cumsum(plan.slots[a][:, i])]) for a in mine]
-            self.plans.append(GroupPlan(sp, list(mine), cums, edges))
-            self._cum.append(sum(cums))
-        self._counts = np.stack([np.diff(c) for c in self._cum], axis=1) if self._cum else None
+            self.plans.append(GroupPlan(sp, list(mine), cums, edges, chunks))
+            counts.append(sum(np.diff(c)[steps] for c in cums) if cums else np.zeros(len(steps), dtype=np.int64))
+        self._counts = np.stack(counts, axis=1).astype(np.int64)
+        self._cum = [np.concatenate([[0], np.cumsum(c)]) for c in counts]
 
     def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
         counts = self._counts[j]
@@ -338,9 +361,14 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
                      slots=quotas, steps=steps)
 
 
+def chunk_steps(config: PlanConfig) -> int:
+    """Q, the steps of a block aligned to the step: shuffle_buffer / G (a process's slots hold about one buffer)."""
+    return max(1, -(-config.block_windows // (config.world_size * config.batch_size)))
+
+
 def _aligned(config: PlanConfig, quotas: tuple[np.ndarray, ...], source: int, steps: int) -> tuple[np.ndarray, ...]:
-    """Per stream (one phase: stream a is slot a), items of ``source`` before each block of Q steps,
-    Q = shuffle_buffer / G: the blocks of all slots cover the same steps (prototype, issue 30)."""
-    q = max(1, -(-config.block_windows // (config.world_size * config.batch_size)))
+    """Per stream (one phase: stream a is slot a), items of ``source`` before each block of Q steps: the blocks of
+    all slots cover the same steps."""
+    q = chunk_steps(config)
     edges = np.unique(np.minimum(np.arange(0, steps + q, q), steps))
     return tuple(np.concatenate([[0], np.cumsum(qa[:, source])])[edges] for qa in quotas)

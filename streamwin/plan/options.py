@@ -193,7 +193,7 @@ class PlanConfig:
         check_packing(self.spec, self.pack_length, self.equalize)
         if self.canonical is not None:
             object.__setattr__(self, "canonical", check_canonical(self.canonical))
-            check_world(self.canonical, int(self.world_size), int(self.num_workers))
+            check_world(self.canonical, int(self.world_size), int(self.num_workers), chunks=self.pack_length is None)
 
     @property
     def workers_per_rank(self) -> int:
@@ -222,9 +222,12 @@ def check_canonical(canonical: Any) -> tuple[int, int]:
     return int(canonical[0]), int(canonical[1])
 
 
-def check_world(canonical: tuple[int, int], world_size: int, num_workers: int) -> None:
-    """Refuse a world or worker count the canonical streams cannot serve in their one order, saying what would."""
+def check_world(canonical: tuple[int, int], world_size: int, num_workers: int, chunks: bool = False) -> None:
+    """Refuse a world or worker count the canonical streams cannot serve in their one order, saying what would.
+    ``chunks``: with one phase, workers take chunks of steps (plan/canon.py), so any worker count serves it."""
     slots, phases = canonical
+    if chunks and phases == 1:
+        num_workers = 0
     if slots % world_size:
         fits = [w for w in range(1, slots + 1) if slots % w == 0]
         raise ValueError(

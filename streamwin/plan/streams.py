@@ -84,6 +84,14 @@ class Plan:
         steps = [self.taken(s, batches_per_rank) for s in range(self.config.num_streams)]
         return self.positions[steps].T.copy()
 
+    def worker_of(self, step: int, workers: int) -> int:
+        """The worker that makes the rank's batch ``step`` (round robin)."""
+        return step % workers
+
+    def worker_taken(self, batches_per_rank: int, workers: int, worker: int) -> int:
+        """Batches ``worker`` has made once its rank took ``batches_per_rank``."""
+        return worker_batches(batches_per_rank, workers, worker)
+
     def schedule(self, stream: int) -> "QuotaSchedule":
         """What stream ``stream`` (rank * max(1, workers) + worker) takes from each source per batch."""
         return QuotaSchedule(self.quotas, [(i, stream) for i in range(len(self.sources))])
