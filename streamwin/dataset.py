@@ -67,7 +67,7 @@ class WindowDataset:
         batch_size: windows per batch of one rank (batches are formed in the worker).
         canonical: None (default, fastest): one stream per rank and worker. (A, P) rank slots x step phases
             (plan/canon.py): global batch k is one for every world dividing A and num_workers 0 or dividing
-            P, at the same world_size x batch_size ((8, 8): 1-8 ranks, 0-8 workers); P = 1: as fast as None.
+            P, at the same world_size x batch_size; P = 1: any num_workers, cheap ((8, 1): 1-8 ranks).
         equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
             (each at least once, repeats marked ``batch["weight"] == 0``).
         rank, world_size: override the detected ones (see streamwin.world).
