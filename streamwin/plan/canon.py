@@ -128,11 +128,14 @@ class CanonPlan(Plan):
         return out
 
     @property
+    def aligned(self) -> bool:
+        """Whether every source's blocks are aligned to the step (one phase, windows: ``SourcePlan.bounds``)."""
+        return all(p.bounds is not None for p in self.sources)
+
+    @property
     def chunk(self) -> int:
         """Steps a chunk: Q = shuffle_buffer / G with blocks aligned to the step (workers take whole chunks), else 1."""
-        if not all(p.bounds is not None for p in self.sources):
-            return 1
-        return chunk_steps(self.config)
+        return chunk_steps(self.config) if self.aligned else 1
 
     def worker_of(self, step: int, workers: int) -> int:
         return (step // self.chunk) % workers
@@ -146,13 +149,13 @@ class CanonPlan(Plan):
 
     def schedule(self, stream: int) -> "CanonSchedule | GroupSchedule":
         """What process ``stream`` (rank * max(1, workers) + worker) takes from which canonical stream, per batch."""
-        if all(p.bounds is not None for p in self.sources):  # blocks aligned to the step: one group a source
+        if self.aligned:  # one group a source
             return GroupSchedule(self, *divmod(stream, self.config.workers_per_rank))
         return CanonSchedule(self, *divmod(stream, self.config.workers_per_rank))
 
 
 class GroupPlan:
-    """One source's blocks of a process's slots, block j of each read as one block (prototype, issue 30).
+    """One source's blocks of a process's slots, block j of each read as one block.
 
     With one phase, stream a's block j holds its micro-batches of steps [jQ, (j + 1)Q) (``SourcePlan.bounds``),
     so the blocks of a process's slots cover the same steps: read as one block whose yield order is, step after
@@ -218,9 +221,8 @@ class GroupSchedule:
         cfg = plan.config
         per = cfg.canonical[0] // cfg.world_size
         mine = range(rank * per, (rank + 1) * per)
-        q, n = chunk_steps(cfg), max(1, cfg.num_workers)
-        edges = np.unique(np.minimum(np.arange(0, plan.steps + q, q), plan.steps))
-        chunks = list(range(worker, len(edges) - 1, n))
+        edges = chunk_edges(cfg, plan.steps)
+        chunks = list(range(worker, len(edges) - 1, max(1, cfg.num_workers)))
         steps = np.concatenate([np.arange(edges[c], edges[c + 1]) for c in chunks]) if chunks else np.zeros(0, int)
         self.batches = len(steps)
         self.lanes = [(i, 0) for i in range(len(plan.sources))]
@@ -366,9 +368,14 @@ def chunk_steps(config: PlanConfig) -> int:
     return max(1, -(-config.block_windows // (config.world_size * config.batch_size)))
 
 
+def chunk_edges(config: PlanConfig, steps: int) -> np.ndarray:
+    """[chunks + 1]: the first step of each chunk of Q steps of an epoch of ``steps``, then ``steps``."""
+    q = chunk_steps(config)
+    return np.unique(np.minimum(np.arange(0, steps + q, q), steps))
+
+
 def _aligned(config: PlanConfig, quotas: tuple[np.ndarray, ...], source: int, steps: int) -> tuple[np.ndarray, ...]:
     """Per stream (one phase: stream a is slot a), items of ``source`` before each block of Q steps: the blocks of
     all slots cover the same steps."""
-    q = chunk_steps(config)
-    edges = np.unique(np.minimum(np.arange(0, steps + q, q), steps))
+    edges = chunk_edges(config, steps)
     return tuple(np.concatenate([[0], np.cumsum(qa[:, source])])[edges] for qa in quotas)
