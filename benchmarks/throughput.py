@@ -343,6 +343,11 @@ def ratio_lines(ratios: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _field(rows: list[dict[str, Any]], case: str, workers: int, key: str) -> Any:
+    """``key`` of the summary row of ``case`` at ``workers`` (None if none or unset)."""
+    return next((r.get(key) for r in rows if r["case"] == case and r["workers"] == workers), None)
+
+
 def checksum_lines(rows: list[dict[str, Any]], workers: Sequence[int]) -> list[str]:
     """What verifying every byte read costs: streamwin beside streamwin-unverified, per worker count."""
     lines = []
@@ -351,8 +356,7 @@ def checksum_lines(rows: list[dict[str, Any]], workers: Sequence[int]) -> list[s
         if on and off:
             cost = 1 - on / off
             verdict = " MEETS" if cost <= TARGET_CHECKSUM_COST else " ABOVE"
-            cpu = [next((r.get("cpu_us_per_window") for r in rows if r["case"] == c and r["workers"] == w), None)
-                   for c in ("streamwin", "streamwin-unverified")]
+            cpu = [_field(rows, c, w, "cpu_us_per_window") for c in ("streamwin", "streamwin-unverified")]
             more = f"; CPU per window {cpu[0]:.2f} vs {cpu[1]:.2f} us (+{100 * (cpu[0] / cpu[1] - 1):.1f}%)" \
                 if all(cpu) else ""
             lines.append(f"workers={w}: checksums cost {100 * cost:.1f}% of throughput ({on:,.0f} verified vs "
@@ -368,8 +372,8 @@ def canonical_lines(rows: list[dict[str, Any]], workers: Sequence[int]) -> list[
         if one and canon:
             cost = 1 - canon / one
             verdict = " MEETS" if cost <= TARGET_CANONICAL_COST else " ABOVE"
-            rss = [next((r.get("peak_pss_mb") or r.get("peak_rss_mb") for r in rows
-                         if r["case"] == c and r["workers"] == w), None) for c in ("streamwin", "streamwin-canonical")]
+            rss = [_field(rows, c, w, "peak_pss_mb") or _field(rows, c, w, "peak_rss_mb")
+                   for c in ("streamwin", "streamwin-canonical")]
             more = f"; peak memory {rss[1]:,.0f} vs {rss[0]:,.0f} MB" if all(rss) else ""
             lines.append(f"workers={w}: canonical={CANONICAL} costs {100 * cost:.1f}% of throughput ({canon:,.0f} vs "
                          f"{one:,.0f} windows/s; target <= {100 * TARGET_CANONICAL_COST:g}%){verdict}{more}")

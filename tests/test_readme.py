@@ -34,12 +34,18 @@ def code_blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.M | re.S)
 
 
+def run_snippet(code: str, cwd) -> subprocess.CompletedProcess:
+    """A python block of the docs run as pasted, in ``cwd``, with this checkout importable; it must succeed."""
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
 def test_quick_start_runs_as_pasted(tmp_path):
     blocks = code_blocks(section("Quick start"), "python")
     assert len(blocks) == 1, "the quick start is one python block"
-    r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_snippet(blocks[0], tmp_path)
     assert re.search(r"\d+ batches per epoch", r.stdout), r.stdout
 
 
@@ -113,9 +119,7 @@ def test_what_the_readme_and_the_demo_write_is_ignored_by_git(path):
 def test_elastic_resume_snippet_runs_as_pasted(tmp_path):
     blocks = code_blocks(section("Elastic resume", "docs/resume.md"), "python")
     assert len(blocks) == 1
-    r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_snippet(blocks[0], tmp_path)
     m = re.search(r"batches per rank: \[(\d+), (\d+), (\d+)\] after 10, len (\d+)", r.stdout)
     assert m and len(set(m.groups()[:3])) == 1 and int(m.group(4)) == 10 + int(m.group(1)) > 10, r.stdout
 
@@ -123,9 +127,7 @@ def test_elastic_resume_snippet_runs_as_pasted(tmp_path):
 def test_canonical_resume_snippet_replays_the_uninterrupted_jobs_global_batches(tmp_path):
     blocks = code_blocks(section("One order for every world: canonical streams", "docs/resume.md"), "python")
     assert len(blocks) == 1
-    r = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_snippet(blocks[0], tmp_path)
     m = re.search(r"steps after 10: (\d+), len (\d+), the uninterrupted job's global batches: True", r.stdout)
     assert m and int(m.group(2)) == 10 + int(m.group(1)) > 10, r.stdout
 
