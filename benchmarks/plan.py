@@ -69,7 +69,8 @@ def canonical_mixing(lengths: np.ndarray, shard_starts: np.ndarray, buffer: int,
     Every design cuts the same epoch order (slices of buffer // 8 windows, permuted) into ranges,
     one per stream, and permutes each stream's blocks; they differ in streams and block sizes:
     one stream (today, one process), phases with full blocks (``canonical=(A, P)`` today), chunks
-    (A streams, blocks of Q micro-batches, Q = buffer / G), and phases with blocks aligned to the
+    (A streams, blocks of Q micro-batches, Q = buffer / G), stripes (``canonical=(A, 1)`` as built: chunk j of
+    Q steps is one range of the order, cut slot after slot), and phases with blocks aligned to the
     step (A x P streams, blocks of Q micro-batches, Q = buffer / (P G)). ``held``: windows of the
     blocks one process holds at a time (without read-ahead).
     """
@@ -102,6 +103,19 @@ def canonical_mixing(lengths: np.ndarray, shard_starts: np.ndarray, buffer: int,
                                         for a in range(slots)]))
         return np.stack(rows)
 
+    def striped(micro: int, steps: int) -> np.ndarray:
+        """canonical=(A, 1) as built: chunk j of the order (``steps`` global batches) cut into the slots' stripes,
+        slot after slot, each permuted; global batch k takes each slot's next micro-batch of its stripe."""
+        rows, at = [], 0
+        for _ in range(-(-batches // steps)):
+            lanes = []
+            for _a in range(slots):
+                part = seq[at : at + steps * micro]
+                lanes.append(part[rng.permutation(len(part))])
+                at += steps * micro
+            rows += [np.concatenate([lane[t * micro : (t + 1) * micro] for lane in lanes]) for t in range(steps)]
+        return np.stack(rows[:batches])
+
     m = g // slots
     q_chunk, q_phase = max(1, buffer // g), max(1, round(buffer / (phases * g)))
     designs = {
@@ -109,6 +123,8 @@ def canonical_mixing(lengths: np.ndarray, shard_starts: np.ndarray, buffer: int,
         f"phases, full blocks (canonical=({slots}, {phases}))": (interleave(slots * phases, m, buffer, phases),
                                                                   slots * phases * buffer),
         f"chunks, {slots} slots, blocks of {q_chunk} steps": (interleave(slots, m, q_chunk * m, 1), slots * q_chunk * m),
+        f"stripes of one chunk, {slots} slots, {q_chunk} steps (canonical=({slots}, 1))": (striped(m, q_chunk),
+                                                                                       slots * q_chunk * m),
         f"phases, blocks of {q_phase} steps": (interleave(slots * phases, m, q_phase * m, phases),
                                                slots * phases * q_phase * m),
     }

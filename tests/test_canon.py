@@ -141,10 +141,12 @@ def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, cas
             assert abs(n0 - 0.7 * G) <= 8
 
 
-def reference_unshuffled(seqs, shard_keys, slots, phases, g):
+def reference_unshuffled(seqs, shard_keys, slots, phases, g, shuffle_buffer=64):
     """The canonical order computed from the corpus alone (shuffle=False): the windows in manifest order cut into
     slices of at most ``slice_windows`` per shard, laid end to end; stream c = a*P + p owns range c (in proportion
-    to its slot's micro-batch); global batch k = per slot a, micro-batch k // P of stream (a, k mod P)."""
+    to its slot's micro-batch); global batch k = per slot a, micro-batch k // P of stream (a, k mod P). With one
+    phase the ranges fix only the steps: the order is cut into chunks of Q steps, each the slots' micro-batches of
+    its steps, slot after slot."""
     order = []
     for keys in shard_keys:  # shards in manifest order; each shard's windows in key order
         order += [(k, s) for k in keys for s in range(0, len(seqs[k]) - W + 1, S)]
@@ -155,10 +157,20 @@ def reference_unshuffled(seqs, shard_keys, slots, phases, g):
     streams = [order[bounds[c]:bounds[c + 1]] for c in range(slots * phases)]
     steps = min(phases * min(len(streams[a * phases + p]) // m[a] for a in range(slots) if m[a]) + p
                 for p in range(phases))
-    out = []
-    for k in range(steps):
-        p, t = k % phases, k // phases
-        out.append([w for a in range(slots) for w in streams[a * phases + p][t * m[a]:(t + 1) * m[a]]])
+    if phases > 1:
+        out = []
+        for k in range(steps):
+            p, t = k % phases, k // phases
+            out.append([w for a in range(slots) for w in streams[a * phases + p][t * m[a]:(t + 1) * m[a]]])
+        return out
+    # one phase: chunks of Q = ceil(shuffle_buffer / g) steps lie end to end, each holding, slot after slot, the
+    # slot's micro-batches of those steps (the streams' ranges fix only how many steps there are)
+    q, pos, out = -(-shuffle_buffer // g), 0, [[] for _ in range(steps)]
+    for t0 in range(0, steps, q):
+        for a in range(slots):
+            for t in range(t0, min(t0 + q, steps)):
+                out[t] += order[pos:pos + m[a]]
+                pos += m[a]
     return out
 
 
@@ -253,3 +265,50 @@ def test_a_state_of_the_order_before_canonical_streams_is_refused_saying_how_to_
     next(it)
     with pytest.raises(sw.StateMismatchError, match=r"canonical"):
         again.load_state_dict(new.state_dict())
+
+
+def test_padding_steps_take_every_window_once_in_every_world(corpus):
+    """equalize="pad" with blocks aligned to the step: the repeats that cover the last steps weigh 0, the real
+    windows are the stride grid's, each once, and the global batches are the same in every world."""
+    urls, seqs = corpus
+    runs = {}
+    for world, workers in [(1, 0), (2, 1), (4, 0)]:
+        group = job(urls[0], world, workers, equalize="pad", canonical=(4, 1))
+        per_rank = lockstep(group, lambda b: (list(zip(list(b["key"]), b["start"].tolist(),
+                                                       b["weight"].tolist())), None))
+        runs[world, workers] = global_batches(per_rank)
+    ref = runs[1, 0]
+    assert all(got == ref for got in runs.values())
+    real = [(k, s) for batch in ref for k, s, w in batch if w > 0]
+    assert sorted(real) == sorted(reference_windows(seqs[0], W, S)), "every window once, repeats weigh 0"
+    assert any(w == 0 for batch in ref for _, _, w in batch), "the corpus does not make pad repeat"
+
+
+def test_striped_positions_are_a_permutation_with_each_chunk_one_run():
+    """StripedOrder: every position of the streams' ranges lands once; chunk j holds, stream after stream, each
+    stream's block j as one run (checked against a layout built here position by position)."""
+    from streamwin.plan.order import StripedOrder
+
+    class Identity:
+        total = 0
+
+        def at(self, v):
+            return v
+
+    lo = np.array([0, 7, 7, 20, 31])  # ranges of 7, 0, 13 and 11 positions
+    bounds = [np.array([0, 3, 6, 7]), np.array([0, 0, 0, 0]), np.array([0, 5, 9, 15]), np.array([0, 4, 8, 9])]
+    s = StripedOrder(Identity(), lo, bounds)  # stream 2's last block runs past its range: padding
+    got = s.position(np.arange(31))
+    want = {}
+    at = 0
+    for j in range(3):
+        for a in range(4):
+            for u in range(min(bounds[a][j], lo[a + 1] - lo[a]), min(bounds[a][j + 1], lo[a + 1] - lo[a])):
+                want[lo[a] + u] = at
+                at += 1
+    for a in range(4):
+        for u in range(min(bounds[a][-1], lo[a + 1] - lo[a]), lo[a + 1] - lo[a]):
+            want[lo[a] + u] = at
+            at += 1
+    assert got.tolist() == [want[v] for v in range(31)]
+    assert sorted(got.tolist()) == list(range(31))

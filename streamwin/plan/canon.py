@@ -34,6 +34,7 @@ import numpy as np
 
 from streamwin.plan.mix import batch_quotas
 from streamwin.plan.options import PlanConfig
+from streamwin.plan.order import StripedOrder, block_key
 from streamwin.plan.rows import RowPlan
 from streamwin.plan.streams import Plan, SourcePlan, stream_ranges, worker_batches
 from streamwin.plan.space import WindowSpace
@@ -194,23 +195,30 @@ class GroupPlan:
         return got
 
     def _parts(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        block = self.chunks[block]  # this process's block ``block`` is chunk ``chunks[block]`` of every stream
+        """Every slot's block of chunk ``chunks[block]`` in one pass: one ``order.at`` over their positions (one
+        run of a StripedOrder), each slot's shuffle as its stream's (``block_key``), the yield order by step."""
+        sp, cfg, block = self.plan, self.plan.config, self.chunks[block]
         t0, t1 = int(self.edges[block]), int(self.edges[block + 1])
-        gs, reals, lanes, at = [], [], [], 0
+        pos, real, order, step, at = [], [], [], [], 0
         for c, cum in zip(self.lanes, self.cums):
-            lo = int(cum[t0])
-            if cum[t1] > lo:
-                g, real, order = self.plan.block_parts(c, block)
-                gs.append(g)
-                reals.append(real)
-                lanes.append((cum, lo, at, order if order is not None else np.arange(len(g))))
-                at += len(g)
-        pieces = [o[cum[t] - lo : cum[t + 1] - lo] + base for t in range(t0, t1) for cum, lo, base, o in lanes]
-        return _cat(gs, np.int64), _cat(reals, bool), _cat(pieces, np.int64)
-
-
-def _cat(arrays: list[np.ndarray], dtype) -> np.ndarray:
-    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+            lo, hi = int(cum[t0]), int(cum[t1])
+            if hi <= lo:
+                continue
+            u = np.arange(lo, hi, dtype=np.int64)
+            pos.append(sp.stream_lo[c] + u)
+            real.append(u < sp.owned(c))
+            shuffle = (np.random.default_rng(block_key(cfg.seed, sp.epoch, c, block, sp.generation, sp.source))
+                       .permutation(hi - lo) if cfg.shuffle else np.arange(hi - lo))
+            order.append(shuffle + at)
+            at += hi - lo
+            step.append(np.repeat(np.arange(t0, t1), np.diff(cum[t0 : t1 + 1])))  # the step of each yield slot
+        if not pos:
+            return np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
+        g = sp.order.at(np.concatenate(pos) % max(sp.total_windows, 1))
+        yields = np.concatenate(order)[np.argsort(np.concatenate(step), kind="stable")]  # step by step, slot by slot
+        for a in (g, yields):
+            a.flags.writeable = False
+        return g, np.concatenate(real), yields
 
 
 class GroupSchedule:
@@ -353,9 +361,12 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
     taken = [max(0, -(-(steps - c % phases) // phases)) for c in range(slots * phases)]
     items = np.array([[int(quotas[c // phases][:taken[c], i].sum()) for c in range(slots * phases)]
                       for i in range(len(plans))], dtype=np.int64)
-    if rows is None:
-        plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)),
-                         bounds=_aligned(config, quotas, i, steps) if phases == 1 else None)
+    if rows is None and phases == 1:  # blocks aligned to the step, laid chunk after chunk (StripedOrder)
+        bounds = [_aligned(config, quotas, i, steps) for i in range(len(plans))]
+        plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)), bounds=b,
+                         order=StripedOrder(p.order, p.stream_lo, b)) for i, (p, b) in enumerate(zip(plans, bounds))]
+    elif rows is None:
+        plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)))
                  for i, p in enumerate(plans)]
     else:
         plans = [replace(p, rows=r, rows_per_stream=items[i]) for i, (p, r) in enumerate(zip(plans, rows))]

@@ -85,3 +85,52 @@ class ShareOrder:
             j = np.searchsorted(at, pos[pick], side="right") - 1
             out[pick] = lo[j] + (pos[pick] - at[j])
         return out
+
+
+class StripedOrder:
+    """An order whose streams' step-aligned blocks lie chunk after chunk (canonical streams with one phase).
+
+    Stream a owns range [lo_a, lo_{a+1}) of the positions (``stream_lo``) and its block j holds its
+    positions [bounds[a][j], bounds[a][j + 1]) of that range: the items of steps [jQ, (j + 1)Q). The
+    positions are laid out on ``order`` chunk by chunk: chunk j's blocks of every stream, stream after
+    stream, end to end (then what no block takes, stream after stream). Chunk j of the whole world is then
+    one run of ``order``, and a process's blocks of it (its slots are consecutive streams) a run inside
+    it: a block reads the runs one stream's block reads, whatever the slots it holds. A bijection of
+    [0, total), a pure function of the plan (never of the world).
+    """
+
+    def __init__(self, order, stream_lo: np.ndarray, bounds):
+        self.order, self.stream_lo = order, np.asarray(stream_lo, dtype=np.int64)
+        ranges = np.diff(self.stream_lo)[:, None]  # a block past its stream's range (padding) takes none of it
+        self.bounds = np.minimum(np.stack([np.asarray(b, dtype=np.int64) for b in bounds]), ranges)  # [streams, chunks + 1]
+        sizes = np.diff(self.bounds, axis=1)  # [streams, chunks]: items of each stream's block j
+        flat = sizes.T.reshape(-1)  # chunk-major, stream after stream
+        self._start = (np.cumsum(flat) - flat).reshape(sizes.shape[::-1]).T  # [streams, chunks]: block (a, j) begins
+        left = np.diff(self.stream_lo) - self.bounds[:, -1]  # each stream's positions after its last block
+        self._tail = int(self.bounds[:, -1].sum()) + np.cumsum(left) - left  # where each stream's rest begins
+
+    def __getattr__(self, name: str):  # total, dropped_before, ...: the order's
+        if name == "order":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.order, name)
+
+    def at(self, v: np.ndarray) -> np.ndarray:
+        """Global window indices at positions ``v`` (of the streams' ranges)."""
+        return self.order.at(self.position(v))
+
+    def position(self, v: np.ndarray) -> np.ndarray:
+        """Where positions ``v`` of the streams' ranges lie in ``order``."""
+        v = np.asarray(v, dtype=np.int64)
+        a = np.searchsorted(self.stream_lo, v, side="right") - 1
+        out = np.empty(len(v), dtype=np.int64)
+        for s in np.unique(a).tolist():
+            pick = a == s
+            u = v[pick] - self.stream_lo[s]
+            b = self.bounds[s]
+            j = np.minimum(np.searchsorted(b, u, side="right") - 1, len(b) - 2)
+            if len(b) < 2:  # no blocks: the whole range is the rest
+                out[pick] = self._tail[s] + u
+                continue
+            j = np.maximum(j, 0)
+            out[pick] = np.where(u < b[-1], self._start[s, j] + u - b[j], self._tail[s] + u - b[-1])
+        return out
