@@ -28,6 +28,7 @@ rank's batch k, in rank order) is the same in every world A allows, with any wor
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -128,12 +129,12 @@ class CanonPlan(Plan):
             out[:, c] = self.slots[a_of[c]][:t].sum(axis=0)
         return out
 
-    @property
+    @cached_property
     def aligned(self) -> bool:
         """Whether every source's blocks are aligned to the step (one phase, windows: ``SourcePlan.bounds``)."""
         return all(p.bounds is not None for p in self.sources)
 
-    @property
+    @cached_property
     def chunk(self) -> int:
         """Steps a chunk: Q = shuffle_buffer / G with blocks aligned to the step (workers take whole chunks), else 1."""
         return chunk_steps(self.config) if self.aligned else 1
