@@ -423,7 +423,7 @@ def child_sums(url: str, blocks: str) -> dict:
 
     ds = sw.WindowDataset(url, window=SUMS_WINDOW, stride=SUMS_STRIDE, batch_size=256, seed=0, rank=0, world_size=1)
     m = ds.manifest
-    plan = ds.plan(0, 0).sources[0]
+    plan = ds.plan(0, 0).schedule(0).plans[0]  # the process's blocks (lane 0)
     before, rss = anon_mb(), status_mb("VmRSS")  # what reading adds (the manifest's checks: manifest_checks_kb)
     reader = ShardReader(url, m, ds.read)
     touched, windows = set(), 0

@@ -29,8 +29,8 @@ from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
-from streamwin.plan.options import (DEFAULT_CANONICAL, EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, check_canonical,
-                                    pretraining)
+from streamwin.plan.options import (AUTO, DEFAULT_CANONICAL, EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, canonical_for,
+                                    check_canonical, pretraining)
 from streamwin.plan.split import split_spec
 from streamwin.read import ReadOptions, zstd_slice_windows
 from streamwin.seqfields import FieldGather, field_spec, where_of
@@ -63,11 +63,12 @@ class WindowDataset:
         pad: give a sequence shorter than window + horizon one zero-padded window with ``batch["mask"]``.
         shuffle: permute slices per epoch and windows within blocks of ``shuffle_buffer``.
         shuffle_buffer: windows per shuffle block; bounds resident memory.
-        seed: the order is a pure function of (seed, epoch, world_size, num_workers, batch_size).
+        seed: the order is a pure function of (seed, epoch, world_size x batch_size) with canonical streams, else
+            of (seed, epoch, world_size, num_workers, batch_size).
         batch_size: windows per batch of one rank (batches are formed in the worker).
-        canonical: None (default, fastest): one stream per rank and worker. (A, P) rank slots x step phases
-            (plan/canon.py): global batch k is one for every world dividing A and num_workers 0 or dividing
-            P, at the same world_size x batch_size; P = 1: any num_workers, cheap ((8, 1): 1-8 ranks).
+        canonical: "auto" (default): (8, 1) for 1, 2, 4 or 8 ranks, else None. (A, P) rank slots x step
+            phases (plan/canon.py): global batch k is one for every world dividing A and num_workers 0 or
+            dividing P (P = 1: any), at the same world_size x batch_size. None: one stream per rank and worker.
         equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
             (each at least once, repeats marked ``batch["weight"] == 0``).
         rank, world_size: override the detected ones (see streamwin.world).
@@ -133,7 +134,7 @@ class WindowDataset:
                  window_multiple: int = 1, windows_per_sequence: int | None = None, pack_length: int | None = None,
                  missing: str | None = None, verify_checksums: bool = True, fields: Sequence[str] | None = None,
                  fill: Mapping[str, Any] | None = None, where: Mapping[str, Sequence[Any]] | None = None,
-                 canonical: tuple[int, int] | None = DEFAULT_CANONICAL):
+                 canonical: tuple[int, int] | str | None = DEFAULT_CANONICAL):
         names, urls, self.weights, self.epoch_windows = mix_of(url, weights, epoch_windows)
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad, jitter, min_window,
                                window_multiple, windows_per_sequence)
@@ -142,7 +143,7 @@ class WindowDataset:
         check_int("batch_size", batch_size, 1, MAX_BATCH)
         check_choice("equalize", equalize, EQUALIZE)
         self.batch_size, self.equalize = int(batch_size), equalize
-        self.canonical = None if canonical is None else check_canonical(canonical)
+        self.canonical = canonical if canonical is None or canonical == AUTO else check_canonical(canonical)
         self._rank, self._world_size = _explicit_world(rank, world_size)
         read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit, verify_checksums)
         for name, value in (("readahead", readahead), ("prefetch", prefetch)):
@@ -248,12 +249,11 @@ class WindowDataset:
     # -- the plan ----------------------------------------------------------------------------------
     def config(self, num_workers: int = 0, world_size: int | None = None) -> PlanConfig:
         """The plan's inputs besides the data, for a rank running ``num_workers`` streams (0: one, in-process)."""
-        s = self.shuffle_spec
-        return PlanConfig(spec=self.spec, batch_size=self.batch_size,
-                          world_size=self.world()[1] if world_size is None else world_size,
+        s, world = self.shuffle_spec, self.world()[1] if world_size is None else world_size
+        return PlanConfig(spec=self.spec, batch_size=self.batch_size, world_size=world,
                           num_workers=num_workers, seed=s.seed, shuffle=bool(s.shuffle), block_windows=s.shuffle_buffer,
                           equalize=self.equalize, slice_windows=s.slice_windows or self._default_slices(),
-                          pack_length=self.pack_length, canonical=self.canonical)
+                          pack_length=self.pack_length, canonical=canonical_for(self.canonical, world, self.pack_length))
 
     def _default_slices(self) -> int:
         """Windows per read slice by default: shuffle_buffer // 8, or more for zstd (read.zstd_slice_windows)."""
@@ -278,7 +278,8 @@ class WindowDataset:
 
     def config_of(self, inputs: Mapping[str, Any]) -> PlanConfig:
         """The plan config of a checkpoint's inputs: its world, workers and batch size over this dataset."""
-        return replace(self.config(), **{k: inputs[k] for k in POSITION_ONLY if k in inputs})
+        given = {k: inputs[k] for k in POSITION_ONLY if k in inputs} | {"canonical": inputs.get("canonical")}
+        return replace(self.config(), **given)  # no canonical in it: one stream per rank and worker
 
     def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]]) -> Plan:
         streams = config.world_size * max(1, config.num_workers)  # a plan keeps some 64 bytes per stream
@@ -325,7 +326,7 @@ class WindowDataset:
         out = {"shards": sum(len(m.shards) for m in self.manifests), "sequences": totals["sequences"],
                "steps": totals["steps"], "windows_per_epoch": p.total_windows, "dropped_windows": p.dropped_windows,
                "repeated_windows": p.repeated_windows, "batches_per_rank": p.batches_per_rank,
-               "world_size": self.world()[1], "streams": p.config.num_streams,
+               "world_size": self.world()[1], "streams": p.config.num_streams, "canonical": p.config.canonical,
                "short_sequences": totals["short_sequences"], "split": self.split.split if self.split else None}
         if self.pack_length:  # rows: every rank's batches times batch_size; rows the streams leave to stay equal
             out.update(pack_length=self.pack_length, rows_per_rank=p.batches_per_rank * self.batch_size,

@@ -73,8 +73,7 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     if len(schedule.lanes) > len(readers):  # canonical streams: one read thread per source, shared by its lanes
         pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read") for _ in readers]
         warn_unmapped(ds, readers, len(schedule.lanes) // len(readers))
-    plans = getattr(schedule, "plans", None) or plan.sources  # canonical, aligned: one group plan a source
-    blocks = [BlockReader(readers[i], plans[i], s, readahead=ds.readahead, pool=pools and pools[i],
+    blocks = [BlockReader(readers[i], schedule.plans[i], s, readahead=ds.readahead, pool=pools and pools[i],
                           transform=None if transform is None else partial(transform, source=i))
               for i, s in schedule.lanes]
     gather = gatherer or gatherer_of(ds)

@@ -26,7 +26,8 @@ from streamwin.errors import StateMismatchError
 
 STATE_VERSION = 2
 # plan inputs that only matter for a position inside an epoch
-POSITION_ONLY = frozenset({"batch_size", "world_size", "num_workers", "equalize", "block_windows", "slice_windows"})
+POSITION_ONLY = frozenset({"batch_size", "world_size", "num_workers", "equalize", "block_windows", "slice_windows",
+                           "canonical"})
 
 
 @dataclass
@@ -206,13 +207,7 @@ def check_state(state: Any, inputs: Mapping[str, Any], *, finished: bool = False
     diffs = [f"{k}: in checkpoint {saved.get(k)!r} / now {inputs.get(k)!r}" for k in names
              if _planned(k, saved.get(k)) != _planned(k, inputs.get(k))]
     if diffs:
-        hint = ""
-        if saved.get("canonical") != inputs.get("canonical"):
-            was = saved.get("canonical")
-            hint = (f". This state was taken with canonical={None if was is None else tuple(was)!r}: resume it with "
-                    f"WindowDataset(..., canonical={None if was is None else tuple(was)!r}); a job moves to another "
-                    "order at an epoch's end (a fresh start of the order)")
-        raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs) + hint)
+        raise StateMismatchError("cannot resume exactly, the plan inputs differ: " + "; ".join(diffs))
 
 
 # with canonical streams these matter only through the global batch, world_size x batch_size

@@ -18,6 +18,11 @@ import torch.distributed as dist
 import streamwin as sw
 
 
+def canonical(arg: str):
+    """--canonical as WindowDataset takes it: "auto", None ("none") or (rank slots, step phases) ("8,8")."""
+    return {"none": None, "auto": "auto"}[arg] if arg in ("none", "auto") else tuple(map(int, arg.split(",")))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
@@ -30,7 +35,7 @@ def main() -> None:
     p.add_argument("--equalize", default="drop")
     p.add_argument("--storage-options", default=None, help="JSON file")
     p.add_argument("--cache-dir", default=None, help="node-local shard cache")
-    p.add_argument("--canonical", default="none", help="rank slots,step phases of the canonical streams, or none")
+    p.add_argument("--canonical", default="auto", help="rank slots,step phases of the canonical streams, none or auto")
     p.add_argument("--stop-after", type=int, default=None)
     p.add_argument("--save-at", type=int, nargs="*", default=[], help="save the state at these steps and go on")
     p.add_argument("--resume", default=None)
@@ -40,7 +45,7 @@ def main() -> None:
     # built before init_process_group, as users often do: rank is resolved when iteration starts
     ds = sw.WindowDataset(a.url, window=a.window, stride=a.stride, batch_size=a.batch_size, shuffle_buffer=64,
                           seed=7, equalize=a.equalize, storage_options=so, cache_dir=a.cache_dir,
-                          canonical=None if a.canonical == "none" else tuple(map(int, a.canonical.split(","))))
+                          canonical=canonical(a.canonical))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     loader = sw.WindowLoader(ds, num_workers=a.workers)

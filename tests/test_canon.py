@@ -239,32 +239,44 @@ def test_worlds_and_workers_the_canonical_streams_do_not_divide_are_refused(corp
     ds = sw.WindowDataset(url, window=W, rank=0, world_size=1, batch_size=4, canonical=CANON)
     with pytest.raises(ValueError, match=r"num_workers=3 does not divide the 8 step phases"):
         ds.plan(0, 3)
-    with pytest.raises(ValueError, match=r"canonical must be None or \(rank slots, step phases\)"):
+    with pytest.raises(ValueError, match=r'canonical must be "auto" \(the default\), None or \(rank slots, step phases\)'):
         sw.WindowDataset(url, window=W, canonical=8)
     ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4, canonical=None)
     assert len(ds) > 0  # the order of one stream per rank and worker
 
 
-def test_a_state_of_the_order_before_canonical_streams_is_refused_saying_how_to_load_it(corpus):
+def test_a_state_of_another_order_loads_as_an_elastic_resume(corpus):
+    """A state of the order before canonical streams (no ``canonical`` in it) loads into the default order, and a
+    canonical state into another order: the rest of the epoch is dealt anew, no window twice, none but a few lost."""
+    url, seqs = corpus[0][0], corpus[1][0]
+    every = reference_windows(seqs, W, S)
+    for was, now in [(None, "auto"), ((8, 1), None), ((8, 1), (4, 2)), ((4, 2), "auto")]:
+        old = job(url, 2, 0, canonical=was)
+        before = global_batches(lockstep(old, summary, take=3))
+        state = json.loads(json.dumps(old[0].state_dict()))
+        assert ("canonical" in state["inputs"]) == (was is not None)
+        group = job(url, 2, 1, canonical=now)
+        for x in group:
+            x.load_state_dict(state)
+        after = global_batches(lockstep(group, summary))
+        seen = [c[1:3] for batch in before + after for c in batch]
+        assert len(seen) == len(set(seen)), f"{was} -> {now}: a window twice"
+        assert set(seen) <= set(every) and len(every) - len(seen) < 2 * 8 * G, f"{was} -> {now}: windows lost"
+        assert {len(x) for x in group} == {3 + len(after)}
+
+
+def test_auto_is_8_slots_one_phase_where_8_is_divided_else_one_stream_a_process(corpus):
     url = corpus[0][0]
-    old = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=4, canonical=None), num_workers=0)
-    OPEN.append(old)
-    it = iter(old)
-    next(it)
-    state = old.state_dict()
-    assert "canonical" not in state["inputs"]
-    new = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=4, canonical=CANON), num_workers=0)
-    OPEN.append(new)
-    with pytest.raises(sw.StateMismatchError, match=r"canonical: in checkpoint None / now \[8, 8\].*canonical=None"):
-        new.load_state_dict(state)
-    again = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=4, canonical=None), num_workers=0)
-    OPEN.append(again)
-    again.load_state_dict(state)
-    assert len(list(again)) == len(old) - 1
-    it = iter(new)  # and the other way: a canonical state does not load into the order of one stream a process
-    next(it)
-    with pytest.raises(sw.StateMismatchError, match=r"canonical"):
-        again.load_state_dict(new.state_dict())
+    want = global_batches(lockstep(job(url, 1, 0, canonical=(8, 1)), summary))
+    for world, workers in [(1, 2), (4, 1), (8, 0)]:
+        assert global_batches(lockstep(job(url, world, workers, canonical="auto"), summary)) == want
+    for world in (3, 16):  # worlds that do not divide 8 keep one stream per rank and worker
+        ds = sw.WindowDataset(url, window=W, stride=S, batch_size=48 // world, rank=0, world_size=world)
+        assert ds.plan_inputs().get("canonical") is None
+        assert global_batches(lockstep(job(url, world, 0, batch=48, canonical="auto"), summary)) == \
+            global_batches(lockstep(job(url, world, 0, batch=48, canonical=None), summary))
+    packed = sw.WindowDataset(url, window=W, stride=S, batch_size=2, pack_length=48, min_window=8, window_multiple=4)
+    assert packed.plan_inputs().get("canonical") is None  # packed rows: one stream per rank and worker
 
 
 def test_padding_steps_take_every_window_once_in_every_world(corpus):
@@ -312,3 +324,28 @@ def test_striped_positions_are_a_permutation_with_each_chunk_one_run():
             at += 1
     assert got.tolist() == [want[v] for v in range(31)]
     assert sorted(got.tolist()) == list(range(31))
+
+
+def test_a_process_block_is_each_slots_block_in_that_streams_own_order(corpus):
+    """One phase: the block a process reads for its slots (GroupPlan: one pass over all of them) yields, per
+    slot, the windows of that canonical stream's own block in its own order (SourcePlan, which an elastic rest
+    reads), micro-batch by micro-batch: step after step, slot after slot."""
+    url = corpus[0][0]
+    ds = sw.WindowDataset(url, window=W, stride=S, batch_size=G, shuffle_buffer=64, seed=11, rank=0, world_size=1,
+                          canonical=(4, 1))
+    plan = ds.plan(0)
+    group, slots = plan.schedule(0).plans[0], [q[:, 0] for q in plan.slots]
+    step = 0
+    for j in range(group.num_blocks(0)):
+        g, _ = group.block(0, j)
+        mine = [[] for _ in slots]
+        at, steps = 0, int(group.edges[j + 1] - group.edges[j])
+        for t in range(step, step + steps):
+            for a, q in enumerate(slots):
+                mine[a] += g[at : at + q[t]].tolist()
+                at += q[t]
+        assert at == len(g)
+        for a in range(len(slots)):
+            assert mine[a] == group.plan.block(a, j)[0].tolist(), (j, a)
+        step += steps
+    assert step == plan.steps > 4

@@ -31,18 +31,10 @@ def dataset(urls, **kw):
 
 
 def batcher(ds, stream=1, workers=2):
-    """Stream ``stream``'s Batcher of epoch 1 over every source of ``ds``, gathering into fresh buffers."""
-    plan = ds.plan(1, workers)
-    readers = [BlockReader(s.reader(), p, stream) for s, p in zip(ds.sources, plan.sources)]
-    layout = ds.layout()
-    return Batcher(readers, plan.quotas, gatherer_of(ds), lambda: layout.views(np.empty(layout.nbytes, dtype=np.uint8)))
-
-
-def lanes_batcher(ds, stream=1, workers=2):
-    """Process ``stream``'s Batcher over its canonical streams' lanes (one block reader each), as pipeline wires it."""
-    plan = ds.plan(1, workers)
-    schedule = plan.schedule(stream)
-    readers = [BlockReader(ds.sources[i].reader(), plan.sources[i], c) for i, c in schedule.lanes]
+    """Process ``stream``'s Batcher of epoch 1 over its lanes (one block reader each: a stream of each source, or
+    its canonical streams'), as pipeline wires it, gathering into fresh buffers."""
+    schedule = ds.plan(1, workers).schedule(stream)
+    readers = [BlockReader(ds.sources[i].reader(), schedule.plans[i], c) for i, c in schedule.lanes]
     layout = ds.layout()
     return Batcher(readers, schedule, gatherer_of(ds), lambda: layout.views(np.empty(layout.nbytes, dtype=np.uint8)))
 
@@ -71,9 +63,9 @@ def test_batcher_resumes_at_every_batch(two, mixed):
 @pytest.mark.parametrize("mixed", [False, True])
 def test_a_batcher_of_canonical_lanes_resumes_at_every_batch(two, mixed):
     ds = dataset(two if mixed else two[:1], canonical=(4, 4), **({"weights": [0.7, 0.3]} if mixed else {}))
-    batches = assert_resumes_identically(lambda: lanes_batcher(ds), digest)  # rank 0 of 2, worker 1 of 2
+    batches = assert_resumes_identically(lambda: batcher(ds), digest)  # rank 0 of 2, worker 1 of 2
     assert len(batches) == ds.plan(1, 2).batches_per_rank // 2 > 3
-    assert len(lanes_batcher(ds).readers) == (2 if mixed else 1) * 2 * 2  # sources x slots x phases
+    assert len(batcher(ds).readers) == (2 if mixed else 1) * 2 * 2  # sources x slots x phases
 
 
 def test_torchdatas_prefetcher_over_the_batcher_resumes_at_every_batch(two):

@@ -38,7 +38,7 @@ def crops(block: CropBlock):
 @pytest.mark.parametrize("pack", [None, 24])
 def test_a_cutting_block_reader_resumes_at_every_block(two, pack):
     ds = dataset(two[:1], pack_length=pack)
-    plan = ds.plan(0, 0).sources[0]
+    plan = ds.plan(0, 0).schedule(0).plans[0]  # the process's blocks (lane 0)
     blocks = assert_resumes_identically(lambda: BlockReader(ds.sources[0].reader(), plan, 0, readahead=2), crops)
     assert len(blocks) == plan.num_blocks(0) > 1
     if pack:
@@ -50,7 +50,7 @@ def test_a_cutting_block_reader_resumes_at_every_block(two, pack):
 def test_the_batcher_over_crops_resumes_at_every_batch(two, mixed, pack):
     ds = dataset(two if mixed else two[:1], pack_length=pack, **({"weights": [0.7, 0.3]} if mixed else {}))
     batches = assert_resumes_identically(lambda: batcher(ds), digest)
-    assert len(batches) == ds.plan(1, 2).batches_per_stream > 3
+    assert len(batches) == ds.plan(1, 2).schedule(1).batches > 3
 
 
 def test_torchdatas_prefetcher_over_a_packed_batcher_resumes_at_every_batch(two):

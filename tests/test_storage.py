@@ -167,7 +167,7 @@ def test_s3_shard_read_connection_refused_fails_fast(tmp_path):
     source = ShardReader("s3://bucket/ds", ds.manifest, ReadOptions(storage_options=opts, retries=5, retry_backoff=10))
     t0 = time.perf_counter()
     with pytest.raises(sw.ShardError, match="connection refused") as info:
-        source.read_block(ds.plan().sources[0], 0, 0)
+        source.read_block(ds.plan().schedule(0).plans[0], 0, 0)
     assert time.perf_counter() - t0 < 10
     assert info.value.shard == f"s3://bucket/ds/{ds.manifest.shards[0].name}" and source.stats.retries == 0
 
@@ -215,7 +215,7 @@ def test_shutdown_stops_the_readers_get_threads_and_a_later_read_starts_them_aga
     seqs = {f"k{i:02d}": np.arange(i * 1000, i * 1000 + 900, dtype=np.float32) for i in range(40)}
     sw.pack(list(seqs.items()), str(tmp_path / "ds"), shard_bytes=8_000, progress=False)
     ds = sw.WindowDataset(http_server(tmp_path).url_for("ds"), window=100, batch_size=4, slice_windows=2)
-    plan, reader = ds.plan().sources[0], ShardReader(ds.url, ds.manifest, ReadOptions())
+    plan, reader = ds.plan().schedule(0).plans[0], ShardReader(ds.url, ds.manifest, ReadOptions())
     before = set(threading.enumerate())
     block = reader.read_block(plan, 0, 0)
     gets = [t for t in set(threading.enumerate()) - before if t.name.startswith("streamwin-get")]

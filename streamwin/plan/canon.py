@@ -1,16 +1,19 @@
 """Canonical streams: one order of global batches, whatever the number of ranks and workers.
 
-``canonical=(A, P)`` (default (8, 8)): C = A x P canonical streams, A *rank slots* x P *step
-phases*. Nothing below depends on the world size W or the worker count, only on the global
-batch G = world_size x batch_size (items: windows, or packed rows), so global batch k (every
-rank's batch k, in rank order) is the same in every world A allows, with any workers P allows.
+``canonical=(A, P)`` (the default, "auto", is (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows):
+C = A x P canonical streams, A *rank slots* x P *step phases*. Nothing below depends on the
+world size W or the worker count, only on the global batch G = world_size x batch_size (items:
+windows, or packed rows), so global batch k (every rank's batch k, in rank order) is the same in
+every world A allows, with any workers P allows.
 
 1. **Slots.** Slot a's micro-batch holds m_a = G(a+1)//A - Ga//A items (they sum to G).
 2. **Streams.** Stream c = a*P + p takes range c of each source's epoch order, the ranges in
    proportion to m_a (so every stream runs out at the same step; equal when A divides G), and
    permutes it in blocks of ``shuffle_buffer`` windows keyed (seed, epoch, c, block), as any
    stream does (streams.SourcePlan): reads, crops, packed rows and their fill are per block,
-   as in the order that deals one stream per rank and worker.
+   as in the order that deals one stream per rank and worker. With one phase each stream's blocks hold
+   its micro-batches of Q = shuffle_buffer / G steps, and the order lies chunk by chunk, the slots'
+   stripes of chunk j end to end (order.StripedOrder): a process's block of a chunk is one run.
 3. **Global batch k** is, slot after slot, micro-batch t = k // P of stream (a, k mod P). With
    a mix, global batch k holds floor(w_i G) or ceil(w_i G) items of source i, spread over the
    slots so evenly that every rank's batch holds its share within an item or two (``slot_quotas``).
@@ -35,7 +38,7 @@ import numpy as np
 
 from streamwin.plan.mix import batch_quotas
 from streamwin.plan.options import PlanConfig
-from streamwin.plan.order import StripedOrder, block_key
+from streamwin.plan.order import StripedOrder
 from streamwin.plan.rows import RowPlan
 from streamwin.plan.streams import Plan, SourcePlan, stream_ranges, worker_batches
 from streamwin.plan.space import WindowSpace
@@ -162,12 +165,12 @@ class GroupPlan:
     With one phase, stream a's block j holds its micro-batches of steps [jQ, (j + 1)Q) (``SourcePlan.bounds``),
     so the blocks of a process's slots cover the same steps: read as one block whose yield order is, step after
     step, each slot's micro-batch (slot after slot), a batch is one part and one gather, as with one stream.
+    ``cum`` [slots, T + 1]: items each of the process's slots (streams ``lanes``, consecutive) took before step t.
     """
 
-    def __init__(self, plan: SourcePlan, lanes: list[int], cums: list[np.ndarray], edges: np.ndarray,
-                 chunks: list[int]):
-        self.plan, self.lanes, self.cums, self.edges, self.chunks = plan, lanes, cums, edges, chunks
-        items = [sum(int(cum[edges[c + 1]] - cum[edges[c]]) for cum in cums) for c in chunks]
+    def __init__(self, plan: SourcePlan, lanes: range, cum: np.ndarray, edges: np.ndarray, chunks: list[int]):
+        self.plan, self.lanes, self.cum, self.edges, self.chunks = plan, lanes, cum, edges, chunks
+        items = [int((cum[:, edges[c + 1]] - cum[:, edges[c]]).sum()) for c in chunks]
         self._bounds = np.concatenate([[0], np.cumsum(items, dtype=np.int64)]).astype(np.int64)
         self._recent: dict = {}
 
@@ -196,30 +199,26 @@ class GroupPlan:
         return got
 
     def _parts(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every slot's block of chunk ``chunks[block]`` in one pass: one ``order.at`` over their positions (one
-        run of a StripedOrder), each slot's shuffle as its stream's (``block_key``), the yield order by step."""
-        sp, cfg, block = self.plan, self.plan.config, self.chunks[block]
+        """Every slot's block of chunk ``chunks[block]`` in one pass, no step per slot: their positions (one run of
+        a StripedOrder) in one ``order.at``, their shuffles one restricted permutation (``stripe_shuffle``, as each
+        stream's own), the yield order one stable sort by step."""
+        sp, block = self.plan, self.chunks[block]
         t0, t1 = int(self.edges[block]), int(self.edges[block + 1])
-        pos, real, order, step, at = [], [], [], [], 0
-        for c, cum in zip(self.lanes, self.cums):
-            lo, hi = int(cum[t0]), int(cum[t1])
-            if hi <= lo:
-                continue
-            u = np.arange(lo, hi, dtype=np.int64)
-            pos.append(sp.stream_lo[c] + u)
-            real.append(u < sp.owned(c))
-            shuffle = (np.random.default_rng(block_key(cfg.seed, sp.epoch, c, block, sp.generation, sp.source))
-                       .permutation(hi - lo) if cfg.shuffle else np.arange(hi - lo))
-            order.append(shuffle + at)
-            at += hi - lo
-            step.append(np.repeat(np.arange(t0, t1), np.diff(cum[t0 : t1 + 1])))  # the step of each yield slot
-        if not pos:
-            return np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
-        g = sp.order.at(np.concatenate(pos) % max(sp.total_windows, 1))
-        yields = np.concatenate(order)[np.argsort(np.concatenate(step), kind="stable")]  # step by step, slot by slot
-        for a in (g, yields):
+        lo, n = self.cum[:, t0], self.cum[:, t1] - self.cum[:, t0]  # per slot: items before the block, in it
+        total = int(n.sum())
+        lanes = np.arange(self.lanes.start, self.lanes.stop)
+        starts = np.cumsum(n) - n  # where each slot's items begin in the block (stream order)
+        u = np.arange(total, dtype=np.int64) + np.repeat(lo - starts, n)  # each item's position in its stream
+        g = sp.order.at((np.repeat(sp.stream_lo[lanes], n) + u) % max(sp.total_windows, 1))
+        real = u < np.repeat(np.diff(sp.stream_lo)[lanes], n)
+        shuffled = (sp.stripe_shuffle(block, self.lanes.start, self.lanes.stop) if sp.config.shuffle
+                    else np.arange(total, dtype=np.int64))  # slot after slot, each slot's items in its order
+        steps = np.repeat(np.tile(np.arange(t1 - t0, dtype=np.int32), len(n)),
+                          np.diff(self.cum[:, t0 : t1 + 1], axis=1).reshape(-1))  # the step of each, slot after slot
+        yields = shuffled[np.argsort(steps, kind="stable")]  # step after step, slot after slot
+        for a in (g, real, yields):
             a.flags.writeable = False
-        return g, np.concatenate(real), yields
+        return g, real, yields
 
 
 class GroupSchedule:
@@ -237,9 +236,10 @@ class GroupSchedule:
         self.lanes = [(i, 0) for i in range(len(plan.sources))]
         self.plans, counts = [], []
         for i, sp in enumerate(plan.sources):
-            cums = [np.concatenate([[0], np.cumsum(plan.slots[a][:, i])]) for a in mine]
-            self.plans.append(GroupPlan(sp, list(mine), cums, edges, chunks))
-            counts.append(sum(np.diff(c)[steps] for c in cums) if cums else np.zeros(len(steps), dtype=np.int64))
+            took = np.stack([plan.slots[a][:, i] for a in mine]).reshape(len(mine), -1)  # [slots, T]
+            cum = np.concatenate([np.zeros((len(mine), 1), dtype=np.int64), np.cumsum(took, axis=1)], axis=1)
+            self.plans.append(GroupPlan(sp, mine, cum, edges, chunks))
+            counts.append(took.sum(axis=0)[steps])
         self._counts = np.stack(counts, axis=1).astype(np.int64)
         self._cum = [np.concatenate([[0], np.cumsum(c)]) for c in counts]
 
@@ -266,6 +266,7 @@ class CanonSchedule:
         self._col = [plan.slots[c // phases][:, i] for i, c in self.lanes]
         self._cum = [np.concatenate([[0], np.cumsum(q)]) for q in self._col]
         self._by_phase = {p: [(l, i) for l, (i, c) in enumerate(self.lanes) if c % phases == p] for p in mine}
+        self.plans = plan.sources  # each source's block plan (its streams' blocks)
         self._sources = len(plan.sources)
 
     def step(self, j: int) -> int:

@@ -208,17 +208,31 @@ class PlanConfig:
         return self.world_size * self.workers_per_rank
 
 
-DEFAULT_CANONICAL = None  # one stream per rank and worker: the fastest order; (8, 8) gives one order for worlds of 1, 2, 4, 8 ranks and 0, 1, 2, 4, 8 workers
+AUTO = "auto"  # the default: (8, 1) where it serves the job, else one stream per rank and worker (canonical_for)
+DEFAULT_CANONICAL = AUTO
+AUTO_CANONICAL = (8, 1)  # 8 rank slots, one phase: worlds of 1, 2, 4, 8 ranks, any worker count
+
+
+def canonical_for(canonical: tuple[int, int] | str | None, world_size: int,
+                  pack_length: int | None) -> tuple[int, int] | None:
+    """The canonical streams of a job: as given, or what "auto" means for it, (8, 1) (one order of global batches
+    for 1, 2, 4 and 8 ranks and any worker count) unless the world does not divide 8 or the batches are packed
+    rows (whose canonical streams keep a block a stream: 8 in one process); then None, one stream per rank and
+    worker."""
+    if canonical != AUTO:
+        return canonical  # type: ignore[return-value]
+    return AUTO_CANONICAL if pack_length is None and AUTO_CANONICAL[0] % world_size == 0 else None
 
 
 def check_canonical(canonical: Any) -> tuple[int, int]:
     """``canonical`` as (rank slots, step phases), two integers >= 1, named as the user typed it."""
     if isinstance(canonical, (str, bytes)) or not hasattr(canonical, "__len__") or len(canonical) != 2:
-        raise ValueError(f"canonical must be None or (rank slots, step phases), two integers >= 1, got {canonical!r}")
+        raise ValueError(f"canonical must be \"auto\" (the default), None or (rank slots, step phases), two integers "
+                         f">= 1, got {canonical!r}")
     for what, value in zip(("rank slots", "step phases"), canonical):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 4096:
-            raise ValueError(f"canonical must be None or (rank slots, step phases), two integers of 1..4096: its "
-                             f"{what} is {value!r} in canonical={tuple(canonical)!r}")
+            raise ValueError(f"canonical must be \"auto\", None or (rank slots, step phases), two integers of 1..4096: "
+                             f"its {what} is {value!r} in canonical={tuple(canonical)!r}")
     return int(canonical[0]), int(canonical[1])
 
 

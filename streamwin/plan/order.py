@@ -31,6 +31,12 @@ def block_key(seed: int, epoch: int, stream: int, block: int, generation: int, s
     return key if source is ONLY_SOURCE else key + [2, source]
 
 
+def chunk_key(seed: int, epoch: int, chunk: int, generation: int, source: int | None) -> list[int]:
+    """RNG key of the one permutation of a chunk of steps, every canonical stream's block of it (one phase)."""
+    key = [seed, epoch, chunk, 3] + ([generation] if generation else [])
+    return key if source is ONLY_SOURCE else key + [2, source]
+
+
 def cut_slices(shard_window_bounds: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
     """(first window, windows) of each slice: each shard's window range cut into near-equal slices of at most ``target``."""
     lo, hi = shard_window_bounds[:-1], shard_window_bounds[1:]
@@ -78,6 +84,10 @@ class ShareOrder:
         """Global window indices (of the source's window space) at positions ``v`` of the order."""
         v = np.asarray(v, dtype=np.int64)
         rep, pos = np.divmod(v, max(self.windows, 1))
+        if len(v) and rep[0] == rep.min() == rep.max():  # one repetition (a block, mostly): no sort of rep
+            lo, at = self.repetition(int(rep[0]))
+            j = np.searchsorted(at, pos, side="right") - 1
+            return lo[j] + (pos - at[j])
         out = np.empty(len(v), dtype=np.int64)
         for r in np.unique(rep):
             lo, at = self.repetition(int(r))
@@ -105,9 +115,13 @@ class StripedOrder:
         self.bounds = np.minimum(np.stack([np.asarray(b, dtype=np.int64) for b in bounds]), ranges)  # [streams, chunks + 1]
         sizes = np.diff(self.bounds, axis=1)  # [streams, chunks]: items of each stream's block j
         flat = sizes.T.reshape(-1)  # chunk-major, stream after stream
-        self._start = (np.cumsum(flat) - flat).reshape(sizes.shape[::-1]).T  # [streams, chunks]: block (a, j) begins
+        start = (np.cumsum(flat) - flat).reshape(sizes.shape[::-1]).T  # [streams, chunks]: block (a, j) begins
         left = np.diff(self.stream_lo) - self.bounds[:, -1]  # each stream's positions after its last block
-        self._tail = int(self.bounds[:, -1].sum()) + np.cumsum(left) - left  # where each stream's rest begins
+        tail = int(self.bounds[:, -1].sum()) + np.cumsum(left) - left  # where each stream's rest begins
+        # segments in range order, (stream, block j) then the stream's rest: where each begins in the ranges and
+        # in ``order`` (nondecreasing in the ranges; an empty one begins where the next does)
+        self._virt = (self.stream_lo[:-1, None] + self.bounds).reshape(-1)
+        self._real = np.concatenate([start, tail[:, None]], axis=1).reshape(-1)
 
     def __getattr__(self, name: str):  # total, dropped_before, ...: the order's
         if name == "order":  # not set yet (a copy being made): no recursion
@@ -121,16 +135,5 @@ class StripedOrder:
     def position(self, v: np.ndarray) -> np.ndarray:
         """Where positions ``v`` of the streams' ranges lie in ``order``."""
         v = np.asarray(v, dtype=np.int64)
-        a = np.searchsorted(self.stream_lo, v, side="right") - 1
-        out = np.empty(len(v), dtype=np.int64)
-        for s in np.unique(a).tolist():
-            pick = a == s
-            u = v[pick] - self.stream_lo[s]
-            b = self.bounds[s]
-            j = np.minimum(np.searchsorted(b, u, side="right") - 1, len(b) - 2)
-            if len(b) < 2:  # no blocks: the whole range is the rest
-                out[pick] = self._tail[s] + u
-                continue
-            j = np.maximum(j, 0)
-            out[pick] = np.where(u < b[-1], self._start[s, j] + u - b[j], self._tail[s] + u - b[-1])
-        return out
+        k = np.searchsorted(self._virt, v, side="right") - 1  # the last segment beginning at or before v
+        return self._real[k] + (v - self._virt[k])

@@ -26,7 +26,7 @@ import numpy as np
 from streamwin.plan.crops import lengths, place, units
 from streamwin.plan.mix import quota_positions
 from streamwin.plan.options import PlanConfig
-from streamwin.plan.order import block_key
+from streamwin.plan.order import block_key, chunk_key
 from streamwin.plan.rows import RowPlan, pack
 from streamwin.plan.space import WindowSpace
 
@@ -94,14 +94,15 @@ class Plan:
 
     def schedule(self, stream: int) -> "QuotaSchedule":
         """What stream ``stream`` (rank * max(1, workers) + worker) takes from each source per batch."""
-        return QuotaSchedule(self.quotas, [(i, stream) for i in range(len(self.sources))])
+        return QuotaSchedule(self.quotas, [(i, stream) for i in range(len(self.sources))], self.sources)
 
 
 class QuotaSchedule:
-    """A stream's batches: batch j takes ``quotas[j, i]`` items of source i's lane (i, stream)."""
+    """A stream's batches: batch j takes ``quotas[j, i]`` items of source i's lane (i, stream). ``plans``: the
+    block plan of each source (its lanes' blocks), as every schedule has."""
 
-    def __init__(self, quotas: np.ndarray, lanes: list[tuple[int, int]]):
-        self.quotas, self.lanes, self.batches = quotas, lanes, len(quotas)
+    def __init__(self, quotas: np.ndarray, lanes: list[tuple[int, int]], plans: Sequence = ()):
+        self.quotas, self.lanes, self.batches, self.plans = quotas, lanes, len(quotas), plans
         self._positions = quota_positions(quotas)
 
     def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -232,19 +233,36 @@ class SourcePlan:
         else:
             lo = block * cfg.block_windows
             hi = min(lo + cfg.block_windows, self.length(stream))
-        if not 0 <= lo < hi:
+        if not 0 <= lo < hi and not (self.bounds is not None and 0 <= lo == hi):  # aligned: a slot of 0 items
             raise IndexError(f"stream {stream} has no block {block}")
         positions = np.arange(lo, hi, dtype=np.int64)
         real = positions < self.owned(stream)
         g = self.order.at((self.stream_lo[stream] + positions) % max(self.total_windows, 1))
         order = None
-        if cfg.shuffle:
+        if cfg.shuffle and self.bounds is not None:  # aligned to the step: the chunk's permutation, restricted
+            order = self.stripe_shuffle(block, stream, stream + 1)
+        elif cfg.shuffle:
             key = block_key(cfg.seed, self.epoch, stream, block, self.generation, self.source)
             order = np.random.default_rng(key).permutation(len(g))
         for a in (g, real, order):
             if a is not None:
                 a.flags.writeable = False  # shared by the callers of the same block
         return g, real, order
+
+    def stripe_shuffle(self, block: int, first: int, last: int) -> np.ndarray:
+        """Blocks aligned to the step: streams [first, last)'s items of block ``block``, laid end to end, in their
+        shuffled order, stream after stream. One permutation of the chunk (every stream's block ``block``, keyed
+        (seed, epoch, block)), restricted to each stream's items: the same order whichever streams a process holds."""
+        sizes = np.array([b[block + 1] - b[block] for b in self.bounds], dtype=np.int64)
+        at = np.concatenate([[0], np.cumsum(sizes)])
+        key = chunk_key(self.config.seed, self.epoch, block, self.generation, self.source)
+        perm = np.random.default_rng(key).permutation(int(at[-1]))
+        lo, hi = at[first], at[last]
+        mine = perm[(perm >= lo) & (perm < hi)] - lo  # in the chunk's order
+        if last - first == 1:
+            return mine
+        stream = np.searchsorted(at[first + 1 : last] - lo, mine, side="right").astype(np.int16)  # <= 4096 slots
+        return mine[np.argsort(stream, kind="stable")]  # a radix sort
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sequence index, crop start step) of global window indices: the grid's, or drawn (crops.place)."""
