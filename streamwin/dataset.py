@@ -66,9 +66,9 @@ class WindowDataset:
         seed: the order is a pure function of (seed, epoch, world_size x batch_size) with canonical streams, else
             of (seed, epoch, world_size, num_workers, batch_size).
         batch_size: windows per batch of one rank (batches are formed in the worker).
-        canonical: "auto" (default): (8, 1) for 1, 2, 4 or 8 ranks, else None. (A, P) rank slots x step
-            phases (plan/canon.py): global batch k is one for every world dividing A and num_workers 0 or
-            dividing P (P = 1: any), at the same world_size x batch_size. None: one stream per rank and worker.
+        canonical: None (default): one stream per rank and worker. (A, P) rank slots x step phases
+            (plan/canon.py): global batch k is one for every world dividing A and num_workers 0 or dividing
+            P (P = 1: any), at the same world_size x batch_size. "auto": (8, 1) for 1, 2, 4 or 8 ranks, else None.
         equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
             (each at least once, repeats marked ``batch["weight"] == 0``).
         rank, world_size: override the detected ones (see streamwin.world).

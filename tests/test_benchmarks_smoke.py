@@ -163,3 +163,15 @@ def test_next_cost_prints_pops_and_runs(corpus):
     runs = [ln for ln in run.stdout.splitlines() if "batches a run" in ln]
     assert len(runs) == 1 and float(runs[0].split(",")[1].split()[0]) > 1, run.stdout  # batches taken in runs
     assert "us of the trainer thread's CPU" in run.stdout, run.stdout
+
+
+def test_canonical_waits_prints_both_orders(corpus):
+    """benchmarks/canonical_waits.py: ms per step of canonical=None and "auto", side by side, on the tiny corpus."""
+    script = os.path.join(ROOT, "benchmarks", "canonical_waits.py")
+    run = subprocess.run([sys.executable, script, "--data-dir", corpus, "--workers", "2", "--window", "64",
+                          "--step-ms", "0.5", "--steps", "40", "--repeats", "1"], capture_output=True, text=True,
+                         timeout=SMOKE_TIMEOUT, cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    rows = [ln.split("|")[1].strip() for ln in run.stdout.splitlines() if ln.startswith("| ") and "ms" not in ln]
+    assert rows == ["none", "auto"], run.stdout
+    assert 'canonical="auto" steps take' in run.stdout, run.stdout

@@ -239,14 +239,14 @@ def test_worlds_and_workers_the_canonical_streams_do_not_divide_are_refused(corp
     ds = sw.WindowDataset(url, window=W, rank=0, world_size=1, batch_size=4, canonical=CANON)
     with pytest.raises(ValueError, match=r"num_workers=3 does not divide the 8 step phases"):
         ds.plan(0, 3)
-    with pytest.raises(ValueError, match=r'canonical must be "auto" \(the default\), None or \(rank slots, step phases\)'):
+    with pytest.raises(ValueError, match=r'canonical must be None \(the default\), "auto" or \(rank slots, step phases\)'):
         sw.WindowDataset(url, window=W, canonical=8)
     ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4, canonical=None)
     assert len(ds) > 0  # the order of one stream per rank and worker
 
 
 def test_a_state_of_another_order_loads_as_an_elastic_resume(corpus):
-    """A state of the order before canonical streams (no ``canonical`` in it) loads into the default order, and a
+    """A state of one stream per rank and worker (no ``canonical`` in it) loads into canonical streams, and a
     canonical state into another order: the rest of the epoch is dealt anew, no window twice, none but a few lost."""
     url, seqs = corpus[0][0], corpus[1][0]
     every = reference_windows(seqs, W, S)

@@ -1,8 +1,8 @@
 """Golden batches: every delivery mode yields bitwise the batches recorded before the redesign.
 
 The digests in ``golden_batches.json`` were recorded from streamwin at 73f61a4 (before the
-redesign of issue 19) by ``python tests/test_golden.py --record``; the ``default_`` cases, of
-the default order since canonical streams became it (``canonical="auto"``), when it did. Each case hashes, batch by
+redesign of issue 19) by ``python tests/test_golden.py --record``; the ``auto_`` cases, of
+canonical streams (``canonical="auto"``), when their one-phase order became striped chunks. Each case hashes, batch by
 batch, the bytes of every field a batch carries (x, y, mask, y_mask, weight, start, source)
 and its keys, so any change of content, order, dtype, shape or field set fails here, naming
 the case and the first batch that differs. Record again only for a change of behaviour that
@@ -58,8 +58,8 @@ def corpora(root: pathlib.Path) -> dict[str, object]:
 
 
 def dataset(url, **kw) -> sw.WindowDataset:
-    """The cases recorded before the redesign keep their order, one stream per rank and worker (canonical=None);
-    the ``default_`` cases take the default order, canonical streams ("auto")."""
+    """The cases recorded before the redesign keep their order, one stream per rank and worker (canonical=None,
+    the default); the ``auto_`` cases take canonical streams (canonical="auto": (8, 1) here)."""
     args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=48, seed=5, rank=0, world_size=1,
                 canonical=None) | kw
     return sw.WindowDataset(url, **args)
@@ -148,20 +148,20 @@ def cases(urls: dict) -> dict[str, callable]:
         "holdout_test": lambda: run(sw.WindowLoader(dataset(plain, split="test", holdout=20), num_workers=0)),
         "skip_errors_no_shuffle": lambda: run(sw.WindowLoader(dataset(plain, on_error="skip", shuffle=False),
                                                               num_workers=0)),
-        # the default order (canonical="auto": 8 rank slots, one phase), recorded when it became the default
-        "default_in_process": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto), num_workers=0),
+        # canonical streams (canonical="auto": 8 rank slots, one phase), recorded with the striped order (415f365)
+        "auto_in_process": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto), num_workers=0),
                                           epochs=(0, 1)),
-        "default_workers_3_pad": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto, **pad), num_workers=3)),
-        "default_device_cpu_2": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto, **pad), num_workers=2,
+        "auto_workers_3_pad": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto, **pad), num_workers=3)),
+        "auto_device_cpu_2": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto, **pad), num_workers=2,
                                                             device="cpu")),
-        "default_zstd_workers_2": lambda: run(sw.WindowLoader(dataset(zstd, canonical=auto), num_workers=2)),
-        "default_mixed_workers_2": lambda: run(sw.WindowLoader(dataset([plain, small], canonical=auto, **mix),
+        "auto_zstd_workers_2": lambda: run(sw.WindowLoader(dataset(zstd, canonical=auto), num_workers=2)),
+        "auto_mixed_workers_2": lambda: run(sw.WindowLoader(dataset([plain, small], canonical=auto, **mix),
                                                                num_workers=2)),
-        "default_resume_workers_2": lambda: resumed(lambda: sw.WindowLoader(dataset(plain, canonical=auto),
+        "auto_resume_workers_2": lambda: resumed(lambda: sw.WindowLoader(dataset(plain, canonical=auto),
                                                                             num_workers=2), 5),
-        "default_two_ranks": lambda: lockstep([sw.WindowLoader(dataset(plain, rank=r, world_size=2, canonical=auto),
+        "auto_two_ranks": lambda: lockstep([sw.WindowLoader(dataset(plain, rank=r, world_size=2, canonical=auto),
                                                                num_workers=1) for r in range(2)]),
-        "default_elastic_2_to_4_mixed": lambda: elastic([plain, small], 2, 4, 3, canonical=auto, **mix),
+        "auto_elastic_2_to_4_mixed": lambda: elastic([plain, small], 2, 4, 3, canonical=auto, **mix),
     }
 
 
@@ -182,13 +182,13 @@ def test_batches_are_bitwise_the_recorded_ones(urls, case):
         assert g == w, f"{case}: batch {i} differs from the recorded one ({g} != {w})"
 
 
-def test_the_default_order_is_one_for_every_worker_count_and_resume():
-    """Recorded runs of the default order (canonical streams): 3 workers and 2 (device="cpu") made the same batches,
-    and a resume after 5 batches with 2 workers continued the in-process epoch."""
+def test_the_canonical_order_is_one_for_every_worker_count_and_resume():
+    """Recorded runs of canonical streams ("auto"): 3 workers and 2 (device="cpu") made the same batches, and a
+    resume after 5 batches with 2 workers continued the in-process epoch."""
     got = json.loads(GOLDEN.read_text())
-    assert got["default_workers_3_pad"] == got["default_device_cpu_2"]
-    n = len(got["default_resume_workers_2"])
-    assert n > 100 and got["default_resume_workers_2"] == got["default_in_process"][:n]
+    assert got["auto_workers_3_pad"] == got["auto_device_cpu_2"]
+    n = len(got["auto_resume_workers_2"])
+    assert n > 100 and got["auto_resume_workers_2"] == got["auto_in_process"][:n]
 
 
 def test_every_case_is_recorded(urls):

@@ -208,8 +208,9 @@ class PlanConfig:
         return self.world_size * self.workers_per_rank
 
 
-AUTO = "auto"  # the default: (8, 1) where it serves the job, else one stream per rank and worker (canonical_for)
-DEFAULT_CANONICAL = AUTO
+AUTO = "auto"  # (8, 1) where it serves the job, else one stream per rank and worker (canonical_for)
+# one stream per rank and worker: with 2+ workers canonical streams' chunks make workers wait (docs/performance.md)
+DEFAULT_CANONICAL = None
 AUTO_CANONICAL = (8, 1)  # 8 rank slots, one phase: worlds of 1, 2, 4, 8 ranks, any worker count
 
 
@@ -227,11 +228,11 @@ def canonical_for(canonical: tuple[int, int] | str | None, world_size: int,
 def check_canonical(canonical: Any) -> tuple[int, int]:
     """``canonical`` as (rank slots, step phases), two integers >= 1, named as the user typed it."""
     if isinstance(canonical, (str, bytes)) or not hasattr(canonical, "__len__") or len(canonical) != 2:
-        raise ValueError(f"canonical must be \"auto\" (the default), None or (rank slots, step phases), two integers "
+        raise ValueError(f"canonical must be None (the default), \"auto\" or (rank slots, step phases), two integers "
                          f">= 1, got {canonical!r}")
     for what, value in zip(("rank slots", "step phases"), canonical):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 4096:
-            raise ValueError(f"canonical must be \"auto\", None or (rank slots, step phases), two integers of 1..4096: "
+            raise ValueError(f"canonical must be None, \"auto\" or (rank slots, step phases), two integers of 1..4096: "
                              f"its {what} is {value!r} in canonical={tuple(canonical)!r}")
     return int(canonical[0]), int(canonical[1])
 
