@@ -11,9 +11,10 @@ every world A allows, with any workers P allows.
    proportion to m_a (so every stream runs out at the same step; equal when A divides G), and
    permutes it in blocks of ``shuffle_buffer`` windows keyed (seed, epoch, c, block), as any
    stream does (streams.SourcePlan): reads, crops, packed rows and their fill are per block,
-   as in the order that deals one stream per rank and worker. With one phase each stream's blocks hold
-   its micro-batches of Q = shuffle_buffer / G steps, and the order lies chunk by chunk, the slots'
-   stripes of chunk j end to end (order.StripedOrder): a process's block of a chunk is one run.
+   as in the order that deals one stream per rank and worker. With one phase each stream's blocks
+   hold its micro-batches of Q = shuffle_buffer / G steps, the order lies chunk by chunk, the slots'
+   stripes of chunk j end to end (order.StripedOrder: a process's block of a chunk is one run), and
+   chunk j is permuted once, keyed (seed, epoch, j), each stream taking its stripe in that order.
 3. **Global batch k** is, slot after slot, micro-batch t = k // P of stream (a, k mod P). With
    a mix, global batch k holds floor(w_i G) or ceil(w_i G) items of source i, spread over the
    slots so evenly that every rank's batch holds its share within an item or two (``slot_quotas``).
