@@ -170,9 +170,14 @@ class GroupPlan:
     """
 
     def __init__(self, plan: SourcePlan, lanes: range, cum: np.ndarray, edges: np.ndarray, chunks: list[int]):
-        self.plan, self.lanes, self.cum, self.edges, self.chunks = plan, lanes, cum, edges, chunks
-        items = [int((cum[:, edges[c + 1]] - cum[:, edges[c]]).sum()) for c in chunks]
-        self._bounds = np.concatenate([[0], np.cumsum(items, dtype=np.int64)]).astype(np.int64)
+        self.plan, self.lanes, self.cum, self.edges = plan, lanes, cum, edges
+        items = np.array([int((cum[:, edges[c + 1]] - cum[:, edges[c]]).sum()) for c in chunks], dtype=np.int64)
+        # a block reads several of the process's chunks when its slots' part of one is small (a rank of many):
+        # about shuffle_buffer windows a read, as one stream's block, whatever the world (the order is the chunks')
+        per = max(1, plan.config.block_windows // max(1, int(items.max(initial=1))))
+        self.blocks = [chunks[i : i + per] for i in range(0, len(chunks), per)]
+        took = [int(items[i : i + per].sum()) for i in range(0, len(chunks), per)]
+        self._bounds = np.concatenate([[0], np.cumsum(took, dtype=np.int64)]).astype(np.int64)
         self._recent: dict = {}
 
     def __getattr__(self, name: str):  # config, locate, ends, crop_key, crop_lengths...: the source plan's
@@ -181,7 +186,7 @@ class GroupPlan:
         return getattr(self.plan, name)
 
     def num_blocks(self, stream: int) -> int:
-        return len(self.chunks)
+        return len(self.blocks)
 
     def item_bounds(self, stream: int) -> np.ndarray:
         return self._bounds
@@ -200,10 +205,22 @@ class GroupPlan:
         return got
 
     def _parts(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every slot's block of chunk ``chunks[block]`` in one pass, no step per slot: their positions (one run of
-        a StripedOrder) in one ``order.at``, their shuffles one restricted permutation (``stripe_shuffle``, as each
+        """Block ``block``: its chunks' parts end to end (the yield order offset by the items before each)."""
+        parts = [self._chunk(c) for c in self.blocks[block]]
+        if len(parts) == 1:
+            return parts[0]
+        at = np.cumsum([0] + [len(g) for g, _, _ in parts[:-1]])
+        out = (np.concatenate([g for g, _, _ in parts]), np.concatenate([r for _, r, _ in parts]),
+               np.concatenate([y + a for (_, _, y), a in zip(parts, at)]))
+        for a in out:
+            a.flags.writeable = False
+        return out
+
+    def _chunk(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every slot's block of chunk ``block`` in one pass, no step per slot: their positions (one run of a
+        StripedOrder) in one ``order.at``, their shuffles one restricted permutation (``stripe_shuffle``, as each
         stream's own), the yield order one stable sort by step."""
-        sp, block = self.plan, self.chunks[block]
+        sp = self.plan
         t0, t1 = int(self.edges[block]), int(self.edges[block + 1])
         lo, n = self.cum[:, t0], self.cum[:, t1] - self.cum[:, t0]  # per slot: items before the block, in it
         total = int(n.sum())
