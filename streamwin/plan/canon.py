@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from streamwin.plan.mix import batch_quotas
+from streamwin.plan.mix import slot_quotas
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import StripedOrder
 from streamwin.plan.rows import RowPlan
@@ -48,48 +48,6 @@ from streamwin.plan.space import WindowSpace
 def slot_sizes(total: int, slots: int) -> np.ndarray:
     """[A] items of each slot's micro-batch: G(a+1)//A - Ga//A (they sum to ``total``)."""
     return np.diff(np.arange(slots + 1, dtype=np.int64) * total // slots)
-
-
-def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int) -> tuple[np.ndarray, ...]:
-    """Per slot a, int64 [micro, sources]: items of each source in micro-batch t.
-
-    Global micro-row t (every slot's micro-batch t, the G items of a global batch) holds
-    ``batch_quotas(G)``'s row t of each source: floor(w_i G) or ceil(w_i G). Its G positions are
-    dealt to sources by smooth weighted round robin (``interleave``), a circular pattern turned by
-    frac(t * TURN) * G, and slot a takes positions [G a // A, G (a + 1) // A) of it: any run of
-    slots (a rank's) holds its share within one or two items of each source (two sources: floor
-    or ceil of it), and every slot takes each source's share on average, as its streams' ranges do.
-    """
-    slots = len(m)
-    if len(w) == 1:
-        return tuple(np.full((micro, 1), int(n), dtype=np.int64) for n in m)
-    rows = batch_quotas(int(m.sum()), w, micro)
-    g, edges = int(m.sum()), np.concatenate([[0], np.cumsum(m)])
-    # row t's rotation: by another irrational than the rows' own (mix.PHI), with which it would correlate (a source's
-    # extra item would fall on the same slots)
-    turn = (np.modf(np.arange(micro, dtype=np.float64) * TURN)[0] * g).astype(np.int64)
-    out = np.zeros((micro, slots, len(w)), dtype=np.int64)
-    kinds, which = np.unique(rows, axis=0, return_inverse=True)  # a few distinct rows (floor or ceil per source)
-    for k, counts in enumerate(kinds):
-        twice = np.eye(len(w), dtype=np.int64)[interleave(counts) * 2]  # the circular pattern, unrolled twice
-        cum = np.concatenate([np.zeros((1, len(w)), dtype=np.int64), np.cumsum(twice, axis=0)])
-        mine = np.flatnonzero(which.reshape(-1) == k)
-        at = cum[turn[mine, None] + edges[None, :]]  # [rows, slots + 1, sources]: items before each slot edge
-        out[mine] = np.diff(at, axis=1)
-    return tuple(out[:, a].copy() for a in range(slots))
-
-
-def interleave(counts: np.ndarray) -> list[int]:
-    """The source of each of sum(counts) positions, ``counts[i]`` of source i, spread evenly (smooth weighted
-    round robin: each position goes to the source furthest behind its share; ties to the earlier source)."""
-    total, c = int(counts.sum()), [int(n) for n in counts]
-    credit, out = [0] * len(c), []
-    for _ in range(total):
-        credit = [a + b for a, b in zip(credit, c)]
-        i = max(range(len(c)), key=credit.__getitem__)
-        credit[i] -= total
-        out.append(i)
-    return out
 
 
 def phase_steps(cum: np.ndarray, size: np.ndarray, drop: bool) -> int:
@@ -314,7 +272,6 @@ class CanonSchedule:
         return out
 
 
-TURN = 2 ** 0.5 - 1  # the rotation of a global batch's positions per micro-row (an irrational apart from mix.PHI)
 REDEALS = 4  # deals again, at most, of a mix's ranges in proportion to what each stream takes
 
 
