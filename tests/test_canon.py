@@ -349,3 +349,21 @@ def test_a_process_block_is_each_slots_block_in_that_streams_own_order(corpus):
             assert mine[a] == group.plan.block(a, j)[0].tolist(), (j, a)
         step += steps
     assert step == plan.steps > 4
+
+
+def test_workers_of_chunked_canonical_streams_get_up_to_a_chunk_of_slots(corpus):
+    """The loader takes a chunk's Q batches in a row from one worker: each worker gets up to Q spare slots for
+    its next chunk, within CHUNK_BYTES for all of them; one worker, or one stream per rank and worker, as before."""
+    from streamwin.feed.sizing import CHUNK_BYTES, MAX_SPARE, chunk_of, spare_slots
+
+    mb = 1 << 20
+    assert spare_slots(8 * mb, 2, chunk=40) == CHUNK_BYTES // (16 * mb) == 16
+    assert spare_slots(mb, 2, chunk=40) == 40  # the whole chunk fits
+    assert spare_slots(mb, 2) == spare_slots(mb, 2, chunk=1) == min(MAX_SPARE, (64 * mb) // (2 * mb))
+    url = corpus[0][0]
+    ds = sw.WindowDataset(url, window=W, stride=S, batch_size=G, shuffle_buffer=64, rank=0, world_size=1,
+                          canonical=(4, 1))
+    assert chunk_of(ds, 2) == -(-64 // G) == 4 and chunk_of(ds, 1) == 1
+    assert chunk_of(sw.WindowDataset(url, window=W, stride=S, batch_size=G, rank=0, world_size=1), 2) == 1
+    assert chunk_of(sw.WindowDataset(url, window=W, stride=S, batch_size=G, rank=0, world_size=1,
+                                     canonical=(4, 2)), 2) == 1  # phases: workers take batches in turn

@@ -42,7 +42,7 @@ import torch
 from streamwin.errors import WorkerError
 from streamwin.feed.protocol import (BATCH, ERROR, PER_RELEASE, RELEASE, RUN, STOP, WARNING, Channel, has_payload,
                                      raise_warning, rebuild_error, ring_size)
-from streamwin.feed.sizing import pool_slots
+from streamwin.feed.sizing import chunk_of, pool_slots
 from streamwin.feed.slots import SharedFile, SlotBatches, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
@@ -107,7 +107,7 @@ class WorkerPool:
                  start_timeout: float = 120.0):
         self.num_workers = num_workers
         layout = ds.layout()
-        n = pool_slots(slots, layout.nbytes, num_workers)
+        n = pool_slots(slots, layout.nbytes, num_workers, chunk_of(ds, num_workers, world[1]))
         # slots of a worker the training loop may hold (handed out, or ready to be) before batches are copied out:
         # the worker keeps two
         self.keep_limit = n - 2

@@ -1,7 +1,8 @@
 """How many workers and slots a loader may have, and the memory they take: checked before anything starts.
 
 A worker pool maps, per worker, ``prefetch_factor + 2`` batch slots plus 3 to 24 spare ones
-(``spare_slots``: the trainer takes the batches at hand in runs), and the trainer keeps up to
+(``spare_slots``: the trainer takes the batches at hand in runs; up to a chunk of them when it takes
+chunks of batches from each worker in turn, canonical streams), and the trainer keeps up to
 ``BufferPool.KEEP`` batches of its own (gathered in-process, or copied out of slots when batches
 are kept). Arguments whose processes or memory this machine cannot give fail here, naming them,
 instead of as a raw ``OSError`` halfway through starting the workers.
@@ -17,30 +18,44 @@ from streamwin.arguments import check_fits
 from streamwin.buffers import BufferPool
 from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
+from streamwin.plan.canon import chunk_steps
 
 SPARE_BYTES = 64 << 20  # the workers' spare slots take up to this much memory, all of them together
+CHUNK_BYTES = 256 << 20  # with canonical streams' chunks, up to this much (a chunk of batches a worker)
 MIN_SPARE, MAX_SPARE = 3, 24  # spare slots per worker, whatever the batch
 MAX_PREFETCH = 1024  # batches a worker may keep ready ahead of the trainer
 FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process sentinel
 
 
-def spare_slots(slot_bytes: int, num_workers: int = 1) -> int:
+def chunk_of(dataset, num_workers: int, world_size: int | None = None) -> int:
+    """Batches in a row the loader takes from one worker: Q (a chunk) with canonical streams of one phase, else 1."""
+    cfg = dataset.config(num_workers, world_size)
+    aligned = cfg.canonical is not None and cfg.canonical[1] == 1 and cfg.pack_length is None
+    return chunk_steps(cfg) if aligned and num_workers > 1 else 1
+
+
+def spare_slots(slot_bytes: int, num_workers: int = 1, chunk: int = 1) -> int:
     """Slots a worker has beyond ``prefetch_factor + 2``: the trainer takes every batch at hand in one go (a run, from
     every worker in turn) and gives slots back once per go, so a worker's share of a run averages about
     (prefetch_factor + spare + 1) / 2 batches, and a run's cost (~150 us after a step, caches cold) is shared by
     them. Small batches (short steps, where that cost counts) get up to MAX_SPARE, within SPARE_BYTES for all
-    ``num_workers`` together."""
-    return max(MIN_SPARE, min(MAX_SPARE, SPARE_BYTES // max(1, slot_bytes * max(1, num_workers))))
+    ``num_workers`` together. When the loader takes ``chunk`` batches in a row from each worker (canonical streams),
+    a worker fills its slots with its next chunk while the others' are taken: it gets up to a chunk of them,
+    within CHUNK_BYTES for all the workers together (fewer, and the trainer waits on the worker whose turn it is)."""
+    spare = max(MIN_SPARE, min(MAX_SPARE, SPARE_BYTES // max(1, slot_bytes * max(1, num_workers))))
+    if chunk > 1:
+        spare = max(spare, min(chunk, CHUNK_BYTES // max(1, slot_bytes * max(1, num_workers))))
+    return spare
 
 
-def pool_slots(slots: int, slot_bytes: int, num_workers: int = 1) -> int:
+def pool_slots(slots: int, slot_bytes: int, num_workers: int = 1, chunk: int = 1) -> int:
     """Slots per worker of a pool of ``num_workers`` asked for ``slots`` of ``slot_bytes``: the spare ones added."""
-    return slots + spare_slots(slot_bytes, num_workers)
+    return slots + spare_slots(slot_bytes, num_workers, chunk)
 
 
-def pool_bytes(num_workers: int, slots: int, slot_bytes: int) -> int:
+def pool_bytes(num_workers: int, slots: int, slot_bytes: int, chunk: int = 1) -> int:
     """Bytes of shared memory a pool of ``num_workers`` workers with ``slots`` slots of ``slot_bytes`` maps."""
-    n = pool_slots(slots, slot_bytes, num_workers)
+    n = pool_slots(slots, slot_bytes, num_workers, chunk)
     return SlotLayout(num_workers, n, slot_bytes, ring_size(n)).nbytes
 
 
@@ -83,7 +98,7 @@ def slots_text(dataset, num_workers: int, prefetch_factor: int) -> str:
     per = f"batch_size={dataset.batch_size} windows ({dataset.layout().nbytes / 1e6:,.1f} MB)"
     if not num_workers:
         return f"batches of {per}"
-    extra = pool_slots(2, dataset.layout().nbytes, num_workers)
+    extra = pool_slots(2, dataset.layout().nbytes, num_workers, chunk_of(dataset, num_workers))
     return f"num_workers={num_workers} x (prefetch_factor={prefetch_factor} + {extra}) batch slots of {per}"
 
 
@@ -92,6 +107,6 @@ def check_memory(dataset, num_workers: int, prefetch_factor: int) -> None:
     batch = dataset.layout().nbytes
     need = BufferPool.KEEP * batch
     if num_workers:
-        need += pool_bytes(num_workers, prefetch_factor + 2, batch)
+        need += pool_bytes(num_workers, prefetch_factor + 2, batch, chunk_of(dataset, num_workers))
     check_fits(need, f"{slots_text(dataset, num_workers, prefetch_factor)}, and {BufferPool.KEEP} batches of this "
                "process")
