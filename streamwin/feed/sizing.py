@@ -30,8 +30,7 @@ FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process senti
 def chunk_of(dataset, num_workers: int, world_size: int | None = None) -> int:
     """Batches in a row the loader takes from one worker: Q (a chunk) with canonical streams of one phase, else 1."""
     cfg = dataset.config(num_workers, world_size)
-    aligned = cfg.canonical is not None and cfg.canonical[1] == 1 and cfg.pack_length is None
-    return chunk_steps(cfg) if aligned and num_workers > 1 else 1
+    return chunk_steps(cfg) if cfg.aligned and num_workers > 1 else 1
 
 
 def spare_slots(slot_bytes: int, num_workers: int = 1, chunk: int = 1) -> int:

@@ -92,14 +92,9 @@ class CanonPlan(Plan):
         return out
 
     @cached_property
-    def aligned(self) -> bool:
-        """Whether every source's blocks are aligned to the step (one phase, windows: ``SourcePlan.bounds``)."""
-        return all(p.bounds is not None for p in self.sources)
-
-    @cached_property
     def chunk(self) -> int:
         """Steps a chunk: Q = shuffle_buffer / G with blocks aligned to the step (workers take whole chunks), else 1."""
-        return chunk_steps(self.config) if self.aligned else 1
+        return chunk_steps(self.config) if self.config.aligned else 1
 
     def worker_of(self, step: int, workers: int) -> int:
         return (step // self.chunk) % workers
@@ -113,7 +108,7 @@ class CanonPlan(Plan):
 
     def schedule(self, stream: int) -> "CanonSchedule | GroupSchedule":
         """What process ``stream`` (rank * max(1, workers) + worker) takes from which canonical stream, per batch."""
-        if self.aligned:  # one group a source
+        if self.config.aligned:  # one group a source
             return GroupSchedule(self, *divmod(stream, self.config.workers_per_rank))
         return CanonSchedule(self, *divmod(stream, self.config.workers_per_rank))
 
@@ -338,7 +333,7 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
     taken = [max(0, -(-(steps - c % phases) // phases)) for c in range(slots * phases)]
     items = np.array([[int(quotas[c // phases][:taken[c], i].sum()) for c in range(slots * phases)]
                       for i in range(len(plans))], dtype=np.int64)
-    if rows is None and phases == 1:  # blocks aligned to the step, laid chunk after chunk (StripedOrder)
+    if config.aligned:  # blocks aligned to the step, laid chunk after chunk (StripedOrder)
         bounds = [_aligned(config, quotas, i, steps) for i in range(len(plans))]
         plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)), bounds=b,
                          order=StripedOrder(p.order, p.stream_lo, b)) for i, (p, b) in enumerate(zip(plans, bounds))]

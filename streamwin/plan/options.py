@@ -193,7 +193,14 @@ class PlanConfig:
         check_packing(self.spec, self.pack_length, self.equalize)
         if self.canonical is not None:
             object.__setattr__(self, "canonical", check_canonical(self.canonical))
-            check_world(self.canonical, int(self.world_size), int(self.num_workers), chunks=self.pack_length is None)
+            # with blocks aligned to the step workers take chunks of steps (plan/canon.py): any worker count serves
+            check_world(self.canonical, int(self.world_size), 0 if self.aligned else int(self.num_workers))
+
+    @property
+    def aligned(self) -> bool:
+        """Canonical streams of one phase over windows (not packed rows): blocks aligned to the step, read and
+        handed to workers a chunk of steps at a time (plan/canon.py)."""
+        return self.canonical is not None and self.canonical[1] == 1 and self.pack_length is None
 
     @property
     def workers_per_rank(self) -> int:
@@ -237,12 +244,9 @@ def check_canonical(canonical: Any) -> tuple[int, int]:
     return int(canonical[0]), int(canonical[1])
 
 
-def check_world(canonical: tuple[int, int], world_size: int, num_workers: int, chunks: bool = False) -> None:
-    """Refuse a world or worker count the canonical streams cannot serve in their one order, saying what would.
-    ``chunks``: with one phase, workers take chunks of steps (plan/canon.py), so any worker count serves it."""
+def check_world(canonical: tuple[int, int], world_size: int, num_workers: int) -> None:
+    """Refuse a world or worker count the canonical streams cannot serve in their one order, saying what would."""
     slots, phases = canonical
-    if chunks and phases == 1:
-        num_workers = 0
     if slots % world_size:
         fits = [w for w in range(1, slots + 1) if slots % w == 0]
         raise ValueError(

@@ -112,15 +112,15 @@ class StripedOrder:
     def __init__(self, order, stream_lo: np.ndarray, bounds):
         self.order, self.stream_lo = order, np.asarray(stream_lo, dtype=np.int64)
         ranges = np.diff(self.stream_lo)[:, None]  # a block past its stream's range (padding) takes none of it
-        self.bounds = np.minimum(np.stack([np.asarray(b, dtype=np.int64) for b in bounds]), ranges)  # [streams, chunks + 1]
-        sizes = np.diff(self.bounds, axis=1)  # [streams, chunks]: items of each stream's block j
+        bounds = np.minimum(np.stack([np.asarray(b, dtype=np.int64) for b in bounds]), ranges)  # [streams, chunks + 1]
+        sizes = np.diff(bounds, axis=1)  # [streams, chunks]: items of each stream's block j
         flat = sizes.T.reshape(-1)  # chunk-major, stream after stream
         start = (np.cumsum(flat) - flat).reshape(sizes.shape[::-1]).T  # [streams, chunks]: block (a, j) begins
-        left = np.diff(self.stream_lo) - self.bounds[:, -1]  # each stream's positions after its last block
-        tail = int(self.bounds[:, -1].sum()) + np.cumsum(left) - left  # where each stream's rest begins
+        left = np.diff(self.stream_lo) - bounds[:, -1]  # each stream's positions after its last block
+        tail = int(bounds[:, -1].sum()) + np.cumsum(left) - left  # where each stream's rest begins
         # segments in range order, (stream, block j) then the stream's rest: where each begins in the ranges and
         # in ``order`` (nondecreasing in the ranges; an empty one begins where the next does)
-        self._virt = (self.stream_lo[:-1, None] + self.bounds).reshape(-1)
+        self._virt = (self.stream_lo[:-1, None] + bounds).reshape(-1)
         self._real = np.concatenate([start, tail[:, None]], axis=1).reshape(-1)
 
     def __getattr__(self, name: str):  # total, dropped_before, ...: the order's
