@@ -1,10 +1,12 @@
-"""Do canonical streams' chunks make a step wait? ms per step, canonical=None beside "auto", in one run.
+"""Do canonical streams make a step wait for its workers? ms per step, canonical=None beside "auto", in one run.
 
-With one phase (``canonical=(A, 1)``, what "auto" gives), worker w of n serves whole chunks
-w, w + n, ... of Q = shuffle_buffer / G steps, so the loader takes Q batches in a row from one
-worker while the others can only fill their slots with their next chunk; with one stream per rank
-and worker (``canonical=None``) the loader takes batches from the workers in turn. A step that
-one worker cannot feed but several can shows the difference. Each case is a fresh process
+With one phase (``canonical=(A, 1)``, what "auto" gives) a rank's n workers either share every
+batch, each writing the rows of its share of the rank's slots into one shared slot (n <= A /
+world, one source, no transform of whole batches), or serve whole chunks w, w + n, ... of Q =
+shuffle_buffer / G steps, so the loader takes Q batches in a row from one worker while the others
+can only fill their slots with their next chunk; with one stream per rank and worker
+(``canonical=None``) the loader takes batches from the workers in turn. A step that one worker
+cannot feed but several can shows the difference; the table says how "auto"'s workers served. Each case is a fresh process
 (``--case``); cases alternate, ``--repeats`` rounds; the step sleeps ``--step-ms`` (a device
 busy elsewhere), so the workers have the CPU.
 
@@ -51,8 +53,11 @@ def run_case(order: str, data_dir: str, workers: int, window: int, step_ms: floa
         took = time.perf_counter() - t0
     finally:
         loader.close()
+    plan = ds.plan(0, workers)
+    serving = ("shared batches" if plan.shared else f"chunks of {plan.chunk} steps" if plan.config.aligned and
+               workers > 1 else "one stream a worker" if workers > 1 else "one process")
     return {"order": order, "ms_per_step": took / steps * 1e3, "data_wait": wait / took,
-            "batch_mb": ds.layout().nbytes / 2**20, "chunk_steps": -(-10_000 // 256)}
+            "batch_mb": ds.layout().nbytes / 2**20, "serving": serving}
 
 
 def main() -> None:
@@ -80,14 +85,15 @@ def main() -> None:
                 sys.exit(f"the {order} case failed:\n{out.stderr[-3000:]}")
             rows[order].append(json.loads(out.stdout.strip().splitlines()[-1]))
     first = rows["none"][0]
-    print(f"workers={a.workers} window={a.window} step sleeps {a.step_ms} ms, batches of {first['batch_mb']:.1f} MB, "
-          f"chunks of {first['chunk_steps']} steps; medians of {a.repeats}:")
-    print("| canonical | ms per step | data-wait | runs (ms per step) |\n|---|---:|---:|---|")
+    print(f"workers={a.workers} window={a.window} step sleeps {a.step_ms} ms, batches of {first['batch_mb']:.1f} MB; "
+          f"medians of {a.repeats}:")
+    print("| canonical | workers serve | ms per step | data-wait | runs (ms per step) |\n|---|---|---:|---:|---|")
     med = {}
     for order, rs in rows.items():
         med[order] = statistics.median(r["ms_per_step"] for r in rs)
         each = ", ".join(f"{r['ms_per_step']:.3f}" for r in rs)
-        print(f"| {order} | {med[order]:.3f} | {100 * statistics.median(r['data_wait'] for r in rs):.1f}% | {each} |")
+        print(f"| {order} | {rs[0]['serving']} | {med[order]:.3f} | "
+              f"{100 * statistics.median(r['data_wait'] for r in rs):.1f}% | {each} |")
     print(f"canonical=\"auto\" steps take {100 * (med['auto'] / med['none'] - 1):+.1f}% against canonical=None")
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from streamwin.arguments import MAX_BATCH, check_choice, check_fits, check_int, check_keywords, is_real
 from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest, check_mixable
+from streamwin.plan.canon import sharing
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
 from streamwin.plan.options import (AUTO, DEFAULT_CANONICAL, EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, canonical_for,
@@ -286,14 +287,14 @@ class WindowDataset:
         check_fits(streams * 64, f"a plan for world_size={config.world_size} ranks x {max(1, config.num_workers)} "
                    f"stream(s) ({streams:,} streams)")
         if not rest_of:
-            return plan_epoch(config, epoch, [s.space for s in self.sources],
-                              [s.manifest.shard_starts for s in self.sources], self.weights, self.epoch_windows,
-                              [s.url for s in self.sources])
+            return sharing(plan_epoch(config, epoch, [s.space for s in self.sources], [s.manifest.shard_starts for s
+                           in self.sources], self.weights, self.epoch_windows, [s.url for s in self.sources]),
+                           self.transform is not None)
         plan, before = self.plan_of(rest_of[0]["inputs"], epoch), 0
         configs = [self.config_of(r["inputs"]) for r in rest_of[1:]] + [config]
         for run, nxt in zip(rest_of, configs):
             plan, before = rest_plan(plan, int(run["batches"]) - before, nxt), int(run["batches"])
-        return plan
+        return sharing(plan, self.transform is not None)
 
     def __len__(self) -> int:
         """Batches one rank yields per epoch without worker processes: the same on every rank (cached)."""

@@ -48,7 +48,8 @@ from streamwin.dataset import WindowDataset
 from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, WorkerDeviceFeed
 from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, Pass, WorkerFeed
-from streamwin.feed.pool import WorkerPool, default_start_method, default_workers, start_context
+from streamwin.feed.context import default_start_method, default_workers, start_context
+from streamwin.feed.pool import WorkerPool
 from streamwin.feed.sizing import check_memory, check_workers, slots_text
 from streamwin.feed.stats import RunStats
 from streamwin.feed.to_device import Fixed
@@ -201,7 +202,7 @@ class WindowLoader:
 
     def _plan(self) -> Plan:
         """This pass's plan: the epoch's, or the rest of it after an elastic resume."""
-        return self.dataset.plan(self.position.epoch, self.num_workers, self.position.rest)
+        return self._fed.plan(self.position.epoch, self.num_workers, self.position.rest)  # (its transform: whole batches)
 
     def state_dict(self) -> dict[str, Any]:
         """The position: epoch and batches handed out, with the plan inputs (a few hundred bytes).

@@ -363,7 +363,9 @@ def test_workers_of_chunked_canonical_streams_get_up_to_a_chunk_of_slots(corpus)
     url = corpus[0][0]
     ds = sw.WindowDataset(url, window=W, stride=S, batch_size=G, shuffle_buffer=64, rank=0, world_size=1,
                           canonical=(4, 1))
-    assert chunk_of(ds, 2) == -(-64 // G) == 4 and chunk_of(ds, 1) == 1
+    assert chunk_of(ds, 5) == -(-64 // G) == 4 and chunk_of(ds, 1) == 1  # 5 workers, 4 slots: chunks of steps
+    assert chunk_of(ds, 2) == chunk_of(ds, 3) == chunk_of(ds, 4) == 1  # 2 to 4 workers share each batch
+    assert chunk_of(ds.transformed(lambda b, rng: b), 2) == 4  # a transform of whole batches: chunks
     assert chunk_of(sw.WindowDataset(url, window=W, stride=S, batch_size=G, rank=0, world_size=1), 2) == 1
     assert chunk_of(sw.WindowDataset(url, window=W, stride=S, batch_size=G, rank=0, world_size=1,
                                      canonical=(4, 2)), 2) == 1  # phases: workers take batches in turn

@@ -95,7 +95,7 @@ class WorkerDeviceFeed(Feed):
         self.pool = pool = ctx.pool
         self.copy = ToDevice(ctx.dataset.layout(), ctx.device, self.manifests, fixed=fixed, pinned=pool.pinned)
         j = self.first_batch()
-        pool.start(position.epoch, [plan.worker_taken(j, n, w) for w in range(n)], position.rest)
+        pool.start(position.epoch, [plan.worker_taken(j, n, w) for w in range(n)], position.rest, plan.shared)
 
     def _next(self) -> dict[str, Any]:
         pool = self.pool

@@ -229,7 +229,7 @@ class WorkerFeed(Feed):
         self.layout = ctx.dataset.layout()
         self.copies = BufferPool(self.layout.nbytes)  # pageable: a copy from it never outlives the call
         j = self.first_batch()
-        pool.start(position.epoch, [plan.worker_taken(j, n, w) for w in range(n)], position.rest)
+        pool.start(position.epoch, [plan.worker_taken(j, n, w) for w in range(n)], position.rest, plan.shared)
 
     def _fill(self, left: int) -> None:
         """Every batch the workers have ready, in order (at least one, waited for): one pass over the held slots

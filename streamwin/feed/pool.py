@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import functools
 import json
-import multiprocessing
 import os
 import signal
-import sys
 import time
 from typing import Any
 
@@ -42,7 +40,7 @@ import torch
 from streamwin.errors import WorkerError
 from streamwin.feed.protocol import (BATCH, ERROR, PER_RELEASE, RELEASE, RUN, STOP, WARNING, Channel, has_payload,
                                      raise_warning, rebuild_error, ring_size)
-from streamwin.feed.sizing import chunk_of, pool_slots
+from streamwin.feed.sizing import chunk_of, pool_slots, shared_batches
 from streamwin.feed.slots import SharedFile, SlotBatches, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
 from streamwin.feed.worker import HEARTBEAT, worker_main
@@ -50,50 +48,6 @@ from streamwin.feed.worker import HEARTBEAT, worker_main
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 NO_SLOTS = (-1,) * PER_RELEASE  # a RELEASE record's places past its slots
 SILENT_S = 10.0  # a worker whose heartbeat stands still this long while the trainer waits on it is named
-
-
-def default_start_method() -> str | None:
-    """fork where the platform has it (no re-import of the user's script), else Python's default."""
-    return "fork" if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin" else None
-
-
-FORKSERVER_PRELOAD = ("torch", "streamwin.feed.worker")
-
-
-def start_context(method: Any) -> multiprocessing.context.BaseContext:
-    """The context of a start method (a name, or a context object as DataLoader takes); for forkserver, one
-    whose server imports torch and streamwin before it forks any worker, so a worker starts in milliseconds
-    instead of importing them. The preload list is per process and read when its server starts: a server
-    already running (started without it) is used as it is. An unknown name is a ValueError listing the known."""
-    if isinstance(method, multiprocessing.context.BaseContext):
-        ctx = method
-    elif method is None or isinstance(method, str) and method in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context(method)
-    else:
-        raise ValueError(f"multiprocessing_context must be one of {multiprocessing.get_all_start_methods()} or a "
-                         f"multiprocessing context object, got {method!r}")
-    if ctx.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        # multiprocessing has no public getter of the preload list: read it to keep a user's own entries
-        server = getattr(forkserver, "_forkserver", None)
-        preload = list(getattr(server, "_preload_modules", None) or ["__main__"])
-        missing = [m for m in FORKSERVER_PRELOAD if m not in preload]
-        if missing:
-            ctx.set_forkserver_preload(preload + missing)
-    return ctx
-
-
-def default_workers(context: Any = None) -> int:
-    """1 worker process when a core is free for it and workers can fork, else 0 (in-process)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    if isinstance(context, multiprocessing.context.BaseContext):
-        context = context.get_start_method()
-    method = context or default_start_method()
-    return 1 if cores >= 2 and method == "fork" else 0
 
 
 class WorkerPool:
@@ -108,16 +62,20 @@ class WorkerPool:
         self.num_workers = num_workers
         layout = ds.layout()
         n = pool_slots(slots, layout.nbytes, num_workers, chunk_of(ds, num_workers, world[1]))
+        # shared batches: every worker writes its rows of each batch into the same slot, of all the workers' slots
+        self.shared = shared_batches(ds, num_workers, world[1])
+        owners, n = (1, n * num_workers) if self.shared else (num_workers, n)
         # slots of a worker the training loop may hold (handed out, or ready to be) before batches are copied out:
         # the worker keeps two
         self.keep_limit = n - 2
-        self.slot_layout = SlotLayout(num_workers, n, layout.nbytes, ring_size(n))
+        self.slot_layout = SlotLayout(num_workers, n, layout.nbytes, ring_size(n), shared=self.shared)
         self.shm = SharedFile(self.slot_layout.nbytes)
         self.procs: list = []
         self.conns: list = []
         self.inbox: list[Channel] = []  # per worker: its records to the trainer
         self.outbox: list[Channel] = []  # per worker: the trainer's records to it
         self.run = 0
+        self._parts: list[int | None] = [None] * num_workers  # shared: each worker's slot of the batch being taken
         self.closed = False
         self.held: list[list] = []  # [worker, slot, cuda event or None, SlotState]: slots handed out, not yet released
         self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
@@ -132,7 +90,7 @@ class WorkerPool:
             self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
             arr = self.shm.array()
             # per slot: a Region (its own array, which every view of the slot refers to), its fields made once
-            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(n)] for w in range(num_workers)]
+            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(n)] for w in range(owners)]
             self.bases = [[r.array() for r in rs] for rs in self.regions]
             self.batches = SlotBatches(self.bases, layout, ds.manifests)
             self.counters = [self.slot_layout.counters(arr, w) for w in range(num_workers)]
@@ -159,19 +117,31 @@ class WorkerPool:
             self.close()
             raise
 
-    def start(self, epoch: int, first_batches: list[int], rest_of: list[dict[str, Any]] = ()) -> None:
+    def start(self, epoch: int, first_batches: list[int], rest_of: list[dict[str, Any]] = (),
+              shared: bool = False) -> None:
         """Begin a pass: worker w yields its stream's batches from ``first_batches[w]`` on.
 
         ``rest_of``: the epoch's interrupted runs after an elastic resume (the plan is the rest of the epoch).
+        ``shared``: the plan's, as the pool's (each worker writes its rows of every batch into one slot). Each
+        worker is told the slots free (those it writes that nothing holds, in order): with shared batches every
+        worker then takes the same slot for the same batch, and a batch of the pass before is not given back.
         """
+        if shared != self.shared:
+            raise RuntimeError(f"a pass with shared={shared} on workers with shared={self.shared} (a bug)")
         self.run += 1
-        tail = json.dumps(list(rest_of)).encode() if rest_of else b""
+        self.pending = [[] for _ in range(self.num_workers)]  # in the lists below
+        self._parts = [None] * self.num_workers
+        held = {(h[0], h[1]) for h in self.held}
         for w in range(self.num_workers):
-            self.flush(w)
-            self._send(w, RUN, self.run, epoch, first_batches[w], int(bool(tail)), payload=tail)
+            free = [i for i in range(self.slot_layout.slots) if (0 if shared else w, i) not in held]
+            tail = json.dumps({"rest": list(rest_of), "free": free}).encode()
+            self._send(w, RUN, self.run, epoch, first_batches[w], 1, payload=tail)
 
     def take(self, w: int) -> int:
-        """The slot holding worker ``w``'s next batch of the current pass (slots are recycled while waiting)."""
+        """The slot holding worker ``w``'s next batch of the current pass (slots are recycled while waiting); with
+        shared batches, the next batch's slot of worker 0's once every worker wrote its part."""
+        if self.shared:
+            return self._shared_slot(True)
         msg = self.inbox[w].receive()
         if msg is not None and msg[0] == BATCH and msg[1] == self.run:  # the usual case: it is there already
             return msg[2]
@@ -188,9 +158,12 @@ class WorkerPool:
         """
         if not wait and self._holding[w] >= self.keep_limit:
             return None
-        msg = self.inbox[w].receive()  # take(w) and, below, hold(w, slot), inlined: each call costs after a step
-        if msg is not None and msg[0] == BATCH and msg[1] == self.run:
-            slot = msg[2]
+        if self.shared:
+            slot = self._shared_slot(wait)
+            if slot is None:
+                return None
+        elif (msg := self.inbox[w].receive()) is not None and msg[0] == BATCH and msg[1] == self.run:
+            slot = msg[2]  # take(w) and, below, hold(w, slot), inlined: each call costs after a step
         elif msg is None and not wait:
             return None
         else:
@@ -203,6 +176,28 @@ class WorkerPool:
         self.held.append([w, slot, None, state])
         self._holding[w] += 1
         return slot, state.made.copy() if self.batches.ahead else None, True
+
+    def _shared_slot(self, wait: bool) -> int | None:
+        """Shared batches: the slot holding the next batch once every worker's part is in (not
+        ``wait``: None while one is missing; the parts in are kept for the next call). Every worker takes the same
+        slot for the same batch; one that did not is a WorkerError, never a batch of mixed parts."""
+        parts = self._parts
+        for w, part in enumerate(parts):
+            if part is not None:
+                continue
+            msg = self.inbox[w].receive()
+            if msg is not None and msg[0] == BATCH and msg[1] == self.run:
+                parts[w] = msg[2]
+            elif msg is None and not wait:
+                return None
+            else:
+                parts[w] = self.receive(w, first=self._read(w, msg))
+        slot = parts[0]
+        self._parts = [None] * self.num_workers
+        if any(p != slot for p in parts):
+            raise WorkerError(f"streamwin workers wrote their parts of one batch into different slots {parts}: the "
+                              "shared-batch hand-off lost its order (a bug: please report it)")
+        return slot
 
     def fields(self, w: int, slot: int) -> dict[str, np.ndarray]:
         """The field arrays of slot ``slot`` of worker ``w`` (made once; each refers to the slot)."""
@@ -224,10 +219,8 @@ class WorkerPool:
                     self.recycle()
                     self.flush(w)
             kind, run, slot = msg[:3]
-            if kind == BATCH:
-                if run == self.run:
-                    return slot
-                self.release(w, slot)  # from a pass abandoned midway
+            if kind == BATCH and run == self.run:
+                return slot  # (a batch of a pass abandoned midway: its slot is among the free ones the worker was told)
 
     def _next(self, w: int, timeout: float = 0.0) -> tuple[int, ...] | None:
         """Worker ``w``'s next record within ``timeout`` s, or None; an error of this pass is raised, a warning warned."""
@@ -289,12 +282,14 @@ class WorkerPool:
             self.flush(w)
 
     def flush(self, w: int) -> None:
-        """Send worker ``w`` the slots released since the last RELEASE."""
-        pending = self.pending[w]
+        """Send worker ``w`` the slots released since the last RELEASE (with shared batches, every worker)."""
+        to = range(self.num_workers) if self.shared else (w,)
+        pending = self.pending[0 if self.shared else w]
         while pending:
             slots = pending[:PER_RELEASE]
             del pending[:PER_RELEASE]
-            self._send(w, RELEASE, *slots, *NO_SLOTS[len(slots):])
+            for v in to:
+                self._send(v, RELEASE, *slots, *NO_SLOTS[len(slots):])
 
     def _send(self, w: int, tag: int, *args: int, payload: bytes = b"") -> None:
         """A record to worker ``w`` (a dead worker is reported by take())."""

@@ -18,7 +18,7 @@ from streamwin.arguments import check_fits
 from streamwin.buffers import BufferPool
 from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
-from streamwin.plan.canon import chunk_steps
+from streamwin.plan.canon import chunk_steps, shares_batches
 
 SPARE_BYTES = 64 << 20  # the workers' spare slots take up to this much memory, all of them together
 CHUNK_BYTES = 256 << 20  # with canonical streams' chunks, up to this much (a chunk of batches a worker)
@@ -28,9 +28,18 @@ FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process senti
 
 
 def chunk_of(dataset, num_workers: int, world_size: int | None = None) -> int:
-    """Batches in a row the loader takes from one worker: Q (a chunk) with canonical streams of one phase, else 1."""
+    """Batches in a row the loader takes from one worker: Q (a chunk) with canonical streams of one phase whose
+    workers do not share batches (plan/canon.py ``shares_batches``), else 1."""
     cfg = dataset.config(num_workers, world_size)
-    return chunk_steps(cfg) if cfg.aligned and num_workers > 1 else 1
+    return 1 if not cfg.aligned or num_workers < 2 or shared_batches(dataset, num_workers, world_size) else \
+        chunk_steps(cfg)
+
+
+def shared_batches(dataset, num_workers: int, world_size: int | None = None) -> bool:
+    """Whether a rank's workers share each batch, each writing its rows (plan/canon.py ``shares_batches``; not under
+    a transform of whole batches): the plans of its passes say the same (``Plan.shared``)."""
+    cfg = dataset.config(num_workers, world_size)
+    return dataset.transform is None and shares_batches(cfg, len(dataset.sources))
 
 
 def spare_slots(slot_bytes: int, num_workers: int = 1, chunk: int = 1) -> int:
@@ -55,7 +64,7 @@ def pool_slots(slots: int, slot_bytes: int, num_workers: int = 1, chunk: int = 1
 def pool_bytes(num_workers: int, slots: int, slot_bytes: int, chunk: int = 1) -> int:
     """Bytes of shared memory a pool of ``num_workers`` workers with ``slots`` slots of ``slot_bytes`` maps."""
     n = pool_slots(slots, slot_bytes, num_workers, chunk)
-    return SlotLayout(num_workers, n, slot_bytes, ring_size(n)).nbytes
+    return SlotLayout(num_workers, n, slot_bytes, ring_size(n)).nbytes  # (shared: the same slots, all workers')
 
 
 def max_workers() -> tuple[int, str]:

@@ -146,18 +146,19 @@ class Region:
 
 
 class SlotLayout:
-    """Byte offsets of each worker's counters, rings and slots inside one shared file."""
+    """Byte offsets of each worker's counters, rings and slots inside one shared file (``shared``: the workers
+    share ``slots`` slots, each writing its rows of every batch, instead of ``slots`` each)."""
 
-    def __init__(self, workers: int, slots: int, slot_bytes: int, ring: int = 0):
-        self.workers, self.slots, self.ring = workers, slots, ring
+    def __init__(self, workers: int, slots: int, slot_bytes: int, ring: int = 0, shared: bool = False):
+        self.workers, self.slots, self.ring, self.shared = workers, slots, ring, shared
         self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
         self.header = COUNTERS + 2 * ring * RECORD  # int64 per worker: counters, then the rings
         self.slots_at = -(-(workers * self.header * 8) // PAGE) * PAGE
-        self.nbytes = self.slots_at + workers * slots * self.slot_bytes
+        self.nbytes = self.slots_at + (1 if shared else workers) * slots * self.slot_bytes
 
     def slot_at(self, worker: int, slot: int) -> int:
-        """Byte offset of ``slot`` of ``worker`` in the file (the counters come first)."""
-        return self.slots_at + (worker * self.slots + slot) * self.slot_bytes
+        """Byte offset of ``slot`` of ``worker`` (of them all, shared) in the file (the counters come first)."""
+        return self.slots_at + ((0 if self.shared else worker) * self.slots + slot) * self.slot_bytes
 
     def slot(self, arr: np.ndarray, worker: int, slot: int) -> np.ndarray:
         """The bytes of ``slot`` of ``worker`` (a view of ``arr``, the whole file)."""

@@ -84,8 +84,8 @@ class Inbox:
             raise ParentGone
 
     def next(self, wait: bool = True) -> tuple | None:
-        """The next message: (RELEASE, slots...), (RUN, run, epoch, first, interrupted runs) or (STOP,);
-        None (``wait=False``) if none has arrived. Raises ParentGone if the trainer died meanwhile."""
+        """The next message: (RELEASE, slots...), (RUN, run, epoch, first, {"rest": interrupted runs, "free": free
+        slots}) or (STOP,); None (``wait=False``) if none has arrived. Raises ParentGone if the trainer died meanwhile."""
         while (msg := self.channel.receive(1.0 if wait else 0.0)) is None:
             if not wait:
                 return None
@@ -93,10 +93,10 @@ class Inbox:
         if msg[0] != RUN:
             return msg
         try:
-            rest = json.loads(self.channel.payload()) if has_payload(msg) else []
+            tail = json.loads(self.channel.payload()) if has_payload(msg) else {"rest": [], "free": None}
         except (EOFError, OSError) as e:  # the trainer's end of the pipe is closed
             raise ParentGone from e
-        return RUN, msg[1], msg[2], msg[3], rest
+        return RUN, msg[1], msg[2], msg[3], tail
 
 
 def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[int, int], shared: SharedHandle,
@@ -114,8 +114,8 @@ def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[i
     inbox = Inbox(Channel(to_worker, *semaphores[:2], conn), parent_pid)
     outbox = Channel(to_trainer, *semaphores[2:], conn)
     forward_warnings(outbox)
-    raw = [slot_layout.slot(arr, worker, i) for i in range(slot_layout.slots)]
-    slots = Slots([ds.layout().views(r) for r in raw], inbox, outbox)
+    layout = ds.layout()
+    slots = Slots([layout.views(slot_layout.slot(arr, worker, i)) for i in range(slot_layout.slots)], inbox, outbox)
     counters = slot_layout.counters(arr, worker)
     watch_parent(parent_pid, counters[HEARTBEAT:])
     outbox.send(READY, worker)
@@ -132,23 +132,35 @@ def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[i
             if msg[0] == RELEASE:
                 slots.freed(msg)
                 continue
-            _, run, epoch, first, rest = msg
-            key = json.dumps([epoch, rest])
+            _, run, epoch, first, tail = msg
+            key = json.dumps([epoch, tail["rest"]])
             if key not in plans:
                 plans.clear()  # the trainer's world: torch.distributed is not initialized here
-                plans[key] = ds.plan(epoch, num_workers, rest, world_size=world[1])
+                plans[key] = ds.plan(epoch, num_workers, tail["rest"], world_size=world[1])
+            slots.begin(tail["free"], plans[key].rows(stream) if slot_layout.shared else None)
             cmd = run_pass(ds, plans[key], stream, run, first, slots, counters, totals)
     except ParentGone:
         return
 
 
 class Slots:
-    """A worker's view of its slots: which are free, waiting for the trainer to release one."""
+    """A worker's view of the slots it writes (``views``: each one's field views; shared batches: all the workers'
+    slots, of which it writes its rows): which are free, waiting for the trainer to release one."""
 
-    def __init__(self, slots: list, inbox: Inbox, outbox: Channel):
-        self.slots, self.inbox, self.outbox = slots, inbox, outbox
-        self.free = deque(range(len(slots)))
+    def __init__(self, views: list[dict], inbox: Inbox, outbox: Channel):
+        self.views, self.inbox, self.outbox = views, inbox, outbox
+        self.slots = views
+        self.free = deque(range(len(self.slots)))
         self.taken: list[int] = []  # popped for output that has not gone out yet
+
+    def begin(self, free: list[int] | None, rows: tuple[int, int] | None) -> None:
+        """A pass begins: ``free``, the slots the trainer holds none of (in the order to take them: with shared
+        batches every worker takes the same slot for the same batch); ``rows``: shared batches, the rows of each
+        slot this worker writes (else None: whole slots)."""
+        if free is not None:
+            self.free, self.taken = deque(free), []
+        lo, hi = rows or (0, None)
+        self.slots = self.views if rows is None else [{k: v[lo:hi] for k, v in s.items()} for s in self.views]
 
     def freed(self, msg: tuple) -> None:
         """The slots of a RELEASE record are free again."""

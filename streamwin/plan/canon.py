@@ -23,6 +23,11 @@ every world A allows, with any workers P allows.
    batches k = w mod n (the loader takes workers' batches round robin), so it runs the streams
    of phases p = w mod n: (A/W) x (P/n) streams a process (all P phases in-process). A rank's
    batch is grouped by source (each source's micro-batches, slot after slot), as any batch of a mix.
+   With one phase a process reads its slots' stripes of a chunk as one block (``GroupPlan``), and
+   its n workers either *share batches* (``shares_batches``: one source, n <= A/W, G >= A; no
+   transform of whole batches): worker w takes every step of slots [A/W * w // n, A/W * (w+1) // n)
+   of the rank's and writes their rows (one range: ``CanonPlan.rows``) into one slot the rank's
+   workers share (feed/pool.py); or they take *chunks* w, w + n, ... of Q steps, each whole.
 5. **Steps.** Phase p's streams give J_p micro-batches: the most every slot's stream holds
    ("drop"), or the fewest that cover each ("pad": repeats of weight 0). The epoch has
    K = min_p (P J_p + p) steps ("drop"; "pad": the fewest that cover every phase), the same on
@@ -33,29 +38,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Sequence
 
 import numpy as np
 
-from streamwin.plan.mix import slot_quotas
 from streamwin.plan.options import PlanConfig
-from streamwin.plan.order import StripedOrder
-from streamwin.plan.rows import RowPlan
-from streamwin.plan.streams import Plan, SourcePlan, stream_ranges, worker_batches
-from streamwin.plan.space import WindowSpace
+from streamwin.plan.streams import Plan, SourcePlan, worker_batches
 
 
 def slot_sizes(total: int, slots: int) -> np.ndarray:
     """[A] items of each slot's micro-batch: G(a+1)//A - Ga//A (they sum to ``total``)."""
     return np.diff(np.arange(slots + 1, dtype=np.int64) * total // slots)
-
-
-def phase_steps(cum: np.ndarray, size: np.ndarray, drop: bool) -> int:
-    """Micro-batches a stream of ``size`` items per source gives: the most that fit (``drop``), or the fewest that
-    cover; ``cum`` [T + 1, sources] its slot's summed quotas (from 0). T when T do not suffice."""
-    if drop:
-        return min(int(np.searchsorted(cum[:, i], size[i], side="right")) - 1 for i in range(len(size)))
-    return max(int(np.searchsorted(cum[:, i], size[i], side="left")) for i in range(len(size)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,14 +89,28 @@ class CanonPlan(Plan):
         return chunk_steps(self.config) if self.config.aligned else 1
 
     def worker_of(self, step: int, workers: int) -> int:
-        return (step // self.chunk) % workers
+        return 0 if self.shared else (step // self.chunk) % workers
 
     def worker_taken(self, batches_per_rank: int, workers: int, worker: int) -> int:
+        if self.shared:  # every worker writes its rows of every batch
+            return min(batches_per_rank, self.steps)
         q = self.chunk
         if q == 1:
             return worker_batches(batches_per_rank, workers, worker)
         starts = np.arange(worker * q, min(batches_per_rank, self.steps), workers * q)
         return int(np.minimum(batches_per_rank - starts, q).sum()) if len(starts) else 0
+
+    def rows(self, stream: int) -> tuple[int, int] | None:
+        """Shared batches: the rows of the rank's batch worker ``stream`` writes (its slots' micro-batches, one source:
+        slot after slot), else None."""
+        if not self.shared:
+            return None
+        cfg = self.config
+        rank, worker = divmod(stream, cfg.workers_per_rank)
+        mine = worker_slots(cfg, rank, worker)
+        m = slot_sizes(cfg.world_size * cfg.batch_size, cfg.canonical[0])
+        lo = int(m[slot_range(cfg, rank)[0] : mine.start].sum())
+        return lo, lo + int(m[mine.start : mine.stop].sum())
 
     def schedule(self, stream: int) -> "CanonSchedule | GroupSchedule":
         """What process ``stream`` (rank * max(1, workers) + worker) takes from which canonical stream, per batch."""
@@ -194,14 +200,15 @@ class GroupPlan:
 
 class GroupSchedule:
     """A process's batches over blocks aligned to the step: one lane per source (its ``GroupPlan``). Worker w of n
-    takes chunks w, w + n, ... of Q steps (all of them in-process): its batch j is the j-th step of its chunks."""
+    takes chunks w, w + n, ... of Q steps (all of them in-process): its batch j is the j-th step of its chunks;
+    with shared batches it takes every step of its share of the rank's slots (``worker_slots``)."""
 
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         cfg = plan.config
-        per = cfg.canonical[0] // cfg.world_size
-        mine = range(rank * per, (rank + 1) * per)
+        mine = worker_slots(cfg, rank, worker) if plan.shared else range(*slot_range(cfg, rank))
         edges = chunk_edges(cfg, plan.steps)
-        chunks = list(range(worker, len(edges) - 1, max(1, cfg.num_workers)))
+        chunks = list(range(len(edges) - 1)) if plan.shared else list(range(worker, len(edges) - 1,
+                                                                             max(1, cfg.num_workers)))
         steps = np.concatenate([np.arange(edges[c], edges[c + 1]) for c in chunks]) if chunks else np.zeros(0, int)
         self.batches = len(steps)
         self.lanes = [(i, 0) for i in range(len(plan.sources))]
@@ -267,83 +274,37 @@ class CanonSchedule:
         return out
 
 
-REDEALS = 4  # deals again, at most, of a mix's ranges in proportion to what each stream takes
+def slot_range(config: PlanConfig, rank: int) -> tuple[int, int]:
+    """The canonical slots [a0, a1) rank ``rank`` serves."""
+    per = config.canonical[0] // config.world_size
+    return rank * per, (rank + 1) * per
 
 
-def deal_canonical(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, spaces: Sequence[WindowSpace],
-                   keyed: list, generation: int = 0) -> CanonPlan:
-    """Deal each source's order over the canonical streams and fix K.
-
-    The ranges follow the slots' micro-batches (every stream runs out at the same step). With
-    several sources a stream's share of each source wavers around its slot's average by an
-    item or two, a lot for a small source over 64 streams: the ranges are then dealt again in
-    proportion to what each stream takes of each source under the first deal.
-    """
-    slots, phases = config.canonical
-    m = slot_sizes(config.world_size * config.batch_size, slots)
-    plan = _deal(config, epoch, w, orders, spaces, keyed, generation, [np.repeat(m, phases)] * len(orders))
-    for _ in range(REDEALS if len(orders) > 1 else 0):
-        if not plan.steps:
-            break
-        takes = [np.asarray(p.rows_per_stream if p.rows is not None else p.lengths) for p in plan.sources]
-        again = _deal(config, epoch, w, orders, spaces, keyed, generation,
-                      [t if t.sum() else np.repeat(m, phases) for t in takes])
-        if again.steps <= plan.steps:
-            break
-        plan = again
-    return plan
+def worker_slots(config: PlanConfig, rank: int, worker: int) -> range:
+    """Shared batches: the slots of rank ``rank`` whose rows worker ``worker`` writes (a share within a slot of the
+    others', in order)."""
+    a0, a1 = slot_range(config, rank)
+    per, n = a1 - a0, config.num_workers
+    return range(a0 + worker * per // n, a0 + (worker + 1) * per // n)
 
 
-def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, spaces: Sequence[WindowSpace],
-          keyed: list, generation: int, shares: list[np.ndarray]) -> CanonPlan:
-    """``deal_canonical`` with source i's ranges in proportion to ``shares[i]`` [C]."""
-    slots, phases = config.canonical
-    m = slot_sizes(config.world_size * config.batch_size, slots)
-    ranges = [stream_ranges(o.total, slots * phases, share) for o, share in zip(orders, shares)]
-    plans = [SourcePlan(config, epoch, space, order, r, int(np.diff(r).max(initial=0)), generation, source=key,
-                        lengths=np.diff(r)) for space, order, r, key in zip(spaces, orders, ranges, keyed)]
-    q_w = w  # the sources' shares of every micro-batch
-    if config.pack_length is not None:  # each stream reads every window it owns; items are rows
-        row_units = config.pack_length // config.spec.window_multiple
-        rows = [RowPlan(p, row_units) for p in plans]
-        sizes = np.stack([r.per_stream for r in rows])
-        filled = sizes.sum(axis=1).astype(np.float64)
-        q_w = filled / filled.sum() if filled.sum() else w
-    else:
-        rows, sizes = None, np.stack([np.diff(r) for r in ranges])
-    drop = config.equalize == "drop"
-    live = [a for a in range(slots) if m[a]]
-    need = max([int(sizes[:, a * phases:(a + 1) * phases].sum(axis=0).max(initial=0)) // int(m[a]) for a in live],
-               default=0) + 2
-    while True:  # enough micro-batches for every stream to run out (pad: cover) within them
-        quotas = slot_quotas(m, q_w, need)
-        cums = [np.concatenate([np.zeros((1, len(q_w)), dtype=np.int64), np.cumsum(q, axis=0)]) for q in quotas]
-        per = np.array([[phase_steps(cums[a], sizes[:, a * phases + p], drop) for a in live] for p in range(phases)])
-        if drop or (per <= need).all():
-            break
-        need *= 2
-    if drop:
-        j = per.min(axis=1) if live else np.zeros(phases, dtype=np.int64)
-        steps = int(min(phases * int(j[p]) + p for p in range(phases)))
-    else:
-        j = per.max(axis=1)
-        steps = max([phases * (int(j[p]) - 1) + p + 1 for p in range(phases) if j[p] > 0], default=0)
-    micro = -(-steps // phases)
-    quotas = tuple(q[:micro] for q in quotas)
-    taken = [max(0, -(-(steps - c % phases) // phases)) for c in range(slots * phases)]
-    items = np.array([[int(quotas[c // phases][:taken[c], i].sum()) for c in range(slots * phases)]
-                      for i in range(len(plans))], dtype=np.int64)
-    if config.aligned:  # blocks aligned to the step, laid chunk after chunk (StripedOrder)
-        bounds = [_aligned(config, quotas, i, steps) for i in range(len(plans))]
-        plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)), bounds=b,
-                         order=StripedOrder(p.order, p.stream_lo, b)) for i, (p, b) in enumerate(zip(plans, bounds))]
-    elif rows is None:
-        plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)))
-                 for i, p in enumerate(plans)]
-    else:
-        plans = [replace(p, rows=r, rows_per_stream=items[i]) for i, (p, r) in enumerate(zip(plans, rows))]
-    return CanonPlan(config, epoch, w, tuple(plans), np.zeros((0, len(plans)), dtype=np.int64), generation,
-                     slots=quotas, steps=steps)
+def shares_batches(config: PlanConfig, sources: int) -> bool:
+    """Whether a rank's workers share each of its batches, each writing the rows of its share of the rank's slots
+    into one shared slot, instead of taking chunks of Q steps each (a worker then waits while the loader takes
+    another's chunk): canonical streams of one phase over windows, one source (a mix's rows of a slot are not
+    one range), no more workers than the rank has slots, and no slot of no item (a global batch of at least one
+    item a slot): every worker writes rows of every batch."""
+    if not config.aligned or config.num_workers < 2 or sources != 1:
+        return False
+    return config.world_size * config.batch_size >= config.canonical[0] >= config.world_size * config.num_workers
+
+
+def sharing(plan: Plan, transformed: bool) -> Plan:
+    """``plan``, its rank's workers sharing each batch where they can (``shares_batches``; not under a transform of
+    whole batches)."""
+    if transformed or not isinstance(plan, CanonPlan) or not shares_batches(plan.config, len(plan.sources)):
+        return plan
+    return replace(plan, shared=True)
 
 
 def chunk_steps(config: PlanConfig) -> int:
@@ -355,10 +316,3 @@ def chunk_edges(config: PlanConfig, steps: int) -> np.ndarray:
     """[chunks + 1]: the first step of each chunk of Q steps of an epoch of ``steps``, then ``steps``."""
     q = chunk_steps(config)
     return np.unique(np.minimum(np.arange(0, steps + q, q), steps))
-
-
-def _aligned(config: PlanConfig, quotas: tuple[np.ndarray, ...], source: int, steps: int) -> tuple[np.ndarray, ...]:
-    """Per stream (one phase: stream a is slot a), items of ``source`` before each block of Q steps: the blocks of
-    all slots cover the same steps."""
-    edges = chunk_edges(config, steps)
-    return tuple(np.concatenate([[0], np.cumsum(qa[:, source])])[edges] for qa in quotas)

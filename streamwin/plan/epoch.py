@@ -33,7 +33,7 @@ from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import ONLY_SOURCE, ShareOrder, cut_slices
 from streamwin.plan.rows import RowPlan
 from streamwin.plan.space import WindowSpace, array_views
-from streamwin.plan.canon import deal_canonical
+from streamwin.plan.canon_deal import deal_canonical
 from streamwin.plan.streams import Plan, RestOrder, SourcePlan, stream_ranges
 
 

@@ -41,6 +41,7 @@ class Plan:
     sources: tuple[SourcePlan, ...]  # per source: its order dealt over the streams; items_per_stream = its quotas' sum
     quotas: np.ndarray  # [J, sources] windows (rows when packed) of each source in batch j of every stream
     generation: int = 0  # elastic resumes this epoch has been through
+    shared: bool = False  # a rank's workers share each batch, each writing its slots' rows (plan/canon.py)
 
     @property
     def positions(self) -> np.ndarray:
@@ -91,6 +92,10 @@ class Plan:
     def worker_taken(self, batches_per_rank: int, workers: int, worker: int) -> int:
         """Batches ``worker`` has made once its rank took ``batches_per_rank``."""
         return worker_batches(batches_per_rank, workers, worker)
+
+    def rows(self, stream: int) -> tuple[int, int] | None:
+        """The rows of the rank's batch that process ``stream`` writes when workers share batches, else None."""
+        return None
 
     def schedule(self, stream: int) -> "QuotaSchedule":
         """What stream ``stream`` (rank * max(1, workers) + worker) takes from each source per batch."""
