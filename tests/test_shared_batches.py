@@ -231,3 +231,27 @@ def test_workers_under_a_transform_of_whole_batches_take_chunks_and_the_same_bat
     OPEN.append(loader)
     assert not loader._plan().shared
     assert epoch(loader) == want
+
+
+def test_a_canonical_plan_of_one_source_keeps_no_table_a_slot_and_step(tmp_path):
+    """One source: every slot takes its micro-batch every step, so the plan keeps one value a slot, not a quota per
+    slot and step (8 slots x steps integers in every process: 161 bytes a step before, against 12 for one stream
+    a process); measured with tracemalloc over a plan of ~37k steps and both workers' schedules."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    url = str(tmp_path / "long")
+    sw.pack([(f"s{i}", rng.normal(size=(1000, 3)).astype(np.float32)) for i in range(300)], url, progress=False)
+    ds = sw.WindowDataset(url, window=4, stride=1, batch_size=8, shuffle_buffer=2000, seed=1, canonical=SLOTS)
+    ds.plan(0, 2)  # the window index, built once
+    tracemalloc.start()
+    try:
+        plan = ds.plan(0, 2)
+        schedules = [plan.schedule(s) for s in range(2)]
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert plan.shared and plan.steps > 30_000
+    assert all(q.strides[0] == 0 for q in plan.slots)
+    assert all(s.plans[0].took.strides[1] == 0 for s in schedules)
+    assert held < 24 * plan.steps + (1 << 20), f"{held / plan.steps:.0f} bytes a step"

@@ -125,12 +125,14 @@ class GroupPlan:
     With one phase, stream a's block j holds its micro-batches of steps [jQ, (j + 1)Q) (``SourcePlan.bounds``),
     so the blocks of a process's slots cover the same steps: read as one block whose yield order is, step after
     step, each slot's micro-batch (slot after slot), a batch is one part and one gather, as with one stream.
-    ``cum`` [slots, T + 1]: items each of the process's slots (streams ``lanes``, consecutive) took before step t.
+    ``took`` [slots, T]: items each of the process's slots (streams ``lanes``, consecutive) takes at step t (one
+    source: a value a slot, broadcast); of it only the items before each chunk edge are kept (``at``).
     """
 
-    def __init__(self, plan: SourcePlan, lanes: range, cum: np.ndarray, edges: np.ndarray, chunks: list[int]):
-        self.plan, self.lanes, self.cum, self.edges = plan, lanes, cum, edges
-        items = np.array([int((cum[:, edges[c + 1]] - cum[:, edges[c]]).sum()) for c in chunks], dtype=np.int64)
+    def __init__(self, plan: SourcePlan, lanes: range, took: np.ndarray, edges: np.ndarray, chunks: list[int]):
+        self.plan, self.lanes, self.took, self.edges = plan, lanes, took, edges
+        self.at = chunk_prefix(took, edges)  # [slots, chunks + 1]
+        items = (self.at[:, 1:] - self.at[:, :-1]).sum(axis=0)[chunks].astype(np.int64)
         # a block reads several of the process's chunks when its slots' part of one is small (a rank of many):
         # about shuffle_buffer windows a read, as one stream's block, whatever the world (the order is the chunks')
         per = max(1, plan.config.block_windows // max(1, int(items.max(initial=1))))
@@ -181,7 +183,7 @@ class GroupPlan:
         stream's own), the yield order one stable sort by step."""
         sp = self.plan
         t0, t1 = int(self.edges[block]), int(self.edges[block + 1])
-        lo, n = self.cum[:, t0], self.cum[:, t1] - self.cum[:, t0]  # per slot: items before the block, in it
+        lo, n = self.at[:, block], self.at[:, block + 1] - self.at[:, block]  # per slot: items before the chunk, in it
         total = int(n.sum())
         lanes = np.arange(self.lanes.start, self.lanes.stop)
         starts = np.cumsum(n) - n  # where each slot's items begin in the block (stream order)
@@ -191,7 +193,7 @@ class GroupPlan:
         shuffled = (sp.stripe_shuffle(block, self.lanes.start, self.lanes.stop) if sp.config.shuffle
                     else np.arange(total, dtype=np.int64))  # slot after slot, each slot's items in its order
         steps = np.repeat(np.tile(np.arange(t1 - t0, dtype=np.int32), len(n)),
-                          np.diff(self.cum[:, t0 : t1 + 1], axis=1).reshape(-1))  # the step of each, slot after slot
+                          self.took[:, t0:t1].reshape(-1))  # the step of each, slot after slot
         yields = shuffled[np.argsort(steps, kind="stable")]  # step after step, slot after slot
         for a in (g, real, yields):
             a.flags.writeable = False
@@ -214,11 +216,10 @@ class GroupSchedule:
         self.lanes = [(i, 0) for i in range(len(plan.sources))]
         self.plans, counts = [], []
         for i, sp in enumerate(plan.sources):
-            took = np.stack([plan.slots[a][:, i] for a in mine]).reshape(len(mine), -1)  # [slots, T]
-            cum = np.concatenate([np.zeros((len(mine), 1), dtype=np.int64), np.cumsum(took, axis=1)], axis=1)
-            self.plans.append(GroupPlan(sp, mine, cum, edges, chunks))
-            counts.append(took.sum(axis=0)[steps])
-        self._counts = np.stack(counts, axis=1).astype(np.int64)
+            took = slot_columns(plan.slots, mine, i)  # [slots, T]
+            self.plans.append(GroupPlan(sp, mine, took, edges, chunks))
+            counts.append(took.sum(axis=0)[steps] if took.strides[1] else np.broadcast_to(took[:, :1].sum(), steps.shape))
+        self._counts = np.stack(counts, axis=1) if len(counts) > 1 else counts[0][:, None]
         self._cum = [np.concatenate([[0], np.cumsum(c)]) for c in counts]
 
     def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -227,6 +228,15 @@ class GroupSchedule:
 
     def positions(self, j: int) -> list[int]:
         return [int(c[min(j, len(c) - 1)]) for c in self._cum]
+
+
+def slot_columns(slots: tuple[np.ndarray, ...], mine: range, source: int) -> np.ndarray:
+    """[len(mine), T] int64: items of ``source`` slots ``mine`` take each step (one value a slot: broadcast)."""
+    cols = [slots[a][:, source] for a in mine]
+    if all(c.strides[0] == 0 for c in cols):  # a value a slot (one source): no table
+        return np.broadcast_to(np.array([c[:1] for c in cols], dtype=np.int64).reshape(len(cols), 1),
+                               (len(cols), len(cols[0]) if cols else 0))
+    return np.stack(cols).reshape(len(mine), -1).astype(np.int64)
 
 
 class CanonSchedule:
@@ -310,6 +320,15 @@ def sharing(plan: Plan, transformed: bool) -> Plan:
 def chunk_steps(config: PlanConfig) -> int:
     """Q, the steps of a block aligned to the step: shuffle_buffer / G (a process's slots hold about one buffer)."""
     return max(1, -(-config.block_windows // (config.world_size * config.batch_size)))
+
+
+def chunk_prefix(took: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """[..., chunks + 1]: the items ``took`` [..., T] (per step, last axis) holds before each chunk edge, summed a
+    chunk at a time (a table of one value, broadcast, is read, not copied)."""
+    if len(edges) < 2:
+        return np.zeros(took.shape[:-1] + (len(edges),), dtype=np.int64)
+    sums = np.add.reduceat(took, edges[:-1], axis=-1).astype(np.int64)
+    return np.concatenate([np.zeros(took.shape[:-1] + (1,), dtype=np.int64), np.cumsum(sums, axis=-1)], axis=-1)
 
 
 def chunk_edges(config: PlanConfig, steps: int) -> np.ndarray:

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from streamwin.plan.canon import CanonPlan, chunk_edges, slot_sizes
+from streamwin.plan.canon import CanonPlan, chunk_edges, chunk_prefix, slot_sizes
 from streamwin.plan.mix import slot_quotas
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import StripedOrder
@@ -70,15 +70,21 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
         rows, sizes = None, np.stack([np.diff(r) for r in ranges])
     drop = config.equalize == "drop"
     live = [a for a in range(slots) if m[a]]
-    need = max([int(sizes[:, a * phases:(a + 1) * phases].sum(axis=0).max(initial=0)) // int(m[a]) for a in live],
-               default=0) + 2
-    while True:  # enough micro-batches for every stream to run out (pad: cover) within them
-        quotas = slot_quotas(m, q_w, need)
-        cums = [np.concatenate([np.zeros((1, len(q_w)), dtype=np.int64), np.cumsum(q, axis=0)]) for q in quotas]
-        per = np.array([[phase_steps(cums[a], sizes[:, a * phases + p], drop) for a in live] for p in range(phases)])
-        if drop or (per <= need).all():
-            break
-        need *= 2
+    if len(q_w) == 1:  # one source: slot a takes m_a items every step, so its streams give size // m_a (pad: ceil)
+        size = sizes[0].reshape(slots, phases).T[:, live]  # [phases, live slots]
+        per = size // m[live] if drop else -(-size // m[live])
+        quotas = None
+    else:
+        need = max([int(sizes[:, a * phases:(a + 1) * phases].sum(axis=0).max(initial=0)) // int(m[a])
+                    for a in live], default=0) + 2
+        while True:  # enough micro-batches for every stream to run out (pad: cover) within them
+            quotas = slot_quotas(m, q_w, need)
+            cums = [np.concatenate([np.zeros((1, len(q_w)), dtype=np.int64), np.cumsum(q, axis=0)]) for q in quotas]
+            per = np.array([[phase_steps(cums[a], sizes[:, a * phases + p], drop) for a in live]
+                            for p in range(phases)])
+            if drop or (per <= need).all():
+                break
+            need *= 2
     if drop:
         j = per.min(axis=1) if live else np.zeros(phases, dtype=np.int64)
         steps = int(min(phases * int(j[p]) + p for p in range(phases)))
@@ -86,7 +92,7 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
         j = per.max(axis=1)
         steps = max([phases * (int(j[p]) - 1) + p + 1 for p in range(phases) if j[p] > 0], default=0)
     micro = -(-steps // phases)
-    quotas = tuple(q[:micro] for q in quotas)
+    quotas = slot_quotas(m, q_w, micro) if quotas is None else tuple(q[:micro] for q in quotas)
     taken = [max(0, -(-(steps - c % phases) // phases)) for c in range(slots * phases)]
     items = np.array([[int(quotas[c // phases][:taken[c], i].sum()) for c in range(slots * phases)]
                       for i in range(len(plans))], dtype=np.int64)
@@ -106,5 +112,4 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
 def _aligned(config: PlanConfig, quotas: tuple[np.ndarray, ...], source: int, steps: int) -> tuple[np.ndarray, ...]:
     """Per stream (one phase: stream a is slot a), items of ``source`` before each block of Q steps: the blocks of
     all slots cover the same steps."""
-    edges = chunk_edges(config, steps)
-    return tuple(np.concatenate([[0], np.cumsum(qa[:, source])])[edges] for qa in quotas)
+    return tuple(chunk_prefix(qa[:, source], chunk_edges(config, steps)) for qa in quotas)

@@ -125,8 +125,8 @@ def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int) -> tuple[np.ndarray, .
     or ceil of it), and every slot takes each source's share on average, as its streams' ranges do.
     """
     slots = len(m)
-    if len(w) == 1:
-        return tuple(np.full((micro, 1), int(n), dtype=np.int64) for n in m)
+    if len(w) == 1:  # every micro-batch the slot's size: one value, seen as a table (read-only, no memory a step)
+        return tuple(np.broadcast_to(np.array([[int(n)]], dtype=np.int64), (micro, 1)) for n in m)
     rows = batch_quotas(int(m.sum()), w, micro)
     g, edges = int(m.sum()), np.concatenate([[0], np.cumsum(m)])
     # row t's rotation: by another irrational than the rows' own (mix.PHI), with which it would correlate (a source's
