@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--equalize", default="drop")
     p.add_argument("--storage-options", default=None, help="JSON file")
     p.add_argument("--cache-dir", default=None, help="node-local shard cache")
-    p.add_argument("--canonical", default="none", help="rank slots,step phases of the canonical streams, none or auto")
+    p.add_argument("--canonical", default="auto", help="rank slots,step phases of the canonical streams, none or auto")
     p.add_argument("--stop-after", type=int, default=None)
     p.add_argument("--save-at", type=int, nargs="*", default=[], help="save the state at these steps and go on")
     p.add_argument("--resume", default=None)

@@ -1,6 +1,6 @@
 """Canonical streams: one order of global batches, whatever the number of ranks and workers.
 
-``canonical=(A, P)`` (asked for; "auto" is (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows):
+``canonical=(A, P)`` ("auto", the default, is (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows of one source):
 C = A x P canonical streams, A *rank slots* x P *step phases*. Nothing below depends on the
 world size W or the worker count, only on the global batch G = world_size x batch_size (items:
 windows, or packed rows), so global batch k (every rank's batch k, in rank order) is the same in
@@ -233,10 +233,10 @@ class GroupSchedule:
 def slot_columns(slots: tuple[np.ndarray, ...], mine: range, source: int) -> np.ndarray:
     """[len(mine), T] int64: items of ``source`` slots ``mine`` take each step (one value a slot: broadcast)."""
     cols = [slots[a][:, source] for a in mine]
-    if all(c.strides[0] == 0 for c in cols):  # a value a slot (one source): no table
-        return np.broadcast_to(np.array([c[:1] for c in cols], dtype=np.int64).reshape(len(cols), 1),
-                               (len(cols), len(cols[0]) if cols else 0))
-    return np.stack(cols).reshape(len(mine), -1).astype(np.int64)
+    steps = len(cols[0]) if cols else 0
+    if steps and all(c.strides[0] == 0 for c in cols):  # a value a slot (one source): no table
+        return np.broadcast_to(np.array([c[0] for c in cols], dtype=np.int64)[:, None], (len(cols), steps))
+    return np.stack(cols).reshape(len(mine), steps).astype(np.int64)
 
 
 class CanonSchedule:
