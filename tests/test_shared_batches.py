@@ -22,6 +22,7 @@ import torch
 import streamwin as sw
 from conftest import make_sequences, our_children
 from streamwin.errors import WorkerError
+from streamwin.plan import canon
 from streamwin.feed.slots import leftovers
 
 W, S, B = 16, 8, 32  # window, stride, batch per rank
@@ -40,10 +41,27 @@ OPEN: list = []
 
 
 @pytest.fixture(autouse=True)
-def close_loaders():
+def close_loaders(monkeypatch):
+    """Workers share batches where a chunk of batches a worker does not fit in CHUNK_BYTES of slots: this corpus's
+    batches are small, so the budget is taken away (the workers fork: they see it too)."""
+    monkeypatch.setattr(canon, "CHUNK_BYTES", 0)
     yield
     while OPEN:
         OPEN.pop().close()
+
+
+def test_workers_share_batches_only_where_a_chunk_of_them_does_not_fit(corpus, monkeypatch):
+    """Computed here: the slots a chunked loader's workers would need, n workers x Q steps x a batch's bytes."""
+    monkeypatch.setattr(canon, "CHUNK_BYTES", 256 << 20)
+    cfg = sw.WindowDataset(corpus[0], window=W, stride=S, batch_size=256, canonical=SLOTS, shuffle_buffer=10_000,
+                           rank=0, world_size=1).config(2)
+    q = -(-10_000 // 256)
+    assert canon.shares_batches(cfg, 1, (256 << 20) // (2 * q) + 1)  # 3.3 MB batches: 2 chunks need 256 MB + 80
+    assert not canon.shares_batches(cfg, 1, (256 << 20) // (2 * q))  # they fit: one worker's hand-off a batch
+    assert not canon.shares_batches(cfg, 2, 8 << 20)  # a mix: chunks
+    assert not make(corpus[0], 2)._plan().shared  # this corpus's batches: chunks fit
+    monkeypatch.setattr(canon, "CHUNK_BYTES", 0)
+    assert make(corpus[0], 2)._plan().shared
 
 
 def make(url, workers, *, rank=0, world=1, device=None, persistent=False, **kw):

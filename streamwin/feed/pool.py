@@ -75,7 +75,8 @@ class WorkerPool:
         self.inbox: list[Channel] = []  # per worker: its records to the trainer
         self.outbox: list[Channel] = []  # per worker: the trainer's records to it
         self.run = 0
-        self._parts: list[int | None] = [None] * num_workers  # shared: each worker's slot of the batch being taken
+        # shared batches: each worker's slot of the batch being taken; the worker whose part was last waited for
+        self._parts, self._last = [None] * num_workers, 0
         self.closed = False
         self.held: list[list] = []  # [worker, slot, cuda event or None, SlotState]: slots handed out, not yet released
         self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
@@ -128,9 +129,8 @@ class WorkerPool:
         """
         if shared != self.shared:
             raise RuntimeError(f"a pass with shared={shared} on workers with shared={self.shared} (a bug)")
-        self.run += 1
+        self.run, self._parts = self.run + 1, [None] * self.num_workers
         self.pending = [[] for _ in range(self.num_workers)]  # in the lists below
-        self._parts = [None] * self.num_workers
         held = {(h[0], h[1]) for h in self.held}
         for w in range(self.num_workers):
             free = [i for i in range(self.slot_layout.slots) if (0 if shared else w, i) not in held]
@@ -138,8 +138,7 @@ class WorkerPool:
             self._send(w, RUN, self.run, epoch, first_batches[w], 1, payload=tail)
 
     def take(self, w: int) -> int:
-        """The slot holding worker ``w``'s next batch of the current pass (slots are recycled while waiting); with
-        shared batches, the next batch's slot of worker 0's once every worker wrote its part."""
+        """The slot of worker ``w``'s next batch of this pass (shared: all parts in; slots recycled meanwhile)."""
         if self.shared:
             return self._shared_slot(True)
         msg = self.inbox[w].receive()
@@ -178,20 +177,21 @@ class WorkerPool:
         return slot, state.made.copy() if self.batches.ahead else None, True
 
     def _shared_slot(self, wait: bool) -> int | None:
-        """Shared batches: the slot holding the next batch once every worker's part is in (not
-        ``wait``: None while one is missing; the parts in are kept for the next call). Every worker takes the same
-        slot for the same batch; one that did not is a WorkerError, never a batch of mixed parts."""
+        """Shared batches: the next batch's slot once every worker's part is in (not ``wait``: None while one is
+        missing, the parts in kept). It waits first for the worker it last waited for (most often the last: one
+        wake-up a batch, not a part). Parts in different slots are a WorkerError, never a batch of mixed parts."""
         parts = self._parts
         for w, part in enumerate(parts):
-            if part is not None:
-                continue
-            msg = self.inbox[w].receive()
-            if msg is not None and msg[0] == BATCH and msg[1] == self.run:
-                parts[w] = msg[2]
-            elif msg is None and not wait:
-                return None
-            else:
-                parts[w] = self.receive(w, first=self._read(w, msg))
+            if part is None and (msg := self.inbox[w].receive()) is not None:
+                parts[w] = msg[2] if msg[0] == BATCH and msg[1] == self.run else self.receive(w, self._read(w, msg))
+        missing = [w for w, part in enumerate(parts) if part is None]
+        if missing and not wait:
+            return None
+        for w in sorted(missing, key=lambda v: v != self._last):
+            waits = self.waits
+            parts[w] = self.receive(w)
+            if self.waits > waits:
+                self._last = w
         slot = parts[0]
         self._parts = [None] * self.num_workers
         if any(p != slot for p in parts):

@@ -135,7 +135,7 @@ class GroupPlan:
         items = (self.at[:, 1:] - self.at[:, :-1]).sum(axis=0)[chunks].astype(np.int64)
         # a block reads several of the process's chunks when its slots' part of one is small (a rank of many):
         # about shuffle_buffer windows a read, as one stream's block, whatever the world (the order is the chunks')
-        per = max(1, plan.config.block_windows // max(1, int(items.max(initial=1))))
+        per = max(1, round(plan.config.block_windows / max(1, int(items.max(initial=1)))))
         self.blocks = [chunks[i : i + per] for i in range(0, len(chunks), per)]
         took = [int(items[i : i + per].sum()) for i in range(0, len(chunks), per)]
         self._bounds = np.concatenate([[0], np.cumsum(took, dtype=np.int64)]).astype(np.int64)
@@ -218,7 +218,8 @@ class GroupSchedule:
         for i, sp in enumerate(plan.sources):
             took = slot_columns(plan.slots, mine, i)  # [slots, T]
             self.plans.append(GroupPlan(sp, mine, took, edges, chunks))
-            counts.append(took.sum(axis=0)[steps] if took.strides[1] else np.broadcast_to(took[:, :1].sum(), steps.shape))
+            each = took.sum(axis=0)[steps] if took.strides[1] else np.broadcast_to(took[:, :1].sum(), steps.shape)
+            counts.append(each)
         self._counts = np.stack(counts, axis=1) if len(counts) > 1 else counts[0][:, None]
         self._cum = [np.concatenate([[0], np.cumsum(c)]) for c in counts]
 
@@ -298,21 +299,28 @@ def worker_slots(config: PlanConfig, rank: int, worker: int) -> range:
     return range(a0 + worker * per // n, a0 + (worker + 1) * per // n)
 
 
-def shares_batches(config: PlanConfig, sources: int) -> bool:
+CHUNK_BYTES = 256 << 20  # the slots a rank's workers may take to hold a chunk of batches each, all together
+
+
+def shares_batches(config: PlanConfig, sources: int, batch_bytes: int) -> bool:
     """Whether a rank's workers share each of its batches, each writing the rows of its share of the rank's slots
-    into one shared slot, instead of taking chunks of Q steps each (a worker then waits while the loader takes
-    another's chunk): canonical streams of one phase over windows, one source (a mix's rows of a slot are not
-    one range), no more workers than the rank has slots, and no slot of no item (a global batch of at least one
-    item a slot): every worker writes rows of every batch."""
+    into one shared slot, instead of taking chunks of Q steps in turn: where a chunk of batches a worker does not
+    fit in CHUNK_BYTES of slots (the loader takes a chunk's Q batches from one worker, so the others must hold
+    their next chunk meanwhile, or wait), and they can: canonical streams of one phase over windows, one source
+    (a mix's rows of a slot are not one range), no more workers than the rank has slots, and no slot of no item.
+    Where chunks fit they cost less: a batch is one worker's hand-off, not every worker's (each part of a
+    shared batch may wake the trainer). Either way the batches are the same."""
     if not config.aligned or config.num_workers < 2 or sources != 1:
         return False
-    return config.world_size * config.batch_size >= config.canonical[0] >= config.world_size * config.num_workers
+    fits = config.world_size * config.batch_size >= config.canonical[0] >= config.world_size * config.num_workers
+    return fits and config.num_workers * chunk_steps(config) * batch_bytes > CHUNK_BYTES
 
 
-def sharing(plan: Plan, transformed: bool) -> Plan:
-    """``plan``, its rank's workers sharing each batch where they can (``shares_batches``; not under a transform of
-    whole batches)."""
-    if transformed or not isinstance(plan, CanonPlan) or not shares_batches(plan.config, len(plan.sources)):
+def sharing(plan: Plan, batch_bytes: int | None) -> Plan:
+    """``plan``, its rank's workers sharing each batch of ``batch_bytes`` where they should (``shares_batches``;
+    None: a transform of whole batches, which they do not share)."""
+    if batch_bytes is None or not isinstance(plan, CanonPlan) or not shares_batches(plan.config, len(plan.sources),
+                                                                                  batch_bytes):
         return plan
     return replace(plan, shared=True)
 
