@@ -286,15 +286,15 @@ class WindowDataset:
         streams = config.world_size * max(1, config.num_workers)  # a plan keeps some 64 bytes per stream
         check_fits(streams * 64, f"a plan for world_size={config.world_size} ranks x {max(1, config.num_workers)} "
                    f"stream(s) ({streams:,} streams)")
-        shared_bytes = None if self.transform is not None else self.layout().nbytes  # do workers share batches
         if not rest_of:
             return sharing(plan_epoch(config, epoch, [s.space for s in self.sources], [s.manifest.shard_starts for s in
-                           self.sources], self.weights, self.epoch_windows, [s.url for s in self.sources]), shared_bytes)
+                           self.sources], self.weights, self.epoch_windows, [s.url for s in self.sources]),
+                           self.transform is not None)
         plan, before = self.plan_of(rest_of[0]["inputs"], epoch), 0
         configs = [self.config_of(r["inputs"]) for r in rest_of[1:]] + [config]
         for run, nxt in zip(rest_of, configs):
             plan, before = rest_plan(plan, int(run["batches"]) - before, nxt), int(run["batches"])
-        return sharing(plan, shared_bytes)
+        return sharing(plan, self.transform is not None)
 
     def __len__(self) -> int:
         """Batches one rank yields per epoch without worker processes: the same on every rank (cached)."""

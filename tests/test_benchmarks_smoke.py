@@ -174,5 +174,5 @@ def test_canonical_waits_prints_both_orders(corpus):
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     rows = [ln.split("|")[1].strip() for ln in run.stdout.splitlines() if ln.startswith("| ") and "ms" not in ln]
     assert rows == ["none", "auto"], run.stdout
-    assert "| auto | chunks of " in run.stdout, run.stdout  # small batches: a chunk of them a worker fits in slots
+    assert "| auto | shared batches |" in run.stdout, run.stdout  # 2 workers of 8 slots: each writes 4 slots' rows
     assert 'canonical="auto" steps take' in run.stdout, run.stdout

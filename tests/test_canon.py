@@ -97,21 +97,14 @@ def check_content(seqs_by_source, packed: bool):
 
 # one phase: blocks aligned to the step, a process's slots' blocks read as one; workers take chunks of steps
 ALIGNED, ALIGNED_WORLDS = (8, 1), [(1, 0), (1, 3), (2, 2), (4, 1), (8, 0)]
-SHARED_WORLDS = [(1, 0), (1, 3), (2, 2), (4, 2)]  # with shared batches: shares of 3, 3, 2 slots; 2 and 2; 1 and 1
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("canon", ["phases", "aligned", "shared"])
-def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, case, canon, monkeypatch):
+@pytest.mark.parametrize("canon", ["phases", "aligned"])
+def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, case, canon):
     urls, seqs = corpus
-    if canon == "shared":  # workers share each batch (where they can: one source, not packed) even of small batches
-        if "weights" in CASES[case] or "pack_length" in CASES[case]:
-            pytest.skip("a mix's or packed rows' workers do not share batches")
-        from streamwin.plan import canon as canon_module
-
-        monkeypatch.setattr(canon_module, "CHUNK_BYTES", 0)
-    kw = dict(CASES[case]) | ({"canonical": ALIGNED} if canon != "phases" else {})
-    worlds = {"aligned": ALIGNED_WORLDS, "shared": SHARED_WORLDS}.get(canon, WORLDS)
+    kw = dict(CASES[case]) | ({"canonical": ALIGNED} if canon == "aligned" else {})
+    worlds = ALIGNED_WORLDS if canon == "aligned" else WORLDS
     if canon == "aligned" and "pack_length" in kw:  # packed rows keep a block reader a stream: 0 or 1 worker
         worlds = [(1, 0), (1, 1), (2, 0), (4, 1), (8, 0)]
     mixed = "weights" in kw
@@ -121,7 +114,9 @@ def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, cas
     runs, xs = {}, {}
     for world, workers in worlds:
         group = job(url, world, workers, **kw)
-        assert group[0]._plan().shared == (canon == "shared" and workers > 1)
+        # one source of windows, 2+ workers, a share of the rank's slots each: the workers share every batch
+        shares = canon == "aligned" and not ({"weights", "pack_length"} & set(kw)) and 2 <= workers <= 8 // world
+        assert group[0]._plan().shared == shares
         per_rank = lockstep(group, summary, check=check)
         assert {len(x) for x in group} == {len(r) for r in per_rank}, "equal steps on every rank, as len() says"
         runs[world, workers] = global_batches(per_rank, grouped=mixed)
@@ -359,7 +354,7 @@ def test_a_process_block_is_each_slots_block_in_that_streams_own_order(corpus):
     assert step == plan.steps > 4
 
 
-def test_workers_of_chunked_canonical_streams_get_up_to_a_chunk_of_slots(corpus, monkeypatch):
+def test_workers_of_chunked_canonical_streams_get_up_to_a_chunk_of_slots(corpus):
     """The loader takes a chunk's Q batches in a row from one worker: each worker gets up to Q spare slots for
     its next chunk, within CHUNK_BYTES for all of them; one worker, or one stream per rank and worker, as before."""
     from streamwin.feed.sizing import CHUNK_BYTES, MAX_SPARE, chunk_of, spare_slots
@@ -372,11 +367,7 @@ def test_workers_of_chunked_canonical_streams_get_up_to_a_chunk_of_slots(corpus,
     ds = sw.WindowDataset(url, window=W, stride=S, batch_size=G, shuffle_buffer=64, rank=0, world_size=1,
                           canonical=(4, 1))
     assert chunk_of(ds, 5) == -(-64 // G) == 4 and chunk_of(ds, 1) == 1  # 5 workers, 4 slots: chunks of steps
-    assert chunk_of(ds, 2) == 4  # small batches: a chunk of them a worker fits in CHUNK_BYTES of slots
-    from streamwin.plan import canon
-
-    monkeypatch.setattr(canon, "CHUNK_BYTES", 0)  # chunks that do not fit: 2 to 4 workers share each batch
-    assert chunk_of(ds, 2) == chunk_of(ds, 3) == chunk_of(ds, 4) == 1 and chunk_of(ds, 5) == 4
+    assert chunk_of(ds, 2) == chunk_of(ds, 3) == chunk_of(ds, 4) == 1  # 2 to 4 workers share each batch
     assert chunk_of(ds.transformed(lambda b, rng: b), 2) == 4  # a transform of whole batches: chunks
     assert chunk_of(sw.WindowDataset(url, window=W, stride=S, batch_size=G, rank=0, world_size=1), 2) == 1
     assert chunk_of(sw.WindowDataset(url, window=W, stride=S, batch_size=G, rank=0, world_size=1,

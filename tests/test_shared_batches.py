@@ -41,27 +41,22 @@ OPEN: list = []
 
 
 @pytest.fixture(autouse=True)
-def close_loaders(monkeypatch):
-    """Workers share batches where a chunk of batches a worker does not fit in CHUNK_BYTES of slots: this corpus's
-    batches are small, so the budget is taken away (the workers fork: they see it too)."""
-    monkeypatch.setattr(canon, "CHUNK_BYTES", 0)
+def close_loaders():
     yield
     while OPEN:
         OPEN.pop().close()
 
 
-def test_workers_share_batches_only_where_a_chunk_of_them_does_not_fit(corpus, monkeypatch):
-    """Computed here: the slots a chunked loader's workers would need, n workers x Q steps x a batch's bytes."""
-    monkeypatch.setattr(canon, "CHUNK_BYTES", 256 << 20)
-    cfg = sw.WindowDataset(corpus[0], window=W, stride=S, batch_size=256, canonical=SLOTS, shuffle_buffer=10_000,
-                           rank=0, world_size=1).config(2)
-    q = -(-10_000 // 256)
-    assert canon.shares_batches(cfg, 1, (256 << 20) // (2 * q) + 1)  # 3.3 MB batches: 2 chunks need 256 MB + 80
-    assert not canon.shares_batches(cfg, 1, (256 << 20) // (2 * q))  # they fit: one worker's hand-off a batch
-    assert not canon.shares_batches(cfg, 2, 8 << 20)  # a mix: chunks
-    assert not make(corpus[0], 2)._plan().shared  # this corpus's batches: chunks fit
-    monkeypatch.setattr(canon, "CHUNK_BYTES", 0)
-    assert make(corpus[0], 2)._plan().shared
+def test_workers_share_batches_where_each_can_write_rows_of_every_batch(corpus):
+    """One source, no more workers than a rank has slots, no slot of no item; else chunks of steps."""
+    def cfg(workers, world=1, batch=32):
+        return sw.WindowDataset(corpus[0], window=W, stride=S, batch_size=batch, canonical=SLOTS, rank=0,
+                                world_size=world).config(workers, world)
+    assert canon.shares_batches(cfg(2), 1) and canon.shares_batches(cfg(8), 1) and canon.shares_batches(cfg(2, 4), 1)
+    assert not canon.shares_batches(cfg(9), 1) and not canon.shares_batches(cfg(3, 4), 1)  # more workers than slots
+    assert not canon.shares_batches(cfg(2), 2)  # a mix
+    assert not canon.shares_batches(cfg(2, batch=4), 1)  # a global batch of 4 < 8 slots
+    assert not canon.shares_batches(cfg(1), 1)  # one worker: it takes every step of every slot
 
 
 def make(url, workers, *, rank=0, world=1, device=None, persistent=False, **kw):

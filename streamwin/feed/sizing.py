@@ -18,9 +18,10 @@ from streamwin.arguments import check_fits
 from streamwin.buffers import BufferPool
 from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
-from streamwin.plan.canon import CHUNK_BYTES, chunk_steps, shares_batches
+from streamwin.plan.canon import chunk_steps, shares_batches
 
 SPARE_BYTES = 64 << 20  # the workers' spare slots take up to this much memory, all of them together
+CHUNK_BYTES = 256 << 20  # with canonical streams' chunks, up to this much (a chunk of batches a worker)
 MIN_SPARE, MAX_SPARE = 3, 24  # spare slots per worker, whatever the batch
 MAX_PREFETCH = 1024  # batches a worker may keep ready ahead of the trainer
 FDS_PER_WORKER = 2  # the trainer's end of a worker's pipe and its process sentinel
@@ -38,7 +39,7 @@ def shared_batches(dataset, num_workers: int, world_size: int | None = None) -> 
     """Whether a rank's workers share each batch, each writing its rows (plan/canon.py ``shares_batches``; not under
     a transform of whole batches): the plans of its passes say the same (``Plan.shared``)."""
     cfg = dataset.config(num_workers, world_size)
-    return dataset.transform is None and shares_batches(cfg, len(dataset.sources), dataset.layout().nbytes)
+    return dataset.transform is None and shares_batches(cfg, len(dataset.sources))
 
 
 def spare_slots(slot_bytes: int, num_workers: int = 1, chunk: int = 1) -> int:

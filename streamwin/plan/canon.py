@@ -299,28 +299,21 @@ def worker_slots(config: PlanConfig, rank: int, worker: int) -> range:
     return range(a0 + worker * per // n, a0 + (worker + 1) * per // n)
 
 
-CHUNK_BYTES = 256 << 20  # the slots a rank's workers may take to hold a chunk of batches each, all together
-
-
-def shares_batches(config: PlanConfig, sources: int, batch_bytes: int) -> bool:
+def shares_batches(config: PlanConfig, sources: int) -> bool:
     """Whether a rank's workers share each of its batches, each writing the rows of its share of the rank's slots
-    into one shared slot, instead of taking chunks of Q steps in turn: where a chunk of batches a worker does not
-    fit in CHUNK_BYTES of slots (the loader takes a chunk's Q batches from one worker, so the others must hold
-    their next chunk meanwhile, or wait), and they can: canonical streams of one phase over windows, one source
-    (a mix's rows of a slot are not one range), no more workers than the rank has slots, and no slot of no item.
-    Where chunks fit they cost less: a batch is one worker's hand-off, not every worker's (each part of a
-    shared batch may wake the trainer). Either way the batches are the same."""
+    into one shared slot, instead of taking chunks of Q steps in turn (the loader then takes a chunk's Q batches
+    from one worker, and a step that needs several workers waits, even with a chunk of slots a worker: measured
+    in docs/performance.md): canonical streams of one phase over windows, one source (a mix's rows of a slot are
+    not one range), no more workers than the rank has slots, and no slot of no item. The batches are the same."""
     if not config.aligned or config.num_workers < 2 or sources != 1:
         return False
-    fits = config.world_size * config.batch_size >= config.canonical[0] >= config.world_size * config.num_workers
-    return fits and config.num_workers * chunk_steps(config) * batch_bytes > CHUNK_BYTES
+    return config.world_size * config.batch_size >= config.canonical[0] >= config.world_size * config.num_workers
 
 
-def sharing(plan: Plan, batch_bytes: int | None) -> Plan:
-    """``plan``, its rank's workers sharing each batch of ``batch_bytes`` where they should (``shares_batches``;
-    None: a transform of whole batches, which they do not share)."""
-    if batch_bytes is None or not isinstance(plan, CanonPlan) or not shares_batches(plan.config, len(plan.sources),
-                                                                                  batch_bytes):
+def sharing(plan: Plan, transformed: bool) -> Plan:
+    """``plan``, its rank's workers sharing each batch where they can (``shares_batches``; not under a transform of
+    whole batches)."""
+    if transformed or not isinstance(plan, CanonPlan) or not shares_batches(plan.config, len(plan.sources)):
         return plan
     return replace(plan, shared=True)
 
