@@ -118,6 +118,42 @@ def our_children() -> list[psutil.Process]:
             and "resource_tracker" not in " ".join(p.cmdline())]
 
 
+def expect_killed_worker_named(loader, it) -> None:
+    """Kill worker 1 of ``loader`` (iterated by ``it``, a batch in): the next batches raise a WorkerError naming it
+    within 10 s, never a hang; once closed, no process or shared memory of ours is left."""
+    import signal
+    import time
+
+    from streamwin.errors import WorkerError
+    from streamwin.feed.slots import leftovers
+
+    victim = loader._pool.procs[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim.pid}\) was killed by signal 9"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 10
+    loader.close()
+    assert not our_children() and not leftovers(os.getpid())
+
+
+OPENED: list = []  # loaders a test made through ``opened``, closed after it
+
+
+def opened(loader):
+    """``loader``, closed once the test that made it ends (passed or not): no worker outlives its test."""
+    OPENED.append(loader)
+    return loader
+
+
+@pytest.fixture(autouse=True)
+def close_opened():
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
 def naive(seqs: dict[str, np.ndarray], key: str, start: int, span: int) -> np.ndarray:
     """Steps [start, start + span) of sequence ``key``, zero-padded past its end: a window as packed."""
     arr = seqs[key]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-from conftest import lockstep, make_sequences, reference_windows, two_corpora
+from conftest import lockstep, make_sequences, opened, reference_windows, two_corpora
 
 W, S, G = 16, 8, 16  # window, stride, global batch
 CANON = (8, 8)  # rank slots x step phases: worlds of 1, 2, 4, 8 ranks, 0, 1, 2, 4, 8 workers
@@ -29,16 +29,6 @@ CASES = {
     "packed": dict(pack_length=48, min_window=8, window_multiple=4),
     "mix": dict(weights=[0.7, 0.3]),
 }
-OPEN: list = []
-
-
-@pytest.fixture(autouse=True)
-def close_loaders():
-    yield
-    while OPEN:
-        OPEN.pop().close()
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("canon")
@@ -47,11 +37,9 @@ def corpus(tmp_path_factory):
 
 def job(url, world, workers, batch=G, **kw):
     kw = {"shuffle_buffer": 64, "seed": 11, "canonical": CANON, **kw}
-    group = [sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=batch // world, rank=r,
-                                              world_size=world, **kw), num_workers=workers)
-             for r in range(world)]
-    OPEN.extend(group)
-    return group
+    return [opened(sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=batch // world, rank=r,
+                                                    world_size=world, **kw), num_workers=workers))
+            for r in range(world)]
 
 
 def crops(b) -> list[tuple]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
-import time
 import warnings
 
 import numpy as np
@@ -20,10 +18,9 @@ import pytest
 import torch
 
 import streamwin as sw
-from conftest import make_sequences, our_children
-from streamwin.errors import WorkerError
-from streamwin.plan import canon
+from conftest import expect_killed_worker_named, make_sequences, opened, our_children
 from streamwin.feed.slots import leftovers
+from streamwin.plan import canon
 
 W, S, B = 16, 8, 32  # window, stride, batch per rank
 SLOTS = (8, 1)  # canonical: 8 rank slots, one phase
@@ -35,16 +32,6 @@ def corpus(tmp_path_factory):
     url = str(tmp_path_factory.mktemp("shared") / "ds")
     sw.pack(list(seqs.items()), url, shard_bytes=40_000, progress=False)
     return url, seqs
-
-
-OPEN: list = []
-
-
-@pytest.fixture(autouse=True)
-def close_loaders():
-    yield
-    while OPEN:
-        OPEN.pop().close()
 
 
 def test_workers_share_batches_where_each_can_write_rows_of_every_batch(corpus):
@@ -62,8 +49,7 @@ def test_workers_share_batches_where_each_can_write_rows_of_every_batch(corpus):
 def make(url, workers, *, rank=0, world=1, device=None, persistent=False, **kw):
     ds = sw.WindowDataset(url, window=W, stride=S, batch_size=B, shuffle_buffer=96, seed=7, canonical=SLOTS,
                           rank=rank, world_size=world, **kw)
-    OPEN.append(sw.WindowLoader(ds, num_workers=workers, device=device, persistent_workers=persistent and workers > 0))
-    return OPEN[-1]
+    return opened(sw.WindowLoader(ds, num_workers=workers, device=device, persistent_workers=persistent and workers > 0))
 
 
 def rows(b) -> list[tuple[str, int]]:
@@ -222,15 +208,7 @@ def test_a_killed_worker_of_shared_batches_is_named(corpus):
     loader = make(url, 2)
     it = iter(loader)
     next(it)
-    victim = loader._pool.procs[1]
-    os.kill(victim.pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim.pid}\) was killed by signal 9"):
-        for _ in range(10_000):  # the other worker's parts alone never make a batch
-            next(it)
-    assert time.monotonic() - t0 < 10
-    loader.close()
-    assert not our_children() and not leftovers(os.getpid())
+    expect_killed_worker_named(loader, it)  # the other worker's parts alone never make a batch
 
 
 def test_workers_under_a_transform_of_whole_batches_take_chunks_and_the_same_batches(corpus):
@@ -240,8 +218,7 @@ def test_workers_under_a_transform_of_whole_batches_take_chunks_and_the_same_bat
     def scale(b, rng):
         return {**b, "x": b["x"] * 2}
     want = [summary(b) for b in sw.WindowLoader(make(url, 0).dataset, transform=scale)]
-    loader = sw.WindowLoader(make(url, 0).dataset, num_workers=2, transform=scale)
-    OPEN.append(loader)
+    loader = opened(sw.WindowLoader(make(url, 0).dataset, num_workers=2, transform=scale))
     assert not loader._plan().shared
     assert epoch(loader) == want
 

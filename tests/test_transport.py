@@ -22,8 +22,7 @@ import pytest
 import torch
 
 import streamwin as sw
-from conftest import naive, our_children, reference_windows
-from streamwin.errors import WorkerError
+from conftest import expect_killed_worker_named, naive, our_children, reference_windows
 from streamwin.feed.slots import leftovers
 
 W, S, H, B = 16, 8, 4, 8
@@ -122,15 +121,7 @@ def test_a_dead_worker_is_named_within_seconds(tiny):
     loader = make(url, 2, shuffle_buffer=16)
     it = iter(loader)
     next(it)
-    victim = loader._pool.procs[1]
-    os.kill(victim.pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim.pid}\) was killed by signal 9"):
-        for _ in it:
-            pass
-    assert time.monotonic() - t0 < 10
-    loader.close()
-    assert not our_children() and not leftovers(os.getpid())
+    expect_killed_worker_named(loader, it)
 
 
 def test_an_error_in_a_worker_is_raised_in_the_trainer(tiny, tmp_path):

@@ -135,7 +135,7 @@ class WorkerPool:
         for w in range(self.num_workers):
             free = [i for i in range(self.slot_layout.slots) if (0 if shared else w, i) not in held]
             tail = json.dumps({"rest": list(rest_of), "free": free}).encode()
-            self._send(w, RUN, self.run, epoch, first_batches[w], 1, payload=tail)
+            self._send(w, RUN, self.run, epoch, first_batches[w], payload=tail)
 
     def take(self, w: int) -> int:
         """The slot of worker ``w``'s next batch of this pass (shared: all parts in; slots recycled meanwhile)."""

@@ -1,6 +1,6 @@
 """The protocol between the trainer and its worker processes: fixed records in shared memory, no pickling.
 
-    trainer -> worker   RUN(run, epoch, first batch)[+ JSON] | RELEASE(slots) | STOP
+    trainer -> worker   RUN(run, epoch, first batch) + JSON | RELEASE(slots) | STOP
     worker -> trainer   READY | BATCH(run, slot)      | an error or a warning, as JSON (rare)
 
 Each direction is a ``Channel``: a ring of 17-integer records (a tag and 16 values) in the shared file (slots.py), a
@@ -99,8 +99,8 @@ class Channel:
 
 
 def has_payload(record: tuple) -> bool:
-    """Whether a record's payload waits in the pipe: errors, warnings, a RUN with interrupted runs."""
-    return record[0] in PIPED or (record[0] == RUN and record[4] != 0)
+    """Whether a record's payload waits in the pipe: errors, warnings, a RUN (its interrupted runs, free slots)."""
+    return record[0] in PIPED or record[0] == RUN
 
 
 def forward_warnings(channel: Channel) -> None:

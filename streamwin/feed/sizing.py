@@ -36,10 +36,10 @@ def chunk_of(dataset, num_workers: int, world_size: int | None = None) -> int:
 
 
 def shared_batches(dataset, num_workers: int, world_size: int | None = None) -> bool:
-    """Whether a rank's workers share each batch, each writing its rows (plan/canon.py ``shares_batches``; not under
-    a transform of whole batches): the plans of its passes say the same (``Plan.shared``)."""
+    """Whether a rank's workers share each batch, each writing its rows (plan/canon.py ``shares_batches``): the
+    plans of its passes say the same (``Plan.shared``)."""
     cfg = dataset.config(num_workers, world_size)
-    return dataset.transform is None and shares_batches(cfg, len(dataset.sources))
+    return shares_batches(cfg, len(dataset.sources), dataset.transform is not None)
 
 
 def spare_slots(slot_bytes: int, num_workers: int = 1, chunk: int = 1) -> int:

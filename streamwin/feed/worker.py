@@ -23,7 +23,7 @@ import numpy as np
 
 from streamwin.dataset import WindowDataset
 from streamwin.feed.protocol import (BATCH, PER_RELEASE, READY, RELEASE, RUN, STOP, Channel, forward_warnings,
-                                     has_payload, send_error)
+                                     send_error)
 from streamwin.feed.slots import SharedFile, SharedHandle, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS, read_counters
 from streamwin.pipeline import open_stream
@@ -93,7 +93,7 @@ class Inbox:
         if msg[0] != RUN:
             return msg
         try:
-            tail = json.loads(self.channel.payload()) if has_payload(msg) else {"rest": [], "free": None}
+            tail = json.loads(self.channel.payload())
         except (EOFError, OSError) as e:  # the trainer's end of the pipe is closed
             raise ParentGone from e
         return RUN, msg[1], msg[2], msg[3], tail
@@ -153,12 +153,11 @@ class Slots:
         self.free = deque(range(len(self.slots)))
         self.taken: list[int] = []  # popped for output that has not gone out yet
 
-    def begin(self, free: list[int] | None, rows: tuple[int, int] | None) -> None:
+    def begin(self, free: list[int], rows: tuple[int, int] | None) -> None:
         """A pass begins: ``free``, the slots the trainer holds none of (in the order to take them: with shared
         batches every worker takes the same slot for the same batch); ``rows``: shared batches, the rows of each
         slot this worker writes (else None: whole slots)."""
-        if free is not None:
-            self.free, self.taken = deque(free), []
+        self.free, self.taken = deque(free), []
         lo, hi = rows or (0, None)
         self.slots = self.views if rows is None else [{k: v[lo:hi] for k, v in s.items()} for s in self.views]
 

@@ -137,8 +137,8 @@ class GroupPlan:
         # about shuffle_buffer windows a read, as one stream's block, whatever the world (the order is the chunks')
         per = max(1, round(plan.config.block_windows / max(1, int(items.max(initial=1)))))
         self.blocks = [chunks[i : i + per] for i in range(0, len(chunks), per)]
-        took = [int(items[i : i + per].sum()) for i in range(0, len(chunks), per)]
-        self._bounds = np.concatenate([[0], np.cumsum(took, dtype=np.int64)]).astype(np.int64)
+        per_block = [int(items[i : i + per].sum()) for i in range(0, len(chunks), per)]
+        self._bounds = np.concatenate([[0], np.cumsum(per_block, dtype=np.int64)]).astype(np.int64)
         self._recent: dict = {}
 
     def __getattr__(self, name: str):  # config, locate, ends, crop_key, crop_lengths...: the source plan's
@@ -299,21 +299,21 @@ def worker_slots(config: PlanConfig, rank: int, worker: int) -> range:
     return range(a0 + worker * per // n, a0 + (worker + 1) * per // n)
 
 
-def shares_batches(config: PlanConfig, sources: int) -> bool:
+def shares_batches(config: PlanConfig, sources: int, transformed: bool = False) -> bool:
     """Whether a rank's workers share each of its batches, each writing the rows of its share of the rank's slots
     into one shared slot, instead of taking chunks of Q steps in turn (the loader then takes a chunk's Q batches
     from one worker, and a step that needs several workers waits, even with a chunk of slots a worker: measured
     in docs/performance.md): canonical streams of one phase over windows, one source (a mix's rows of a slot are
-    not one range), no more workers than the rank has slots, and no slot of no item. The batches are the same."""
-    if not config.aligned or config.num_workers < 2 or sources != 1:
+    not one range), no more workers than the rank has slots, no slot of no item, and no transform of whole
+    batches (``transformed``: it would see parts). The batches are the same."""
+    if transformed or not config.aligned or config.num_workers < 2 or sources != 1:
         return False
     return config.world_size * config.batch_size >= config.canonical[0] >= config.world_size * config.num_workers
 
 
 def sharing(plan: Plan, transformed: bool) -> Plan:
-    """``plan``, its rank's workers sharing each batch where they can (``shares_batches``; not under a transform of
-    whole batches)."""
-    if transformed or not isinstance(plan, CanonPlan) or not shares_batches(plan.config, len(plan.sources)):
+    """``plan``, its rank's workers sharing each batch where they can (``shares_batches``)."""
+    if not isinstance(plan, CanonPlan) or not shares_batches(plan.config, len(plan.sources), transformed):
         return plan
     return replace(plan, shared=True)
 
