@@ -325,7 +325,8 @@ def test_a_process_block_is_each_slots_block_in_that_streams_own_order(corpus):
     ds = sw.WindowDataset(url, window=W, stride=S, batch_size=G, shuffle_buffer=64, seed=11, rank=0, world_size=1,
                           canonical=(4, 1))
     plan = ds.plan(0)
-    group, slots = plan.schedule(0).plans[0], [q[:, 0] for q in plan.slots]
+    table = plan.slots.rows(0, plan.steps)  # [steps, slots, sources]
+    group, slots = plan.schedule(0).plans[0], [table[:, a, 0] for a in range(table.shape[1])]
     step = 0
     for j in range(group.num_blocks(0)):
         g, _ = group.block(0, j)

@@ -471,3 +471,29 @@ def test_sources_blocks_are_shuffled_independently():
     plan = deal(cfg, 0, [0.5, 0.5], [order(0), order(1)], [space, space])
     a, b = (p.block_parts(0, 0)[2] for p in plan.sources)
     assert len(a) == len(b) and not np.array_equal(a, b)
+
+
+@given(st.lists(st.floats(0.05, 1.0), min_size=2, max_size=4), st.integers(8, 300), st.integers(1, 9),
+       st.integers(0, 400), st.integers(0, 400))
+@settings(max_examples=40, deadline=None)
+def test_slot_quotas_made_a_run_of_steps_at_a_time_are_the_whole_tables(weights, batch, every, t0, t1):
+    """A plan keeps a chunk's running sums and makes any run of micro-batches' quotas when it is read (SlotQuotas):
+    the same integers as the table of the whole epoch made at once, and the running sums its prefix sums."""
+    from streamwin.plan.canon import slot_sizes
+    from streamwin.plan.mix import SlotQuotas, normalized, slot_quotas
+
+    m, w, steps = slot_sizes(batch, 8), normalized(weights), 401
+    whole = slot_quotas(m, w, steps)
+    assert (whole.sum(axis=1) == batch_quotas(batch, w, steps)).all()  # each micro-row is the global batch's quotas
+    from streamwin.plan import mix
+
+    with pytest.MonkeyPatch.context() as patch:  # running sums made several spans of rows at a time
+        patch.setattr(mix, "SPAN_STEPS", 3 * every + 1)
+        spans = SlotQuotas(m, w, steps, every)
+    table = SlotQuotas(m, w, steps, every)
+    assert np.array_equal(spans.prefix, table.prefix)
+    lo, hi = min(t0, t1), max(t0, t1)
+    assert np.array_equal(table.rows(lo, hi), whole[lo:hi])
+    assert np.array_equal(table.before(hi), whole[:hi].sum(axis=0))
+    assert np.array_equal(table.at(np.array([lo, hi, steps])), np.cumsum(
+        np.concatenate([np.zeros((1, 8, len(w)), np.int64), whole]), axis=0)[[lo, hi, steps]])

@@ -41,6 +41,7 @@ from functools import cached_property
 
 import numpy as np
 
+from streamwin.plan.mix import SlotQuotas
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.streams import Plan, SourcePlan, worker_batches
 
@@ -54,7 +55,7 @@ def slot_sizes(total: int, slots: int) -> np.ndarray:
 class CanonPlan(Plan):
     """An epoch's plan over canonical streams: every source dealt over the C streams, the slots' quotas, K steps."""
 
-    slots: tuple[np.ndarray, ...] = ()  # per slot a: [T, sources] items of each source in its micro-batch t
+    slots: SlotQuotas | None = None  # items of each source in slot a's micro-batch t, made a chunk at a time
     steps: int = 0  # K: global batches of the epoch (every rank's batches)
 
     @property
@@ -79,8 +80,7 @@ class CanonPlan(Plan):
         a_of = np.arange(self.config.num_streams) // self.config.canonical[1]
         out = np.zeros((len(self.sources), self.config.num_streams), dtype=np.int64)
         for c in range(self.config.num_streams):
-            t = self.taken(c, batches_per_rank)
-            out[:, c] = self.slots[a_of[c]][:t].sum(axis=0)
+            out[:, c] = self.slots.before(self.taken(c, batches_per_rank))[a_of[c]]
         return out
 
     @cached_property
@@ -125,13 +125,14 @@ class GroupPlan:
     With one phase, stream a's block j holds its micro-batches of steps [jQ, (j + 1)Q) (``SourcePlan.bounds``),
     so the blocks of a process's slots cover the same steps: read as one block whose yield order is, step after
     step, each slot's micro-batch (slot after slot), a batch is one part and one gather, as with one stream.
-    ``took`` [slots, T]: items each of the process's slots (streams ``lanes``, consecutive) takes at step t (one
-    source: a value a slot, broadcast); of it only the items before each chunk edge are kept (``at``).
+    ``quotas``: the plan's, of which the process's slots (streams ``lanes``, consecutive) take ``source``'s items;
+    kept: the items before each chunk edge (``at``), a chunk's quotas made when it is read.
     """
 
-    def __init__(self, plan: SourcePlan, lanes: range, took: np.ndarray, edges: np.ndarray, chunks: list[int]):
-        self.plan, self.lanes, self.took, self.edges = plan, lanes, took, edges
-        self.at = chunk_prefix(took, edges)  # [slots, chunks + 1]
+    def __init__(self, plan: SourcePlan, lanes: range, quotas: SlotQuotas, source: int, edges: np.ndarray,
+                 chunks: list[int]):
+        self.plan, self.lanes, self.quotas, self.source, self.edges = plan, lanes, quotas, source, edges
+        self.at = quotas.at(edges)[:, lanes.start : lanes.stop, source].T.copy()  # [slots, chunks + 1]
         items = (self.at[:, 1:] - self.at[:, :-1]).sum(axis=0)[chunks].astype(np.int64)
         # a block reads several of the process's chunks when its slots' part of one is small (a rank of many):
         # about shuffle_buffer windows a read, as one stream's block, whatever the world (the order is the chunks')
@@ -192,8 +193,9 @@ class GroupPlan:
         real = u < np.repeat(np.diff(sp.stream_lo)[lanes], n)
         shuffled = (sp.stripe_shuffle(block, self.lanes.start, self.lanes.stop) if sp.config.shuffle
                     else np.arange(total, dtype=np.int64))  # slot after slot, each slot's items in its order
+        took = self.quotas.rows(t0, t1)[:, self.lanes.start : self.lanes.stop, self.source]  # [steps, slots]
         steps = np.repeat(np.tile(np.arange(t1 - t0, dtype=np.int32), len(n)),
-                          self.took[:, t0:t1].reshape(-1))  # the step of each, slot after slot
+                          took.T.reshape(-1))  # the step of each, slot after slot
         yields = shuffled[np.argsort(steps, kind="stable")]  # step after step, slot after slot
         for a in (g, real, yields):
             a.flags.writeable = False
@@ -203,41 +205,42 @@ class GroupPlan:
 class GroupSchedule:
     """A process's batches over blocks aligned to the step: one lane per source (its ``GroupPlan``). Worker w of n
     takes chunks w, w + n, ... of Q steps (all of them in-process): its batch j is the j-th step of its chunks;
-    with shared batches it takes every step of its share of the rank's slots (``worker_slots``)."""
+    with shared batches it takes every step of its share of the rank's slots (``worker_slots``). It keeps the items
+    before each of its chunks; a chunk's items a step are made when the chunk begins."""
 
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         cfg = plan.config
-        mine = worker_slots(cfg, rank, worker) if plan.shared else range(*slot_range(cfg, rank))
-        edges = chunk_edges(cfg, plan.steps)
-        chunks = list(range(len(edges) - 1)) if plan.shared else list(range(worker, len(edges) - 1,
-                                                                             max(1, cfg.num_workers)))
-        steps = np.concatenate([np.arange(edges[c], edges[c + 1]) for c in chunks]) if chunks else np.zeros(0, int)
-        self.batches = len(steps)
+        self.mine = worker_slots(cfg, rank, worker) if plan.shared else range(*slot_range(cfg, rank))
+        self.edges, self.q, self.quotas = chunk_edges(cfg, plan.steps), chunk_steps(cfg), plan.slots
+        self.chunks = (list(range(len(self.edges) - 1)) if plan.shared
+                       else list(range(worker, len(self.edges) - 1, max(1, cfg.num_workers))))
+        self.batches = int(np.diff(self.edges)[self.chunks].sum()) if self.chunks else 0
         self.lanes = [(i, 0) for i in range(len(plan.sources))]
-        self.plans, counts = [], []
-        for i, sp in enumerate(plan.sources):
-            took = slot_columns(plan.slots, mine, i)  # [slots, T]
-            self.plans.append(GroupPlan(sp, mine, took, edges, chunks))
-            each = took.sum(axis=0)[steps] if took.strides[1] else np.broadcast_to(took[:, :1].sum(), steps.shape)
-            counts.append(each)
-        self._counts = np.stack(counts, axis=1) if len(counts) > 1 else counts[0][:, None]
-        self._cum = [np.concatenate([[0], np.cumsum(c)]) for c in counts]
+        self.plans = [GroupPlan(sp, self.mine, plan.slots, i, self.edges, self.chunks)
+                      for i, sp in enumerate(plan.sources)]
+        per_chunk = np.stack([(g.at[:, 1:] - g.at[:, :-1]).sum(axis=0)[self.chunks] for g in self.plans], axis=1)
+        self._before = np.zeros((len(self.chunks) + 1, len(self.plans)), dtype=np.int64)  # items before my chunk i
+        np.cumsum(per_chunk, axis=0, out=self._before[1:])
+        self._made: tuple[int, np.ndarray | None] = (-1, None)
+
+    def _counts(self, i: int) -> np.ndarray:
+        """[steps, sources]: items of each source in each step of this process's chunk ``i`` (the last one kept)."""
+        if self._made[0] != i:
+            c = self.chunks[i]
+            rows = self.quotas.rows(int(self.edges[c]), int(self.edges[c + 1]))  # [steps, slots, sources]
+            self._made = (i, rows[:, self.mine.start : self.mine.stop].sum(axis=1))
+        return self._made[1]
 
     def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
-        counts = self._counts[j]
-        return [(i, int(n)) for i, n in enumerate(counts.tolist()) if n], counts
+        i, r = divmod(j, self.q)  # every chunk has Q steps but the epoch's last
+        counts = self._counts(i)[r]
+        return [(s, int(n)) for s, n in enumerate(counts.tolist()) if n], counts
 
     def positions(self, j: int) -> list[int]:
-        return [int(c[min(j, len(c) - 1)]) for c in self._cum]
-
-
-def slot_columns(slots: tuple[np.ndarray, ...], mine: range, source: int) -> np.ndarray:
-    """[len(mine), T] int64: items of ``source`` slots ``mine`` take each step (one value a slot: broadcast)."""
-    cols = [slots[a][:, source] for a in mine]
-    steps = len(cols[0]) if cols else 0
-    if steps and all(c.strides[0] == 0 for c in cols):  # a value a slot (one source): no table
-        return np.broadcast_to(np.array([c[0] for c in cols], dtype=np.int64)[:, None], (len(cols), steps))
-    return np.stack(cols).reshape(len(mine), steps).astype(np.int64)
+        if j >= self.batches:
+            return self._before[-1].tolist()
+        i, r = divmod(j, self.q)
+        return (self._before[i] + self._counts(i)[:r].sum(axis=0)).tolist()
 
 
 class CanonSchedule:
@@ -252,7 +255,8 @@ class CanonSchedule:
         self.lanes = [(i, a * phases + p) for i in range(len(plan.sources))
                       for a in range(rank * per, (rank + 1) * per) for p in mine]
         self.batches = worker_batches(plan.steps, self.n, worker) if self.n else plan.steps
-        self._col = [plan.slots[c // phases][:, i] for i, c in self.lanes]
+        table = plan.slots.rows(0, len(plan.slots))  # [T, slots, sources], whole: a step phase a lane
+        self._col = [table[:, c // phases, i] for i, c in self.lanes]
         self._cum = [np.concatenate([[0], np.cumsum(q)]) for q in self._col]
         self._by_phase = {p: [(l, i) for l, (i, c) in enumerate(self.lanes) if c % phases == p] for p in mine}
         self.plans = plan.sources  # each source's block plan (its streams' blocks)
@@ -303,9 +307,10 @@ def shares_batches(config: PlanConfig, sources: int, transformed: bool = False) 
     """Whether a rank's workers share each of its batches, each writing the rows of its share of the rank's slots
     into one shared slot, instead of taking chunks of Q steps in turn (the loader then takes a chunk's Q batches
     from one worker, and a step that needs several workers waits, even with a chunk of slots a worker: measured
-    in docs/performance.md): canonical streams of one phase over windows, one source (a mix's rows of a slot are
-    not one range), no more workers than the rank has slots, no slot of no item, and no transform of whole
-    batches (``transformed``: it would see parts). The batches are the same."""
+    in docs/performance.md): canonical streams of one phase over windows, one source, no more workers than the rank
+    has slots, no slot of no item, and no transform of whole batches (``transformed``: it would see parts). A mix's
+    batch is grouped by source, so a worker's rows of each source move with the step: a gather a source and worker,
+    measured slower than chunks (docs/performance.md). The batches are the same."""
     if transformed or not config.aligned or config.num_workers < 2 or sources != 1:
         return False
     return config.world_size * config.batch_size >= config.canonical[0] >= config.world_size * config.num_workers
@@ -321,15 +326,6 @@ def sharing(plan: Plan, transformed: bool) -> Plan:
 def chunk_steps(config: PlanConfig) -> int:
     """Q, the steps of a block aligned to the step: shuffle_buffer / G (a process's slots hold about one buffer)."""
     return max(1, -(-config.block_windows // (config.world_size * config.batch_size)))
-
-
-def chunk_prefix(took: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """[..., chunks + 1]: the items ``took`` [..., T] (per step, last axis) holds before each chunk edge, summed a
-    chunk at a time (a table of one value, broadcast, is read, not copied)."""
-    if len(edges) < 2:
-        return np.zeros(took.shape[:-1] + (len(edges),), dtype=np.int64)
-    sums = np.add.reduceat(took, edges[:-1], axis=-1).astype(np.int64)
-    return np.concatenate([np.zeros(took.shape[:-1] + (1,), dtype=np.int64), np.cumsum(sums, axis=-1)], axis=-1)
 
 
 def chunk_edges(config: PlanConfig, steps: int) -> np.ndarray:

@@ -7,8 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
-from streamwin.plan.canon import CanonPlan, chunk_edges, chunk_prefix, slot_sizes
-from streamwin.plan.mix import slot_quotas
+from streamwin.plan.canon import CanonPlan, chunk_edges, chunk_steps, slot_sizes
+from streamwin.plan.mix import SlotQuotas, slot_quotas
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import StripedOrder
 from streamwin.plan.rows import RowPlan
@@ -78,9 +78,9 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
         need = max([int(sizes[:, a * phases:(a + 1) * phases].sum(axis=0).max(initial=0)) // int(m[a])
                     for a in live], default=0) + 2
         while True:  # enough micro-batches for every stream to run out (pad: cover) within them
-            quotas = slot_quotas(m, q_w, need)
-            cums = [np.concatenate([np.zeros((1, len(q_w)), dtype=np.int64), np.cumsum(q, axis=0)]) for q in quotas]
-            per = np.array([[phase_steps(cums[a], sizes[:, a * phases + p], drop) for a in live]
+            quotas = slot_quotas(m, q_w, need)  # [need, slots, sources], while dealing only
+            cums = np.concatenate([np.zeros((1, slots, len(q_w)), dtype=np.int64), np.cumsum(quotas, axis=0)])
+            per = np.array([[phase_steps(cums[:, a], sizes[:, a * phases + p], drop) for a in live]
                             for p in range(phases)])
             if drop or (per <= need).all():
                 break
@@ -92,9 +92,9 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
         j = per.max(axis=1)
         steps = max([phases * (int(j[p]) - 1) + p + 1 for p in range(phases) if j[p] > 0], default=0)
     micro = -(-steps // phases)
-    quotas = slot_quotas(m, q_w, micro) if quotas is None else tuple(q[:micro] for q in quotas)
+    quotas = SlotQuotas(m, q_w, micro, chunk_steps(config))  # the plan keeps running sums a chunk, no table a step
     taken = [max(0, -(-(steps - c % phases) // phases)) for c in range(slots * phases)]
-    items = np.array([[int(quotas[c // phases][:taken[c], i].sum()) for c in range(slots * phases)]
+    items = np.array([[int(quotas.before(taken[c])[c // phases, i]) for c in range(slots * phases)]
                       for i in range(len(plans))], dtype=np.int64)
     if config.aligned:  # blocks aligned to the step, laid chunk after chunk (StripedOrder)
         bounds = [_aligned(config, quotas, i, steps) for i in range(len(plans))]
@@ -109,7 +109,8 @@ def _deal(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, space
                      slots=quotas, steps=steps)
 
 
-def _aligned(config: PlanConfig, quotas: tuple[np.ndarray, ...], source: int, steps: int) -> tuple[np.ndarray, ...]:
+def _aligned(config: PlanConfig, quotas: SlotQuotas, source: int, steps: int) -> tuple[np.ndarray, ...]:
     """Per stream (one phase: stream a is slot a), items of ``source`` before each block of Q steps: the blocks of
     all slots cover the same steps."""
-    return tuple(chunk_prefix(qa[:, source], chunk_edges(config, steps)) for qa in quotas)
+    at = quotas.at(chunk_edges(config, steps))[:, :, source]  # [chunks + 1, slots]
+    return tuple(at[:, a].copy() for a in range(quotas.slots))

@@ -17,6 +17,7 @@ A dataset of one source is the same with one weight: every batch is B windows of
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -57,8 +58,9 @@ def shares(total: int, weights: Sequence[float] | None, windows: Sequence[int]) 
     return out
 
 
-def batch_quotas(batch_size: int, weights: Sequence[float], batches: int) -> np.ndarray:
-    """Windows of each source in each of ``batches`` batches: int64 [batches, sources], rows summing to B.
+def batch_quotas(batch_size: int, weights: Sequence[float], batches: int, first: int = 0) -> np.ndarray:
+    """Windows of each source in each of ``batches`` batches (from batch ``first`` on): int64 [batches, sources],
+    rows summing to B.
 
     Entry (j, i) is floor(w_i B) or ceil(w_i B); the R leftover windows of a batch go to sources
     by systematic sampling over their fractional parts, offset by frac(j * PHI).
@@ -73,7 +75,7 @@ def batch_quotas(batch_size: int, weights: Sequence[float], batches: int) -> np.
         return out
     edges = np.concatenate([[0.0], np.cumsum(frac)])
     edges *= extra / edges[-1]  # R sample points u, u + 1, ..., u + R - 1 over [0, R)
-    u = np.modf(np.arange(batches, dtype=np.float64) * PHI)[0][:, None]
+    u = np.modf(np.arange(first, first + batches, dtype=np.float64) * PHI)[0][:, None]
     # source i takes one extra when a point u + k lies in [edges[i], edges[i + 1]) (at most one: width < 1)
     out += (np.ceil(edges[1:] - u) - np.ceil(edges[:-1] - u)).astype(np.int64)
     return out
@@ -111,11 +113,12 @@ def epoch_quotas(config: PlanConfig, w: np.ndarray, sizes: list[np.ndarray]) -> 
         cap = 2 * cap
 
 
+SPAN_STEPS = 1 << 15  # micro-batches whose quotas SlotQuotas makes at once while summing them
 TURN = 2 ** 0.5 - 1  # the rotation of a global batch's positions per micro-row (an irrational apart from PHI)
 
 
-def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int) -> tuple[np.ndarray, ...]:
-    """Per slot a, int64 [micro, sources]: items of each source in micro-batch t.
+def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int, first: int = 0) -> np.ndarray:
+    """int64 [micro, slots, sources]: items of each source in slot a's micro-batch t, for t from ``first`` on.
 
     Global micro-row t (every slot's micro-batch t, the G items of a global batch) holds
     ``batch_quotas(G)``'s row t of each source: floor(w_i G) or ceil(w_i G). Its G positions are
@@ -123,24 +126,81 @@ def slot_quotas(m: np.ndarray, w: np.ndarray, micro: int) -> tuple[np.ndarray, .
     frac(t * TURN) * G, and slot a takes positions [G a // A, G (a + 1) // A) of it: any run of
     slots (a rank's) holds its share within one or two items of each source (two sources: floor
     or ceil of it), and every slot takes each source's share on average, as its streams' ranges do.
+    Each row is a function of t alone, so any run of rows can be made when it is needed (``SlotQuotas``).
     """
     slots = len(m)
     if len(w) == 1:  # every micro-batch the slot's size: one value, seen as a table (read-only, no memory a step)
-        return tuple(np.broadcast_to(np.array([[int(n)]], dtype=np.int64), (micro, 1)) for n in m)
-    rows = batch_quotas(int(m.sum()), w, micro)
+        return np.broadcast_to(np.asarray(m, dtype=np.int64)[None, :, None], (micro, slots, 1))
+    rows = batch_quotas(int(m.sum()), w, micro, first)
     g, edges = int(m.sum()), np.concatenate([[0], np.cumsum(m)])
     # row t's rotation: by another irrational than the rows' own (mix.PHI), with which it would correlate (a source's
     # extra item would fall on the same slots)
-    turn = (np.modf(np.arange(micro, dtype=np.float64) * TURN)[0] * g).astype(np.int64)
+    turn = (np.modf(np.arange(first, first + micro, dtype=np.float64) * TURN)[0] * g).astype(np.int64)
     out = np.zeros((micro, slots, len(w)), dtype=np.int64)
     kinds, which = np.unique(rows, axis=0, return_inverse=True)  # a few distinct rows (floor or ceil per source)
     for k, counts in enumerate(kinds):
-        twice = np.eye(len(w), dtype=np.int64)[interleave(counts) * 2]  # the circular pattern, unrolled twice
-        cum = np.concatenate([np.zeros((1, len(w)), dtype=np.int64), np.cumsum(twice, axis=0)])
+        cum = _pattern(counts)
         mine = np.flatnonzero(which.reshape(-1) == k)
         at = cum[turn[mine, None] + edges[None, :]]  # [rows, slots + 1, sources]: items before each slot edge
         out[mine] = np.diff(at, axis=1)
-    return tuple(out[:, a].copy() for a in range(slots))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern_of(counts: tuple[int, ...]) -> np.ndarray:
+    """``_pattern``, made once per distinct row (a mix has a few: each source's floor or ceil)."""
+    twice = np.eye(len(counts), dtype=np.int64)[interleave(np.array(counts)) * 2]  # the circular pattern, twice
+    out = np.concatenate([np.zeros((1, len(counts)), dtype=np.int64), np.cumsum(twice, axis=0)])
+    out.flags.writeable = False
+    return out
+
+
+def _pattern(counts: np.ndarray) -> np.ndarray:
+    """[2G + 1, sources]: items of each source before each position of the circular pattern of ``counts``, twice."""
+    return _pattern_of(tuple(int(n) for n in counts))
+
+
+class SlotQuotas:
+    """The slots' quotas of an epoch's T micro-batches (``slot_quotas``), made a run of steps at a time: a plan keeps
+    only every ``every`` steps' running sums (a whole table of a mix held 8 slots x sources x 8 bytes a step, in
+    every process; one source keeps a value a slot)."""
+
+    def __init__(self, m: np.ndarray, w: np.ndarray, micro: int, every: int):
+        self.m, self.w, self.micro, self.every = np.asarray(m, dtype=np.int64), np.asarray(w), int(micro), max(1, every)
+        self.slots, self.sources = len(self.m), len(self.w)
+        span = self.every * max(1, SPAN_STEPS // self.every)  # rows made at once: a few MB, whatever the epoch
+        sums = [np.add.reduceat(self.rows(t, min(t + span, self.micro)), np.arange(0, min(span, self.micro - t),
+                                                                                 self.every), axis=0)
+                for t in range(0, self.micro, span)]
+        self.prefix = np.zeros((-(-self.micro // self.every) + 1, self.slots, self.sources), dtype=np.int64)
+        if sums:  # prefix[k]: items before step k * every (the last: before the epoch's end)
+            np.cumsum(np.concatenate(sums), axis=0, out=self.prefix[1:])
+        self.prefix.flags.writeable = False
+
+    def __len__(self) -> int:
+        return self.micro
+
+    def rows(self, t0: int, t1: int) -> np.ndarray:
+        """[t1 - t0, slots, sources]: the quotas of micro-batches [t0, t1)."""
+        t1 = min(max(t0, t1), self.micro)
+        return slot_quotas(self.m, self.w, max(0, t1 - t0), t0)
+
+    def at(self, steps: np.ndarray) -> np.ndarray:
+        """[len(steps), slots, sources]: ``before`` each of ``steps``."""
+        steps = np.minimum(np.maximum(np.asarray(steps, dtype=np.int64), 0), self.micro)
+        whole = (steps % self.every == 0) | (steps == self.micro)  # at a running sum kept
+        out = self.prefix[np.where(whole, -(-steps // self.every), 0)]
+        for i in np.flatnonzero(~whole):
+            out[i] = self.before(int(steps[i]))
+        return out
+
+    def before(self, t: int) -> np.ndarray:
+        """[slots, sources]: items each slot's micro-batches [0, t) hold."""
+        t = min(max(0, int(t)), self.micro)
+        k = t // self.every
+        if k * self.every == t or t == self.micro:
+            return self.prefix[-(-t // self.every)]
+        return self.prefix[k] + self.rows(k * self.every, t).sum(axis=0)
 
 
 def interleave(counts: np.ndarray) -> list[int]:
