@@ -8,15 +8,19 @@ can only fill their slots with their next chunk; with one stream per rank and wo
 (``canonical=None``) the loader takes batches from the workers in turn. A step that one worker
 cannot feed but several can shows the difference; the table says how "auto"'s workers served. Each case is a fresh process
 (``--case``); cases alternate, ``--repeats`` rounds; the step sleeps ``--step-ms`` (a device
-busy elsewhere), so the workers have the CPU.
+busy elsewhere), so the workers have the CPU (``--step-ms 0``: the loader drained alone). ``--mix``: a mix of two
+sources (the corpus with itself, weights 0.7 and 0.3), whose workers take chunks of steps. PSS: the trainer's and
+its workers' proportional set sizes summed, at the end of the run.
 
     python benchmarks/canonical_waits.py --data-dir bench_data/full --workers 2 --window 1024 --step-ms 1.0
+    python benchmarks/canonical_waits.py --data-dir bench_data/full --workers 2 --window 256 --step-ms 0.1 --mix
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,14 +28,31 @@ import time
 from pathlib import Path
 
 
-def run_case(order: str, data_dir: str, workers: int, window: int, step_ms: float, steps: int) -> dict:
+def tree_pss_mb() -> float:
+    """PSS of this process and its children (the loader's workers), summed, in MB (Linux; 0 elsewhere)."""
+    pids, total = [os.getpid()], 0.0
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        with open(f"/proc/self/task/{tid}/children") as f:
+            pids += [int(p) for p in f.read().split()]
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def run_case(order: str, data_dir: str, workers: int, window: int, step_ms: float, steps: int,
+             mix: bool = False) -> dict:
     """One loader of ``order`` ("none" or "auto") feeding ``steps`` sleeping steps after 20 warm-up ones."""
     import torch  # noqa: PLC0415 - in the child only
 
     import streamwin as sw  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    ds = sw.WindowDataset(data_dir, window=window, stride=max(1, window // 4), batch_size=256, shuffle_buffer=10_000,
+    source = {"url": {"a": data_dir, "b": data_dir}, "weights": {"a": 0.7, "b": 0.3}} if mix else {"url": data_dir}
+    ds = sw.WindowDataset(**source, window=window, stride=max(1, window // 4), batch_size=256, shuffle_buffer=10_000,
                           seed=0, rank=0, world_size=1, canonical=None if order == "none" else order)
     loader = sw.WindowLoader(ds, num_workers=workers)
 
@@ -49,15 +70,17 @@ def run_case(order: str, data_dir: str, workers: int, window: int, step_ms: floa
             a = time.perf_counter()
             next(it)
             wait += time.perf_counter() - a
-            time.sleep(step_ms / 1e3)
+            if step_ms:
+                time.sleep(step_ms / 1e3)
         took = time.perf_counter() - t0
+        pss = tree_pss_mb()
     finally:
         loader.close()
     plan = ds.plan(0, workers)
     serving = ("shared batches" if plan.shared else f"chunks of {plan.chunk} steps" if plan.config.aligned and
                workers > 1 else "one stream a worker" if workers > 1 else "one process")
     return {"order": order, "ms_per_step": took / steps * 1e3, "data_wait": wait / took,
-            "batch_mb": ds.layout().nbytes / 2**20, "serving": serving}
+            "batch_mb": ds.layout().nbytes / 2**20, "serving": serving, "pss_mb": pss}
 
 
 def main() -> None:
@@ -68,10 +91,11 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=1.0, help="the step's sleep")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--mix", action="store_true", help="two sources: the corpus with itself, weights 0.7 and 0.3")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.case:
-        print(json.dumps(run_case(a.case, a.data_dir, a.workers, a.window, a.step_ms, a.steps)))
+        print(json.dumps(run_case(a.case, a.data_dir, a.workers, a.window, a.step_ms, a.steps, a.mix)))
         return
     if not Path(a.data_dir, "index.json").exists():
         sys.exit(f"{a.data_dir} holds no dataset: write it with benchmarks/throughput.py (or pass --data-dir)")
@@ -80,20 +104,22 @@ def main() -> None:
         for order in rows:
             out = subprocess.run([sys.executable, __file__, "--case", order, "--data-dir", a.data_dir, "--workers",
                                   str(a.workers), "--window", str(a.window), "--step-ms", str(a.step_ms), "--steps",
-                                  str(a.steps)], capture_output=True, text=True)
+                                  str(a.steps)] + (["--mix"] if a.mix else []), capture_output=True, text=True)
             if out.returncode:
                 sys.exit(f"the {order} case failed:\n{out.stderr[-3000:]}")
             rows[order].append(json.loads(out.stdout.strip().splitlines()[-1]))
     first = rows["none"][0]
-    print(f"workers={a.workers} window={a.window} step sleeps {a.step_ms} ms, batches of {first['batch_mb']:.1f} MB; "
-          f"medians of {a.repeats}:")
-    print("| canonical | workers serve | ms per step | data-wait | runs (ms per step) |\n|---|---|---:|---:|---|")
+    print(f"workers={a.workers} window={a.window} step sleeps {a.step_ms} ms, batches of {first['batch_mb']:.1f} MB"
+          f"{', a mix of two sources' if a.mix else ''}; medians of {a.repeats}:")
+    print("| canonical | workers serve | ms per step | data-wait | PSS MB | runs (ms per step) |\n"
+          "|---|---|---:|---:|---:|---|")
     med = {}
     for order, rs in rows.items():
         med[order] = statistics.median(r["ms_per_step"] for r in rs)
         each = ", ".join(f"{r['ms_per_step']:.3f}" for r in rs)
         print(f"| {order} | {rs[0]['serving']} | {med[order]:.3f} | "
-              f"{100 * statistics.median(r['data_wait'] for r in rs):.1f}% | {each} |")
+              f"{100 * statistics.median(r['data_wait'] for r in rs):.1f}% | "
+              f"{statistics.median(r['pss_mb'] for r in rs):,.0f} | {each} |")
     print(f"canonical=\"auto\" steps take {100 * (med['auto'] / med['none'] - 1):+.1f}% against canonical=None")
 
 

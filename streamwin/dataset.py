@@ -67,7 +67,7 @@ class WindowDataset:
         seed: the order is a pure function of (seed, epoch, world_size x batch_size) with canonical streams, else
             of (seed, epoch, world_size, num_workers, batch_size).
         batch_size: windows per batch of one rank (batches are formed in the worker).
-        canonical: "auto" (default): (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows of one source, else None
+        canonical: "auto" (default): (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows (one source or a mix), else None
             (one stream per rank and worker); (A, P): rank slots x step phases (plan/canon.py, docs/resume.md).
         equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
             (each at least once, repeats marked ``batch["weight"] == 0``).
@@ -253,8 +253,8 @@ class WindowDataset:
         return PlanConfig(spec=self.spec, batch_size=self.batch_size, world_size=world,
                           num_workers=num_workers, seed=s.seed, shuffle=bool(s.shuffle), block_windows=s.shuffle_buffer,
                           equalize=self.equalize, slice_windows=s.slice_windows or self._default_slices(),
-                          pack_length=self.pack_length, canonical=canonical_for(self.canonical, world,
-                                                                                self.pack_length, len(self.sources)))
+                          pack_length=self.pack_length,
+                          canonical=canonical_for(self.canonical, world, self.pack_length))
 
     def _default_slices(self) -> int:
         """Windows per read slice by default: shuffle_buffer // 8, or more for zstd (read.zstd_slice_windows)."""

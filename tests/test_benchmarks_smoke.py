@@ -176,3 +176,9 @@ def test_canonical_waits_prints_both_orders(corpus):
     assert rows == ["none", "auto"], run.stdout
     assert "| auto | shared batches |" in run.stdout, run.stdout  # 2 workers of 8 slots: each writes 4 slots' rows
     assert 'canonical="auto" steps take' in run.stdout, run.stdout
+    mixed = subprocess.run([sys.executable, script, "--data-dir", corpus, "--workers", "2", "--window", "64",
+                            "--step-ms", "0", "--steps", "40", "--repeats", "1", "--mix"], capture_output=True,
+                           text=True, timeout=SMOKE_TIMEOUT, cwd=ROOT)
+    assert mixed.returncode == 0, mixed.stdout + mixed.stderr[-3000:]
+    auto = next(ln for ln in mixed.stdout.splitlines() if ln.startswith("| auto |")).split("|")
+    assert auto[2].strip().startswith("chunks of") and float(auto[5].replace(",", "")) > 50, mixed.stdout  # PSS MB

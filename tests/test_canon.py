@@ -261,6 +261,11 @@ def test_auto_is_8_slots_one_phase_where_8_is_divided_else_one_stream_a_process(
     want = global_batches(lockstep(job(url, 1, 0, canonical=(8, 1)), summary))
     for world, workers in [(1, 2), (4, 1), (8, 0)]:
         assert global_batches(lockstep(job(url, world, workers, canonical="auto"), summary)) == want
+    mixed = dict(url=corpus[0], weights=[0.7, 0.3])  # a mix too (its workers take chunks of steps)
+    want = global_batches(lockstep(job(world=1, workers=0, canonical=(8, 1), **mixed), summary), grouped=True)
+    for world, workers in [(1, 2), (2, 3), (4, 1)]:
+        got = lockstep(job(world=world, workers=workers, canonical="auto", **mixed), summary)
+        assert global_batches(got, grouped=True) == want, (world, workers)
     for world in (3, 16):  # worlds that do not divide 8 keep one stream per rank and worker
         ds = sw.WindowDataset(url, window=W, stride=S, batch_size=48 // world, rank=0, world_size=world)
         assert ds.plan_inputs().get("canonical") is None

@@ -1,6 +1,6 @@
 """Canonical streams: one order of global batches, whatever the number of ranks and workers.
 
-``canonical=(A, P)`` ("auto", the default, is (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows of one source):
+``canonical=(A, P)`` ("auto", the default, is (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows, one source or a mix):
 C = A x P canonical streams, A *rank slots* x P *step phases*. Nothing below depends on the
 world size W or the worker count, only on the global batch G = world_size x batch_size (items:
 windows, or packed rows), so global batch k (every rank's batch k, in rank order) is the same in

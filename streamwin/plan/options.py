@@ -220,16 +220,15 @@ DEFAULT_CANONICAL = AUTO  # one order of global batches for 1, 2, 4, 8 ranks and
 AUTO_CANONICAL = (8, 1)  # 8 rank slots, one phase: worlds of 1, 2, 4, 8 ranks, any worker count
 
 
-def canonical_for(canonical: tuple[int, int] | str | None, world_size: int, pack_length: int | None,
-                  sources: int = 1) -> tuple[int, int] | None:
+def canonical_for(canonical: tuple[int, int] | str | None, world_size: int,
+                  pack_length: int | None) -> tuple[int, int] | None:
     """The canonical streams of a job: as given, or what "auto" means for it, (8, 1) (one order of global batches
-    for 1, 2, 4 and 8 ranks and any worker count) unless the world does not divide 8, the batches are packed rows
-    (whose canonical streams keep a block a stream: 8 in one process) or the sources are a mix (whose workers
-    take chunks of steps, not shares of each batch, and whose plan keeps a quota per slot and step); then None,
-    one stream per rank and worker."""
+    for 1, 2, 4 and 8 ranks and any worker count, of one source or a mix) unless the world does not divide 8 or the
+    batches are packed rows (whose canonical streams keep a block a stream: 8 in one process); then None, one
+    stream per rank and worker."""
     if canonical != AUTO:
         return canonical  # type: ignore[return-value]
-    fits = pack_length is None and sources == 1 and AUTO_CANONICAL[0] % world_size == 0
+    fits = pack_length is None and AUTO_CANONICAL[0] % world_size == 0
     return AUTO_CANONICAL if fits else None
 
 
