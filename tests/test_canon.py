@@ -320,6 +320,12 @@ def test_striped_positions_are_a_permutation_with_each_chunk_one_run():
             at += 1
     assert got.tolist() == [want[v] for v in range(31)]
     assert sorted(got.tolist()) == list(range(31))
+    # runs placed by their first position (a block's items), or, crossing a segment, position by position
+    for starts, counts in [([0, 7, 20], [3, 5, 4]), ([3, 12, 24], [3, 4, 4]), ([3, 25], [3, 4]), ([5, 18], [4, 6]),
+                           ([30], [1]), ([], [])]:
+        v = [x for a, n in zip(starts, counts) for x in range(a, a + n)]
+        assert s.at_runs(np.array(starts, dtype=np.int64), np.array(counts, dtype=np.int64)).tolist() == \
+            [want[x] for x in v], (starts, counts)
 
 
 def test_a_process_block_is_each_slots_block_in_that_streams_own_order(corpus):

@@ -189,8 +189,13 @@ class GroupPlan:
         lanes = np.arange(self.lanes.start, self.lanes.stop)
         starts = np.cumsum(n) - n  # where each slot's items begin in the block (stream order)
         u = np.arange(total, dtype=np.int64) + np.repeat(lo - starts, n)  # each item's position in its stream
-        g = sp.order.at((np.repeat(sp.stream_lo[lanes], n) + u) % max(sp.total_windows, 1))
-        real = u < np.repeat(np.diff(sp.stream_lo)[lanes], n)
+        ranges = np.diff(sp.stream_lo)[lanes]
+        if (lo + n <= ranges).all():  # every item real: each slot's items are one run of its block's segment
+            g = sp.order.at_runs(sp.stream_lo[lanes] + lo, n)
+            real = np.ones(total, dtype=bool)
+        else:
+            g = sp.order.at((np.repeat(sp.stream_lo[lanes], n) + u) % max(sp.total_windows, 1))
+            real = u < np.repeat(ranges, n)
         shuffled = (sp.stripe_shuffle(block, self.lanes.start, self.lanes.stop) if sp.config.shuffle
                     else np.arange(total, dtype=np.int64))  # slot after slot, each slot's items in its order
         took = self.quotas.rows(t0, t1)[:, self.lanes.start : self.lanes.stop, self.source]  # [steps, slots]

@@ -132,6 +132,17 @@ class StripedOrder:
         """Global window indices at positions ``v`` (of the streams' ranges)."""
         return self.order.at(self.position(v))
 
+    def at_runs(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """``at`` of the positions of runs [starts[i], starts[i] + counts[i]), end to end: a run inside one segment
+        (a stream's block) is placed by its first position, not searched for position by position."""
+        starts, counts = np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+        k = np.searchsorted(self._virt, starts, side="right") - 1
+        ends = np.append(self._virt, np.iinfo(np.int64).max)[k + 1]  # where the next segment begins
+        v = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(counts) - counts), counts)
+        if not (starts + counts <= ends).all():
+            return self.at(v)
+        return self.order.at(v + np.repeat(self._real[k] - self._virt[k], counts))
+
     def position(self, v: np.ndarray) -> np.ndarray:
         """Where positions ``v`` of the streams' ranges lie in ``order``."""
         v = np.asarray(v, dtype=np.int64)

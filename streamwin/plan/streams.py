@@ -263,11 +263,11 @@ class SourcePlan:
         key = chunk_key(self.config.seed, self.epoch, block, self.generation, self.source)
         perm = np.random.default_rng(key).permutation(int(at[-1]))
         lo, hi = at[first], at[last]
-        mine = perm[(perm >= lo) & (perm < hi)] - lo  # in the chunk's order
+        mine = perm if lo == 0 and hi == len(perm) else perm[(perm >= lo) & (perm < hi)] - lo  # in the chunk's order
         if last - first == 1:
             return mine
-        stream = np.searchsorted(at[first + 1 : last] - lo, mine, side="right").astype(np.int16)  # <= 4096 slots
-        return mine[np.argsort(stream, kind="stable")]  # a radix sort
+        owner = np.repeat(np.arange(last - first, dtype=np.int16), sizes[first:last])  # <= 4096 slots
+        return mine[np.argsort(owner[mine], kind="stable")]  # a radix sort
 
     def locate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sequence index, crop start step) of global window indices: the grid's, or drawn (crops.place)."""
