@@ -1,8 +1,8 @@
 """A read of a long run verified where it lies: a changed byte anywhere in it is caught, to the chunk.
 
 A run of a long sequence is verified block by block (one xxh3 call per 256 KiB it covers whole)
-and chunk by chunk at its ends, straight from its mapping (a verified mapping is not populated
-first: the hash maps each page as it reads it). Here one byte is flipped in the shard file, in
+and chunk by chunk at its ends, straight from its mapping (its page tables filled by the mapping
+call, which holds no GIL). Here one byte is flipped in the shard file, in
 turn in the run's first chunk (which it covers only in part), its last chunk, a chunk of a
 whole block, and the chunks on either side of a sums page boundary (4 MiB of shard; with the
 pages read one at a time, so the run's sums come from two reads). Each time, the reference,
@@ -136,12 +136,11 @@ def test_an_undamaged_long_run_reads_exact_and_verifies_each_byte_once(long_runs
 
 
 @pytest.mark.skipif(not mapped.available(), reason="no MAP_FIXED here")
-@pytest.mark.parametrize("populate", [True, False])
-def test_a_mapping_holds_the_file_bytes_populated_or_not(long_runs, populate):
+def test_a_mapping_holds_the_file_bytes(long_runs):
     url, seqs, m = long_runs
     path = url / m.shards[0].name
     want = np.fromfile(path, dtype=np.uint8, count=3 * mapped.PAGE + 100, offset=5 * mapped.PAGE)
-    buf = mapped.MappedBuffer(5 * mapped.PAGE, populate=populate)
+    buf = mapped.MappedBuffer(5 * mapped.PAGE)
     with open(path, "rb") as f:
         buf.map_file(mapped.PAGE, f.fileno(), 5 * mapped.PAGE, len(want))
     got = buf.array()

@@ -81,12 +81,11 @@ def page_ceil(nbytes: int | np.ndarray) -> int | np.ndarray:
 class MappedBuffer:
     """``nbytes`` of reserved address space, read-only, zero until file ranges are mapped in.
 
-    ``populate``: fill the page tables when a range is mapped (the default, so the reading
-    thread, not the gather, pays for them); a caller that reads every mapped byte on the
-    same thread right away (to verify it) passes False, and the pages are mapped as it reads.
+    A range's page tables are filled when it is mapped (MAP_POPULATE), so the reading thread, not
+    the gather, pays for them, in a call that holds no GIL.
     """
 
-    def __init__(self, nbytes: int, populate: bool = True):
+    def __init__(self, nbytes: int):
         if not available():
             raise OSError("mmap with MAP_FIXED is not available on this platform")
         self.nbytes = page_ceil(max(nbytes, 1))
@@ -94,7 +93,7 @@ class MappedBuffer:
         if addr in (None, _FAILED):
             err = ctypes.get_errno()
             raise OSError(err, f"cannot reserve {self.nbytes} bytes of address space: {os.strerror(err)}")
-        self.addr, self.populate = addr, populate
+        self.addr = addr
         self.__array_interface__ = {"data": (addr, True), "shape": (self.nbytes,), "typestr": "|u1", "version": 3}
 
     def map_file(self, at: int, fd: int, file_offset: int, nbytes: int) -> None:
@@ -106,7 +105,7 @@ class MappedBuffer:
         if at % PAGE or file_offset % PAGE or at + nbytes > self.nbytes:
             raise ValueError("unaligned or out-of-range mapping")
         size = page_ceil(nbytes)
-        flags = _MAP_PRIVATE | _MAP_FIXED | (_MAP_POPULATE if self.populate else 0)
+        flags = _MAP_PRIVATE | _MAP_FIXED | _MAP_POPULATE
         got = _libc.mmap(self.addr + at, size, _PROT_READ, flags, fd, file_offset)
         if got != self.addr + at:
             err = ctypes.get_errno()
