@@ -223,19 +223,21 @@ def test_workers_under_a_transform_of_whole_batches_take_chunks_and_the_same_bat
     assert epoch(loader) == want
 
 
-@pytest.mark.parametrize("mix", [False, True], ids=["one source", "a mix"])
-def test_a_canonical_plan_keeps_no_table_a_slot_and_step(tmp_path, mix):
+@pytest.mark.parametrize("mix,canonical", [(False, SLOTS), (True, SLOTS), (False, (8, 2)), (True, (8, 2))],
+                         ids=["one source", "a mix", "one source, 2 phases", "a mix, 2 phases"])
+def test_a_canonical_plan_keeps_no_table_a_slot_and_step(tmp_path, mix, canonical):
     """Each slot's quotas are a function of the step (mix.slot_quotas), so a canonical plan keeps their running sums
     a chunk of steps and makes a chunk's quotas when it is read, not a quota per slot, source and step (in every
-    process: 18 bytes a step with one source, 420 with a mix of two, against 13 and 25 for one stream a process);
-    measured with tracemalloc over a plan of ~37k steps (a mix: ~75k) and both workers' schedules."""
+    process: 18 bytes a step with one source, 420 with a mix of two, with 2 phases 65 and 257, against 13 and 25
+    for one stream a process); measured with tracemalloc over a plan of ~37k steps (a mix: ~75k) and both workers'
+    schedules."""
     import tracemalloc
 
     rng = np.random.default_rng(0)
     url = str(tmp_path / "long")
     sw.pack([(f"s{i}", rng.normal(size=(1000, 3)).astype(np.float32)) for i in range(300)], url, progress=False)
     mixed = {"url": {"a": url, "b": url}, "weights": {"a": 0.7, "b": 0.3}} if mix else {"url": url}
-    ds = sw.WindowDataset(**mixed, window=4, stride=1, batch_size=8, shuffle_buffer=2000, seed=1, canonical=SLOTS)
+    ds = sw.WindowDataset(**mixed, window=4, stride=1, batch_size=8, shuffle_buffer=2000, seed=1, canonical=canonical)
     ds.plan(0, 2)  # the window index, built once
     tracemalloc.start()
     try:
@@ -244,5 +246,6 @@ def test_a_canonical_plan_keeps_no_table_a_slot_and_step(tmp_path, mix):
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert plan.shared != mix and plan.steps > 30_000 and len(schedules[0].plans) == (2 if mix else 1)
+    assert plan.shared == (canonical == SLOTS and not mix) and plan.steps > 30_000
+    assert len(schedules[0].plans) == (2 if mix else 1)
     assert held < 8 * plan.steps + (1 << 20), f"{held / plan.steps:.0f} bytes a step"

@@ -249,21 +249,22 @@ class GroupSchedule:
 
 
 class CanonSchedule:
-    """One process's batches: lane l = (source, canonical stream) of its slots and phases; batch j = global step k."""
+    """One process's batches: lane l = (source, canonical stream) of its slots and phases; batch j = global step k.
+    The slots' quotas are made a chunk of micro-batches at a time (the last chunk kept), as ``GroupSchedule``'s."""
 
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         cfg = plan.config
         slots, phases = cfg.canonical
         per, self.n, self.w = slots // cfg.world_size, cfg.num_workers, worker
-        self.phases = phases
+        self.phases, self.quotas = phases, plan.slots
         mine = range(worker, phases, cfg.num_workers) if cfg.num_workers else range(phases)
         self.lanes = [(i, a * phases + p) for i in range(len(plan.sources))
                       for a in range(rank * per, (rank + 1) * per) for p in mine]
         self.batches = worker_batches(plan.steps, self.n, worker) if self.n else plan.steps
-        table = plan.slots.rows(0, len(plan.slots))  # [T, slots, sources], whole: a step phase a lane
-        self._col = [table[:, c // phases, i] for i, c in self.lanes]
-        self._cum = [np.concatenate([[0], np.cumsum(q)]) for q in self._col]
-        self._by_phase = {p: [(l, i) for l, (i, c) in enumerate(self.lanes) if c % phases == p] for p in mine}
+        # per phase: (lane, source, slot) of its lanes, in batch order
+        self._by_phase = {p: [(l, i, c // phases) for l, (i, c) in enumerate(self.lanes) if c % phases == p]
+                          for p in mine}
+        self._made: tuple[int, np.ndarray | None] = (-1, None)  # (first micro-batch, [rows, slots, sources])
         self.plans = plan.sources  # each source's block plan (its streams' blocks)
         self._sources = len(plan.sources)
 
@@ -271,14 +272,21 @@ class CanonSchedule:
         """The global step of this process's batch ``j``."""
         return j * self.n + self.w if self.n else j
 
+    def _row(self, t: int) -> np.ndarray:
+        """[slots, sources]: the quotas of micro-batch ``t``."""
+        first = t - t % self.quotas.every
+        if self._made[0] != first:
+            self._made = (first, self.quotas.rows(first, first + self.quotas.every))
+        return self._made[1][t - first]
+
     def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
         """((lane, items) of batch ``j`` in batch order, items of each source)."""
         k = self.step(j)
-        t = k // self.phases
+        row = self._row(k // self.phases)
         counts = np.zeros(self._sources, dtype=np.int64)
         out = []
-        for lane, i in self._by_phase[k % self.phases]:
-            need = int(self._col[lane][t])
+        for lane, i, a in self._by_phase[k % self.phases]:
+            need = int(row[a, i])
             if need:
                 out.append((lane, need))
                 counts[i] += need
@@ -287,10 +295,13 @@ class CanonSchedule:
     def positions(self, j: int) -> list[int]:
         """Items each lane has given before this process's batch ``j``."""
         k = self.step(j)
+        before = {}  # micro-batch -> [slots, sources] items before it
         out = []
-        for (_, c), cum in zip(self.lanes, self._cum):
+        for i, c in self.lanes:
             t = max(0, -(-(k - c % self.phases) // self.phases))
-            out.append(int(cum[min(t, len(cum) - 1)]))
+            if t not in before:
+                before[t] = self.quotas.before(t)
+            out.append(int(before[t][c // self.phases, i]))
         return out
 
 
