@@ -492,6 +492,8 @@ def test_slot_quotas_made_a_run_of_steps_at_a_time_are_the_whole_tables(weights,
         spans = SlotQuotas(m, w, steps, every)
     table = SlotQuotas(m, w, steps, every)
     assert np.array_equal(spans.prefix, table.prefix)
+    again = pickle.loads(pickle.dumps(table))  # a plan travels to workers started by spawn: its cache does not
+    assert np.array_equal(again.chunk(1), whole[every : 2 * every]) and not again.chunk(1).flags.writeable
     lo, hi = min(t0, t1), max(t0, t1)
     assert np.array_equal(table.rows(lo, hi), whole[lo:hi])
     assert np.array_equal(table.before(hi), whole[:hi].sum(axis=0))

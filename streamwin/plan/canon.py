@@ -198,7 +198,7 @@ class GroupPlan:
             real = u < np.repeat(ranges, n)
         shuffled = (sp.stripe_shuffle(block, self.lanes.start, self.lanes.stop) if sp.config.shuffle
                     else np.arange(total, dtype=np.int64))  # slot after slot, each slot's items in its order
-        took = self.quotas.rows(t0, t1)[:, self.lanes.start : self.lanes.stop, self.source]  # [steps, slots]
+        took = self.quotas.chunk(block)[:, self.lanes.start : self.lanes.stop, self.source]  # [steps, slots]
         steps = np.repeat(np.tile(np.arange(t1 - t0, dtype=np.int32), len(n)),
                           took.T.reshape(-1))  # the step of each, slot after slot
         yields = shuffled[np.argsort(steps, kind="stable")]  # step after step, slot after slot
@@ -216,7 +216,7 @@ class GroupSchedule:
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         cfg = plan.config
         self.mine = worker_slots(cfg, rank, worker) if plan.shared else range(*slot_range(cfg, rank))
-        self.edges, self.q, self.quotas = chunk_edges(cfg, plan.steps), chunk_steps(cfg), plan.slots
+        self.edges, self.quotas = chunk_edges(cfg, plan.steps), plan.slots
         self.chunks = (list(range(len(self.edges) - 1)) if plan.shared
                        else list(range(worker, len(self.edges) - 1, max(1, cfg.num_workers))))
         self.batches = int(np.diff(self.edges)[self.chunks].sum()) if self.chunks else 0
@@ -231,26 +231,24 @@ class GroupSchedule:
     def _counts(self, i: int) -> np.ndarray:
         """[steps, sources]: items of each source in each step of this process's chunk ``i`` (the last one kept)."""
         if self._made[0] != i:
-            c = self.chunks[i]
-            rows = self.quotas.rows(int(self.edges[c]), int(self.edges[c + 1]))  # [steps, slots, sources]
-            self._made = (i, rows[:, self.mine.start : self.mine.stop].sum(axis=1))
+            self._made = (i, self.quotas.chunk(self.chunks[i])[:, self.mine.start : self.mine.stop].sum(axis=1))
         return self._made[1]
 
     def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
-        i, r = divmod(j, self.q)  # every chunk has Q steps but the epoch's last
+        i, r = divmod(j, self.quotas.every)  # every chunk has Q steps but the epoch's last
         counts = self._counts(i)[r]
         return [(s, int(n)) for s, n in enumerate(counts.tolist()) if n], counts
 
     def positions(self, j: int) -> list[int]:
         if j >= self.batches:
             return self._before[-1].tolist()
-        i, r = divmod(j, self.q)
+        i, r = divmod(j, self.quotas.every)
         return (self._before[i] + self._counts(i)[:r].sum(axis=0)).tolist()
 
 
 class CanonSchedule:
     """One process's batches: lane l = (source, canonical stream) of its slots and phases; batch j = global step k.
-    The slots' quotas are made a chunk of micro-batches at a time (the last chunk kept), as ``GroupSchedule``'s."""
+    The slots' quotas are made a chunk of micro-batches at a time (``SlotQuotas.chunk``), as ``GroupSchedule``'s."""
 
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         cfg = plan.config
@@ -264,7 +262,6 @@ class CanonSchedule:
         # per phase: (lane, source, slot) of its lanes, in batch order
         self._by_phase = {p: [(l, i, c // phases) for l, (i, c) in enumerate(self.lanes) if c % phases == p]
                           for p in mine}
-        self._made: tuple[int, np.ndarray | None] = (-1, None)  # (first micro-batch, [rows, slots, sources])
         self.plans = plan.sources  # each source's block plan (its streams' blocks)
         self._sources = len(plan.sources)
 
@@ -272,17 +269,11 @@ class CanonSchedule:
         """The global step of this process's batch ``j``."""
         return j * self.n + self.w if self.n else j
 
-    def _row(self, t: int) -> np.ndarray:
-        """[slots, sources]: the quotas of micro-batch ``t``."""
-        first = t - t % self.quotas.every
-        if self._made[0] != first:
-            self._made = (first, self.quotas.rows(first, first + self.quotas.every))
-        return self._made[1][t - first]
-
     def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
         """((lane, items) of batch ``j`` in batch order, items of each source)."""
         k = self.step(j)
-        row = self._row(k // self.phases)
+        t = k // self.phases
+        row = self.quotas.chunk(t // self.quotas.every)[t % self.quotas.every]  # [slots, sources]
         counts = np.zeros(self._sources, dtype=np.int64)
         out = []
         for lane, i, a in self._by_phase[k % self.phases]:

@@ -168,6 +168,7 @@ class SlotQuotas:
     def __init__(self, m: np.ndarray, w: np.ndarray, micro: int, every: int):
         self.m, self.w, self.micro, self.every = np.asarray(m, dtype=np.int64), np.asarray(w), int(micro), max(1, every)
         self.slots, self.sources = len(self.m), len(self.w)
+        self._key = (tuple(self.m.tolist()), tuple(self.w.tolist()), self.micro, self.every)  # chunk()'s
         span = self.every * max(1, SPAN_STEPS // self.every)  # rows made at once: a few MB, whatever the epoch
         sums = [np.add.reduceat(self.rows(t, min(t + span, self.micro)), np.arange(0, min(span, self.micro - t),
                                                                                  self.every), axis=0)
@@ -185,6 +186,12 @@ class SlotQuotas:
         t1 = min(max(t0, t1), self.micro)
         return slot_quotas(self.m, self.w, max(0, t1 - t0), t0)
 
+    def chunk(self, k: int) -> np.ndarray:
+        """[every (the last chunk: fewer), slots, sources]: the quotas of micro-batches [k every, (k + 1) every),
+        read-only; the chunks read lately are kept, for a process's schedule and its sources' block readers alike
+        (``_chunk_rows``)."""
+        return _chunk_rows(*self._key, k)
+
     def at(self, steps: np.ndarray) -> np.ndarray:
         """[len(steps), slots, sources]: ``before`` each of ``steps``."""
         steps = np.minimum(np.maximum(np.asarray(steps, dtype=np.int64), 0), self.micro)
@@ -201,6 +208,17 @@ class SlotQuotas:
         if k * self.every == t or t == self.micro:
             return self.prefix[-(-t // self.every)]
         return self.prefix[k] + self.rows(k * self.every, t).sum(axis=0)
+
+
+@functools.lru_cache(maxsize=8)
+def _chunk_rows(m: tuple[int, ...], w: tuple[float, ...], micro: int, every: int, k: int) -> np.ndarray:
+    """``SlotQuotas.chunk``, kept by value (no cache on the plan: it stays picklable and free of cycles). A few:
+    those a process reads at once (its schedule's, each source's block being read and read ahead), each no larger
+    than the window arrays of the block that reads it (slots x sources integers a step, against G a step)."""
+    out = slot_quotas(np.array(m, dtype=np.int64), np.array(w), max(0, min((k + 1) * every, micro) - k * every),
+                      k * every)
+    out.flags.writeable = False
+    return out
 
 
 def interleave(counts: np.ndarray) -> list[int]:
