@@ -9,8 +9,8 @@ can only fill their slots with their next chunk; with one stream per rank and wo
 cannot feed but several can shows the difference; the table says how "auto"'s workers served. Each case is a fresh process
 (``--case``); cases alternate, ``--repeats`` rounds; the step sleeps ``--step-ms`` (a device
 busy elsewhere), so the workers have the CPU (``--step-ms 0``: the loader drained alone). ``--mix``: a mix of two
-sources (the corpus with itself, weights 0.7 and 0.3), whose workers take chunks of steps. PSS: the trainer's and
-its workers' proportional set sizes summed, at the end of the run.
+sources (the corpus with itself, weights 0.7 and 0.3), whose workers take chunks of steps. PSS: the peak of the
+trainer's and its workers' proportional set sizes summed (``children.run_child``, sampled every 0.1 s).
 
     python benchmarks/canonical_waits.py --data-dir bench_data/full --workers 2 --window 1024 --step-ms 1.0
     python benchmarks/canonical_waits.py --data-dir bench_data/full --workers 2 --window 256 --step-ms 0.1 --mix
@@ -22,25 +22,14 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-
-def tree_pss_mb() -> float:
-    """PSS of this process and its children (the loader's workers), summed, in MB (Linux; 0 elsewhere)."""
-    pids, total = [os.getpid()], 0.0
-    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
-        with open(f"/proc/self/task/{tid}/children") as f:
-            pids += [int(p) for p in f.read().split()]
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
-        except (OSError, StopIteration):
-            pass
-    return total
+try:  # imported as benchmarks.canonical_waits
+    from .children import run_child
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    from children import run_child
 
 
 def run_case(order: str, data_dir: str, workers: int, window: int, step_ms: float, steps: int,
@@ -73,14 +62,13 @@ def run_case(order: str, data_dir: str, workers: int, window: int, step_ms: floa
             if step_ms:
                 time.sleep(step_ms / 1e3)
         took = time.perf_counter() - t0
-        pss = tree_pss_mb()
     finally:
         loader.close()
     plan = ds.plan(0, workers)
     serving = ("shared batches" if plan.shared else f"chunks of {plan.chunk} steps" if plan.config.aligned and
                workers > 1 else "one stream a worker" if workers > 1 else "one process")
     return {"order": order, "ms_per_step": took / steps * 1e3, "data_wait": wait / took,
-            "batch_mb": ds.layout().nbytes / 2**20, "serving": serving, "pss_mb": pss}
+            "batch_mb": ds.layout().nbytes / 2**20, "serving": serving}
 
 
 def main() -> None:
@@ -102,16 +90,16 @@ def main() -> None:
     rows: dict[str, list[dict]] = {"none": [], "auto": []}
     for _ in range(a.repeats):
         for order in rows:
-            out = subprocess.run([sys.executable, __file__, "--case", order, "--data-dir", a.data_dir, "--workers",
-                                  str(a.workers), "--window", str(a.window), "--step-ms", str(a.step_ms), "--steps",
-                                  str(a.steps)] + (["--mix"] if a.mix else []), capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f"the {order} case failed:\n{out.stderr[-3000:]}")
-            rows[order].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            out = run_child([sys.executable, __file__, "--case", order, "--data-dir", a.data_dir, "--workers",
+                             str(a.workers), "--window", str(a.window), "--step-ms", str(a.step_ms), "--steps",
+                             str(a.steps)] + (["--mix"] if a.mix else []), 900.0, cwd=os.getcwd(), sample_memory=True)
+            if out.record is None:
+                sys.exit(f"the {order} case failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+            rows[order].append({**out.record, "pss_mb": out.peak_pss_mb})
     first = rows["none"][0]
     print(f"workers={a.workers} window={a.window} step sleeps {a.step_ms} ms, batches of {first['batch_mb']:.1f} MB"
           f"{', a mix of two sources' if a.mix else ''}; medians of {a.repeats}:")
-    print("| canonical | workers serve | ms per step | data-wait | PSS MB | runs (ms per step) |\n"
+    print("| canonical | workers serve | ms per step | data-wait | peak PSS MB | runs (ms per step) |\n"
           "|---|---|---:|---:|---:|---|")
     med = {}
     for order, rs in rows.items():
