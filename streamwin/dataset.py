@@ -31,7 +31,7 @@ from streamwin.plan.canon import sharing
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
 from streamwin.plan.mix import normalized
 from streamwin.plan.options import (AUTO, DEFAULT_CANONICAL, EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, canonical_for,
-                                    check_canonical, pretraining)
+                                    check_canonical, pretraining, stream_block)
 from streamwin.plan.split import split_spec
 from streamwin.read import ReadOptions, zstd_slice_windows
 from streamwin.seqfields import FieldGather, field_spec, where_of
@@ -67,7 +67,7 @@ class WindowDataset:
         seed: the order is a pure function of (seed, epoch, world_size x batch_size) with canonical streams, else
             of (seed, epoch, world_size, num_workers, batch_size).
         batch_size: windows per batch of one rank (batches are formed in the worker).
-        canonical: "auto" (default): (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows (one source or a mix), else None
+        canonical: "auto" (default): (8, 1) for 1, 2, 4 or 8 ranks (windows or packed rows, one source or a mix), else None
             (one stream per rank and worker); (A, P): rank slots x step phases (plan/canon.py, docs/resume.md).
         equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
             (each at least once, repeats marked ``batch["weight"] == 0``).
@@ -250,11 +250,11 @@ class WindowDataset:
     def config(self, num_workers: int = 0, world_size: int | None = None) -> PlanConfig:
         """The plan's inputs besides the data, for a rank running ``num_workers`` streams (0: one, in-process)."""
         s, world = self.shuffle_spec, self.world()[1] if world_size is None else world_size
-        return PlanConfig(spec=self.spec, batch_size=self.batch_size, world_size=world,
-                          num_workers=num_workers, seed=s.seed, shuffle=bool(s.shuffle), block_windows=s.shuffle_buffer,
-                          equalize=self.equalize, slice_windows=s.slice_windows or self._default_slices(),
-                          pack_length=self.pack_length,
-                          canonical=canonical_for(self.canonical, world, self.pack_length))
+        canonical = canonical_for(self.canonical, world)
+        return PlanConfig(spec=self.spec, batch_size=self.batch_size, world_size=world, num_workers=num_workers,
+                          seed=s.seed, shuffle=bool(s.shuffle), equalize=self.equalize, pack_length=self.pack_length,
+                          block_windows=stream_block(s.shuffle_buffer, canonical, self.pack_length),
+                          slice_windows=s.slice_windows or self._default_slices(), canonical=canonical)
 
     def _default_slices(self) -> int:
         """Windows per read slice by default: shuffle_buffer // 8, or more for zstd (read.zstd_slice_windows)."""

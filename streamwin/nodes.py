@@ -33,9 +33,11 @@ class BlockReader(BaseNode[Block]):
     BLOCK_KEY = "block"
 
     def __init__(self, reader: ShardReader, plan: SourcePlan, stream: int, *, readahead: int = 1,
-                 transform: Callable[[Block], Any] | None = None, pool: ThreadPoolExecutor | None = None):
+                 transform: Callable[[Block], Any] | None = None, pool: ThreadPoolExecutor | None = None,
+                 blocks: list[int] | None = None):
         super().__init__()
         self.reader, self.plan, self.stream, self.readahead = reader, plan, stream, readahead
+        self.blocks = blocks  # the stream's blocks it reads, in order (a worker's chunks of packed rows); None: all
         self.transform = transform  # runs on the read-ahead thread (device mode: upload the block)
         self.cut = needs_cut(plan)
         self._shared = pool is not None  # one read thread shared by the readers of a source (canonical streams)
@@ -45,12 +47,15 @@ class BlockReader(BaseNode[Block]):
 
     @property
     def num_blocks(self) -> int:
-        return self.plan.num_blocks(self.stream)
+        return self.plan.num_blocks(self.stream) if self.blocks is None else len(self.blocks)
 
     @property
     def bounds(self) -> np.ndarray:
-        """[blocks + 1]: items (windows, or packed rows) of the stream before each block."""
-        return self.plan.item_bounds(self.stream)
+        """[blocks + 1]: items (windows, or packed rows) of the stream before each block (of those it reads)."""
+        bounds = self.plan.item_bounds(self.stream)
+        if self.blocks is None:
+            return bounds
+        return np.concatenate([[0], np.cumsum(np.diff(bounds)[self.blocks])]).astype(np.int64)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -72,6 +77,7 @@ class BlockReader(BaseNode[Block]):
         return block
 
     def _read(self, k: int):
+        k = k if self.blocks is None else self.blocks[k]
         block = self.reader.read_block(self.plan, self.stream, k)
         if self.cut:
             block = cut(block, self.plan, self.stream, k, self.reader.manifest.step_bytes)
@@ -123,6 +129,7 @@ class Batcher(BaseNode[dict]):
         self.readers, self.schedule = readers, schedule
         self.bounds = [reader.bounds for reader in readers]
         self.gatherer, self.next_buffer = gatherer, next_buffer
+        self._skips = getattr(schedule, "skips", None)  # items a lane passes over before a batch (RowChunkSchedule)
         self._batch = 0
         self._blocks: list[Any] = [None] * len(readers)
         self._pos = [0] * len(readers)
@@ -141,6 +148,10 @@ class Batcher(BaseNode[dict]):
         if j >= self.schedule.batches:
             raise StopIteration
         parts, done = [], []  # done: (reader, block) of the blocks this batch finished
+        for i, n in self._skips(j) if self._skips is not None else ():
+            reader, finished = self.readers[i], []
+            self._blocks[i], self._pos[i] = _take(reader, self._blocks[i], self._pos[i], n, [], finished)
+            done += [(reader, block) for block in finished]
         wanted, counts = self.schedule.parts(j)
         for i, need in wanted:
             reader, finished = self.readers[i], []

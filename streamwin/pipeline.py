@@ -73,9 +73,11 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     if len(schedule.lanes) > len(readers):  # canonical streams: one read thread per source, shared by its lanes
         pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read") for _ in readers]
         warn_unmapped(ds, readers, len(schedule.lanes) // len(readers))
+    only = getattr(schedule, "blocks", None)  # per lane, the blocks it reads (a worker's chunks of packed rows)
     blocks = [BlockReader(readers[i], schedule.plans[i], s, readahead=ds.readahead, pool=pools and pools[i],
-                          transform=None if transform is None else partial(transform, source=i))
-              for i, s in schedule.lanes]
+                          transform=None if transform is None else partial(transform, source=i),
+                          blocks=only[lane] if only is not None else None)
+              for lane, (i, s) in enumerate(schedule.lanes)]
     gather = gatherer or gatherer_of(ds)
     if gatherer is None and ds.transform is not None:  # the user's transform, on each batch where it is gathered
         gather = ds.transform.gatherer(gather, ds.seed, plan.epoch, stream, first_batch)
@@ -102,7 +104,7 @@ def warn_unmapped(ds: WindowDataset, readers: list[ShardReader], lanes: int) -> 
         if source.url in _WARNED or (not m.compression and reader.shards.mappable and mapped.available()):
             continue
         span = ds.spec.span * m.step_bytes
-        block = ds.shuffle_spec.shuffle_buffer * min(ds.spec.stride * m.step_bytes, span) + span
+        block = ds.config().block_windows * min(ds.spec.stride * m.step_bytes, span) + span  # packed: shuffle_buffer / A
         if lanes * (ds.readahead + 1) * block < WARN_BYTES:
             continue
         _WARNED.add(source.url)
@@ -110,6 +112,6 @@ def warn_unmapped(ds: WindowDataset, readers: list[ShardReader], lanes: int) -> 
         warnings.warn(
             f"streamwin: {source.url}: {why}, so each of this process's {lanes} canonical streams holds its blocks "
             f"in memory: up to {lanes} x (readahead={ds.readahead} + 1) blocks of up to {block / 2**20:,.1f} MB "
-            "(shuffle_buffer windows). Pass cache_dir= (a node cache: blocks are mapped from it), a smaller "
-            "shuffle_buffer, or canonical=None (one stream a process; the order then depends on the world size and "
-            "workers)", RuntimeWarning, stacklevel=3)
+            "(shuffle_buffer windows; packed rows: shuffle_buffer / A). Pass cache_dir= (a node cache: blocks are "
+            "mapped from it), a smaller shuffle_buffer, or canonical=None (one stream a process; the order then "
+            "depends on the world size and workers)", RuntimeWarning, stacklevel=3)

@@ -93,8 +93,6 @@ def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, cas
     urls, seqs = corpus
     kw = dict(CASES[case]) | ({"canonical": ALIGNED} if canon == "aligned" else {})
     worlds = ALIGNED_WORLDS if canon == "aligned" else WORLDS
-    if canon == "aligned" and "pack_length" in kw:  # packed rows keep a block reader a stream: 0 or 1 worker
-        worlds = [(1, 0), (1, 1), (2, 0), (4, 1), (8, 0)]
     mixed = "weights" in kw
     url = urls if mixed else urls[0]
     seqs_by_source = seqs if mixed else seqs[:1]
@@ -190,15 +188,16 @@ def test_epochs_differ_and_runs_repeat(corpus):
     assert lockstep(group, summary) != a[0]
 
 
-@pytest.mark.parametrize("old,new,canon", [((4, 1), (2, 0), CANON), ((1, 0), (2, 2), CANON), ((4, 1), (2, 0), ALIGNED),
-                                           ((1, 0), (8, 0), ALIGNED), ((2, 2), (1, 3), ALIGNED)])
-def test_a_resume_in_another_world_continues_the_same_global_batches(corpus, old, new, canon):
-    url = corpus[0][0]
-    whole = global_batches(lockstep(job(url, *old, canonical=canon), summary))
-    first = job(url, *old, canonical=canon)
-    before = global_batches(lockstep(first, summary, take=7))
+@pytest.mark.parametrize("old,new,canon,case", [((4, 1), (2, 0), CANON, "plain"), ((1, 0), (2, 2), CANON, "plain"),
+                                                ((4, 1), (2, 0), ALIGNED, "plain"), ((1, 0), (8, 0), ALIGNED, "plain"),
+                                                ((2, 2), (1, 3), ALIGNED, "plain"), ((1, 3), (2, 2), ALIGNED, "packed")])
+def test_a_resume_in_another_world_continues_the_same_global_batches(corpus, old, new, canon, case):
+    url, kw = corpus[0][0], CASES[case]
+    whole = global_batches(lockstep(job(url, *old, canonical=canon, **kw), summary))
+    first = job(url, *old, canonical=canon, **kw)
+    before = global_batches(lockstep(first, summary, take=15))  # packed: within a chunk (of 2 steps), not at its start
     state = json.loads(json.dumps(first[-1].state_dict()))
-    group = job(url, *new, canonical=canon)
+    group = job(url, *new, canonical=canon, **kw)
     for x in group:
         x.load_state_dict(state)
     after = global_batches(lockstep(group, summary))
@@ -271,8 +270,10 @@ def test_auto_is_8_slots_one_phase_where_8_is_divided_else_one_stream_a_process(
         assert ds.plan_inputs().get("canonical") is None
         assert global_batches(lockstep(job(url, world, 0, batch=48, canonical="auto"), summary)) == \
             global_batches(lockstep(job(url, world, 0, batch=48, canonical=None), summary))
-    packed = sw.WindowDataset(url, window=W, stride=S, batch_size=2, pack_length=48, min_window=8, window_multiple=4)
-    assert packed.plan_inputs().get("canonical") is None  # packed rows: one stream per rank and worker
+    packed = dict(CASES["packed"])  # packed rows too (their workers take chunks of steps)
+    want = global_batches(lockstep(job(url, 1, 0, canonical=(8, 1), **packed), summary))
+    for world, workers in [(1, 2), (2, 3)]:
+        assert global_batches(lockstep(job(url, world, workers, canonical="auto", **packed), summary)) == want
 
 
 def test_padding_steps_take_every_window_once_in_every_world(corpus):

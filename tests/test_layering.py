@@ -15,7 +15,7 @@ ORDER = [
     "formats.meta", "formats.framed", "formats.seal",
     "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.deadline", "storage.ranged", "storage.manifests", "storage.cache", "storage",
-    "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.mix", "plan.streams",
+    "plan.options", "plan.split", "plan.space", "plan.crops", "plan.rows", "plan.order", "plan.mix", "plan.streams", "plan.group",
     "plan.canon", "plan.canon_deal", "plan.epoch", "plan",
     "packing.inputs.base", "packing.inputs.zipdir", "packing.inputs.npy", "packing.inputs.metacols", "packing.inputs.tables",
     "packing.inputs.rows", "packing.inputs.parquet", "packing.inputs.arrow", "packing.inputs.frames",

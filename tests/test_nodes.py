@@ -34,7 +34,9 @@ def batcher(ds, stream=1, workers=2):
     """Process ``stream``'s Batcher of epoch 1 over its lanes (one block reader each: a stream of each source, or
     its canonical streams'), as pipeline wires it, gathering into fresh buffers."""
     schedule = ds.plan(1, workers).schedule(stream)
-    readers = [BlockReader(ds.sources[i].reader(), schedule.plans[i], c) for i, c in schedule.lanes]
+    only = getattr(schedule, "blocks", None)  # a worker's chunks of packed rows: the blocks each lane reads
+    readers = [BlockReader(ds.sources[i].reader(), schedule.plans[i], c, blocks=only and only[lane])
+               for lane, (i, c) in enumerate(schedule.lanes)]
     layout = ds.layout()
     return Batcher(readers, schedule, gatherer_of(ds), lambda: layout.views(np.empty(layout.nbytes, dtype=np.uint8)))
 

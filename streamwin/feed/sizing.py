@@ -18,7 +18,7 @@ from streamwin.arguments import check_fits
 from streamwin.buffers import BufferPool
 from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
-from streamwin.plan.canon import chunk_steps, shares_batches
+from streamwin.plan.canon import shares_batches, worker_chunk
 
 SPARE_BYTES = 64 << 20  # the workers' spare slots take up to this much memory, all of them together
 CHUNK_BYTES = 256 << 20  # with canonical streams' chunks, up to this much (a chunk of batches a worker)
@@ -31,8 +31,8 @@ def chunk_of(dataset, num_workers: int, world_size: int | None = None) -> int:
     """Batches in a row the loader takes from one worker: Q (a chunk) with canonical streams of one phase whose
     workers do not share batches (plan/canon.py ``shares_batches``), else 1."""
     cfg = dataset.config(num_workers, world_size)
-    return 1 if not cfg.aligned or num_workers < 2 or shared_batches(dataset, num_workers, world_size) else \
-        chunk_steps(cfg)
+    return 1 if not cfg.chunked or num_workers < 2 or shared_batches(dataset, num_workers, world_size) else \
+        worker_chunk(cfg)
 
 
 def shared_batches(dataset, num_workers: int, world_size: int | None = None) -> bool:

@@ -1,6 +1,6 @@
 """Canonical streams: one order of global batches, whatever the number of ranks and workers.
 
-``canonical=(A, P)`` ("auto", the default, is (8, 1) for 1, 2, 4 or 8 ranks of unpacked windows, one source or a mix):
+``canonical=(A, P)`` ("auto", the default, is (8, 1) for 1, 2, 4 or 8 ranks: windows or packed rows, one source or a mix):
 C = A x P canonical streams, A *rank slots* x P *step phases*. Nothing below depends on the
 world size W or the worker count, only on the global batch G = world_size x batch_size (items:
 windows, or packed rows), so global batch k (every rank's batch k, in rank order) is the same in
@@ -27,7 +27,10 @@ every world A allows, with any workers P allows.
    its n workers either *share batches* (``shares_batches``: one source, n <= A/W, G >= A; no
    transform of whole batches): worker w takes every step of slots [A/W * w // n, A/W * (w+1) // n)
    of the rank's and writes their rows (one range: ``CanonPlan.rows``) into one slot the rank's
-   workers share (feed/pool.py); or they take *chunks* w, w + n, ... of Q steps, each whole.
+   workers share (feed/pool.py); or they take *chunks* w, w + n, ... of Q steps, each whole. Packed
+   rows with one phase keep a stream's blocks (a block's rows are known only once packed, so blocks
+   are not aligned to the step): worker w takes chunks of Q steps too (``worker_chunk``: about 2
+   blocks' rows a slot), reading only the blocks its chunks' rows lie in (``RowChunkSchedule``).
 5. **Steps.** Phase p's streams give J_p micro-batches: the most every slot's stream holds
    ("drop"), or the fewest that cover each ("pad": repeats of weight 0). The epoch has
    K = min_p (P J_p + p) steps ("drop"; "pad": the fewest that cover every phase), the same on
@@ -41,9 +44,10 @@ from functools import cached_property
 
 import numpy as np
 
+from streamwin.plan.group import GroupPlan
 from streamwin.plan.mix import SlotQuotas
 from streamwin.plan.options import PlanConfig
-from streamwin.plan.streams import Plan, SourcePlan, worker_batches
+from streamwin.plan.streams import Plan, worker_batches
 
 
 def slot_sizes(total: int, slots: int) -> np.ndarray:
@@ -85,8 +89,8 @@ class CanonPlan(Plan):
 
     @cached_property
     def chunk(self) -> int:
-        """Steps a chunk: Q = shuffle_buffer / G with blocks aligned to the step (workers take whole chunks), else 1."""
-        return chunk_steps(self.config) if self.config.aligned else 1
+        """Steps of the chunks workers take in turn with one phase (``worker_chunk``), else 1."""
+        return worker_chunk(self.config) if self.config.chunked else 1
 
     def worker_of(self, step: int, workers: int) -> int:
         return 0 if self.shared else (step // self.chunk) % workers
@@ -116,95 +120,9 @@ class CanonPlan(Plan):
         """What process ``stream`` (rank * max(1, workers) + worker) takes from which canonical stream, per batch."""
         if self.config.aligned:  # one group a source
             return GroupSchedule(self, *divmod(stream, self.config.workers_per_rank))
+        if self.config.chunked and self.config.num_workers > 1:  # packed rows, one phase: chunks of steps
+            return RowChunkSchedule(self, *divmod(stream, self.config.workers_per_rank))
         return CanonSchedule(self, *divmod(stream, self.config.workers_per_rank))
-
-
-class GroupPlan:
-    """One source's blocks of a process's slots, block j of each read as one block.
-
-    With one phase, stream a's block j holds its micro-batches of steps [jQ, (j + 1)Q) (``SourcePlan.bounds``),
-    so the blocks of a process's slots cover the same steps: read as one block whose yield order is, step after
-    step, each slot's micro-batch (slot after slot), a batch is one part and one gather, as with one stream.
-    ``quotas``: the plan's, of which the process's slots (streams ``lanes``, consecutive) take ``source``'s items;
-    kept: the items before each chunk edge (``at``), a chunk's quotas made when it is read.
-    """
-
-    def __init__(self, plan: SourcePlan, lanes: range, quotas: SlotQuotas, source: int, edges: np.ndarray,
-                 chunks: list[int]):
-        self.plan, self.lanes, self.quotas, self.source, self.edges = plan, lanes, quotas, source, edges
-        self.at = quotas.at(edges)[:, lanes.start : lanes.stop, source].T.copy()  # [slots, chunks + 1]
-        items = (self.at[:, 1:] - self.at[:, :-1]).sum(axis=0)[chunks].astype(np.int64)
-        # a block reads several of the process's chunks when its slots' part of one is small (a rank of many):
-        # about shuffle_buffer windows a read, as one stream's block, whatever the world (the order is the chunks')
-        per = max(1, round(plan.config.block_windows / max(1, int(items.max(initial=1)))))
-        self.blocks = [chunks[i : i + per] for i in range(0, len(chunks), per)]
-        per_block = [int(items[i : i + per].sum()) for i in range(0, len(chunks), per)]
-        self._bounds = np.concatenate([[0], np.cumsum(per_block, dtype=np.int64)]).astype(np.int64)
-        self._recent: dict = {}
-
-    def __getattr__(self, name: str):  # config, locate, ends, crop_key, crop_lengths...: the source plan's
-        if name == "plan":  # not set yet (a copy being made): no recursion
-            raise AttributeError(name)
-        return getattr(self.plan, name)
-
-    def num_blocks(self, stream: int) -> int:
-        return len(self.blocks)
-
-    def item_bounds(self, stream: int) -> np.ndarray:
-        return self._bounds
-
-    def block(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray]:
-        g, real, order = self.block_parts(stream, block)
-        return g[order], real[order]
-
-    def block_parts(self, stream: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(windows of the slots' blocks, stream order; real flags; the yield order: step after step, slot after slot)."""
-        got = self._recent.get(block)
-        if got is None:
-            got = self._recent[block] = self._parts(block)
-            if len(self._recent) > 4:
-                self._recent.pop(next(iter(self._recent)))
-        return got
-
-    def _parts(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Block ``block``: its chunks' parts end to end (the yield order offset by the items before each)."""
-        parts = [self._chunk(c) for c in self.blocks[block]]
-        if len(parts) == 1:
-            return parts[0]
-        at = np.cumsum([0] + [len(g) for g, _, _ in parts[:-1]])
-        out = (np.concatenate([g for g, _, _ in parts]), np.concatenate([r for _, r, _ in parts]),
-               np.concatenate([y + a for (_, _, y), a in zip(parts, at)]))
-        for a in out:
-            a.flags.writeable = False
-        return out
-
-    def _chunk(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every slot's block of chunk ``block`` in one pass, no step per slot: their positions (one run of a
-        StripedOrder) in one ``order.at``, their shuffles one restricted permutation (``stripe_shuffle``, as each
-        stream's own), the yield order one stable sort by step."""
-        sp = self.plan
-        t0, t1 = int(self.edges[block]), int(self.edges[block + 1])
-        lo, n = self.at[:, block], self.at[:, block + 1] - self.at[:, block]  # per slot: items before the chunk, in it
-        total = int(n.sum())
-        lanes = np.arange(self.lanes.start, self.lanes.stop)
-        starts = np.cumsum(n) - n  # where each slot's items begin in the block (stream order)
-        u = np.arange(total, dtype=np.int64) + np.repeat(lo - starts, n)  # each item's position in its stream
-        ranges = np.diff(sp.stream_lo)[lanes]
-        if (lo + n <= ranges).all():  # every item real: each slot's items are one run of its block's segment
-            g = sp.order.at_runs(sp.stream_lo[lanes] + lo, n)
-            real = np.ones(total, dtype=bool)
-        else:
-            g = sp.order.at((np.repeat(sp.stream_lo[lanes], n) + u) % max(sp.total_windows, 1))
-            real = u < np.repeat(ranges, n)
-        shuffled = (sp.stripe_shuffle(block, self.lanes.start, self.lanes.stop) if sp.config.shuffle
-                    else np.arange(total, dtype=np.int64))  # slot after slot, each slot's items in its order
-        took = self.quotas.chunk(block)[:, self.lanes.start : self.lanes.stop, self.source]  # [steps, slots]
-        steps = np.repeat(np.tile(np.arange(t1 - t0, dtype=np.int32), len(n)),
-                          took.T.reshape(-1))  # the step of each, slot after slot
-        yields = shuffled[np.argsort(steps, kind="stable")]  # step after step, slot after slot
-        for a in (g, real, yields):
-            a.flags.writeable = False
-        return g, real, yields
 
 
 class GroupSchedule:
@@ -255,7 +173,7 @@ class CanonSchedule:
         slots, phases = cfg.canonical
         per, self.n, self.w = slots // cfg.world_size, cfg.num_workers, worker
         self.phases, self.quotas = phases, plan.slots
-        mine = range(worker, phases, cfg.num_workers) if cfg.num_workers else range(phases)
+        mine = range(worker, phases, cfg.num_workers) if cfg.num_workers and not cfg.chunked else range(phases)
         self.lanes = [(i, a * phases + p) for i in range(len(plan.sources))
                       for a in range(rank * per, (rank + 1) * per) for p in mine]
         self.batches = worker_batches(plan.steps, self.n, worker) if self.n else plan.steps
@@ -296,6 +214,82 @@ class CanonSchedule:
         return out
 
 
+class RowChunkSchedule(CanonSchedule):
+    """Packed rows over canonical streams of one phase, worker w of n taking chunks w, w + n, ... of Q steps: the
+    rows of a slot's stream are the in-process order's, cut at the chunks' edges. A lane reads only the blocks its
+    chunks' rows lie in (``blocks``; a block two chunks share is read by both workers), its items counted over
+    those; at a chunk's first batch it passes over the rows of its first block that an earlier chunk takes
+    (``skips``). ``positions(j)`` is where a lane stands before batch j's skip."""
+
+    def __init__(self, plan: CanonPlan, rank: int, worker: int):
+        super().__init__(plan, rank, worker)
+        q, steps = plan.chunk, plan.steps
+        self.q, self.chunks = q, list(range(worker, -(-steps // q), plan.config.num_workers))
+        self.batches = sum(min(q, steps - c * q) for c in self.chunks)
+        edges = np.array([c * q for c in self.chunks] + [min((c + 1) * q, steps) for c in self.chunks])
+        at = self.quotas.at(edges)  # [2 x my chunks, slots, sources]: rows before each of my chunks' edges
+        self.blocks: list[list[int]] = []  # per lane: the blocks of its stream it reads, in order
+        self._start = []  # per lane [my chunks]: rows of the stream before each of my chunks
+        self._lo, self._hi = [], []  # per lane [my chunks]: its local item where each of my chunks begins, ends
+        for i, c in self.lanes:
+            r0, r1 = at[: len(self.chunks), c, i], at[len(self.chunks) :, c, i]
+            blocks, lo, hi = _row_blocks(plan.sources[i].item_bounds(c), r0, r1)
+            self.blocks.append(blocks)
+            self._start.append(r0)
+            self._lo.append(lo)
+            self._hi.append(hi)
+
+    def step(self, j: int) -> int:
+        return self.chunks[j // self.q] * self.q + j % self.q
+
+    def positions(self, j: int) -> list[int]:
+        if j >= self.batches:
+            return [int(h[-1]) if len(h) else 0 for h in self._hi]
+        i, r = divmod(j, self.q)
+        if r == 0:  # before the chunk's skip
+            return [int(h[i - 1]) if i else 0 for h in self._hi]
+        before = self.quotas.before(self.step(j))  # [slots, sources]
+        return [int(lo[i] + before[c, s] - start[i]) for (s, c), lo, start in zip(self.lanes, self._lo, self._start)]
+
+    def skips(self, j: int) -> list[tuple[int, int]]:
+        """(lane, items) each lane passes over before batch ``j``: at a chunk's first batch, the rows between where
+        the lane stands and where the chunk's rows begin (the part of a block shared with another worker's chunk)."""
+        i, r = divmod(j, self.q)
+        if r or j >= self.batches:
+            return []
+        out = []
+        for lane, (lo, hi) in enumerate(zip(self._lo, self._hi)):
+            n = int(lo[i] - (hi[i - 1] if i else 0))
+            if n:
+                out.append((lane, n))
+        return out
+
+
+def _row_blocks(bounds: np.ndarray, r0: np.ndarray, r1: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """For runs of rows [r0[i], r1[i]) of a stream (increasing, disjoint) whose blocks hold the rows ``bounds``
+    says: (the blocks they lie in, in order; each run's first and end item counted over those blocks only)."""
+    blocks: list[int] = []
+    local = 0  # items of the blocks listed so far
+    lo, hi = np.zeros(len(r0), dtype=np.int64), np.zeros(len(r0), dtype=np.int64)
+    for i, (a, z) in enumerate(zip(r0.tolist(), r1.tolist())):
+        if z <= a:  # no rows of this source in the chunk: the lane stands where it was
+            lo[i] = hi[i] = hi[i - 1] if i else 0
+            continue
+        b0 = int(np.searchsorted(bounds, a, side="right")) - 1
+        b1 = int(np.searchsorted(bounds, z - 1, side="right")) - 1
+        if blocks and blocks[-1] == b0:  # shared with my previous run (one worker)
+            first = local - int(bounds[b0 + 1] - bounds[b0])
+        else:
+            first = local
+        for b in range(b0, b1 + 1):
+            if not blocks or blocks[-1] < b:
+                blocks.append(b)
+                local += int(bounds[b + 1] - bounds[b])
+        lo[i] = first + a - int(bounds[b0])
+        hi[i] = lo[i] + z - a
+    return blocks, lo, hi
+
+
 def slot_range(config: PlanConfig, rank: int) -> tuple[int, int]:
     """The canonical slots [a0, a1) rank ``rank`` serves."""
     per = config.canonical[0] // config.world_size
@@ -333,6 +327,24 @@ def sharing(plan: Plan, transformed: bool) -> Plan:
 def chunk_steps(config: PlanConfig) -> int:
     """Q, the steps of a block aligned to the step: shuffle_buffer / G (a process's slots hold about one buffer)."""
     return max(1, -(-config.block_windows // (config.world_size * config.batch_size)))
+
+
+PACKED_BLOCKS = 2  # packed rows: a worker's chunk holds about this many blocks' rows of each slot
+
+
+def worker_chunk(config: PlanConfig) -> int:
+    """Q, the steps of the chunks a rank's workers take in turn with one phase: ``chunk_steps``; with packed rows, the
+    steps that take about PACKED_BLOCKS blocks' rows from each slot (crops of the mean drawn length), so that a
+    block two workers' chunks share, read by both, is at most about one read in PACKED_BLOCKS + 1."""
+    q = chunk_steps(config)
+    if config.pack_length is None:
+        return q
+    spec, p = config.spec, config.spec.window_multiple
+    shortest = spec.min_window if spec.variable and spec.min_window is not None else spec.span
+    patches = (-(-shortest // p) + -(-spec.span // p)) / 2  # a crop's mean patches, about
+    block_rows = config.block_windows * patches / (config.pack_length // p)
+    per_slot = config.world_size * config.batch_size / config.canonical[0]  # rows a slot takes a step
+    return max(q, int(np.ceil(PACKED_BLOCKS * block_rows / per_slot)))
 
 
 def chunk_edges(config: PlanConfig, steps: int) -> np.ndarray:

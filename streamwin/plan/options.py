@@ -193,14 +193,20 @@ class PlanConfig:
         check_packing(self.spec, self.pack_length, self.equalize)
         if self.canonical is not None:
             object.__setattr__(self, "canonical", check_canonical(self.canonical))
-            # with blocks aligned to the step workers take chunks of steps (plan/canon.py): any worker count serves
-            check_world(self.canonical, int(self.world_size), 0 if self.aligned else int(self.num_workers))
+            # with one phase workers take chunks of steps (plan/canon.py): any worker count serves
+            check_world(self.canonical, int(self.world_size), 0 if self.chunked else int(self.num_workers))
 
     @property
     def aligned(self) -> bool:
         """Canonical streams of one phase over windows (not packed rows): blocks aligned to the step, read and
         handed to workers a chunk of steps at a time (plan/canon.py)."""
-        return self.canonical is not None and self.canonical[1] == 1 and self.pack_length is None
+        return self.chunked and self.pack_length is None
+
+    @property
+    def chunked(self) -> bool:
+        """Canonical streams of one phase (windows or packed rows): a rank's workers take chunks of steps in turn
+        (or share batches), so any worker count serves them (plan/canon.py)."""
+        return self.canonical is not None and self.canonical[1] == 1
 
     @property
     def workers_per_rank(self) -> int:
@@ -220,16 +226,22 @@ DEFAULT_CANONICAL = AUTO  # one order of global batches for 1, 2, 4, 8 ranks and
 AUTO_CANONICAL = (8, 1)  # 8 rank slots, one phase: worlds of 1, 2, 4, 8 ranks, any worker count
 
 
-def canonical_for(canonical: tuple[int, int] | str | None, world_size: int,
-                  pack_length: int | None) -> tuple[int, int] | None:
+def canonical_for(canonical: tuple[int, int] | str | None, world_size: int) -> tuple[int, int] | None:
     """The canonical streams of a job: as given, or what "auto" means for it, (8, 1) (one order of global batches
-    for 1, 2, 4 and 8 ranks and any worker count, of one source or a mix) unless the world does not divide 8 or the
-    batches are packed rows (whose canonical streams keep a block a stream: 8 in one process); then None, one
-    stream per rank and worker."""
+    for 1, 2, 4 and 8 ranks and any worker count, of windows or packed rows, one source or a mix) unless the world
+    does not divide 8; then None, one stream per rank and worker."""
     if canonical != AUTO:
         return canonical  # type: ignore[return-value]
-    fits = pack_length is None and AUTO_CANONICAL[0] % world_size == 0
-    return AUTO_CANONICAL if fits else None
+    return AUTO_CANONICAL if AUTO_CANONICAL[0] % world_size == 0 else None
+
+
+def stream_block(shuffle_buffer: int, canonical: tuple[int, int] | None, pack_length: int | None) -> int:
+    """Windows a block of a stream holds: ``shuffle_buffer``; packed rows over canonical streams, shuffle_buffer / A
+    (a process holds a block of each of its slots' streams: about shuffle_buffer windows in one process, whatever A;
+    unpacked windows read their slots' blocks of a chunk as one block of that size instead, plan/group.py)."""
+    if canonical is None or pack_length is None:
+        return int(shuffle_buffer)
+    return max(1, int(shuffle_buffer) // canonical[0])
 
 
 def check_canonical(canonical: Any) -> tuple[int, int]:
