@@ -270,10 +270,12 @@ def test_auto_is_8_slots_one_phase_where_8_is_divided_else_one_stream_a_process(
         assert ds.plan_inputs().get("canonical") is None
         assert global_batches(lockstep(job(url, world, 0, batch=48, canonical="auto"), summary)) == \
             global_batches(lockstep(job(url, world, 0, batch=48, canonical=None), summary))
-    packed = dict(CASES["packed"])  # packed rows too (their workers take chunks of steps)
-    want = global_batches(lockstep(job(url, 1, 0, canonical=(8, 1), **packed), summary))
-    for world, workers in [(1, 2), (2, 3)]:
-        assert global_batches(lockstep(job(url, world, workers, canonical="auto", **packed), summary)) == want
+    packed = dict(CASES["packed"])  # packed rows too (their workers take chunks of steps), of one source or a mix
+    for urls, extra in [(url, {}), (corpus[0], {"weights": [0.7, 0.3]})]:
+        want = global_batches(lockstep(job(urls, 1, 0, canonical=(8, 1), **packed, **extra), summary), grouped=True)
+        for world, workers in [(1, 2), (2, 3)]:
+            got = lockstep(job(urls, world, workers, canonical="auto", **packed, **extra), summary)
+            assert global_batches(got, grouped=True) == want, (extra, world, workers)
 
 
 def test_padding_steps_take_every_window_once_in_every_world(corpus):
