@@ -306,7 +306,7 @@ class WindowDataset:
     def plan_inputs(self, num_workers: int = 0) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed exactly (the state format of version 2)."""
         cfg = self.config(num_workers)
-        d = {k: v for k, v in asdict(cfg).items() if k not in ("spec", "canonical") and (k != "pack_length" or v is not None)}
+        d = cfg.inputs()
         if cfg.canonical is not None:  # absent: one stream per rank and worker (as every state saved before it)
             d["canonical"] = list(cfg.canonical)
         d.update(cfg.spec.plain())

@@ -27,7 +27,7 @@ from streamwin.errors import StateMismatchError
 STATE_VERSION = 2
 # plan inputs that only matter for a position inside an epoch
 POSITION_ONLY = frozenset({"batch_size", "world_size", "num_workers", "equalize", "block_windows", "slice_windows",
-                           "canonical"})
+                           "packing", "canonical"})
 
 
 @dataclass
@@ -96,7 +96,7 @@ MAX_STREAMS = 1 << 22  # ranks x workers a plan may deal (the planner scale test
 MAX_INPUTS_BYTES = 1 << 16  # a state's plan inputs as JSON (a few hundred bytes in practice)
 _DEPTH = 16
 _POSITION_RANGES = {"batch_size": (1, 1 << 31), "world_size": (1, 1 << 20), "num_workers": (0, 1 << 12),
-                    "block_windows": (1, 1 << 40), "slice_windows": (1, 1 << 40)}
+                    "block_windows": (1, 1 << 40), "slice_windows": (1, 1 << 40), "packing": (1, 3)}
 # what each plan input may hold (WindowDataset.plan_inputs writes them): a state holding anything else, or a
 # key of none of them, is damaged (shuffle=1 would compare equal to True, and resume under another plan)
 _FLAGS = frozenset({"shuffle", "pad", "jitter"})
@@ -166,6 +166,8 @@ def check_inputs(inputs: Any, field: str = "inputs") -> dict[str, Any]:
         raise _bad(f"{field}.canonical", canonical, "[rank slots, step phases], two integers of 1..4096")
     if "equalize" in inputs and inputs["equalize"] not in ("drop", "pad"):
         raise _bad(f"{field}.equalize", inputs["equalize"], '"drop" or "pad"')
+    if inputs.get("pack_length") is not None and "packing" not in inputs:  # saved before PACKING (plan/options.py)
+        return dict(inputs) | {"packing": 1}
     return dict(inputs)
 
 

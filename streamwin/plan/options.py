@@ -5,7 +5,7 @@ it in ``WindowDataset(...)``; a valid object never needs checking again downstre
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -165,6 +165,9 @@ def pretraining(spec: WindowSpec, pack_length: Any, equalize: Any, missing: Any)
     return None if pack_length is None else int(pack_length), missing
 
 
+PACKING = 2  # packed rows: a small block's rows counted by packing it (plan/rows.py); 1: every block estimated
+
+
 @check_keywords()
 @dataclass(frozen=True)
 class PlanConfig:
@@ -181,10 +184,11 @@ class PlanConfig:
     equalize: str = "drop"
     pack_length: int | None = None  # rows of this many steps, each holding whole crops (plan/rows.py)
     canonical: tuple[int, int] | None = None  # (rank slots, step phases): one order for every world (plan/canon.py)
+    packing: int = PACKING  # how packed rows are counted (PACKING; 1: as states saved before it were planned)
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("world_size", 1), ("num_workers", 0), ("seed", 0),
-                          ("block_windows", 1), ("slice_windows", 1)):
+                          ("block_windows", 1), ("slice_windows", 1), ("packing", 1)):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -195,6 +199,11 @@ class PlanConfig:
             object.__setattr__(self, "canonical", check_canonical(self.canonical))
             # with one phase workers take chunks of steps (plan/canon.py): any worker count serves
             check_world(self.canonical, int(self.world_size), 0 if self.chunked else int(self.num_workers))
+
+    def inputs(self) -> dict[str, Any]:
+        """The fields a checkpoint records of this config (besides ``canonical``; ``packing`` only with packed rows)."""
+        skip = ("spec", "canonical") + (("pack_length", "packing") if self.pack_length is None else ())
+        return {k: v for k, v in asdict(self).items() if k not in skip}
 
     @property
     def aligned(self) -> bool:
