@@ -149,19 +149,21 @@ class Batcher(BaseNode[dict]):
             raise StopIteration
         parts, done = [], []  # done: (reader, block) of the blocks this batch finished
         for i, n in self._skips(j) if self._skips is not None else ():
-            reader, finished = self.readers[i], []
-            self._blocks[i], self._pos[i] = _take(reader, self._blocks[i], self._pos[i], n, [], finished)
-            done += [(reader, block) for block in finished]
+            self._advance(i, n, [], done)  # rows another worker's chunk takes: passed over
         wanted, counts = self.schedule.parts(j)
         for i, need in wanted:
-            reader, finished = self.readers[i], []
-            self._blocks[i], self._pos[i] = _take(reader, self._blocks[i], self._pos[i], need, parts, finished)
-            done += [(reader, block) for block in finished]
+            self._advance(i, need, parts, done)
         self._batch += 1
         batch = self.gatherer.gather(parts, self.next_buffer(), counts)  # copies: no view of a block
         for reader, block in done:
             reader.release(block)
         return batch
+
+    def _advance(self, i: int, n: int, parts: list, done: list) -> None:
+        """Lane ``i``'s next ``n`` items into ``parts``; (reader, block) of each block they finish into ``done``."""
+        reader, finished = self.readers[i], []
+        self._blocks[i], self._pos[i] = _take(reader, self._blocks[i], self._pos[i], n, parts, finished)
+        done += [(reader, block) for block in finished]
 
     def get_state(self) -> dict[str, Any]:
         return {self.BATCH_KEY: self._batch}

@@ -225,7 +225,7 @@ class RowChunkSchedule(CanonSchedule):
         super().__init__(plan, rank, worker)
         q, steps = plan.chunk, plan.steps
         self.q, self.chunks = q, list(range(worker, -(-steps // q), plan.config.num_workers))
-        self.batches = sum(min(q, steps - c * q) for c in self.chunks)
+        self.batches = plan.worker_taken(steps, plan.config.num_workers, worker)
         edges = np.array([c * q for c in self.chunks] + [min((c + 1) * q, steps) for c in self.chunks])
         at = self.quotas.at(edges)  # [2 x my chunks, slots, sources]: rows before each of my chunks' edges
         self.blocks: list[list[int]] = []  # per lane: the blocks of its stream it reads, in order

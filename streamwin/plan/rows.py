@@ -58,9 +58,9 @@ class RowPlan:
             crops_in += np.bincount(block, minlength=len(patches))
             long += np.bincount(block[2 * size > self.row_units], minlength=len(patches))
         rows = np.where(crops_in > 0, np.maximum(np.ceil(patches * (1 + SLACK) / self.row_units) + 1, long), 0)
-        small = (crops_in > 0) & (crops_in <= EXACT_CROPS) if plan.config.packing >= 2 else np.zeros(0, bool)
-        for b in np.flatnonzero(small).tolist():
-            rows[b] = self._packed_rows(plan, stream, b, int(rows[b]))
+        if plan.config.packing >= 2:  # options.PACKING (1: as planned before small blocks were packed to count)
+            for b in np.flatnonzero((crops_in > 0) & (crops_in <= EXACT_CROPS)).tolist():
+                rows[b] = self._packed_rows(plan, stream, b, int(rows[b]))
         return np.concatenate([[0], np.cumsum(rows.astype(np.int64))]).astype(np.int64)
 
     def _packed_rows(self, plan, stream: int, block: int, rows: int) -> int:
