@@ -33,7 +33,7 @@ from streamwin.plan.mix import normalized
 from streamwin.plan.options import (AUTO, DEFAULT_CANONICAL, EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, canonical_for,
                                     check_canonical, pretraining, stream_block)
 from streamwin.plan.split import split_spec
-from streamwin.read import ReadOptions, zstd_slice_windows
+from streamwin.read import READAHEAD_BYTES, ReadOptions, zstd_slice_windows
 from streamwin.seqfields import FieldGather, field_spec, where_of
 from streamwin.source import Source
 from streamwin.state import POSITION_ONLY
@@ -76,8 +76,8 @@ class WindowDataset:
         slice_windows: windows per read slice (default shuffle_buffer // 8, or with zstd enough to span a
             few of the frames or members a read decompresses whole, so that each is read about once
             an epoch); smaller mixes more.
-        readahead: blocks read ahead, on a background thread, of the one being batched (reads
-            release the GIL, so this overlaps I/O with batching and training).
+        readahead, readahead_bytes: blocks read ahead of the one being batched, on a thread; on remote storage
+            more, as far as the latency needs, within ``readahead_bytes`` (256 MiB) a source and process.
         retries: failed attempts in a row allowed per read on transient storage errors.
         retry_backoff: seconds before the first retry, doubling with each failure in a row.
         on_error: "raise" a ShardError on bad data, or "skip": only the windows whose bytes cannot
@@ -126,7 +126,7 @@ class WindowDataset:
                  equalize: str = "drop", rank: int | None = None, world_size: int | None = None,
                  storage_options: dict[str, Any] | None = None, slice_windows: int | None = None,
                  readahead: int = 1, prefetch: int = 0, retries: int = 5, retry_backoff: float = 0.2,
-                 on_error: str = "raise",
+                 on_error: str = "raise", readahead_bytes: int = READAHEAD_BYTES,
                  cache_dir: str | None = None, cache_limit: int | None = None, split: str | None = None,
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_seed: int = 0,
                  holdout: int = 0, weights: Sequence[float] | Mapping[str, float] | None = None,
@@ -145,7 +145,7 @@ class WindowDataset:
         self.batch_size, self.equalize = int(batch_size), equalize
         self.canonical = canonical if canonical is None or canonical == AUTO else check_canonical(canonical)
         self._rank, self._world_size = _explicit_world(rank, world_size)
-        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit, verify_checksums)
+        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit, verify_checksums, readahead_bytes)
         for name, value in (("readahead", readahead), ("prefetch", prefetch)):
             check_int(name, value, 0)
         self.readahead, self.prefetch = int(readahead), int(prefetch)

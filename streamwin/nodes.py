@@ -12,6 +12,7 @@ holds (``SourcePlan.item_bounds``), so the batcher's cursor still locates a bloc
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -24,7 +25,16 @@ from streamwin.read import Block, ShardReader
 
 
 class BlockReader(BaseNode[Block]):
-    """Yields the blocks of one source's stream, reading ``readahead`` blocks ahead on a thread.
+    """Yields the blocks of one source's stream, reading ``readahead`` blocks ahead (or more: see below).
+
+    Each block is read in two steps on the read thread, in order: ``start`` (its GETs sent, on
+    remote storage) and ``finish`` (its bytes in, checked, verified). The starts of the next
+    blocks are queued before the finish of the one the batcher needs next, so their GETs are
+    in flight while it waits and while it is batched. Beyond ``readahead`` blocks, the reader's
+    ``ReadAhead`` (read/ahead.py) says whether a stream may start more: on remote storage it
+    grows while the batcher waits for blocks, within ``readahead_bytes``. The read thread is
+    one thread (its own, or shared by the readers of a source, with canonical streams), so
+    starts and finishes run in the order queued.
 
     Where batches need crop lengths or packed rows, each block is cut into crops there too
     (crop_stage.cut): a CropBlock, whose ``len()`` is its items.
@@ -42,8 +52,11 @@ class BlockReader(BaseNode[Block]):
         self.cut = needs_cut(plan)
         self._shared = pool is not None  # one read thread shared by the readers of a source (canonical streams)
         self._pool: ThreadPoolExecutor | None = pool
-        self._pending: dict[int, Future] = {}
+        self._started: dict[int, Future] = {}  # block -> its start (a StartedBlock), not yet to be finished
+        self._pending: dict[int, Future] = {}  # block -> its finish (the Block)
         self._next = 0
+        self._last = -1  # the last block started
+        self._taken_at: float | None = None  # when the last block was taken
 
     @property
     def num_blocks(self) -> int:
@@ -61,26 +74,55 @@ class BlockReader(BaseNode[Block]):
         super().reset(initial_state)
         self._cancel()
         self._next = int(initial_state[self.BLOCK_KEY]) if initial_state is not None else 0
+        self._last = self._next - 1
+        self._taken_at = None
 
     def next(self) -> Block:
-        n = self.num_blocks
         k = self._next
-        if k >= n:
+        if k >= self.num_blocks:
             raise StopIteration
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read")
-        for j in range(k, min(k + 1 + self.readahead, n)):
-            if j not in self._pending:
-                self._pending[j] = self._pool.submit(self._read, j)
-        block = self._pending.pop(k).result()
+        if k not in self._pending:
+            self._start_ahead(k)
+            self._queue_finish(k)
+        future = self._pending.pop(k)
+        asked = time.perf_counter()
+        ready = future.done()
+        block = future.result()
+        now = time.perf_counter()
+        read = release_of(block)
+        first = self._taken_at is None  # the first block after a reset: its wait is a start-up, not a short read-ahead
+        self.reader.readahead.taken(0 if read is None else read.nbytes, 0.0 if ready or first else now - asked,
+                                    0.0 if first else asked - self._taken_at)
+        self._taken_at = now
         self._next = k + 1
+        self._start_ahead(k)  # while block k is batched
+        self._queue_finish(k + 1)
         return block
 
-    def _read(self, k: int):
-        k = k if self.blocks is None else self.blocks[k]
-        block = self.reader.read_block(self.plan, self.stream, k)
+    def _start_ahead(self, batching: int) -> None:
+        """Queue the starts of the blocks after the last one started: up to ``readahead`` past block ``batching``,
+        more while the read-ahead allows."""
+        n = self.num_blocks
+        while self._last + 1 < n and (self._last + 1 <= batching + self.readahead or self.reader.readahead.may_start()):
+            self._last += 1
+            self._started[self._last] = self._pool.submit(self._start, self._last)
+            self.reader.readahead.started()
+
+    def _queue_finish(self, k: int) -> None:
+        """Queue the finish of block k, once its start is queued (it then runs after it, on the one read thread)."""
+        if k in self._started:
+            self._pending[k] = self._pool.submit(self._finish, k, self._started.pop(k))
+
+    def _start(self, k: int):
+        return self.reader.start_block(self.plan, self.stream, k if self.blocks is None else self.blocks[k])
+
+    def _finish(self, k: int, started: Future):
+        block = self.reader.finish_block(started.result())  # done: started before, on this one thread
         if self.cut:
-            block = cut(block, self.plan, self.stream, k, self.reader.manifest.step_bytes)
+            block = cut(block, self.plan, self.stream, k if self.blocks is None else self.blocks[k],
+                        self.reader.manifest.step_bytes)
         return self.transform(block) if self.transform is not None else block
 
     def release(self, block) -> None:
@@ -93,8 +135,13 @@ class BlockReader(BaseNode[Block]):
         return {self.BLOCK_KEY: self._next}
 
     def _cancel(self) -> None:
-        for f in self._pending.values():
+        for f in (*self._started.values(), *self._pending.values()):
             f.cancel()
+        for f in self._started.values():  # started reads no one will finish: their GETs not yet sent are dropped
+            if f.done() and not f.cancelled() and f.exception() is None:
+                self.reader.cancel(f.result())
+        self.reader.readahead.dropped(len(self._started) + len(self._pending))
+        self._started.clear()
         self._pending.clear()
 
     def shutdown(self) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import streamwin as sw
-import streamwin.read.transport as sw_transport
+import streamwin.read.remote as sw_remote
 from conftest import make_sequences, reference_windows
 from servers import FaultPlan
 
@@ -150,7 +150,7 @@ def test_http_retries_count_failures_in_a_row_not_per_range(dataset, http_server
     KB but always advances (a flaky link under a 256 MB shard) must not run out of them.
     """
     root, _, ref = dataset
-    monkeypatch.setattr(sw_transport, "REMOTE_CONCURRENCY", 1)  # one GET at a time: each breaks once per 6,000 bytes
+    monkeypatch.setattr(sw_remote, "CONNECTIONS", 1)  # one GET at a time: each breaks once per 6,000 bytes
     srv = http_server(root, FaultPlan(drop_every_bytes=6_000, path_contains=SHARDS))
     loader = make_loader(srv.url_for("ds"), retries=1)
     assert epoch(loader) == ref

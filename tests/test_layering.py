@@ -26,7 +26,7 @@ ORDER = [
     "packing.dest", "packing.unit", "packing.parallel", "packing.cluster_ray", "packing.cluster_dask",
     "packing.parts", "packing.sources", "packing.engines",
     "packing.pack", "packing.scanner", "packing.scan", "packing",
-    "read.options", "read.block", "read.counts", "read.members", "read.pieces", "read.runs", "read.frames", "read.sums", "read.verify",
+    "read.ahead", "read.options", "read.block", "read.counts", "read.fetch", "read.members", "read.pieces", "read.runs", "read.frames", "read.sums", "read.verify",
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "seqfields", "source", "crop_stage", "buffers", "batch", "transform", "nodes", "dataset", "pipeline",

@@ -9,9 +9,10 @@ transport per kind of storage (``local`` files, mapped; ``remote`` ranged GETs; 
 ``cached`` copies), zstd members decompressed in ``inflate``. Headers are checked against
 the manifest and failures name the shard, member and byte offset (``members``).
 """
+from streamwin.read.ahead import LIMIT_BYTES as READAHEAD_BYTES
 from streamwin.read.block import READABLE, Block, ReadStats
 from streamwin.read.frames import zstd_slice_windows
 from streamwin.read.options import ReadOptions
 from streamwin.read.reader import ShardReader
 
-__all__ = ["Block", "READABLE", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]
+__all__ = ["Block", "READABLE", "READAHEAD_BYTES", "ReadOptions", "ReadStats", "ShardReader", "zstd_slice_windows"]

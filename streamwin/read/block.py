@@ -56,3 +56,4 @@ class ReadStats:
     bytes_decompressed: int = 0  # zstd output (npy headers included): near the members' bytes when frames are used once
     bytes_verified: int = 0  # bytes checked against the manifest's chunk checksums (whole chunks: a little more than read)
     bytes_sums: int = 0  # bytes of the shards' sums files read (the checksums, formats/checks.py; not in bytes_read)
+    throttled: int = 0  # answers of a store asking for fewer requests (503 SlowDown, 429): GETs in flight halved

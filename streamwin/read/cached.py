@@ -7,11 +7,15 @@ import fsspec
 
 from streamwin.errors import ShardError
 from streamwin.read.counts import Counters
+from streamwin.read.fetch import Fetcher
 from streamwin.read.members import Members
 from streamwin.formats.manifest import ShardEntry
 from streamwin.read.transport import Transport, read_file
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.urls import is_local
+
+FETCHES = 8  # shards fetched into the cache at once
+WHOLE = 1 << 62  # runs are read whole, not in parts: a shard is fetched whole first
 
 
 class CachedShards(Transport):
@@ -29,7 +33,7 @@ class CachedShards(Transport):
 
     def __init__(self, cache: ShardCache, fs: fsspec.AbstractFileSystem, root: str, members: Members,
                  counters: Counters):
-        super().__init__(root, members, counters, concurrent=not is_local(fs))
+        super().__init__(root, members, counters, fetcher=None if is_local(fs) else Fetcher(FETCHES, part=WHOLE))
         self.cache, self.fs = cache, fs
         self._unfetchable: dict[int, ShardError] = {}  # shards that failed to fetch for the current block
         self._whole: set[int] = set()  # shards whose copy was checked whole after a failed read: not again

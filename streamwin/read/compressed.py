@@ -96,7 +96,7 @@ class CompressedReads:
             np.cumsum(vhi[r0:r1] - vlo[r0:r1], out=pos[1:])
             raw = mapped.anonymous(int(pos[-1]))
             ks = shard[bounds[r0:r1]]
-            rlo, rhi = self.verifier.reuse_edges(ks, vlo[r0:r1], vhi[r0:r1], runs.run_lo[r0:r1], runs.run_hi[r0:r1],
+            rlo, rhi, _ = self.verifier.reuse_edges(ks, vlo[r0:r1], vhi[r0:r1], runs.run_lo[r0:r1], runs.run_hi[r0:r1],
                                                  raw, pos)
             rhi = np.maximum(rhi, rlo)
             into = pos[:-1] + rlo - vlo[r0:r1]

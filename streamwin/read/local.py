@@ -17,7 +17,7 @@ class LocalShards(Transport):
     mappable = True
 
     def __init__(self, root: str, members: Members, counters: Counters, *, retries: int, backoff: float):
-        super().__init__(root, members, counters, concurrent=False)
+        super().__init__(root, members, counters)
         self.retrying = Retrying(members, counters, retries, backoff)
 
     def read_into(self, k: int, offset: int, out: memoryview) -> None:

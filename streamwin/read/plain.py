@@ -10,17 +10,21 @@ boundary before its first byte to the one after its last (a mapping maps those p
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 from streamwin.errors import ShardError
 from streamwin.read.block import READABLE
 from streamwin.read.counts import Counters
+from streamwin.read.fetch import Pending
 from streamwin.read.local import map_range
 from streamwin.read.members import Members
 from streamwin.read.pieces import Pieces
 from streamwin.read.runs import PlainRuns, packed, paged, plain_runs
 from streamwin.read.transport import Transport
-from streamwin.read.verify import Damage, Verifier
+from streamwin.read.verify import Damage, Later, Verifier
 from streamwin.storage import mapped
 
 MAX_MAPPED_RUNS = 1024  # a block of more separate runs is read, not mapped (mappings per process are limited)
@@ -41,10 +45,27 @@ class PlainReads:
         (after ``_recover`` read again what a failed run lost, with on_error="skip"), then its
         chunks: with on_error="skip", ``damage`` lists the steps of each piece in a damaged chunk.
         """
+        return self.finish(self.start(p, tail))
+
+    def start(self, p: Pieces, tail: int) -> "PlainRead":
+        """Start reading pieces ``p`` (mapped now, or GETs in flight on remote storage): ``finish`` gives the read."""
         runs = plain_runs(self.members.manifest, p)
         vlo, vhi = self.verifier.spans(runs.shard, runs.run_lo, runs.run_hi)
         self.verifier.load(runs.shard, vlo, vhi)  # the sums these reads are verified against
-        buf, run_at, errors, refill, spans = self._fetch(runs, vlo, vhi, tail)
+        loads = self.verifier.loads
+        return PlainRead(runs, vlo, vhi, *self._fetch(runs, vlo, vhi, tail), loads=loads)
+
+    def finish(self, r: "PlainRead") -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Damage]]:
+        """What ``read`` gives, once the reads ``start`` began are in."""
+        runs, vlo, vhi, buf, run_at, refill, spans = r.runs, r.vlo, r.vhi, r.buf, r.run_at, r.refill, r.spans
+        errors = r.pending.wait()
+        for j, k, a, n, pos in self.verifier.take_later(r.later, buf):  # edge chunks not kept as promised: read,
+            err = self.shards.try_read((k, a, memoryview(buf)[pos : pos + n]))  # and verified with the run
+            spans[0][j], spans[1][j] = min(spans[0][j], a), max(spans[1][j], a + n)
+            if err is not None and errors[j] is None:
+                errors[j] = err
+        if self.verifier.loads != r.loads:  # blocks started since held other sums: those of this one again
+            self.verifier.load(runs.shard, vlo, vhi)
         base, header_at = runs.land(run_at)
         at, hlens, bounds = header_at.tolist(), runs.hlen.tolist(), runs.first.tolist()
         heads = runs.covers_header().tolist()
@@ -61,6 +82,7 @@ class PlainReads:
                         self.counters.skip_or_raise(e)
                         good[u] = 0
         damage = self._verify(runs, buf, run_at - (runs.run_lo - vlo), vlo, spans, errors, good)
+        self.verifier.settle(r.later)
         return buf, base, good, damage
 
     def _verify(self, runs: PlainRuns, buf: np.ndarray, at: np.ndarray, vlo: np.ndarray, spans, errors: list,
@@ -110,14 +132,15 @@ class PlainReads:
 
         Read, a run is fetched from ``vlo`` to ``vhi`` (whole chunks, to be verified) but for the
         edge chunks this thread kept; mapped, only its own bytes, whose pages hold those chunks
-        when a chunk divides a page. Returns (buffer, run starts, errors, refill, (read from,
-        read to, edges kept: whether this was read)).
+        when a chunk divides a page. Returns (buffer, run starts, the reads (Pending), refill,
+        (read from, read to, edges kept: whether this was read)).
         """
         if self.map_files and len(runs) <= MAX_MAPPED_RUNS:
             whole = self.verifier.chunk == 0 or mapped.PAGE % self.verifier.chunk == 0
             try:
-                out = self._map_runs(runs, runs.run_lo if whole else vlo, runs.run_hi if whole else vhi, tail)
-                return (*out, (vlo, vhi, False))
+                buf, run_at, pending, refill, later = self._map_runs(runs, runs.run_lo if whole else vlo,
+                                                                     runs.run_hi if whole else vhi, tail)
+                return buf, run_at, pending, refill, (vlo, vhi, False), later
             except OSError:  # out of address space or mappings: read instead
                 pass
         return self._read_runs(runs, vlo, vhi, tail)
@@ -151,32 +174,30 @@ class PlainReads:
             err, u, again = refill(int(runs.shard[j]), int(runs.lo[v]), end, into), v, True
 
     def _read_runs(self, runs: PlainRuns, lo: np.ndarray, hi: np.ndarray, tail: int):
-        """Read bytes [lo[j], hi[j]) of each run's shard (its bytes and more) into one buffer, back to back.
+        """Start reading bytes [lo[j], hi[j]) of each run's shard (its bytes and more) into one buffer, back to back.
 
-        Returns (buffer, run starts, errors, refill), where ``refill(k, lo, hi, at)`` reads bytes
-        [lo, hi) of shard k to ``at`` in the buffer again (ShardError or None).
+        Returns (buffer, run starts, the reads (Pending), refill), where ``refill(k, lo, hi, at)``
+        reads bytes [lo, hi) of shard k to ``at`` in the buffer again (ShardError or None).
         """
         at, nbytes = packed(lo, hi)
         buf = mapped.anonymous(nbytes + tail)  # zeroed: the tail too
-        rlo, rhi = self.verifier.reuse_edges(runs.shard, lo, hi, runs.run_lo, runs.run_hi, buf, at)
+        rlo, rhi, later = self.verifier.reuse_edges(runs.shard, lo, hi, runs.run_lo, runs.run_hi, buf, at, ahead=True)
         todo = np.flatnonzero(rhi > rlo)
         reads = [(int(runs.shard[j]), int(rlo[j]), memoryview(buf)[at[j] + rlo[j] - lo[j] : at[j] + rhi[j] - lo[j]])
                  for j in todo.tolist()]
-        errors: list[ShardError | None] = [None] * len(runs)
-        for j, err in zip(todo.tolist(), self.shards.read_many(reads)):
-            errors[j] = err
+        pending = _Spread(self.shards.submit(reads), todo.tolist(), len(runs))
         run_at = at + (runs.run_lo - lo)
 
         def refill(k: int, a: int, b: int, at: int) -> ShardError | None:
             return self.shards.try_read((k, a, memoryview(buf)[at : at + b - a]))
-        return buf, run_at, errors, refill, (rlo, np.maximum(rhi, rlo), True)
+        return buf, run_at, pending, refill, (rlo, np.maximum(rhi, rlo), True), later
 
     def _map_runs(self, runs: PlainRuns, lo: np.ndarray, hi: np.ndarray, tail: int):
         """Map bytes [lo[j], hi[j]) of each run's (local or cached) shard file into one address range.
 
         No bytes are copied: the gather reads the page cache directly. Each range starts at a
-        page boundary of the buffer, ``lo % PAGE`` bytes in. Returns (buffer, run starts, errors,
-        refill) as ``_read_runs`` does; raises OSError when the system refuses a mapping.
+        page boundary of the buffer, ``lo % PAGE`` bytes in. Returns (buffer, run starts, the reads
+        (done), refill) as ``_read_runs`` does; raises OSError when the system refuses a mapping.
         """
         at, nbytes = paged(lo, hi)
         # the page tables are filled by the mapping call, which runs without the GIL, even where every page is
@@ -201,4 +222,36 @@ class PlainReads:
             except OSError as e:  # the mapping was refused now: the bytes are not there
                 return ShardError(f"cannot map shard bytes: {e}", shard=self.members.shard_url(k), offset=a)
             return None
-        return target.array(), run_at, errors, refill
+        return target.array(), run_at, Pending(len(errors), errors=errors), refill, Later(-1, [])
+
+
+@dataclass
+class PlainRead:
+    """A block's plain reads, started: the runs, the spans verified, the buffer and where each run lands in it."""
+
+    runs: PlainRuns
+    vlo: np.ndarray
+    vhi: np.ndarray
+    buf: np.ndarray
+    run_at: np.ndarray
+    pending: "Pending | _Spread"
+    refill: Callable[[int, int, int, int], "ShardError | None"]
+    spans: tuple
+    later: Later  # edge chunks left out, to take from those an earlier read keeps
+    loads: int  # the verifier's loads when this read was started
+
+
+class _Spread:
+    """The errors of the runs of ``pending`` placed at indices ``at`` of ``count`` runs (the rest: None)."""
+
+    def __init__(self, pending: Pending, at: list[int], count: int):
+        self.pending, self.at, self.count = pending, at, count
+
+    def wait(self) -> list[ShardError | None]:
+        errors: list[ShardError | None] = [None] * self.count
+        for j, err in zip(self.at, self.pending.wait()):
+            errors[j] = err
+        return errors
+
+    def cancel(self) -> None:
+        self.pending.cancel()

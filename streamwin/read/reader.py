@@ -20,6 +20,7 @@ byte offset (or, with on_error="skip", windows of weight 0, counted).
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from streamwin.errors import ShardError
 from streamwin.formats import npy as npyfmt
 from streamwin.formats.manifest import Manifest
+from streamwin.read.ahead import ReadAhead
 from streamwin.read.block import READABLE, Block, ReadStats
 from streamwin.read.cached import CachedShards
 from streamwin.read.compressed import CompressedReads
@@ -90,6 +92,8 @@ class ShardReader:
         else:  # local and cached shards are mapped, not read: the gather then copies straight from the page cache
             map_files = self.shards.mappable and mapped.available()
             self.reads = PlainReads(self.shards, self.members, self.counters, map_files=map_files, verifier=verifier)
+        # how far its streams read ahead: as far as the latency needs on remote storage (read/ahead.py)
+        self.readahead = ReadAhead(options.readahead_bytes, adaptive=isinstance(self.shards, RemoteShards))
         self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
         self._lock = threading.Lock()
 
@@ -100,6 +104,12 @@ class ShardReader:
 
     def read_block(self, plan: BlockPlan, stream: int, block: int) -> Block:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""
+        return self.finish_block(self.start_block(plan, stream, block))
+
+    def start_block(self, plan: BlockPlan, stream: int, block: int) -> "StartedBlock":
+        """Start reading block ``block`` of ``stream``: its GETs in flight on remote storage (read whole
+        elsewhere); ``finish_block`` gives the Block. Blocks are finished in the order they were started,
+        on the thread that started them."""
         with self._lock:
             self._unmap.clear()
         self.shards.begin_block()
@@ -116,10 +126,20 @@ class ShardReader:
         if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
             raise self.members.byte_order_error(int(seq[0]))
         p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
-        uniq, inv = np.unique(seq, return_inverse=True)
         valid = np.minimum(length - start, span)
-        buf, base, good, damage = self._read(p, span * sb)
-        offs, lost = land(p, base, good, start, valid, sb, len(buf) - span * sb)
+        tail = span * sb
+        if isinstance(self.reads, PlainReads) and not isinstance(self.shards, CachedShards):
+            read: Any = self.reads.start(p, tail)
+        else:  # zstd members and the node cache: read now
+            read = self._read(p, tail)
+        return StartedBlock(p, read, seq, start, real, valid, into_yield, sb, span)
+
+    def finish_block(self, b: "StartedBlock") -> Block:
+        """The Block of a started read, once its bytes are in, checked and verified."""
+        buf, base, good, damage = b.read if isinstance(b.read, tuple) else self.reads.finish(b.read)
+        seq, start, real, valid, sb, span = b.seq, b.start, b.real, b.valid, b.step_bytes, b.span
+        uniq, inv = np.unique(seq, return_inverse=True)
+        offs, lost = land(b.pieces, base, good, start, valid, sb, len(buf) - span * sb)
         if damage:  # on_error="skip": windows with a step in a chunk that failed verification
             bad = lost_windows(damage, seq, start, valid) & ~lost
             offs[bad], lost = len(buf) - span * sb, lost | bad
@@ -127,8 +147,13 @@ class ShardReader:
             real = real & ~lost
             valid = np.where(lost, 0, valid)
             self.counters.add(skipped_windows=int(lost.sum()))
-        offs, start, real, valid, inv = (a[into_yield] for a in (offs, start, real, valid, inv))
+        offs, start, real, valid, inv = (a[b.into_yield] for a in (offs, start, real, valid, inv))
         return Block(buf, offs, start, real, valid, uniq, inv)
+
+    def cancel(self, b: "StartedBlock") -> None:
+        """Drop a started read that will not be finished (its GETs not yet sent are not sent)."""
+        if not isinstance(b.read, tuple):
+            b.read.pending.cancel()
 
     def _read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
         """The pieces' bytes (``reads.read``). Through the node cache, a read that fails is first done with
@@ -161,6 +186,21 @@ class ShardReader:
         """Stop the GET threads and close the pooled connections (a later read starts them anew); with
         ``wait=False`` a read still in flight on another thread ends on its own instead of being waited for."""
         self.shards.shutdown(wait)
+
+
+@dataclass
+class StartedBlock:
+    """A block whose read has started: its pieces, the read (in flight, or done), and its windows' places."""
+
+    pieces: Pieces
+    read: Any  # PlainRead in flight, or the (buffer, bases, good, damage) of a read already done
+    seq: np.ndarray
+    start: np.ndarray
+    real: np.ndarray
+    valid: np.ndarray
+    into_yield: np.ndarray
+    step_bytes: int
+    span: int
 
 
 def _transport(url: str, members: Members, counters: Counters, options: ReadOptions) -> Transport:

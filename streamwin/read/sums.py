@@ -4,8 +4,8 @@ A dataset's chunk and block checksums sit in a sums file beside each shard (form
 index.json keeping only the digest of each one's page table. Before a block's bytes are
 verified, ``load`` fetches what its reads need and the reader does not hold yet: the page
 table of each shard it reads (checked against index.json's digest), then the pages that
-cover the bytes read (each checked against the table; READ_PAGES at a time), in one
-concurrent round of ranged reads each, through the dataset's transport (retried like shard reads). What is held is
+cover the bytes read (each checked against the table; READ_PAGES at a time; a small sums file
+is read whole with its table), in one concurrent round of ranged reads each, through the dataset's transport (retried like shard reads). What is held is
 kept least-recently-used up to ``limit`` bytes (beyond it only while one block needs more),
 so a process holds the sums of the shards in flight, a few KiB per 4 MiB page, whatever the
 corpus. A sums file that is missing, cut short, damaged or another shard's is a ShardError
@@ -30,6 +30,8 @@ from streamwin.formats.sums import SumsSpan, parse_pages
 
 SUMS_LIMIT = 4 << 20  # bytes of sums (page tables and pages) a reader keeps
 READ_PAGES = 16  # pages are read in aligned groups of this many (64 MiB of shard, 65 KiB of sums): fewer, larger reads
+WHOLE_BYTES = 256 << 10  # a sums file this small (of a shard up to ~250 MiB) is read whole with its table
+WHOLE = -2  # a read of a whole sums file: its table and every page
 Fetch = Callable[[list[tuple[int, int, memoryview]]], list["ShardError | None"]]  # (shard, offset, out) of sums files
 
 
@@ -63,7 +65,7 @@ class Sums:
         with self._lock:
             self._failed = {}
             ks = sorted(set(shard.tolist()))
-            self._read([(k, -1, 0) for k in ks if (k, -1) not in self._held])
+            self._read([(k, WHOLE if self._small(k) else -1, 0) for k in ks if (k, -1) not in self._held])
             want = {(k, -1) for k in ks}
             missing = set()
             for k, a, b in zip(shard.tolist(), lo.tolist(), hi.tolist()):
@@ -115,7 +117,10 @@ class Sums:
         reads, bufs = [], []
         for k, p0, p1 in runs:
             layout = self.checks.layout(k)
-            a, b = (0, layout.table_bytes) if p0 < 0 else (layout.page_range(p0)[0], layout.page_range(p1 - 1)[1])
+            if p0 == WHOLE:
+                a, b = 0, layout.page_range(layout.pages - 1)[1]
+            else:
+                a, b = (0, layout.table_bytes) if p0 < 0 else (layout.page_range(p0)[0], layout.page_range(p1 - 1)[1])
             bufs.append(np.empty(b - a, dtype=np.uint8))
             reads.append((k, a, memoryview(bufs[-1])))
         for (k, p0, p1), buf, err in zip(runs, bufs, self.fetch(reads) if reads else []):
@@ -124,6 +129,10 @@ class Sums:
             try:
                 if err is not None:
                     raise err
+                if p0 == WHOLE:  # the table, then every page
+                    layout = self.checks.layout(k)
+                    self._hold((k, -1), self.checks.table(k, buf[: layout.table_bytes]).copy())
+                    p0, p1, buf = 0, layout.pages, buf[layout.table_bytes :]
                 if p0 < 0:
                     self._hold((k, -1), self.checks.table(k, buf).copy())
                 else:
@@ -132,6 +141,11 @@ class Sums:
                     self._page.update(((k, p), p0) for p in range(p0, p1))
             except (ShardError, ValueError) as e:
                 self._failed[k] = self._error(k, e)
+
+    def _small(self, k: int) -> bool:
+        """Whether shard k's sums file is read whole when its table is first needed (one round trip, not two)."""
+        layout = self.checks.layout(k)
+        return layout.pages > 0 and layout.page_range(layout.pages - 1)[1] <= WHOLE_BYTES
 
     def _hold(self, key: tuple[int, int], value) -> None:
         self._held[key] = value

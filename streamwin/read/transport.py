@@ -3,9 +3,11 @@
 A transport reads (shard, offset, destination) runs: ``read_into`` fills the destination
 or raises a ShardError naming the shard and the byte offset, counting bytes, requests,
 retries and cache hits. Where the shards are local files (``mappable``), ``open_file``
-opens one for mapping. ``read_many`` reads the runs of a block, concurrently on a pool of
-GET threads where reads are latency-bound (object storage); ``read_sums`` reads ranges of
-the shards' sums files (formats/checks.py) the same way. The transports:
+opens one for mapping. ``submit`` starts reading the runs of a block and ``read_many`` reads
+them: in the caller's thread, or where reads are latency-bound (object storage) split into
+parts on a pool of GET threads (fetch.py), so the runs of later blocks can be in flight
+while this one is batched; ``read_sums`` reads ranges of the shards' sums files
+(formats/checks.py) the same way. The transports:
 
 - ``local.LocalShards``: the shard files themselves, read (or mapped);
 - ``remote.RemoteShards``: objects on remote storage, one ranged GET per run;
@@ -14,20 +16,16 @@ the shards' sums files (formats/checks.py) the same way. The transports:
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable
 
 from streamwin.errors import ShardError
 from streamwin.read.counts import Counters
+from streamwin.read.fetch import Fetcher, Pending, Run
 from streamwin.read.members import Members
 from streamwin.storage.deadline import total_limit
 from streamwin.storage.ranged import BrokenRead
 from streamwin.storage.retry import describe, permanent
 from streamwin.storage.urls import join
-
-REMOTE_CONCURRENCY = 8  # concurrent range GETs per block on object storage
-
-Run = tuple[int, int, memoryview]  # (shard, offset, destination): read bytes [offset, offset + len) of the shard
 
 
 class Transport:
@@ -35,9 +33,8 @@ class Transport:
 
     mappable = False  # shards are local files that ``open_file`` opens
 
-    def __init__(self, root: str, members: Members, counters: Counters, *, concurrent: bool):
-        self.root, self.members, self.counters, self.concurrent = root, members, counters, concurrent
-        self._pool: ThreadPoolExecutor | None = None
+    def __init__(self, root: str, members: Members, counters: Counters, *, fetcher: Fetcher | None = None):
+        self.root, self.members, self.counters, self.fetcher = root, members, counters, fetcher
 
     def path(self, k: int) -> str:
         """Shard k's path on its filesystem."""
@@ -63,7 +60,7 @@ class Transport:
         raise NotImplementedError
 
     def read_sums(self, runs: list[Run]) -> list[ShardError | None]:
-        """Read ranges of sums files (each one's ShardError or None), concurrently where ``concurrent``."""
+        """Read ranges of sums files (each one's ShardError or None), as ``submit`` does."""
         return self.read_many(runs, self.read_sums_into)
 
     def try_read(self, run: Run, read: Callable[[int, int, memoryview], None] | None = None) -> ShardError | None:
@@ -74,21 +71,22 @@ class Transport:
         except ShardError as e:
             return e
 
+    def submit(self, runs: list[Run], read: Callable[[int, int, memoryview], None] | None = None) -> Pending:
+        """Start reading runs with ``read`` (default ``read_into``): on the fetcher's threads where the transport
+        has one (``Pending.wait()`` then waits for them), else now, in this thread."""
+        if self.fetcher is None:
+            return Pending(len(runs), errors=[self.try_read(r, read) for r in runs])
+        return self.fetcher.submit(runs, lambda r: self.try_read(r, read))
+
     def read_many(self, runs: list[Run], read: Callable[[int, int, memoryview], None] | None = None
                   ) -> list[ShardError | None]:
-        """Read runs (each one's ShardError or None) with ``read`` (default ``read_into``), concurrently where the
-        transport is ``concurrent``."""
-        if not self.concurrent or len(runs) < 2:
-            return [self.try_read(r, read) for r in runs]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=REMOTE_CONCURRENCY, thread_name_prefix="streamwin-get")
-        return list(self._pool.map(lambda r: self.try_read(r, read), runs))
+        """Read runs (each one's ShardError or None) with ``read`` (default ``read_into``), as ``submit`` does."""
+        return self.submit(runs, read).wait()
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the GET threads (a later read starts new ones); ``wait=False`` lets a GET in flight end on its own."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=wait, cancel_futures=True)
-            self._pool = None
+        if self.fetcher is not None:
+            self.fetcher.shutdown(wait)
 
 
 class Retrying:

@@ -16,12 +16,16 @@ block, needs the same chunk. Each reading thread keeps the edge chunks it verifi
 (``EdgeChunks``, EDGE_BYTES), and a read whose edge chunk is there takes it from there
 instead of reading it again; so neighbouring pieces read a chunk they share once while it
 is kept, and a read costs its bytes plus at most a chunk at either end when it is not.
+Blocks read ahead are started before the ones before them are finished, so a read also
+leaves out an edge chunk that a block started before it will keep (``promised``) and takes
+it when it is finished, after that block (``take_later``), or reads it then if it was not kept.
 Pure numpy besides the counters, no I/O.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -41,6 +45,13 @@ class EdgeChunks:
     def __init__(self, limit: int = EDGE_BYTES):
         self.limit, self.nbytes = limit, 0
         self.entries: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self.promised: OrderedDict[tuple[int, int], int] = OrderedDict()  # chunk -> the read that will keep it
+        self.reads = 0  # reads started on this thread
+
+    def settle(self, read: int) -> None:
+        """Read ``read`` is finished: the promises of it and of reads started before it are kept or void."""
+        while self.promised and next(iter(self.promised.values())) <= read:
+            self.promised.popitem(last=False)
 
     def get(self, k: int, j: int) -> np.ndarray | None:
         """Chunk j of shard k, if kept."""
@@ -67,9 +78,11 @@ class Verifier:
         self.members, self.counters, self.sums = members, counters, sums
         self.checks = sums.checks if sums is not None else None
         self._local = threading.local()
+        self.loads = 0  # calls of load: the sums held may have changed since a count was taken
 
     def load(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         """Fetch the sums that verifying bytes [lo[j], hi[j]) of shards ``shard[j]`` needs (sums.Sums.load)."""
+        self.loads += 1
         if self.sums is not None:
             self.sums.load(shard, lo, hi)
 
@@ -81,25 +94,66 @@ class Verifier:
         return local.edges
 
     def reuse_edges(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, need_lo: np.ndarray,
-                    need_hi: np.ndarray, buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    need_hi: np.ndarray, buf: np.ndarray, at: np.ndarray, ahead: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray, "Later"]:
         """For reads of whole chunks [lo, hi) of runs that need [need_lo, need_hi), placed at ``at`` in ``buf``:
-        copy each edge chunk kept by this thread into place; (lo, hi) left to read (hi <= lo: nothing)."""
+        copy each edge chunk kept by this thread into place; with ``ahead`` (a read finished later, ``settle``d
+        then), leave out those a read started before will keep, and promise its own. (lo, hi) left to read
+        (hi <= lo: nothing), and the chunks left out (``take_later`` fills them)."""
         rlo, rhi = lo.copy(), hi.copy()
+        later = Later(-1, [])
         if self.checks is None:
-            return rlo, rhi
+            return rlo, rhi, later
+        promised = self.edges().promised if ahead else {}
         c, edges = self.checks.chunk, self.edges()
         for j in range(len(lo)):
             k, a, b = int(shard[j]), int(lo[j]), int(hi[j])
-            first = edges.get(k, a // c) if a < need_lo[j] else None
-            if first is not None and len(first) == min(c, b - a):
-                buf[at[j] : at[j] + len(first)] = first
-                rlo[j] = a + len(first)
+            if a < need_lo[j]:
+                first = edges.get(k, a // c)
+                n = min(c, b - a)
+                if first is not None and len(first) == n:
+                    buf[at[j] : at[j] + n] = first
+                    rlo[j] = a + n
+                elif (k, a // c) in promised:
+                    later.chunks.append((j, k, a, n, int(at[j])))
+                    rlo[j] = a + n
             last_at = (b - 1) // c * c
-            last = edges.get(k, last_at // c) if b > need_hi[j] and last_at >= rlo[j] else None
-            if last is not None and len(last) == b - last_at:
-                buf[at[j] + last_at - a : at[j] + b - a] = last
-                rhi[j] = last_at
-        return rlo, rhi
+            if b > need_hi[j] and last_at >= rlo[j]:
+                last = edges.get(k, last_at // c)
+                if last is not None and len(last) == b - last_at:
+                    buf[at[j] + last_at - a : at[j] + b - a] = last
+                    rhi[j] = last_at
+                elif (k, last_at // c) in promised:
+                    later.chunks.append((j, k, last_at, b - last_at, int(at[j] + last_at - a)))
+                    rhi[j] = last_at
+        if not ahead:
+            return rlo, rhi, later
+        edges.reads += 1
+        later.read = edges.reads
+        for j in range(len(lo)):  # the edge chunks this read will keep once it is verified
+            k, a, b = int(shard[j]), int(lo[j]), int(hi[j])
+            if a < need_lo[j]:
+                edges.promised[(k, a // c)] = later.read
+            if b > need_hi[j]:
+                edges.promised[(k, (b - 1) // c)] = later.read
+        return rlo, rhi, later
+
+    def take_later(self, later: "Later", buf: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+        """Copy the chunks ``reuse_edges`` left out into ``buf`` from those kept since; the ones not kept (their
+        read failed, or was dropped): (run, shard, first byte, bytes, where in ``buf``), to read now."""
+        edges, missing = self.edges(), []
+        for j, k, a, n, pos in later.chunks:
+            data = edges.get(k, a // self.checks.chunk)
+            if data is not None and len(data) == n:
+                buf[pos : pos + n] = data
+            else:
+                missing.append((j, k, a, n, pos))
+        return missing
+
+    def settle(self, later: "Later") -> None:
+        """The read ``later`` came from is finished (its edges kept, if verified)."""
+        if later.read >= 0:
+            self.edges().settle(later.read)
 
     def keep_edges(self, k: int, a: int, data: np.ndarray, need_lo: int, need_hi: int) -> None:
         """Keep the first and last chunk of verified bytes ``data`` of shard k (from ``a``) where they reach past
@@ -155,6 +209,15 @@ class Verifier:
         """The ShardError of damaged bytes [a, b) of shard k, named at member i and byte ``at``."""
         return self.members.error(f"checksum mismatch: shard bytes {a}..{b} differ from what was packed (chunk "
                                   f"checksums of {self.checks.chunk} bytes, {self.checks.algorithm})", i, k, at)
+
+
+@dataclass
+class Later:
+    """Edge chunks a read left out, to take from those kept when it is finished: (run, shard, first byte, bytes,
+    where in the buffer) each; ``read``: the read's number on its thread."""
+
+    read: int
+    chunks: list[tuple[int, int, int, int, int]]
 
 
 def lost_windows(damage: list[Damage], seq: np.ndarray, start: np.ndarray, valid: np.ndarray) -> np.ndarray:

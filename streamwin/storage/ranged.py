@@ -18,7 +18,9 @@ from streamwin.storage.deadline import attempt_limit, watchdog
 # -- byte ranges of remote objects ------------------------------------------------------------
 
 CHUNK = 4 << 20  # cat_file fallback: a range is fetched in chunks; a retry re-fetches the chunk that broke
-PIECE = 256 << 10  # streamed GETs: read into the caller's buffer this much at a time (a break loses at most this)
+PIECE = 1 << 20  # streamed GETs: read into the caller's buffer at most this much a socket read
+CONNECTIONS = 32  # connections a reader keeps open to its endpoint, and so GETs in flight at most
+THROTTLED = (429, 503)  # answers that ask a client to send fewer requests (S3's SlowDown is a 503)
 HTTP_TIMEOUTS = (5.0, 30.0)  # connect, read (a stall): aiohttp's 300 s read made a stalled GET cost 5 min a try
 S3_TIMEOUTS = (5.0, 60.0)  # connect (botocore's 60 s made an unreachable endpoint cost minutes), read: botocore's
 PRESIGN_SECONDS = 3600  # a presigned s3 URL is used for half its lifetime, then signed anew
@@ -30,12 +32,18 @@ class BrokenRead(Exception):
 
     Why: the ``__cause__`` (a dropped connection, a read time-out, a body that ended before
     its length), or, with no cause, the message (an error answer such as 503 or 429, with
-    ``delivered`` 0). The bytes before ``delivered`` are good; a retry asks for the rest.
+    ``delivered`` 0, and the answer's ``status``). The bytes before ``delivered`` are good; a
+    retry asks for the rest.
     """
 
-    def __init__(self, message: str, delivered: int):
+    def __init__(self, message: str, delivered: int, status: int | None = None):
         super().__init__(message)
-        self.delivered = delivered
+        self.delivered, self.status = delivered, status
+
+    @property
+    def throttled(self) -> bool:
+        """The server asked for fewer requests (429, or 503 such as S3's SlowDown)."""
+        return self.status in THROTTLED
 
 
 class RangeReader:
@@ -53,7 +61,8 @@ class RangeReader:
       headers. http uses the URL with the ``headers``, ``auth`` and ``timeout`` of the
       filesystem's options; s3 a presigned GET URL from s3fs, which carries whatever
       credentials, endpoint and region s3fs was given (cached per object, signed anew
-      once on a 403). Connections are pooled per reader.
+      once on a 403). Connections are pooled per reader, ``connections`` of them at most:
+      a GET beyond them waits for one to be free.
     - anything else, or options a plain GET cannot reproduce (another aiohttp client,
       requester-pays or SSE-C s3, a proxy, an s3fs that cannot presign): ``fs.cat_file``
       of at most CHUNK bytes; a failure loses the chunk in flight.
@@ -62,7 +71,7 @@ class RangeReader:
     is transient, for the caller to retry.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem):
+    def __init__(self, fs: fsspec.AbstractFileSystem, connections: int = CONNECTIONS):
         self.fs = fs
         self._signed: dict[str, tuple[str, float]] = {}  # s3 path -> (presigned URL, when signed)
         self._lock = threading.Lock()
@@ -82,7 +91,7 @@ class RangeReader:
         self.total = getattr(opts.get("timeout"), "total", None) if self.kind == "http" else None
         verify = opts.get("verify", True)
         self._pool = urllib3.PoolManager(
-            maxsize=16, cert_reqs="CERT_REQUIRED" if verify is not False else "CERT_NONE",
+            maxsize=connections, block=True, cert_reqs="CERT_REQUIRED" if verify is not False else "CERT_NONE",
             ca_certs=verify if isinstance(verify, str) else None,
             timeout=urllib3.Timeout(connect=connect, read=read),
             # no retries of urllib3's own: every retry is streamwin's, counted and resumed at the byte
@@ -113,7 +122,7 @@ class RangeReader:
         try:
             if resp.status != 200:
                 self._check(resp, path, 0, 1, what, may_resign=False)
-                raise BrokenRead(f"{what}: HTTP {resp.status} to a GET of the whole object", 0)
+                raise BrokenRead(f"{what}: HTTP {resp.status} to a GET of the whole object", 0, resp.status)
             size = resp.length_remaining
             if size is None or size > most:
                 raise ManifestError(f"{path}: the server announces {size} bytes, at most {most:,} are expected")
@@ -219,7 +228,7 @@ class RangeReader:
             raise PermissionError(f"{path}: {text}")
         if status == 200:
             text = "HTTP 200: the server ignored the Range header"
-        raise BrokenRead(f"{what}: {text}", 0)
+        raise BrokenRead(f"{what}: {text}", 0, status)
 
 
 def _endpoint(url: str) -> str:
