@@ -12,12 +12,14 @@ Each binds a free loopback port and counts the body bytes it served (``bytes_ser
 """
 from __future__ import annotations
 
+import http.client
 import http.server
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -99,6 +101,16 @@ class _RangeHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         srv = self.server
+        if self.path in ("/_served", "/_reset"):
+            with srv.lock:
+                if self.path == "/_reset":
+                    srv.bytes_served = 0
+                body = str(srv.bytes_served).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if srv.latency:
             time.sleep(srv.latency)
         path = srv.root / self.path.lstrip("/").split("?")[0]
@@ -144,27 +156,55 @@ class _RangeHTTPServer(http.server.ThreadingHTTPServer):
 
 
 class RangeServer:
-    """Serves the files under ``root`` on a free loopback port, waiting ``latency`` s before every answer."""
+    """Serves the files under ``root`` on a free loopback port, waiting ``latency`` s before every answer.
+
+    The server runs in a process of its own (so its threads never take the measured process's
+    interpreter); GET /_served answers its count of body bytes served, /_reset zeroes it.
+    """
 
     def __init__(self, root: str | Path, latency: float = 0.0):
-        self.httpd = _RangeHTTPServer((LOOPBACK, 0), _RangeHandler)
-        self.httpd.root, self.httpd.latency = Path(root).resolve(), latency
-        self.httpd.lock, self.httpd.bytes_served = threading.Lock(), 0
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-        self.url = f"http://{LOOPBACK}:{self.httpd.server_address[1]}"
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, __file__, "range", str(Path(root).resolve()), str(latency),
+                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _wait_listening(self.port, self.proc)
+        self.url = f"http://{LOOPBACK}:{self.port}"
 
     @property
     def bytes_served(self) -> int:
-        return self.httpd.bytes_served
+        return int(_admin(self.port, "/_served"))
 
     def reset(self) -> None:
-        with self.httpd.lock:
-            self.httpd.bytes_served = 0
+        _admin(self.port, "/_reset")
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        _stop(self.proc)
+
+
+def _admin(port: int, path: str) -> str:
+    """GET an admin path of a server of ours on ``port``; its body."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=10)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _serve_range(root: str, latency: float, port: int) -> None:
+    """The RangeServer's process: serve until terminated."""
+    httpd = _RangeHTTPServer((LOOPBACK, port), _RangeHandler)
+    httpd.root, httpd.latency = Path(root), latency
+    httpd.lock, httpd.bytes_served = threading.Lock(), 0
+    httpd.serve_forever(poll_interval=0.05)
 
 
 class LatencyProxy:
@@ -253,3 +293,8 @@ def _wait_listening(port: int, proc: subprocess.Popen, seconds: float = 10.0) ->
                 return
         time.sleep(0.05)
     raise RuntimeError(f"nothing listens on port {port} after {seconds} s")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "range":
+        _serve_range(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
