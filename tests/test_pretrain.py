@@ -454,7 +454,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from streamwin.plan import PlanConfig, WindowSpec, make_plan  # noqa: E402
-from streamwin.plan.rows import pack  # noqa: E402
+from streamwin.plan.rows import pack, rows_filled  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
@@ -506,9 +506,12 @@ def test_a_small_block_packed_into_the_rows_it_fills_places_every_crop_as_before
     size = np.array(sizes, dtype=np.int64)
     # what the plan's estimate gives (a crop over half a row takes one alone), or more
     roomy = max(int(np.ceil(size.sum() * 1.01 / row_units)) + 1, int((2 * size > row_units).sum())) + spare
+    rows = rows_filled(size, roomy, row_units)  # (more than the estimate where it falls short: 22 + 23 > 44)
+    roomy += max(0, rows - roomy)
     order, ptr, _ = pack(size, roomy, row_units)
     groups = sorted(tuple(order[ptr[r] : ptr[r + 1]].tolist()) for r in range(roomy) if ptr[r + 1] > ptr[r])
     assert sum(len(g) for g in groups) == len(size), "every crop found a row"
+    assert len(groups) == rows
     again, ptr2, _ = pack(size, len(groups), row_units)
     assert sorted(tuple(again[ptr2[r] : ptr2[r + 1]].tolist()) for r in range(len(groups))) == groups
     assert (np.diff(ptr2) > 0).all(), "no row empty"
