@@ -12,7 +12,6 @@ holds (``SourcePlan.item_bounds``), so the batcher's cursor still locates a bloc
 """
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -31,8 +30,8 @@ class BlockReader(BaseNode[Block]):
     remote storage) and ``finish`` (its bytes in, checked, verified). The starts of the next
     blocks are queued before the finish of the one the batcher needs next, so their GETs are
     in flight while it waits and while it is batched. Beyond ``readahead`` blocks, the reader's
-    ``ReadAhead`` (read/ahead.py) says whether a stream may start more: on remote storage it
-    grows while the batcher waits for blocks, within ``readahead_bytes``. The read thread is
+    ``ReadAhead`` (read/ahead.py) says whether a stream may start more: on remote storage as
+    many bytes as the rate and latency measured need (Little's law), within ``readahead_bytes``. The read thread is
     one thread (its own, or shared by the readers of a source, with canonical streams), so
     starts and finishes run in the order queued.
 
@@ -56,7 +55,6 @@ class BlockReader(BaseNode[Block]):
         self._pending: dict[int, Future] = {}  # block -> its finish (the Block)
         self._next = 0
         self._last = -1  # the last block started
-        self._taken_at: float | None = None  # when the last block was taken
 
     @property
     def num_blocks(self) -> int:
@@ -75,7 +73,7 @@ class BlockReader(BaseNode[Block]):
         self._cancel()
         self._next = int(initial_state[self.BLOCK_KEY]) if initial_state is not None else 0
         self._last = self._next - 1
-        self._taken_at = None
+        self.reader.readahead.restart()
 
     def next(self) -> Block:
         k = self._next
@@ -86,16 +84,9 @@ class BlockReader(BaseNode[Block]):
         if k not in self._pending:
             self._start_ahead(k)
             self._queue_finish(k)
-        future = self._pending.pop(k)
-        asked = time.perf_counter()
-        ready = future.done()
-        block = future.result()
-        now = time.perf_counter()
+        block = self._pending.pop(k).result()
         read = release_of(block)
-        first = self._taken_at is None  # the first block after a reset: its wait is a start-up, not a short read-ahead
-        self.reader.readahead.taken(0 if read is None else read.nbytes, 0.0 if ready or first else now - asked,
-                                    0.0 if first else asked - self._taken_at)
-        self._taken_at = now
+        self.reader.readahead.taken(0 if read is None else read.nbytes)
         self._next = k + 1
         self._start_ahead(k)  # while block k is batched
         self._queue_finish(k + 1)

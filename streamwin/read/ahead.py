@@ -2,23 +2,25 @@
 
 Reading from local disk, a block is mapped in microseconds and one block ahead is plenty.
 From object storage each GET waits a round trip before its first byte, so the next blocks'
-GETs must be in flight while this one is batched: by Little's law, the bytes in flight must
-be the rate the batcher takes them times the time a block takes to arrive. Neither is
-known in advance, and both move (a server slows, a trainer's step changes), so the loader
-measures them where they meet: each time the batcher has to wait for a block, it asks for
-as many more blocks ahead as the wait was long in blocks batched (the wait over the time it
-spent batching the previous block), and after SETTLE blocks in a row that it did not wait
-for, one block fewer. Beyond the ``readahead`` blocks each stream always reads ahead, never
-more than ``limit`` bytes are read ahead (``readahead_bytes``).
+GETs must be in flight while this one is batched. By Little's law the bytes in flight that
+keep a rate R flowing over a latency L are R x L. The loader measures both where it reads:
+L, the time from a GET's request to its first byte (the transport's), and R, the bytes its
+GETs delivered per second between two blocks taken (as much as the batcher took, or as
+much as the store gave, whichever was less). It keeps MARGIN x R x L bytes read ahead
+beyond the block it started, so a rate that could grow is not held down by the read-ahead
+(as a TCP window grows while its round trips fill), within ``limit`` bytes
+(``readahead_bytes``) beyond the ``readahead`` blocks each stream always reads ahead.
+A store with no latency to hide (local files, the node cache) is never read further ahead.
 """
 from __future__ import annotations
 
-import math
 import threading
+import time
+from typing import Callable
 
-WAITED = 1e-3  # a wait for a block longer than this (seconds) says the read-ahead is short
-SETTLE = 32  # blocks taken in a row without a wait before the read-ahead gives one block back
 LIMIT_BYTES = 256 << 20  # the default bound on bytes read ahead per source and process (readahead_bytes)
+MARGIN = 2.0  # bytes read ahead, in rate x latency: twice what the rate seen needs, so it can grow
+SMOOTH = 0.25  # weight of the newest measure of the rate (an exponential moving average)
 
 
 class ReadAhead:
@@ -27,22 +29,23 @@ class ReadAhead:
     Args:
         limit: bytes its streams may have read ahead (started, not yet taken), beyond the blocks each
             always reads ahead.
-        adaptive: read more ahead while the batcher waits (remote storage); False: never more.
+        measure: the transport's (bytes it has delivered, latency to a GET's first byte in seconds), or
+            None: a store with no latency to hide, read no further ahead.
     """
 
-    def __init__(self, limit: int = LIMIT_BYTES, adaptive: bool = True):
-        self.limit, self.adaptive = limit, adaptive
-        self.want = 0.0  # bytes to hold ahead, grown by waits (within limit)
+    def __init__(self, limit: int = LIMIT_BYTES, measure: Callable[[], tuple[int, float]] | None = None):
+        self.limit, self.measure = limit, measure
+        self.want = 0.0  # bytes to hold ahead: MARGIN x rate x latency, and a block
+        self.rate = 0.0  # bytes/s delivered, smoothed
         self.blocks = 0  # blocks started and not yet taken, of all streams
         self.block_bytes = 0.0  # a block's bytes, on average (of the last few taken)
-        self.calm = 0  # blocks taken in a row without a wait
         self.peak_bytes = 0.0  # the most bytes held ahead at once (as estimated when blocks start)
-        self.waits = 0  # blocks the batcher waited for
+        self._seen: tuple[int, float] | None = None  # (bytes delivered, when) at the last block taken
         self._lock = threading.Lock()
 
     def may_start(self) -> bool:
         """Whether a stream may start one more block than it always reads ahead."""
-        if not self.adaptive:
+        if self.measure is None:
             return False
         with self._lock:
             return 0 < (self.blocks + 1) * self.block_bytes <= min(self.want, self.limit)
@@ -58,19 +61,22 @@ class ReadAhead:
         with self._lock:
             self.blocks = max(0, self.blocks - count)
 
-    def taken(self, nbytes: int, waited: float, batched: float) -> None:
-        """A block of ``nbytes`` was taken after the batcher waited ``waited`` s for it, having spent ``batched`` s
-        on the block before: grow the read-ahead by the blocks the wait lasted, or settle."""
+    def taken(self, nbytes: int) -> None:
+        """A block of ``nbytes`` was taken: measure the rate and latency, and set how far to read ahead."""
         with self._lock:
             self.blocks = max(0, self.blocks - 1)
-            self.block_bytes = nbytes if not self.block_bytes else 0.75 * self.block_bytes + 0.25 * nbytes
-            if waited > WAITED:
-                self.waits += 1
-                self.calm = 0
-                more = math.ceil(waited / max(batched, WAITED))
-                self.want = min(self.limit, max(self.want, self.blocks * self.block_bytes) + more * self.block_bytes)
-            else:
-                self.calm += 1
-                if self.calm >= SETTLE:
-                    self.calm = 0
-                    self.want = max(0.0, self.want - self.block_bytes)
+            self.block_bytes = nbytes if not self.block_bytes else (1 - SMOOTH) * self.block_bytes + SMOOTH * nbytes
+            if self.measure is None:
+                return
+            delivered, latency = self.measure()
+            now = time.perf_counter()
+            if self._seen is not None and now > self._seen[1]:
+                rate = (delivered - self._seen[0]) / (now - self._seen[1])
+                self.rate = rate if not self.rate else (1 - SMOOTH) * self.rate + SMOOTH * rate
+            self._seen = (delivered, now)
+            self.want = MARGIN * self.rate * latency + self.block_bytes
+
+    def restart(self) -> None:
+        """A stream starts anew (a reset): the time until its first block is a start-up, not a rate."""
+        with self._lock:
+            self._seen = None

@@ -93,7 +93,8 @@ class ShardReader:
             map_files = self.shards.mappable and mapped.available()
             self.reads = PlainReads(self.shards, self.members, self.counters, map_files=map_files, verifier=verifier)
         # how far its streams read ahead: as far as the latency needs on remote storage (read/ahead.py)
-        self.readahead = ReadAhead(options.readahead_bytes, adaptive=isinstance(self.shards, RemoteShards))
+        self.readahead = ReadAhead(options.readahead_bytes, self._measure if isinstance(self.shards, RemoteShards)
+                                   else None)
         self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
         self._lock = threading.Lock()
 
@@ -101,6 +102,10 @@ class ShardReader:
     def stats(self) -> ReadStats:
         """What reading has cost so far (bytes, requests, retries, skips, cache hits)."""
         return self.counters.stats
+
+    def _measure(self) -> tuple[int, float]:
+        """(bytes delivered so far, seconds to a GET's first byte lately): what the read-ahead is sized by."""
+        return self.counters.stats.bytes_read, self.shards.ranges.latency
 
     def read_block(self, plan: BlockPlan, stream: int, block: int) -> Block:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""

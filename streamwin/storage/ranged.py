@@ -77,6 +77,7 @@ class RangeReader:
         self._lock = threading.Lock()
         self.kind = _streamable(fs)
         self._pool: urllib3.PoolManager | None = None
+        self.latency = 0.0  # seconds from a GET's request to its answer's headers, lately (a moving average)
         if self.kind is None:
             return
         opts = fs.client_kwargs if self.kind == "s3" else {**fs.client_kwargs, **fs.kwargs}
@@ -189,7 +190,10 @@ class RangeReader:
         """One ranged GET into ``out``; the bytes delivered (short only at the object's end)."""
         what = f"GET {path} bytes {offset}-{offset + len(out) - 1}"  # never the presigned URL: it is a credential
         headers = {**self.headers, "Range": f"bytes={offset}-{offset + len(out) - 1}"}
+        asked = time.perf_counter()
         resp = self._request(url, headers, what)
+        took = time.perf_counter() - asked
+        self.latency = took if not self.latency else 0.8 * self.latency + 0.2 * took
         try:
             try:
                 want = self._check(resp, path, offset, len(out), what, may_resign=self.kind == "s3" and not resigned)
