@@ -170,6 +170,11 @@ class FaultPlan:
                       (bytes S-(S-1)/N), "wrong-start" (bytes S+1-E/N), "garbage" (bytes x-y/N).
                       HTTPFileServer only.
     path_contains:    if set, only GETs whose URL path contains this string are affected.
+    latency_seconds:  every matching GET waits this long before its answer (an object store's time to first
+                      byte; not a fault: not counted in faults_injected).
+    busy_above:       a matching GET that arrives while more than this many matching GETs are being answered
+                      gets ``error_status`` (503: S3's SlowDown), as a store that limits requests per prefix
+                      answers (counted in busy_answers and status_errors).
     """
 
     status_503_times: int = 0
@@ -184,6 +189,8 @@ class FaultPlan:
     bad_content_range: str | None = None
     bad_range_times: int | None = None
     path_contains: str | None = None
+    latency_seconds: float = 0.0
+    busy_above: int | None = None
 
     def __post_init__(self) -> None:
         if self.status_503_times < 0:
@@ -204,6 +211,10 @@ class FaultPlan:
             raise ValueError("bad_range_times must be >= 0 or None")
         if not 0.0 <= self.stall_seconds <= MAX_STALL_SECONDS:
             raise ValueError(f"stall_seconds must be within [0, {MAX_STALL_SECONDS}]")
+        if not 0.0 <= self.latency_seconds <= MAX_STALL_SECONDS:
+            raise ValueError(f"latency_seconds must be within [0, {MAX_STALL_SECONDS}]")
+        if self.busy_above is not None and self.busy_above < 1:
+            raise ValueError("busy_above must be >= 1 or None")
 
 
 @dataclass(frozen=True)
@@ -221,6 +232,8 @@ class FaultStats:
     #                        before each write, so a client abort may add one 64 KiB chunk)
     completed_gets: int = 0  # matching GETs whose whole body the server got to write
     client_aborts: int = 0  # matching GETs the client hung up on mid-body (e.g. timeout)
+    most_in_flight: int = 0  # the most matching GETs being answered at once
+    busy_answers: int = 0  # matching GETs answered error_status because more than busy_above were in flight
 
 
 @dataclass
@@ -228,6 +241,8 @@ class _Decision:
     status: int | None = None
     stall: float = 0.0
     stall_before_headers: bool = False
+    latency: float = 0.0
+    counted: bool = True  # in flight until ``FaultInjector.done``
     drop_after: int | None = None  # per-request limit (drop_after_bytes), if armed
     drop_cause: str | None = None  # "after" | "every", set by body_limit
     bad_range: str | None = None  # a bad_content_range kind, if this GET gets one (when it is a range GET)
@@ -242,6 +257,7 @@ class FaultInjector:
         self._plan = FaultPlan()
         self._counts: dict[str, int] = {}
         self._since_drop = 0
+        self._in_flight = 0
         self.reset_stats()
         self.set_plan(plan or FaultPlan(), reset_stats=False)
 
@@ -286,7 +302,14 @@ class FaultInjector:
             if plan.path_contains is not None and plan.path_contains not in path:
                 return None
             self._bump("get_requests")
-            d = _Decision()
+            d = _Decision(latency=plan.latency_seconds)
+            self._in_flight += 1
+            self._counts["most_in_flight"] = max(self._counts["most_in_flight"], self._in_flight)
+            if plan.busy_above is not None and self._in_flight > plan.busy_above:
+                d.status = plan.error_status
+                self._bump("busy_answers")
+                self._bump("status_errors")
+                return d
             if self._status_left > 0:
                 self._status_left -= 1
                 d.status = plan.error_status
@@ -303,6 +326,13 @@ class FaultInjector:
             d.drop_after = plan.drop_after_bytes  # armed or not: decided in body_limit
             d.bad_range = plan.bad_content_range if self._bad_ranges_left != 0 else None
             return d
+
+    def done(self, d: _Decision | None) -> None:
+        """A GET ``decide`` counted in flight has been answered (or dropped)."""
+        if d is not None and d.counted:
+            d.counted = False
+            with self._lock:
+                self._in_flight -= 1
 
     def take_bad_range(self, d: _Decision) -> str | None:
         """The Content-Range fault for this range GET, if any (counted, within bad_range_times)."""
@@ -522,6 +552,15 @@ class _FaultHandler(http.server.BaseHTTPRequestHandler):
                           headers: list[tuple[str, str]], body_len: int,
                           chunks: Iterable[bytes]) -> None:
         """Send a GET response whose headers declare body_len bytes; apply d's faults."""
+        try:
+            self._answer(d, status, headers, body_len, chunks)
+        finally:
+            self.injector.done(d)
+
+    def _answer(self, d: _Decision | None, status: int, headers: list[tuple[str, str]], body_len: int,
+                chunks: Iterable[bytes]) -> None:
+        if d is not None and d.latency:
+            self.injector.stall(d.latency)
         if d is not None and d.status is not None:
             self._send_error_fault(d.status)
             return
@@ -780,9 +819,16 @@ class _S3ProxyHandler(_FaultHandler):
         d = None
         if method == "GET" and _is_get_object(self.path):
             d = self.injector.decide(urllib.parse.urlsplit(self.path).path)
-            if d is not None and d.status is not None:
-                self._send_error_fault(d.status)
-                return
+        try:
+            self._proxy_answer(d, body, method)
+        finally:
+            self.injector.done(d)
+
+    def _proxy_answer(self, d: _Decision | None, body: bytes, method: str) -> None:
+        if d is not None and d.status is not None:
+            self.injector.stall(d.latency)
+            self._send_error_fault(d.status)
+            return
         up_host, up_port = self.server.owner.upstream  # type: ignore[attr-defined]
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -820,6 +866,7 @@ class _S3ProxyHandler(_FaultHandler):
             return
         chunks = (data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK))
         if not 200 <= status < 300:
+            self.injector.done(d)
             d = None  # only successful object bodies get stalled / truncated
         self._send_with_faults(d, status, out_headers, len(data), chunks)
 

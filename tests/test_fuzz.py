@@ -185,7 +185,7 @@ def test_fuzz_zstd_shard_corruption(pristine_zstd, data):
 
 
 def test_tar_header_corruption_fails_its_chunk_and_is_never_read_unverified(pristine, tmp_path):
-    """Bytes of tar headers are never read for windows; with checksums, their chunk fails as a whole."""
+    """A damaged tar header fails its chunk's checksum; unverified, the check of its name and size fails."""
     ds = tmp_path / "ds"
     shutil.copytree(pristine.root, ds)
     shard = pristine.shards[0]
@@ -194,8 +194,9 @@ def test_tar_header_corruption_fails_its_chunk_and_is_never_read_unverified(pris
     assert touched
     with pytest.MonkeyPatch.context() as mp:
         _booby_trap(mp)
-        n = sum(1 for _ in make_loader(ds, verify_checksums=False))
-        assert n == len(make_loader(pristine.root))
+        with pytest.raises(sw.ShardError, match="tar header here is of member 'garbage tar header!'") as e:
+            sum(1 for _ in make_loader(ds, verify_checksums=False))
+        assert e.value.member == f"{key}.npy" and e.value.offset == off
         with pytest.raises(sw.ShardError, match="checksum mismatch") as e:
             sum(1 for _ in make_loader(ds))
     assert e.value.member == f"{key}.npy" and e.value.offset < 4096

@@ -117,9 +117,10 @@ def block(case: Case, gap: int):
 
 
 def window_bytes(m, seq, start, end) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(shard, first byte, end byte) each plain window needs: from its member's npy header on if it starts at 0."""
+    """(shard, first byte, end byte) each plain window needs: from its member's tar header on (512 bytes before its
+    npy header) if it starts at 0."""
     data0 = m.offset[seq] + m.hlen[seq]
-    lo = np.where(start == 0, m.offset[seq], data0 + start * m.step_bytes)
+    lo = np.where(start == 0, m.offset[seq] - 512, data0 + start * m.step_bytes)
     return np.searchsorted(m.shard_starts, seq, side="right") - 1, lo, data0 + end * m.step_bytes
 
 

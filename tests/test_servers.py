@@ -298,7 +298,7 @@ def test_http_503_then_success(served: HTTPFileServer):
         assert r.read() == PAYLOAD
     assert served.stats == FaultStats(
         requests=3, get_requests=3, faults_injected=2, status_errors=2,
-        bytes_served=len(PAYLOAD), completed_gets=1,
+        bytes_served=len(PAYLOAD), completed_gets=1, most_in_flight=1,
     )
     # Through fsspec: aiohttp.ClientResponseError with .status 503; fsspec does not retry.
     served.set_faults(FaultPlan(status_503_times=1))

@@ -90,3 +90,23 @@ def tar_padding(size: int) -> bytes:
 def record_size(size: int) -> int:
     """Bytes a member of ``size`` bytes takes in the archive: its header, content and padding."""
     return BLOCK + size + (-size % BLOCK)
+
+
+NAME, SIZE = slice(0, 100), slice(124, 136)  # a ustar header's name and size fields
+FIELDS = 136  # bytes of a header that hold them
+
+
+def name_size_fields(keys: np.ndarray, key_ends: np.ndarray, suffix: str, sizes: np.ndarray) -> np.ndarray:
+    """[n, FIELDS] bytes of the headers of members ``<key><suffix>`` of these sizes as pack writes them, in their
+    name and size fields (the rest zero): `tar_header` of each there, made for all at once (names up to 100
+    bytes, sizes up to USTAR_MAX_SIZE); ``keys`` and ``key_ends`` as for `tar_headers`."""
+    n = len(sizes)
+    out = np.zeros((n, FIELDS), dtype=np.uint8)
+    klen = np.diff(key_ends, prepend=0)
+    rows = np.repeat(np.arange(n), klen)
+    out[rows, np.arange(len(keys)) - np.repeat(key_ends - klen, klen)] = keys
+    for k, ch in enumerate(suffix.encode("ascii")):
+        out[np.arange(n), klen + k] = ch
+    for k in range(11):  # size: 11 octal digits and a NUL
+        out[:, 124 + k] = ord("0") + ((sizes >> (3 * (10 - k))) & 7)
+    return out

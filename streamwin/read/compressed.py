@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from streamwin.errors import ShardError
+from streamwin.formats import tar as tarfmt
 from streamwin.read.block import READABLE
 from streamwin.read.counts import Counters
 from streamwin.read.frames import compressed_ranges, compressed_runs, raw_batches, units
@@ -48,16 +49,25 @@ class CompressedReads:
         u = units(m, p)
         buf = mapped.anonymous(int(u.pos[-1]) + tail)  # zero-filled, given back to the system when dropped
         good = np.full(len(p.seq), READABLE, dtype=np.int64)
+
         own = np.flatnonzero(~u.shared)
         f0, f1 = self.inflater.take_cached(p.seq[own], u.a[own], u.b[own], u.framed[own], buf, u.pos[own])
-        todo = np.flatnonzero(f0 < f1)  # pieces with units to read (a member laid out whole: all of it)
+        todo = np.flatnonzero((f0 < f1) & (good[own] > 0))  # pieces with units to read (a member laid out whole: all)
         seq = p.seq[own[todo]]
         shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
         lo, hi = compressed_ranges(m, seq, f0[todo], f1[todo], u.framed[own[todo]])
-        failed = np.zeros(len(todo), dtype=bool)
+        # a member's tar header is checked before its bytes are decompressed: read with it where its range starts
+        # at its first byte (``head``), else (and for members of the block no range reads) in a read of its own
+        fresh = ~(self.members.checked[seq] | self.members.bad[seq])
+        head = fresh & (lo == m.offset[seq])
+        unread = self._check_members(np.setdiff1d(p.seq, seq[head]))
+        read_lo = np.where(head, lo - tarfmt.BLOCK, lo)
+        failed = np.isin(seq, unread) | self.members.bad[seq]
         bad: dict[int, list[tuple[int, int]]] = {}  # range -> its damaged shard bytes (verified, skip mode)
         damage: list[Damage] = []
-        for n0, n1, raw, at in self._read_runs(seq, shard, lo, hi, failed, bad):
+        for n0, n1, raw, at in self._read_runs(seq, shard, read_lo, hi, failed, bad):
+            self._check_read(raw, at, n0 + np.flatnonzero(head[n0:n1] & ~failed[n0:n1]), n0, seq, shard, failed)
+            at = at + (lo[n0:n1] - read_lo[n0:n1])  # where each range's own bytes begin
             for n in range(n0, n1):
                 j, i, k = int(own[todo[n]]), int(seq[n]), int(shard[n])
                 if failed[n] or (n in bad and not u.framed[j]):  # a member laid out whole: all of it lost
@@ -76,7 +86,47 @@ class CompressedReads:
                     self.counters.skip_or_raise(e)
                     failed[n] = True
         good[own[todo[failed]]] = 0
-        return buf, u.base(m.step_bytes), good[u.owner], damage
+        good = good[u.owner]
+        good[self.members.bad[p.seq] | np.isin(p.seq, unread)] = 0  # (on_error="skip") members whose tar header
+        return buf, u.base(m.step_bytes), good, damage  # disagrees or could not be read: every piece lost
+
+    def _check_read(self, raw: np.ndarray, at: np.ndarray, ranges: np.ndarray, n0: int, seq: np.ndarray,
+                    shard: np.ndarray, failed: np.ndarray) -> None:
+        """Check the tar headers read with ``ranges`` (range n's at ``at[n - n0]`` in ``raw``): a header that does not
+        name its member is raised, or marks the member bad and its range failed (on_error="skip")."""
+        if not len(ranges):
+            return
+        for row, err in self.members.check_members(raw, at[ranges - n0], seq[ranges], shard[ranges]):
+            self.counters.skip_or_raise(err)
+            self.members.bad[seq[ranges[row]]] = True
+            failed[ranges[row]] = True
+        self.members.checked[seq[ranges]] = ~self.members.bad[seq[ranges]]
+
+    def _check_members(self, seqs: np.ndarray) -> np.ndarray:
+        """Read and check the tar header of each member of ``seqs`` not checked yet (Members.check_members), all
+        in one round of reads: one that does not name its member as the manifest does is raised, or with
+        on_error="skip" marks it bad; the members whose header could not be read (on_error="skip").
+        The header is read as it is (512 bytes), not verified: it holds no step."""
+        m = self.members.manifest
+        todo = seqs[~(self.members.checked[seqs] | self.members.bad[seqs])]
+        if not len(todo):
+            return todo
+        shard = np.searchsorted(m.shard_starts, todo, side="right") - 1
+        heads = np.zeros(len(todo) * tarfmt.BLOCK, dtype=np.uint8)
+        reads = [(int(k), int(m.offset[i]) - tarfmt.BLOCK, memoryview(heads)[n * tarfmt.BLOCK : (n + 1) * tarfmt.BLOCK])
+                 for n, (i, k) in enumerate(zip(todo.tolist(), shard.tolist()))]
+        unread = np.zeros(len(todo), dtype=bool)
+        for n, err in enumerate(self.shards.read_many(reads)):
+            if err is not None:
+                self.counters.skip_or_raise(self.members.name_member(err, todo[n : n + 1]))
+                unread[n] = True
+        read = np.flatnonzero(~unread)
+        at = np.arange(len(todo), dtype=np.int64) * tarfmt.BLOCK
+        for row, err in self.members.check_members(heads, at[read], todo[read], shard[read]):
+            self.counters.skip_or_raise(err)
+            self.members.bad[todo[read[row]]] = True
+        self.members.checked[todo[read]] = ~self.members.bad[todo[read]]
+        return todo[unread]
 
     def _read_runs(self, seq: np.ndarray, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, failed: np.ndarray,
                    bad: dict[int, list[tuple[int, int]]]) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:

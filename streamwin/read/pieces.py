@@ -58,3 +58,18 @@ def land(p: Pieces, base: np.ndarray, good: np.ndarray, start: np.ndarray, valid
     lost = start + valid > good[p.index]
     offs[lost] = nowhere
     return offs, lost
+
+
+def with_headers(p: Pieces, seqs: np.ndarray) -> Pieces:
+    """``p`` and a piece of no steps from step 0 of each sequence of ``seqs`` (sorted, none with a piece from
+    step 0 in ``p``): a read of just its member's headers, so they are checked before its windows are cut."""
+    seq = np.concatenate([p.seq, seqs])
+    s_lo = np.concatenate([p.s_lo, np.zeros(len(seqs), dtype=p.s_lo.dtype)])
+    order = np.lexsort((s_lo, seq))  # manifest order: a sequence's header piece first (its others start later)
+    where = np.empty_like(order)
+    where[order] = np.arange(len(order))
+    # a header piece is not joined to its neighbours: the bytes between are other members', or other blocks' steps
+    joined = np.concatenate([p.joined, np.zeros(len(seqs), dtype=bool)])[order]
+    joined[where[len(p.seq):] + 1] = False
+    s_hi = np.concatenate([p.s_hi, np.zeros(len(seqs), dtype=p.s_hi.dtype)])
+    return Pieces(seq[order], s_lo[order], s_hi[order], joined, where[p.index])

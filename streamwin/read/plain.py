@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from streamwin.errors import ShardError
+from streamwin.formats import tar as tarfmt
 from streamwin.read.block import READABLE
 from streamwin.read.counts import Counters
 from streamwin.read.fetch import Pending
@@ -51,7 +52,11 @@ class PlainReads:
         """Start reading pieces ``p`` (mapped now, or GETs in flight on remote storage): ``finish`` gives the read."""
         runs = plain_runs(self.members.manifest, p)
         vlo, vhi = self.verifier.spans(runs.shard, runs.run_lo, runs.run_hi)
-        self.verifier.load(runs.shard, vlo, vhi)  # the sums these reads are verified against
+        # runs of members' headers alone hold no window's byte: read as they are, not verified (the headers are
+        # checked against the manifest, which is what they are read for), a few hundred bytes, not a chunk
+        alone = runs.headers_only()
+        vlo[alone], vhi[alone] = runs.run_lo[alone], runs.run_hi[alone]
+        self.verifier.load(runs.shard[~alone], vlo[~alone], vhi[~alone])  # the sums these reads are verified against
         loads = self.verifier.loads
         return PlainRead(runs, vlo, vhi, *self._fetch(runs, vlo, vhi, tail), loads=loads)
 
@@ -64,26 +69,47 @@ class PlainReads:
             spans[0][j], spans[1][j] = min(spans[0][j], a), max(spans[1][j], a + n)
             if err is not None and errors[j] is None:
                 errors[j] = err
+        alone = runs.headers_only()
         if self.verifier.loads != r.loads:  # blocks started since held other sums: those of this one again
-            self.verifier.load(runs.shard, vlo, vhi)
+            self.verifier.load(runs.shard[~alone], vlo[~alone], vhi[~alone])
         base, header_at = runs.land(run_at)
         at, hlens, bounds = header_at.tolist(), runs.hlen.tolist(), runs.first.tolist()
         heads = runs.covers_header().tolist()
         good = np.full(len(runs.seq), READABLE, dtype=np.int64)
         for j, err in enumerate(errors):
-            k, u0, u1 = int(runs.shard[j]), bounds[j], bounds[j + 1]
             if err is not None:  # skip mode: keep what the run delivered, read the rest member by member
                 self._recover(err, runs, j, run_at, refill, good, int(vhi[j]))
+        good[self.members.bad[runs.seq]] = 0  # members an earlier block found bad (on_error="skip"): lost again
+        damage = self._verify(runs, buf, run_at - (runs.run_lo - vlo), vlo, spans, errors, good)
+        # then the headers: the tar header names the member (a manifest that lies about where it is fails here),
+        # the npy header says its dtype and shape (a damaged byte in either failed its checksum above first)
+        self._check_members(runs, buf, header_at, good)
+        for j in range(len(errors)):
+            k, u0, u1 = int(runs.shard[j]), bounds[j], bounds[j + 1]
             for u in range(u0, u1):
                 if heads[u] and good[u] > 0:  # the read covers this member's .npy header: check it
                     try:
                         self.members.check_header(buf[at[u] : at[u] + hlens[u]].tobytes(), int(runs.seq[u]), k)
                     except ShardError as e:
-                        self.counters.skip_or_raise(e)
-                        good[u] = 0
-        damage = self._verify(runs, buf, run_at - (runs.run_lo - vlo), vlo, spans, errors, good)
+                        self._lose_member(e, runs, good, int(runs.seq[u]))
         self.verifier.settle(r.later)
         return buf, base, good, damage
+
+    def _check_members(self, runs: PlainRuns, buf: np.ndarray, header_at: np.ndarray, good: np.ndarray) -> None:
+        """Check the tar header of each member a piece read from step 0 (Members.check_members): one that names
+        another member loses every piece of it (with on_error="skip"); the rest are marked checked."""
+        u = np.flatnonzero(runs.covers_header() & (good > 0))
+        seq = runs.seq[u]
+        for row, e in self.members.check_members(buf, header_at[u] - tarfmt.BLOCK, seq, runs.shard[runs.run[u]]):
+            self._lose_member(e, runs, good, int(seq[row]))
+        self.members.checked[seq[good[u] > 0]] = True
+
+    def _lose_member(self, err: ShardError, runs: PlainRuns, good: np.ndarray, i: int) -> None:
+        """A header of member i says other than the manifest: raise, or lose every piece of it, now and in later
+        blocks (on_error="skip", counted once)."""
+        self.counters.skip_or_raise(err)
+        self.members.bad[i] = True
+        good[runs.seq == i] = 0
 
     def _verify(self, runs: PlainRuns, buf: np.ndarray, at: np.ndarray, vlo: np.ndarray, spans, errors: list,
                 good: np.ndarray) -> list[Damage]:
@@ -99,8 +125,11 @@ class PlainReads:
         damage: list[Damage] = []
         sb, bounds, shards = runs.step_bytes, runs.first.tolist(), runs.shard.tolist()
         at_, vlo_, lo_, hi_ = at.tolist(), vlo.tolist(), spans[0].tolist(), spans[1].tolist()
+        alone = runs.headers_only().tolist()
         for j, err in enumerate(errors):
             k, u0, u1 = shards[j], bounds[j], bounds[j + 1]
+            if alone[j]:  # members' headers alone: checked against the manifest, not verified
+                continue
 
             def kept(u0: int = u0, u1: int = u1) -> np.ndarray:  # the run's pieces that kept steps
                 return np.arange(u0, u1)[good[u0:u1] > 0]

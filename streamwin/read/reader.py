@@ -37,7 +37,7 @@ from streamwin.read.frames import zstd_slice_windows
 from streamwin.read.local import LocalShards
 from streamwin.read.members import Members
 from streamwin.read.options import ReadOptions
-from streamwin.read.pieces import Pieces, land, pieces
+from streamwin.read.pieces import Pieces, land, pieces, with_headers
 from streamwin.read.plain import PlainReads
 from streamwin.read.remote import RemoteShards
 from streamwin.read.runs import MERGE_GAP
@@ -133,6 +133,10 @@ class ShardReader:
         p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
         valid = np.minimum(length - start, span)
         tail = span * sb
+        if isinstance(self.reads, PlainReads):
+            heads = self.members.unchecked(p.seq, p.s_lo)  # members whose headers this block must read to check
+            if len(heads):
+                p = with_headers(p, heads)
         if isinstance(self.reads, PlainReads) and not isinstance(self.shards, CachedShards):
             read: Any = self.reads.start(p, tail)
         else:  # zstd members and the node cache: read now

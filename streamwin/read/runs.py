@@ -1,9 +1,9 @@
 """Plain (uncompressed) members: the byte runs a block reads, and where its bytes land in the block buffer.
 
 Piece u needs steps [s_lo, s_hi) of its sequence: bytes ``data0 + s_lo * step_bytes`` up to
-``data0 + s_hi * step_bytes`` of its shard, from the member's npy header on when it starts
-at step 0 (so the header is checked before any window is cut). Neighbouring pieces of a
-shard are read as one run:
+``data0 + s_hi * step_bytes`` of its shard, from the member's tar header on when it starts
+at step 0 (so its tar and npy headers are checked before any window is cut). Neighbouring
+pieces of a shard are read as one run:
 
 - across any gap up to MERGE_GAP when they hold consecutive windows (``joined``: the gap
   is tar and npy headers, json members and sequences without windows), so a slice of many
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamwin.formats import tar as tarfmt
 from streamwin.formats.manifest import Manifest
 from streamwin.read.pieces import Pieces
 from streamwin.storage.mapped import page_ceil, page_floor
@@ -37,7 +38,7 @@ class PlainRuns:
 
     seq: np.ndarray  # each piece's sequence
     s_lo: np.ndarray  # first step it reads
-    lo: np.ndarray  # first byte it reads: its npy header when it reads from step 0
+    lo: np.ndarray  # first byte it reads: its tar header when it reads from step 0
     hi: np.ndarray  # end of the bytes it reads
     data0: np.ndarray  # where its sequence's array data begins in the shard
     header: np.ndarray  # where its sequence's npy header begins in the shard
@@ -57,8 +58,12 @@ class PlainRuns:
         at = run_at[self.run] - self.run_lo[self.run]
         return at + self.data0, at + self.header
 
+    def headers_only(self) -> np.ndarray:
+        """[runs]: which runs read members' headers and no step (to check members no piece reads from step 0)."""
+        return np.maximum.reduceat(self.hi - self.data0, self.first[:-1]) <= 0 if len(self) else np.zeros(0, bool)
+
     def covers_header(self) -> np.ndarray:
-        """Which pieces read their member's npy header (those from step 0)."""
+        """Which pieces read their member's tar and npy headers (those from step 0)."""
         return self.s_lo == 0
 
     def steps_before(self, u: int, fail: int) -> int:
@@ -75,13 +80,15 @@ def plain_runs(m: Manifest, p: Pieces) -> PlainRuns:
     shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
     header, hlen = m.offset[seq], m.hlen[seq]
     data0 = header + hlen
-    lo = np.where(p.s_lo == 0, header, data0 + p.s_lo * sb)  # from step 0: include the npy header
+    lo = np.where(p.s_lo == 0, header - tarfmt.BLOCK, data0 + p.s_lo * sb)  # from step 0: the tar and npy headers
     hi = data0 + p.s_hi * sb
     new = np.ones(len(seq), dtype=bool)
     gap = lo[1:] - hi[:-1]
     small = np.minimum(hi - lo, MERGE_GAP * OTHER_GAP_RATIO) // OTHER_GAP_RATIO
     room = np.where(p.joined[1:], MERGE_GAP, np.minimum(small[1:], small[:-1]))
-    new[1:] = (shard[1:] != shard[:-1]) | (gap > room)
+    # a piece that starts before the one before it (a manifest whose members are not in byte order: edited) starts
+    # a run of its own, so that no piece lies before its run's first byte
+    new[1:] = (shard[1:] != shard[:-1]) | (gap > room) | (lo[1:] < lo[:-1])
     first = np.flatnonzero(new)
     run_hi = np.maximum.reduceat(hi, first) if len(first) else hi
     return PlainRuns(seq, p.s_lo, lo, hi, data0, header, hlen, np.cumsum(new) - 1,
