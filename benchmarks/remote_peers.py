@@ -1,7 +1,7 @@
 """streamwin and its peers reading one corpus from loopback servers that answer after 0, 50 or 100 ms.
 
 Issue 42, item 3: the peers on the same server, at the same latency, on the same data. Every
-system reads issue 42's corpus (1,500 sequences of 500-20,000 steps x 8 float32, 485 MB in 32 MB
+system reads issue 42's corpus (1,500 sequences of 500-20,000 steps x 8 float32, 507 MB in 32 MB
 shards; ``--quick``: its first 150 sequences in 8 MB shards) over the network and cuts W=128,
 stride 64 windows into batches of 256 out of a 20,000-window shuffle pool (seed 0):
 
@@ -24,7 +24,7 @@ PSS of its tree sampled), 3 interleaved rounds, medians:
                  batch (the first batch's wait is inside; the JSON has the rate after it apart)
   first batch s  from constructing the dataset and loader to the first batch in hand
   peak PSS MB    of the child and its workers
-  served MB      bytes the server (or proxy) sent during the case
+  served         bytes the server (or proxy) sent during the case, over the corpus's shard bytes
 Mosaic and LitData run in the first interpreter that has them (this one, then each --peer-python);
 a system that none has is skipped with the line that installs it.
 

@@ -1,6 +1,6 @@
 """What remote_peers.py reads from: the corpus, the peers' converted copies, and the loopback servers.
 
-- The corpus: issue 42's, 1,500 sequences of 500-20,000 steps x 8 float32 (about 485 MB) in
+- The corpus: issue 42's, 1,500 sequences of 500-20,000 steps x 8 float32, 507 MB in
   32 MB shards, packed by ``streamwin.pack`` (``--quick``: its first 150 sequences in 8 MB shards).
   Each sequence comes from an RNG keyed by its index, so a corpus written here holds the same bytes
   wherever it is written.
