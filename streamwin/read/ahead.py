@@ -20,7 +20,7 @@ from typing import Callable
 
 LIMIT_BYTES = 256 << 20  # the default bound on bytes read ahead per source and process (readahead_bytes)
 MARGIN = 2.0  # bytes read ahead, in rate x latency: twice what the rate seen needs, so it can grow
-SMOOTH = 0.25  # weight of the newest measure of the rate (an exponential moving average)
+SMOOTH = 0.5  # weight of the newest measure of the rate (an exponential moving average)
 
 
 class ReadAhead:

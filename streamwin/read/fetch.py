@@ -28,11 +28,12 @@ class Throttle:
 
     ``slow_down()`` (a 503 or 429 answer) halves ``allowed``, once per round of GETs: the
     answers of GETs already in flight when it was cut do not cut it again. Every ``allowed``
-    // 4 (at least 1) GETs that succeed give one more back, up to ``most``.
+    GETs that succeed (a round of them) give one more back, up to ``most``, as TCP grows its
+    window by one segment a round trip.
     """
 
     def __init__(self, most: int):
-        self.most = self.allowed = most
+        self.most = self.allowed = self.lowest = most
         self.active = self.peak = self.slowed = 0
         self._ok = 0
         self._since_cut = most  # GETs ended since the last cut (a cut needs a round of them)
@@ -58,7 +59,7 @@ class Throttle:
             if self.allowed >= self.most:
                 return
             self._ok += 1
-            if self._ok >= max(1, self.allowed // 4):
+            if self._ok >= self.allowed:
                 self._ok = 0
                 self.allowed += 1
                 self._cond.notify()
@@ -69,6 +70,7 @@ class Throttle:
             self.slowed += 1
             if self._since_cut >= self.allowed:
                 self.allowed = max(1, self.allowed // 2)
+                self.lowest = min(self.lowest, self.allowed)
                 self._since_cut = self._ok = 0
 
 
@@ -119,8 +121,8 @@ def _at(err: ShardError) -> int:
 class Fetcher:
     """A pool of ``connections`` threads reading parts of runs, first come first served."""
 
-    def __init__(self, connections: int, part: int = PART_BYTES):
-        self.connections, self.part = connections, part
+    def __init__(self, connections: int, part: int | None = None):
+        self.connections, self.part = connections, part or PART_BYTES
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 

@@ -1,0 +1,112 @@
+"""Reads from a store that answers late keep enough GETs in flight, within their bounds, and back off when told.
+
+Against the loopback HTTP server (tests/servers.py), which can wait before every answer and
+answer 503 (S3's SlowDown) to GETs beyond a number in flight. A reader's blocks are read with
+its BlockReader, as a stream reads them, and every window is compared with the same block
+read from the local files: the depth of the reads never changes a byte.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import streamwin as sw
+import streamwin.read.fetch as sw_fetch
+import streamwin.read.remote as sw_remote
+from servers import FaultPlan
+from streamwin.nodes import BlockReader
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """(folder, dataset name): 40 sequences of 20,000 steps x 8 float32 (25.6 MB); blocks of about 1 MB."""
+    root = tmp_path_factory.mktemp("remote")
+    rng = np.random.default_rng(0)
+    seqs = [(f"s{i:02d}", rng.standard_normal((20_000, 8), dtype=np.float32)) for i in range(40)]
+    sw.pack(seqs, str(root / "ds"), shard_bytes=4 << 20, progress=False)
+    return root
+
+
+def read_blocks(url: str, **kw) -> tuple[list[list[bytes]], object]:
+    """Every block of one stream's epoch as its windows' bytes, read by a BlockReader; and its ShardReader."""
+    ds = sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1, canonical=None,
+                          **kw)
+    plan = ds.plan(0, 0).sources[0]
+    reader = ds.sources[0].reader()
+    span = plan.config.spec.span * ds.manifest.step_bytes
+    node = BlockReader(reader, plan, 0, readahead=1)
+    node.reset()
+    blocks = []
+    for b in node:
+        blocks.append([b.buf[o : o + span].tobytes() for o in b.offs.tolist()])
+        node.release(b)
+    node.shutdown()
+    reader.shutdown()
+    return blocks, reader
+
+
+def block_bytes(reader) -> float:
+    return reader.readahead.block_bytes
+
+
+def test_the_read_ahead_grows_with_latency_and_stays_within_readahead_bytes(corpus, http_server):
+    local, _ = read_blocks(str(corpus / "ds"))
+    assert len(local) > 20
+    srv = http_server(corpus)
+    got, at_once = read_blocks(srv.url_for("ds"))
+    assert got == local
+    srv.set_faults(FaultPlan(latency_seconds=0.1))
+    got, late = read_blocks(srv.url_for("ds"))
+    assert got == local
+    # 100 ms before every answer: the bytes read ahead grow to rate x latency, many blocks; at once, they need not
+    assert late.readahead.peak_bytes >= 4 * block_bytes(late)
+    assert late.readahead.peak_bytes > 2 * at_once.readahead.peak_bytes
+    assert srv.stats.most_in_flight > 2
+    srv.set_faults(FaultPlan(latency_seconds=0.1))
+    limit = int(3 * block_bytes(late))
+    got, bounded = read_blocks(srv.url_for("ds"), readahead_bytes=limit)
+    assert got == local
+    assert bounded.readahead.peak_bytes <= limit + 0.5 * block_bytes(bounded)  # (block sizes vary a little)
+
+
+def test_gets_in_flight_never_exceed_the_connections(corpus, http_server, monkeypatch):
+    local, _ = read_blocks(str(corpus / "ds"))
+    monkeypatch.setattr(sw_remote, "CONNECTIONS", 3)
+    monkeypatch.setattr(sw_fetch, "PART_BYTES", 128 << 10)  # many parts a block: far more than 3 to send
+    srv = http_server(corpus, FaultPlan(latency_seconds=0.05))
+    got, reader = read_blocks(srv.url_for("ds"))
+    assert got == local
+    assert srv.stats.most_in_flight == 3 and reader.shards.throttle.peak == 3
+
+
+def test_a_store_that_says_slow_down_gets_fewer_gets_then_as_many_again(corpus, http_server, monkeypatch):
+    """503 to any GET beyond 4 in flight: the GETs in flight are halved down to about 4 and every window is read
+    right; once the store stops, they grow back to all the connections."""
+    local, _ = read_blocks(str(corpus / "ds"))
+    monkeypatch.setattr(sw_fetch, "PART_BYTES", 64 << 10)  # ~400 GETs an epoch
+    srv = http_server(corpus, FaultPlan(latency_seconds=0.02, busy_above=4))
+    ds = sw.WindowDataset(srv.url_for("ds"), window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1,
+                          canonical=None, retry_backoff=0.01, retries=8)
+    plan = ds.plan(0, 0).sources[0]
+    reader = ds.sources[0].reader()
+    span = plan.config.spec.span * ds.manifest.step_bytes
+
+    def epoch() -> list[list[bytes]]:
+        node = BlockReader(reader, plan, 0, readahead=1)
+        node.reset()
+        out = []
+        for b in node:
+            out.append([b.buf[o : o + span].tobytes() for o in b.offs.tolist()])
+            node.release(b)
+        node.shutdown()
+        return out
+    assert epoch() == local
+    throttle = reader.shards.throttle
+    assert srv.stats.busy_answers > 0 and reader.stats.throttled == srv.stats.busy_answers
+    assert throttle.lowest <= 4
+    assert srv.stats.busy_answers < srv.stats.get_requests / 4  # backed off: most GETs were answered
+    srv.set_faults(FaultPlan(latency_seconds=0.02))
+    for _ in range(3):
+        assert epoch() == local
+    assert throttle.allowed == throttle.most == sw_remote.CONNECTIONS
+    reader.shutdown()
