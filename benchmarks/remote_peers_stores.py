@@ -100,8 +100,6 @@ class Servers:
     def __init__(self, corpus: Path, latencies_ms: list[int], s3_trees: dict[str, Path]):
         self.corpus = corpus
         self.http = {ms: RangeServer(corpus.parent, ms / 1000) for ms in latencies_ms}
-        for server in self.http.values():
-            server.httpd.handle_error = _quiet_hang_ups(server.httpd.handle_error)
         self.moto, self.proxies, self.uploaded = None, {}, 0
         if s3_trees:
             from servers import start_moto  # noqa: PLC0415
@@ -130,17 +128,6 @@ class Servers:
             server.close()
         if self.moto is not None:
             self.moto.close()
-
-
-def _quiet_hang_ups(report: Any) -> Any:
-    """A server's handle_error that stays silent when the client hung up: a child leaves with
-    os._exit while its read-ahead GETs are still being answered."""
-
-    def handle_error(request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            report(request, client_address)
-
-    return handle_error
 
 
 def _s3_client(endpoint: str) -> Any:

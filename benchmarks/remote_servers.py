@@ -63,7 +63,7 @@ http {{
 }}"""
         (self.dir / "nginx.conf").write_text(conf)
         self.proc = subprocess.Popen([binary, "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdout=subprocess.DEVNULL, stderr=tempfile.TemporaryFile())
         _wait_listening(self.port, self.proc)
         self.url = f"http://{LOOPBACK}:{self.port}"
 
@@ -159,6 +159,11 @@ class _RangeHTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 256
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address) -> None:
+        """Silent when the client hung up (a reader stopped with GETs in flight); else the usual report."""
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
 
 class RangeServer:
     """Serves the files under ``root`` on a free loopback port, waiting ``latency`` s before every answer.
@@ -170,7 +175,8 @@ class RangeServer:
     def __init__(self, root: str | Path, latency: float = 0.0):
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, __file__, "range", str(Path(root).resolve()), str(latency),
-                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                      str(self.port)], stdout=subprocess.DEVNULL,
+                                     stderr=tempfile.TemporaryFile())  # never a pipe no one reads: it would fill
         _wait_listening(self.port, self.proc)
         self.url = f"http://{LOOPBACK}:{self.port}"
 
@@ -292,7 +298,7 @@ def _wait_listening(port: int, proc: subprocess.Popen, seconds: float = 10.0) ->
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"nginx exited: {proc.stderr.read().decode(errors='replace')[-500:]}")
+            raise RuntimeError(f"the server exited with {proc.returncode}: {' '.join(map(str, proc.args))}")
         with socket.socket() as s:
             if s.connect_ex((LOOPBACK, port)) == 0:
                 return
