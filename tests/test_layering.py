@@ -11,7 +11,7 @@ PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
     "errors", "arguments", "world",
-    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.sums", "formats.checks", "formats.fields",
+    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.sums", "formats.checks", "formats.fields", "formats.times",
     "formats.meta", "formats.framed", "formats.seal",
     "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.deadline", "storage.ranged", "storage.manifests", "storage.cache", "storage",

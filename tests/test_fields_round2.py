@@ -1,0 +1,204 @@
+"""Per-sequence fields that refuse what they cannot mean: durations of every unit, timestamps out of range, one rule
+for missing values in every input format, and ``where=`` values checked strictly against the field.
+
+References are computed here from the values packed (numpy's own unit arithmetic, the meta dicts), never
+from streamwin's columns.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import tarfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import streamwin as sw
+from streamwin.errors import PackError
+from streamwin.packing.pack import MissingValuesWarning
+
+UNITS = ["ns", "us", "ms", "s", "m", "h", "D", "W"]
+
+
+def batch_fields(url, names, **kw):
+    """key -> {field: value} of every window the loader yields (each sequence's value, once per window)."""
+    ds = sw.WindowDataset(url, window=2, batch_size=2, fields=names, **kw)
+    out = {}
+    for b in sw.WindowLoader(ds, num_workers=0):
+        for i, key in enumerate(b["key"]):
+            out.setdefault(key, {n: b[n][i].item() for n in names})
+    return out
+
+
+def members_json(url) -> dict[str, dict]:
+    """The ``<key>.json`` members of a dataset's shards, as JSON holds them."""
+    out = {}
+    for shard in Path(url).glob("*.tar"):
+        with tarfile.open(shard) as tf:
+            for m in tf.getmembers():
+                if m.name.endswith(".json"):
+                    out[m.name[:-5]] = json.loads(tf.extractfile(m).read())
+    return out
+
+
+# -- durations: every unit is a duration, read back as the same one ----------------------------------------
+
+@pytest.mark.parametrize("unit", UNITS + ["timedelta", "pandas"])
+def test_a_duration_of_any_unit_packs_as_a_duration_and_reads_back_the_same(tmp_path, unit):
+    def value(i):
+        if unit == "timedelta":
+            return dt.timedelta(hours=i, microseconds=7 * i)
+        if unit == "pandas":
+            return pd.Timedelta(hours=i, nanoseconds=3 * i)
+        return np.timedelta64(5 * i + 1, unit)
+
+    items = [(f"d{i}", np.arange(6, dtype=np.float32), {"gap": value(i)}) for i in range(5)]
+    url = str(tmp_path / "d")
+    m = sw.pack(items, url, progress=False)
+    assert m.fields.kinds == {"gap": "duration"}
+    want = {k: pd.Timedelta(meta["gap"]).value for k, _, meta in items}  # pandas' own ns
+    assert {k: v["gap"] for k, v in batch_fields(url, ["gap"]).items()} == want
+    for k, v in batch_fields(url, ["gap"]).items():  # the same duration, in numpy's own terms
+        assert pd.Timedelta(np.timedelta64(v["gap"], "ns")) == pd.Timedelta(dict((a, c) for a, _, c in items)[k]["gap"])
+    assert {k: j["gap"] for k, j in members_json(url).items()} == want  # the .json members: ns
+
+
+def test_calendar_durations_and_fractions_of_a_ns_are_left_out_saying_why(tmp_path):
+    items = [(f"c{i}", np.ones(4, np.float32), {"months": np.timedelta64(i + 1, "M"), "years": np.timedelta64(1, "Y"),
+                                                "tiny": np.timedelta64(1500 + i, "ps"), "whole": np.timedelta64(2000, "ps")})
+             for i in range(3)]
+    m = sw.pack(items, str(tmp_path / "c"), progress=False)
+    assert m.fields.kinds == {"whole": "duration"} and m.fields.columns["whole"].tolist() == [2, 2, 2]
+    assert "calendar unit" in m.fields.left_out["months"] and "calendar unit" in m.fields.left_out["years"]
+    assert "not a whole number of ns" in m.fields.left_out["tiny"] and "'c0'" in m.fields.left_out["tiny"]
+
+
+# -- timestamps out of what int64 ns hold: left out, naming the sequence, never wrapped ------------------------
+
+@pytest.mark.parametrize("value", [dt.datetime(3000, 1, 1), np.datetime64("3000-01-01"), dt.date(1500, 5, 5),
+                                   np.datetime64("2262-04-12", "D"), pd.Timestamp("2262-04-11").to_pydatetime()
+                                   + dt.timedelta(days=1)])
+def test_a_timestamp_out_of_range_is_left_out_naming_the_sequence(tmp_path, value):
+    items = [("early", np.ones(4, np.float32), {"t": dt.datetime(2000, 1, 1), "label": 0}),
+             ("late", np.ones(4, np.float32), {"t": value, "label": 1})]
+    url = str(tmp_path / "t")
+    m = sw.pack(items, url, progress=False)  # before: OverflowError, or (numpy) a day of 1830 stored silently
+    assert m.fields.kinds == {"label": "int"}
+    assert "outside what int64 ns hold" in m.fields.left_out["t"] and "'late'" in m.fields.left_out["t"]
+    with pytest.raises(ValueError, match=r"no field 't' \(it was left out when packing: .*outside .*'late'"):
+        sw.WindowDataset(url, window=2, fields=["t"])
+    assert members_json(url)["late"]["t"].startswith(("3000", "1500", "2262"))  # the .json member keeps the date
+
+
+def test_a_table_timestamp_out_of_range_is_left_out_not_wrapped(tmp_path):
+    far = np.array(["2021-01-01", "3000-01-01"], dtype="datetime64[us]")
+    pq.write_table(pa.table({"id": ["a", "a", "b"], "v": [1.0, 2.0, 3.0], "born": pa.array(far[[0, 0, 1]])}),
+                   tmp_path / "x.parquet")
+    m = sw.pack(str(tmp_path / "x.parquet"), str(tmp_path / "x"), id_column="id", value_columns=["v"],
+                meta_columns=["born"], progress=False)
+    assert m.fields is None or "born" not in m.fields.kinds
+    assert "outside what int64 ns hold" in m.fields.left_out["born"] and "'b'" in m.fields.left_out["born"]
+    steps = np.array(["2261-12-31T23:00", "2262-05-01T00:00", "2262-05-01T01:00"], dtype="datetime64[us]")
+    pq.write_table(pa.table({"id": ["a", "b", "b"], "t": pa.array(steps), "v": [1.0, 2.0, 3.0]}), tmp_path / "y.parquet")
+    m = sw.pack(str(tmp_path / "y.parquet"), str(tmp_path / "y"), id_column="id", order_column="t", progress=False)
+    assert "outside what int64 ns hold" in m.fields.left_out["start"] and "'b'" in m.fields.left_out["start"]
+    with pytest.raises(PackError, match="order column 't' of id 'b': 2262-05-01"):
+        sw.pack(str(tmp_path / "y.parquet"), str(tmp_path / "y2"), id_column="id", order_column="t",
+                regular_order=True, progress=False)
+
+
+# -- missing values: one rule for every input format ---------------------------------------------------------
+
+LABELS = {"s0": 0, "s1": 1, "s2": None, "s3": 1}  # s2 has none
+SITES = {"s0": "kobe", "s1": None, "s2": "nara", "s3": "kobe"}  # s1 has none
+SCORES = {"s0": 0.5, "s1": 1.5, "s2": 2.5, "s3": 3.5}  # every sequence has one: stored
+
+
+def _write(fmt: str, root: Path) -> tuple[str, dict]:
+    """The same four sequences with the same missing values, in format ``fmt``: (input, pack options)."""
+    keys = list(LABELS)
+    if fmt in ("csv", "csv_stdlib"):
+        lines = ["id,t,v,label,site,score"] + [f"{k},{t},{t * 0.5},{'' if LABELS[k] is None else LABELS[k]},"
+                                               f"{SITES[k] or ''},{SCORES[k]}" for k in keys for t in range(5)]
+        (root / "x.csv").write_text("\n".join(lines) + "\n")
+        return str(root / "x.csv"), dict(id_column="id", order_column="t", value_columns=["v"],
+                                         meta_columns=["label", "site", "score"])
+    if fmt in ("parquet", "parquet_rows"):
+        rows = fmt == "parquet_rows"
+        reps = 1 if rows else 5
+        table = {"id": [k for k in keys for _ in range(reps)],
+                 "v": [[0.5 * t for t in range(5)] for _ in keys] if rows else [0.5 * t for _ in keys for t in range(5)],
+                 "label": pa.array([LABELS[k] for k in keys for _ in range(reps)], pa.int64()),
+                 "site": pa.array([SITES[k] for k in keys for _ in range(reps)], pa.string()),
+                 "score": [SCORES[k] for k in keys for _ in range(reps)]}
+        pq.write_table(pa.table(table), root / "x.parquet")
+        return str(root / "x.parquet"), dict(id_column="id", meta_columns=["label", "site", "score"],
+                                             **({} if rows else dict(value_columns=["v"])))
+    if fmt == "jsonl":
+        docs = []
+        for k in keys:
+            doc = {"id": k, "tokens": [1, 2, 3, 4, 5], "label": LABELS[k], "score": SCORES[k]}
+            if SITES[k] is not None:  # a key it lacks, where the label is a null
+                doc["site"] = SITES[k]
+            docs.append(json.dumps(doc))
+        (root / "x.jsonl").write_text("\n".join(docs) + "\n")
+        return str(root / "x.jsonl"), {}
+    if fmt == "dataframe":
+        return pd.DataFrame({"id": [k for k in keys for _ in range(5)], "v": [0.5 * t for _ in keys for t in range(5)],
+                             "label": [LABELS[k] for k in keys for _ in range(5)],
+                             "site": [SITES[k] for k in keys for _ in range(5)],
+                             "score": [SCORES[k] for k in keys for _ in range(5)]}), \
+            dict(id_column="id", value_columns=["v"], meta_columns=["label", "site", "score"])
+    nan = float("nan")  # the API: None, NaN and a key the meta dict lacks are all missing
+    return [(k, np.arange(5, dtype=np.float32),
+             {"label": nan if LABELS[k] is None else LABELS[k], "score": SCORES[k],
+              **({"site": SITES[k]} if SITES[k] else {})} | ({"site": None} if k == "s1" else {})) for k in keys], {}
+
+
+@pytest.mark.parametrize("fmt", ["api", "csv", "csv_stdlib", "parquet", "parquet_rows", "jsonl", "dataframe"])
+def test_a_missing_value_is_the_same_in_every_input_format(tmp_path, monkeypatch, fmt):
+    if fmt == "csv_stdlib":
+        monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
+    source, opts = _write(fmt, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = sw.pack(source, str(tmp_path / "out"), progress=False, **opts)
+    f = m.fields
+    assert f.kinds.get("score") == "float" and "label" not in f.kinds and "site" not in f.kinds  # before: '' a class
+    assert f.left_out["label"] == "missing in sequence 's2'" and f.left_out["site"] == "missing in sequence 's1'"
+    said = [str(w.message) for w in caught if issubclass(w.category, MissingValuesWarning)]
+    assert len(said) == 1 and "'label' in 1 of 4 (the first 's2')" in said[0] and \
+        "'site' in 1 of 4 (the first 's1')" in said[0], said
+    got = batch_fields(str(tmp_path / "out"), ["score"])
+    assert {k: v["score"] for k, v in got.items()} == SCORES
+
+
+def test_missing_values_are_counted_over_units_and_workers(tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    for u in range(3):  # unit 1 has no 'site' at all; unit 2 a null label in one of its sequences
+        docs = [{"id": f"u{u}k{i}", "tokens": [1, 2, 3], "label": None if (u, i) == (2, 1) else i,
+                 **({} if u == 1 else {"site": "ab"[i % 2]})} for i in range(4)]
+        (root / f"p{u}.jsonl").write_text("\n".join(map(json.dumps, docs)) + "\n")
+    for workers in (1, 2):
+        with pytest.warns(MissingValuesWarning) as caught:
+            m = sw.pack(str(root), str(tmp_path / f"w{workers}"), workers=workers, progress=False)
+        text = str(caught[0].message)
+        assert "'label' in 1 of 12 (the first 'u2k1')" in text and "'site' in 4 of 12 (the first 'u1k0')" in text
+        assert m.fields.kinds == {} and set(m.fields.left_out) == {"label", "site"}
+
+
+def test_a_field_every_sequence_has_packs_without_a_warning(tmp_path):
+    items = [(f"k{i}", np.ones(3, np.float32), {"label": i, "site": "", "t": np.datetime64("2020-01-01")})
+             for i in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MissingValuesWarning)
+        m = sw.pack(items, str(tmp_path / "ok"), progress=False)
+    assert m.fields.kinds == {"label": "int", "site": "str", "t": "time"}
+    assert m.fields.vocabulary["site"] == ("",)  # an empty string the caller gave is a value: only CSV cells are not
