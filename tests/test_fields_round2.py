@@ -202,3 +202,94 @@ def test_a_field_every_sequence_has_packs_without_a_warning(tmp_path):
         m = sw.pack(items, str(tmp_path / "ok"), progress=False)
     assert m.fields.kinds == {"label": "int", "site": "str", "t": "time"}
     assert m.fields.vocabulary["site"] == ("",)  # an empty string the caller gave is a value: only CSV cells are not
+
+
+# -- where=: strict values, named when they match nothing, an empty selection said to be one ---------------------
+
+@pytest.fixture(scope="module")
+def selectable(tmp_path_factory):
+    """12 sequences: label i % 3 (int), ok (bool), site (str, kobe where label 0, else nara or osaka), w (float),
+    t (time), gap (duration); and a second source with labels 5 and 6 only."""
+    root = tmp_path_factory.mktemp("where")
+    metas = {}
+    for i in range(12):
+        metas[f"k{i}"] = {"label": i % 3, "ok": bool(i % 2), "site": "kobe" if i % 3 == 0 else ["nara", "osaka"][i % 2],
+                          "w": i * 0.5, "t": np.datetime64("2020-01-01") + np.timedelta64(i, "D"),
+                          "gap": np.timedelta64(i % 2 + 1, "h")}
+    sw.pack([(k, np.arange(30, dtype=np.float32), m) for k, m in metas.items()], str(root / "a"), progress=False)
+    other = {f"o{i}": {"label": 5 + i % 2, "ok": True, "site": "nara", "w": 1.0, "t": np.datetime64("2021-01-01"),
+                       "gap": np.timedelta64(1, "h")} for i in range(4)}
+    sw.pack([(k, np.arange(30, dtype=np.float32), m) for k, m in other.items()], str(root / "b"), progress=False)
+    return str(root / "a"), metas, str(root / "b"), other
+
+
+def kept_keys(url, where) -> set[str]:
+    ds = sw.WindowDataset(url, window=30, batch_size=1, where=where, seed=0)
+    return {k for b in sw.WindowLoader(ds, num_workers=0) for k in b["key"]}
+
+
+@pytest.mark.parametrize("field, value, kind", [
+    ("label", 1.5, "int"), ("label", 0.999, "int"), ("label", 1.0, "int"), ("label", "1", "int"),
+    ("label", "01", "int"), ("label", " 1", "int"), ("label", "1.0", "int"), ("label", "yes", "int"),
+    ("label", True, "int"), ("ok", 0.5, "bool"), ("ok", 1, "bool"), ("ok", "yes", "bool"), ("site", 1, "str"),
+    ("w", "0.5", "float"), ("w", True, "float"), ("t", "2020-01-02", "time"), ("t", 5, "time"),
+    ("gap", 3600 * 10**9, "duration"), ("gap", np.datetime64("2020-01-01"), "duration"),
+    ("label", np.timedelta64(1, "ns"), "int")])
+def test_where_refuses_a_value_of_another_type_naming_the_field(selectable, field, value, kind):
+    url, *_ = selectable
+    with pytest.raises(TypeError) as e:  # before: 1.5 kept label 1, 0.5 the False ones, "yes" a bare int() error
+        sw.WindowDataset(url, window=4, where={field: [value]})
+    text = str(e.value)
+    assert f"where[{field!r}] holds {value!r}" in text and f"field {field!r} is {kind}" in text, text
+    assert "nothing is converted" in text
+
+
+def test_where_takes_python_and_numpy_values_of_the_fields_kind(selectable):
+    url, metas, *_ = selectable
+    want = {k for k, m in metas.items() if m["label"] == 1}
+    for value in (1, np.int64(1), np.int32(1), np.uint8(1)):
+        assert kept_keys(url, {"label": [value]}) == want
+    assert kept_keys(url, {"ok": [np.bool_(True)]}) == {k for k, m in metas.items() if m["ok"]}
+    assert kept_keys(url, {"w": [1, 2.5]}) == {k for k, m in metas.items() if m["w"] in (1.0, 2.5)}  # ints: floats
+    day = np.datetime64("2020-01-04")
+    for value in (day, pd.Timestamp("2020-01-04"), dt.date(2020, 1, 4), dt.datetime(2020, 1, 4)):
+        assert kept_keys(url, {"t": [value]}) == {k for k, m in metas.items() if m["t"] == day}
+    for value in (np.timedelta64(2, "h"), np.timedelta64(120, "m"), dt.timedelta(hours=2), pd.Timedelta("2h")):
+        assert kept_keys(url, {"gap": [value]}) == {k for k, m in metas.items() if m["gap"] == np.timedelta64(2, "h")}
+
+
+def test_where_names_the_values_no_sequence_holds(selectable):
+    url, *_ = selectable
+    with pytest.raises(ValueError, match=r"where\['site'\]: no sequence holds 'kobee' \(field 'site' is str; its "
+                                         r"strings: 'kobe', 'nara', 'osaka'; did you mean 'kobe'\?\)"):
+        sw.WindowDataset(url, window=4, where={"site": ["kobe", "kobee"]})  # before: kept the kobe ones silently
+    with pytest.raises(ValueError, match=r"where\['label'\]: no sequence holds 7, 9 \(field 'label' is int; its "
+                                         r"values: 0, 1, 2\)"):
+        sw.WindowDataset(url, window=4, where={"label": [1, 7, 9]})
+    with pytest.raises(ValueError, match=r"no sequence holds np.datetime64\('2030-01-01'\) .*its values: "
+                                         r"2020-01-01T00:00:00.000000000, "):
+        sw.WindowDataset(url, window=4, where={"t": [np.datetime64("2030-01-01")]})
+
+
+def test_an_empty_selection_says_it_is_the_selection_not_the_window(selectable):
+    url, metas, url_b, _ = selectable
+    with pytest.raises(ValueError) as e:  # each value is held, but never both: label 0 is always kobe
+        sw.WindowDataset(url, window=4, where={"label": [0], "site": ["nara"]})
+    text = str(e.value)
+    assert "keeps no sequence of" in text and "label in [0]: 4 of its 12 sequences" in text
+    assert "site in ['nara']: 4 of its 12 sequences, none in all of them" in text and "the selection is empty" in text
+    with pytest.raises(ValueError, match=f"keeps no sequence of {url_b}: label in \\[1\\]: 0 of its 4 sequences"):
+        sw.WindowDataset([url, url_b], window=4, where={"label": [1]})  # held in the first source only
+    both = sw.WindowDataset([url, url_b], window=30, batch_size=1, where={"label": [1, 5]})
+    keys = {k for b in sw.WindowLoader(both, num_workers=0) for k in b["key"]}
+    assert keys <= {k for k, m in metas.items() if m["label"] == 1} | {"o0", "o2"}  # (a few windows dropped)
+    assert any(k.startswith("o") for k in keys) and any(k.startswith("k") for k in keys)
+
+
+def test_a_field_time_needs_start_and_freq_said_in_one_sentence(tmp_path):
+    url = str(tmp_path / "m1_nofreq")
+    sw.pack([("a", np.ones(8, np.float32))], url, progress=False)
+    with pytest.raises(ValueError) as e:
+        sw.WindowDataset(url, window=2, fields=["time"])
+    assert str(e.value) == (f"fields: 'time' (each window's start + offset x freq) needs the fields 'start' and 'freq', "
+                            f"and {url} has no field 'start' (its fields are none)")  # before: "has 'time' needs"
