@@ -117,7 +117,7 @@ def _holds(s: Any, name: str, stored: Any) -> bool:
     """Whether some sequence of source ``s`` holds the stored value ``stored`` in field ``name``."""
     f: SeqFields | None = s.manifest.fields
     if f is None or name not in f.kinds:
-        return s.fill[name] == stored or classify(s.fill[name])[1] == stored
+        return classify(s.fill[name])[1] == stored
     if f.kinds[name] == "str":
         return stored in f.vocabulary[name]
     return bool(np.any(f.columns[name] == stored))

@@ -174,10 +174,11 @@ def keep_mask(where: Any, fields: SeqFields | None, url: str, fill: Mapping | No
             raise TypeError(f"where[{name!r}] must be a list of the values kept, got {wanted!r}")
         if fields is None or name not in fields.kinds:
             if fill is not None and name in fill:
-                keep = keep & (fill[name] in list(wanted))
+                keep = keep & (classify(fill[name])[1] in list(wanted))  # as stored, as ``wanted`` is
                 continue
+            has = ", ".join(sorted(fields.kinds)) if fields is not None and fields.kinds else "none"
             why = f"left out when packing: {fields.left_out[name]}" if fields is not None and name in fields.left_out \
-                else f"its fields are {', '.join(sorted(fields.kinds)) if fields is not None and fields.kinds else 'none'}"
+                else f"its fields are {has}"
             raise ValueError(f"where: {url} has no field {name!r} ({why})")
         kind, col = fields.kinds[name], fields.columns[name]
         if kind == "str":
