@@ -164,6 +164,25 @@ def test_inspect(packed, npy_src, tmp_path, capsys):
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("world, workers, canonical", [(1, 0, None), (2, 0, None), (4, 2, None), (3, 1, None),
+                                                      (2, 3, ("8,3", (8, 3))), (2, 0, ("none", None))])
+def test_inspect_plans_what_the_dataset_plans(packed, capsys, world, workers, canonical):
+    """inspect's numbers are WindowDataset.summary()'s for the same options: its canonical streams included."""
+    opts = ["--window", "16", "--stride", "8", "--batch-size", "4", "--world-size", str(world), "--num-workers",
+            str(workers)] + (["--canonical", canonical[0]] if canonical else [])
+    code, out, err = run(capsys, "inspect", str(packed), *opts)
+    assert code == 0, err
+    kw = {} if canonical is None else {"canonical": canonical[1]}
+    ds = sw.WindowDataset(str(packed), window=16, stride=8, batch_size=4, world_size=world, rank=0, **kw)
+    want = ds.summary(num_workers=workers)
+    streams = re.search(r"streams\s+(\d+)( canonical \((\d+) rank slot\(s\) x (\d+) step phase)?", out)
+    assert int(streams.group(1)) == want["streams"], out  # before: 2 (2 ranks x 1 stream) where summary said 8
+    assert (None if streams.group(2) is None else (int(streams.group(3)), int(streams.group(4)))) == want["canonical"]
+    assert re.search(rf"per epoch\s+{want['windows_per_epoch']:,}\n", out)
+    assert re.search(rf"batches per rank\s+{want['batches_per_rank']:,} ", out)
+    assert re.search(rf"dropped windows\s+{want['dropped_windows']:,} ", out)
+
+
 def test_bench(packed, capsys):
     code, out, err = run(capsys, "bench", str(packed), "--window", "16", "--batch-size", "4", "--batches", "5",
                          "--no-progress")
