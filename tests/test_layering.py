@@ -10,7 +10,7 @@ import streamwin
 PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
-    "errors", "arguments", "world",
+    "errors", "arguments", "world", "progress",
     "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.sums", "formats.checks", "formats.fields", "formats.times",
     "formats.meta", "formats.framed", "formats.seal",
     "formats.manifest", "formats",
@@ -36,7 +36,7 @@ ORDER = [
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__", "__main__",
 ]
-PURE = {"errors", "arguments", "formats", "storage", "plan", "packing", "read", "state", "seqfields", "source", "selection", "crop_stage"}  # no torch
+PURE = {"errors", "arguments", "progress", "formats", "storage", "plan", "packing", "read", "state", "seqfields", "source", "selection", "crop_stage"}  # no torch
 READ_SIDE = {"plan", "read", "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "transform", "nodes", "dataset", "pipeline", "feed", "loader"}
 
 

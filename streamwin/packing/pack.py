@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import warnings
 from typing import Any, Callable
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from streamwin.arguments import check_keywords
 from streamwin.errors import PackError
@@ -37,6 +35,7 @@ from streamwin.packing.lock import PackLock, exclude_parts, part_lock_name, yiel
 from streamwin.packing.parts import merge, parse_part, part_generation, unpublish_part, write_part
 from streamwin.packing.sources import Source, open_dest, source_of
 from streamwin.packing.unit import UnitJob
+from streamwin.progress import progress_bar
 
 __all__ = ["MissingValuesWarning", "NonFiniteWarning", "merge", "pack"]
 
@@ -204,8 +203,7 @@ def _pack_units(source: Source, dest: str, storage_options: dict | None, shard_b
     jobs = ((UnitJob(number, task, dest, storage_options, gen, shard_bytes, options), data)
             for number, task, data in source.units())
     merger = FragmentMerger()
-    bar = tqdm(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress)
     counts = [0, 0]  # sequences, units
 
     def moved(nbytes: int, sequences: int) -> None:
