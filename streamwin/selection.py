@@ -68,7 +68,9 @@ def check_where(given: Mapping[str, Any], where: dict[str, tuple], sources: Sequ
             if not _fits(kind, v):
                 raise TypeError(f"where[{name!r}] holds {v!r} ({type(v).__name__}), but field {name!r} is {kind}: "
                                 f"it takes {TAKES[kind]}; nothing is converted")
-        unmatched = [v for v in values if not any(_holds(s, name, classify(v)[1]) for s in sources)]
+        stored = [classify(v)[1] for v in values]
+        held = np.logical_or.reduce([_holds(s, name, stored) for s in sources])
+        unmatched = [v for v, h in zip(values, held) if not h]
         if unmatched:
             raise ValueError(f"where[{name!r}]: no sequence holds {', '.join(map(repr, unmatched))} (field {name!r} "
                              f"is {kind}; {_held(name, kind, sources, unmatched)})")
@@ -113,14 +115,15 @@ def _fits(kind: str, v: Any) -> bool:
     return isinstance(v, str) and kind == "str"
 
 
-def _holds(s: Any, name: str, stored: Any) -> bool:
-    """Whether some sequence of source ``s`` holds the stored value ``stored`` in field ``name``."""
+def _holds(s: Any, name: str, stored: list) -> np.ndarray:
+    """Whether some sequence of source ``s`` holds each of the stored values ``stored`` in field ``name``."""
     f: SeqFields | None = s.manifest.fields
     if f is None or name not in f.kinds:
-        return classify(s.fill[name])[1] == stored
+        return np.array([classify(s.fill[name])[1] == v for v in stored], dtype=bool)
     if f.kinds[name] == "str":
-        return stored in f.vocabulary[name]
-    return bool(np.any(f.columns[name] == stored))
+        words = set(f.vocabulary[name])
+        return np.array([v in words for v in stored], dtype=bool)
+    return np.isin(np.array(stored), f.columns[name]) if stored else np.zeros(0, dtype=bool)
 
 
 def _held(name: str, kind: str, sources: Sequence[Any], unmatched: list) -> str:

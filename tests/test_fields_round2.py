@@ -293,3 +293,19 @@ def test_a_field_time_needs_start_and_freq_said_in_one_sentence(tmp_path):
         sw.WindowDataset(url, window=2, fields=["time"])
     assert str(e.value) == (f"fields: 'time' (each window's start + offset x freq) needs the fields 'start' and 'freq', "
                             f"and {url} has no field 'start' (its fields are none)")  # before: "has 'time' needs"
+
+
+def test_where_and_fill_on_a_source_without_the_field(selectable, tmp_path):
+    """A source without the field takes its fill, as stored: a NaN fill of a float field, a timestamp fill matched
+    by a timestamp in where=."""
+    url, metas, *_ = selectable
+    bare = str(tmp_path / "bare")
+    sw.pack([(f"n{i}", np.arange(30, dtype=np.float32)) for i in range(3)], bare, progress=False)
+    ds = sw.WindowDataset([url, bare], window=30, batch_size=1, fields=["w"], fill={"w": float("nan")})
+    got = {k: float(w) for b in sw.WindowLoader(ds, num_workers=0) for k, w in zip(b["key"], b["w"])}
+    assert all(np.isnan(w) for k, w in got.items() if k.startswith("n")) and any(k.startswith("n") for k in got)
+    assert all(w == metas[k]["w"] for k, w in got.items() if k.startswith("k"))
+    day = dt.datetime(2020, 1, 4)
+    ds = sw.WindowDataset([url, bare], window=30, batch_size=1, fields=["t"], fill={"t": day}, where={"t": [day]})
+    keys = {k for b in sw.WindowLoader(ds, num_workers=0) for k in b["key"]}
+    assert {k for k in keys if k.startswith("k")} <= {"k3"} and {k for k in keys if k.startswith("n")}
