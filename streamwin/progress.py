@@ -21,7 +21,7 @@ def progress_bar(iterable: Any = None, *, disable: bool = False, file: TextIO | 
     out = sys.stderr if file is None else file
     if disable or _terminal(out) or _notebook():
         return tqdm(iterable, disable=disable, file=out, dynamic_ncols=True, **kw)
-    return tqdm(iterable, file=_Lines(out), mininterval=PLAIN_EVERY, ncols=100, **kw)
+    return tqdm(iterable, file=_Lines(out), mininterval=PLAIN_EVERY, **kw)
 
 
 def _terminal(out: TextIO) -> bool:
