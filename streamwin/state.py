@@ -199,12 +199,12 @@ def _digest(part: Any) -> str:
 def _verify(state: Mapping[str, Any]) -> None:
     """Refuse a state whose parts differ from the digests saved with it (``check``), naming the part."""
     check, want = state["check"], seal(state)
-    if not isinstance(check, Mapping) or set(check) - {"position", "inputs", "rest_of"} or not all(
-            isinstance(check.get(k), str) for k in ("position", "inputs")) or not isinstance(check.get("rest_of", []),
-                                                                                          list):
+    saved_runs = check.get("rest_of", []) if isinstance(check, Mapping) else None
+    if not isinstance(saved_runs, list) or set(check) - {"position", "inputs", "rest_of"} \
+            or not all(isinstance(check.get(k), str) for k in ("position", "inputs")):
         raise _bad("check", check, 'the digests streamwin saved with the state, {"position": ..., "inputs": ..., '
                    '"rest_of": [...]}')
-    saved_runs, runs = check.get("rest_of", []), want.get("rest_of", [])
+    runs = want.get("rest_of", [])
     parts = [("epoch or batches", "position", check["position"], want["position"]),
              ("inputs", "inputs", check["inputs"], want["inputs"])]
     if len(saved_runs) != len(runs):
