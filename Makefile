@@ -26,8 +26,10 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# The demo packs the Python stdlib (about 170 MB with its checkpoint) under DEMO_DATA: data/ is git-ignored.
+DEMO_DATA ?= data/demo
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py --data $(DEMO_DATA)/stdlib
 
 # The test files run on 2 processes (pytest-xdist), each file whole on one of them (its module fixtures built
 # once), the slowest first (tests/conftest.py's SLOW_FIRST); TEST_PROCS=0 runs them in this one process.
@@ -39,4 +41,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo_data
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo_data data/demo

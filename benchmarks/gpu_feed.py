@@ -780,12 +780,18 @@ def _selection(args: argparse.Namespace, device: str) -> tuple[list[str], CaseLi
 
 def _run_all(jobs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
     """Run every job in order with a progress bar on stderr."""
-    from tqdm import tqdm  # noqa: PLC0415
+    try:  # a plain line now and then in a log, a bar redrawn in place on a terminal
+        from streamwin.progress import progress_bar  # noqa: PLC0415
+    except ImportError:  # a streamwin without it: tqdm's own, off where stderr is no terminal
+        from tqdm import tqdm  # noqa: PLC0415
+
+        def progress_bar(iterable, **kw):
+            return tqdm(iterable, disable=None, dynamic_ncols=True, **kw)
 
     api = data.streamwin_api()
     env = _child_env(str(Path(api.__file__).resolve().parent.parent) if api else None)
     records = []
-    with tqdm(jobs, desc="gpu_feed", unit="run", file=sys.stderr, dynamic_ncols=True) as bar:
+    with progress_bar(jobs, desc="gpu_feed", unit="run", file=sys.stderr) as bar:
         for job in bar:
             bar.set_postfix_str(f"{job['model']} {job['case']} #{job['repeat'] + 1}")
             rec = run_job(job, timeout, env)

@@ -34,7 +34,8 @@ from streamwin.plan.options import (AUTO, DEFAULT_CANONICAL, EQUALIZE, PlanConfi
                                     check_canonical, pretraining, stream_block)
 from streamwin.plan.split import split_spec
 from streamwin.read import READAHEAD_BYTES, ReadOptions, zstd_slice_windows
-from streamwin.seqfields import FieldGather, field_spec, where_of
+from streamwin.selection import check_where, where_of
+from streamwin.seqfields import FieldGather, field_spec, vocabulary_of
 from streamwin.source import Source
 from streamwin.state import POSITION_ONLY
 from streamwin.transform import Transform
@@ -159,6 +160,8 @@ class WindowDataset:
         self._slices: int | None = None  # the default slice_windows, once computed
         self._lens: dict[PlanConfig, int] = {}
         self._check_sources()
+        if self.where:  # each value of the field's kind, held by some sequence; every source keeps one
+            check_where(where, self.where, self.sources)
         self.field_spec = field_spec(fields, fill, [(s.url, s.manifest.fields) for s in self.sources])
         self.transform: Transform | None = None  # a loader's (``transformed``): batches hold its outputs
         self.check_fits()
@@ -207,10 +210,7 @@ class WindowDataset:
 
     def vocabulary(self, name: str) -> tuple[str, ...]:
         """The strings of str field ``name``: ``batch[name]`` holds codes into this tuple (every source's, sorted)."""
-        vocab = dict(self.field_spec.vocabulary) if self.field_spec is not None else {}
-        if name not in vocab:
-            raise KeyError(f"{name!r} is not a str field of this dataset's fields= (str fields: {sorted(vocab)})")
-        return vocab[name]
+        return vocabulary_of(self.field_spec, name)
 
     def field_gather(self) -> FieldGather | None:
         """What fills a batch's fields (made where batches are gathered: the manifests are mapped there)."""

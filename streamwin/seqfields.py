@@ -8,8 +8,8 @@ step's timestamp, ``start + offset * freq`` (the fields ``start`` and ``freq``).
 arrive as int64 codes into ``ds.vocabulary(name)``: the sorted union of every source's
 vocabulary (and the fill values), so a code means one string in a mix. A source without a
 field is refused unless ``fill={name: value}`` declares its value there. ``where={name:
-[values]}`` keeps only the sequences whose field holds one of the values (`keep_mask`); the
-plan then has no window of the others, so they are never read.
+[values]}`` keeps only the sequences whose field holds one of the values (`keep_mask`, its
+values checked in selection.py); the plan then has no window of the others, so they are never read.
 """
 from __future__ import annotations
 
@@ -69,6 +69,8 @@ def field_spec(names: Any, fill: Any, sources: list[tuple[str, SeqFields | None]
         kinds.append(kind)
         if name in fill:
             got_kind, value = classify(fill[name])
+            if kind == "float" and got_kind == "missing" and isinstance(fill[name], (float, np.floating)):
+                got_kind, value = "float", float("nan")  # NaN: a float field's fill, where a source has none
             if got_kind != kind and not (kind == "float" and got_kind == "int"):
                 raise ValueError(f"fill[{name!r}] = {fill[name]!r} is a {got_kind or type(fill[name]).__name__}, the "
                                  f"field is {kind}")
@@ -90,10 +92,12 @@ def _kind_in(name: str, asked: str, sources: list[tuple[str, SeqFields | None]],
         if asked in fill and name == asked:
             continue
         why = f"it was left out when packing: {f.left_out[name]}" if f is not None and name in f.left_out else \
-            f"its fields are {sorted(f.kinds) if f is not None and f.kinds else 'none'}"
-        what = f"'time' needs the field {name!r}" if asked != name else f"no field {name!r}"
-        hint = "" if asked != name else f"; pass fill={{{name!r}: value}} to give its sequences one value"
-        raise ValueError(f"fields: {url} has {what} ({why}){hint if len(sources) > 1 else ''}")
+            f"its fields are {', '.join(sorted(f.kinds)) if f is not None and f.kinds else 'none'}"
+        if asked != name:
+            raise ValueError(f"fields: 'time' (each window's start + offset x freq) needs the fields 'start' and "
+                             f"'freq', and {url} has no field {name!r} ({why})")
+        hint = f"; pass fill={{{name!r}: value}} to give its sequences one value" if len(sources) > 1 else ""
+        raise ValueError(f"fields: {url} has no field {name!r} ({why}){hint}")
     if not kinds and name in fill:
         kind, _ = classify(fill[name])
         return kind
@@ -170,10 +174,11 @@ def keep_mask(where: Any, fields: SeqFields | None, url: str, fill: Mapping | No
             raise TypeError(f"where[{name!r}] must be a list of the values kept, got {wanted!r}")
         if fields is None or name not in fields.kinds:
             if fill is not None and name in fill:
-                keep = keep & (fill[name] in list(wanted))
+                keep = keep & (classify(fill[name])[1] in list(wanted))  # as stored, as ``wanted`` is
                 continue
+            has = ", ".join(sorted(fields.kinds)) if fields is not None and fields.kinds else "none"
             why = f"left out when packing: {fields.left_out[name]}" if fields is not None and name in fields.left_out \
-                else f"its fields are {sorted(fields.kinds) if fields is not None and fields.kinds else 'none'}"
+                else f"its fields are {has}"
             raise ValueError(f"where: {url} has no field {name!r} ({why})")
         kind, col = fields.kinds[name], fields.columns[name]
         if kind == "str":
@@ -186,19 +191,9 @@ def keep_mask(where: Any, fields: SeqFields | None, url: str, fill: Mapping | No
     return keep
 
 
-def where_of(where: Any) -> dict[str, tuple] | None:
-    """``where`` as {field: values kept, as stored (JSON-able)}, checked as the user typed it."""
-    if where is None:
-        return None
-    if not isinstance(where, Mapping) or not where or not all(isinstance(k, str) for k in where):
-        raise TypeError(f"where must be a dict {{field: [values kept]}}, got {where!r}")
-    out = {}
-    for name, values in where.items():
-        if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray, set, frozenset)):
-            raise TypeError(f"where[{name!r}] must be a list of the values kept, got {values!r}")
-        stored = [classify(v) for v in values]
-        bad = [v for v, (kind, _) in zip(values, stored) if kind is None]
-        if bad:
-            raise TypeError(f"where[{name!r}] holds {bad[0]!r}: values are numbers, bools, strings or timestamps")
-        out[name] = tuple(sorted({value for _, value in stored}, key=repr))
-    return out
+def vocabulary_of(spec: FieldSpec | None, name: str) -> tuple[str, ...]:
+    """The strings of str field ``name`` of ``spec``; KeyError naming the str fields there are."""
+    vocab = dict(spec.vocabulary) if spec is not None else {}
+    if name not in vocab:
+        raise KeyError(f"{name!r} is not a str field of this dataset's fields= (str fields: {sorted(vocab)})")
+    return vocab[name]

@@ -5,17 +5,24 @@ resume, the interrupted runs of the epoch (each its plan inputs and the batches 
 stopped). Ranks run in lockstep, so every rank's position is the same. A checkpoint is the
 position with the plan inputs it was taken under (a few hundred bytes):
 
-    {"version": 2, "epoch": e, "batches": k, "inputs": {...}, "rest_of": [...]}   # rest_of only if any
+    {"version": 2, "epoch": e, "batches": k, "inputs": {...}, "rest_of": [...],   # rest_of only if any
+     "check": {"position": d, "inputs": d, "rest_of": [d, ...]}}
 
 Loading checks every field first (``read_state``: types, ranges, sizes; a hand-edited or
 damaged state is one StateMismatchError naming the field, never a coerced value or a raw
-KeyError), then the inputs against the loader's own, naming every difference; inputs that
+KeyError), then the fields against each other (a world size that does not divide the
+canonical rank slots, runs of one epoch over other data), then the ``check``: a digest of
+each part (position, inputs, each interrupted run) saved with it, so that an edit that leaves
+a state plausible (``rest_of[0].inputs.canonical`` from [8, 1] to [8, 7]) is refused naming
+the part, not resumed under a plan it was never taken under (states saved before the check
+load without it). Then the inputs against the loader's own, naming every difference; inputs that
 only matter for a position inside an epoch (``POSITION_ONLY``: world, workers, batch size...)
 may differ, and then the rest of the epoch is dealt anew (elastic resume). States saved by
 streamwin 0.1 (a StatefulDataLoader's, with per-stream cursors) still load.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -66,6 +73,7 @@ class Position:
         state = {"version": STATE_VERSION, "epoch": self.epoch, "batches": self.taken, "inputs": inputs}
         if self.rest:
             state["rest_of"] = [dict(r) for r in self.rest]
+        state["check"] = seal(state)
         return state
 
 
@@ -78,7 +86,11 @@ def read_state(state: Any) -> tuple[int, int, dict[str, Any], list[dict[str, Any
         batches = _count(state["batches"], "batches")
         if runs and batches < runs[-1]["batches"]:
             raise _bad("batches", batches, f"at least the {runs[-1]['batches']} taken before the last interruption")
-        return _count(state.get("epoch"), "epoch", MAX_EPOCH), batches, check_inputs(state.get("inputs")), runs
+        epoch, inputs = _count(state.get("epoch"), "epoch", MAX_EPOCH), check_inputs(state.get("inputs"))
+        _consistent(inputs, runs)
+        if "check" in state:
+            _verify(state)
+        return epoch, batches, inputs, runs
     meta = state.get("streamwin") if isinstance(state, Mapping) else None
     if isinstance(meta, Mapping) and meta.get("version") == 1:  # saved by streamwin 0.1 (a StatefulDataLoader)
         epoch = _count(meta.get("epoch"), "streamwin.epoch", MAX_EPOCH)
@@ -103,7 +115,7 @@ _FLAGS = frozenset({"shuffle", "pad", "jitter"})
 _COUNTS = frozenset({"seed", "window", "stride", "horizon", "min_window", "window_multiple", "windows_per_sequence",
                      "pack_length", "epoch_windows"})
 _OTHER_INPUTS = frozenset({"equalize", "dataset", "split", "sources", "weights", "where", "canonical"})
-_KEYS = {"state": frozenset({"version", "epoch", "batches", "inputs", "rest_of"}),
+_KEYS = {"state": frozenset({"version", "epoch", "batches", "inputs", "rest_of", "check"}),
          "run": frozenset({"inputs", "batches"})}
 
 
@@ -169,6 +181,66 @@ def check_inputs(inputs: Any, field: str = "inputs") -> dict[str, Any]:
     if inputs.get("pack_length") is not None and "packing" not in inputs:  # saved before PACKING (plan/options.py)
         return dict(inputs) | {"packing": 1}
     return dict(inputs)
+
+
+def seal(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``check`` of a state: a digest of its position, of its inputs and of each interrupted run."""
+    out = {"position": _digest([state["epoch"], state["batches"]]), "inputs": _digest(state["inputs"])}
+    if state.get("rest_of"):
+        out["rest_of"] = [_digest(r) for r in state["rest_of"]]
+    return out
+
+
+def _digest(part: Any) -> str:
+    text = json.dumps(part, sort_keys=True, separators=(",", ":"), default=lambda v: v.item())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _verify(state: Mapping[str, Any]) -> None:
+    """Refuse a state whose parts differ from the digests saved with it (``check``), naming the part."""
+    check, want = state["check"], seal(state)
+    saved_runs = check.get("rest_of", []) if isinstance(check, Mapping) else None
+    if not isinstance(saved_runs, list) or set(check) - {"position", "inputs", "rest_of"} \
+            or not all(isinstance(check.get(k), str) for k in ("position", "inputs")):
+        raise _bad("check", check, 'the digests streamwin saved with the state, {"position": ..., "inputs": ..., '
+                   '"rest_of": [...]}')
+    runs = want.get("rest_of", [])
+    parts = [("epoch or batches", "position", check["position"], want["position"]),
+             ("inputs", "inputs", check["inputs"], want["inputs"])]
+    if len(saved_runs) != len(runs):
+        parts.append(("rest_of", "rest_of", f"{len(saved_runs)} run(s)", f"{len(runs)} run(s)"))
+    parts += [(f"rest_of[{j}]", f"rest_of[{j}]", a, b) for j, (a, b) in enumerate(zip(saved_runs, runs))]
+    for name, part, saved, now in parts:
+        if saved != now:
+            raise StateMismatchError(f"not a usable streamwin loader state: field {name} does not match the check "
+                                     f"saved with it (check.{part} is {str(saved)[:40]!r}, the field's digest "
+                                     f"{str(now)[:40]!r}): the state was edited or damaged after streamwin saved it")
+
+
+def _consistent(inputs: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """Refuse a state whose fields contradict each other, naming them: a world size or worker count its canonical
+    streams cannot serve, or an interrupted run of the epoch over other data, order or windows."""
+    for where, given in [("inputs", inputs), *((f"rest_of[{j}].inputs", r["inputs"]) for j, r in enumerate(runs))]:
+        canonical = given.get("canonical")
+        if canonical is None:
+            continue
+        slots, phases = canonical
+        world, workers = given.get("world_size", 1), given.get("num_workers", 0)
+        if slots % world or (phases > 1 and workers and phases % workers):
+            name, value, what = ("world_size", world, "rank slots") if slots % world else \
+                ("num_workers", workers, "step phases")
+            raise StateMismatchError(
+                f"not a usable streamwin loader state: fields {where}.{name} ({value}) and {where}.canonical "
+                f"({canonical}) contradict each other: each serves whole {what}, and {value} does not divide "
+                f"{slots if slots % world else phases}. streamwin never saves such a pair: the state was edited or "
+                "damaged")
+    for j, run in enumerate(runs):
+        for name in sorted((set(run["inputs"]) | set(inputs)) - POSITION_ONLY):
+            if _planned(name, run["inputs"].get(name)) != _planned(name, inputs.get(name)):
+                raise StateMismatchError(
+                    f"not a usable streamwin loader state: field rest_of[{j}].inputs.{name} is "
+                    f"{run['inputs'].get(name)!r}, inputs.{name} is {inputs.get(name)!r}: the runs of one epoch share "
+                    "their data, order and windows, so the state was edited or damaged")
 
 
 def _known(obj: Mapping, kind: str, prefix: str) -> None:

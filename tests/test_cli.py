@@ -3,11 +3,15 @@ prints match ones computed here; bad input is one clear line on stderr and exit 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import pty
 import re
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +166,59 @@ def test_inspect(packed, npy_src, tmp_path, capsys):
     rows = re.findall(r"^\s+\[[\d,]+, [\d,]+\)\s+([\d,]+)", out, flags=re.M)
     assert sum(int(c.replace(",", "")) for c in rows) == 24
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("world, workers, canonical", [(1, 0, None), (2, 0, None), (4, 2, None), (3, 1, None),
+                                                      (2, 3, ("8,3", (8, 3))), (2, 0, ("none", None))])
+def test_inspect_plans_what_the_dataset_plans(packed, capsys, world, workers, canonical):
+    """inspect's numbers are WindowDataset.summary()'s for the same options: its canonical streams included."""
+    opts = ["--window", "16", "--stride", "8", "--batch-size", "4", "--world-size", str(world), "--num-workers",
+            str(workers)] + (["--canonical", canonical[0]] if canonical else [])
+    code, out, err = run(capsys, "inspect", str(packed), *opts)
+    assert code == 0, err
+    kw = {} if canonical is None else {"canonical": canonical[1]}
+    ds = sw.WindowDataset(str(packed), window=16, stride=8, batch_size=4, world_size=world, rank=0, **kw)
+    want = ds.summary(num_workers=workers)
+    streams = re.search(r"streams\s+(\d+)( canonical \((\d+) rank slot\(s\) x (\d+) step phase)?", out)
+    assert int(streams.group(1)) == want["streams"], out  # before: 2 (2 ranks x 1 stream) where summary said 8
+    assert (None if streams.group(2) is None else (int(streams.group(3)), int(streams.group(4)))) == want["canonical"]
+    assert re.search(rf"per epoch\s+{want['windows_per_epoch']:,}\n", out)
+    assert re.search(rf"batches per rank\s+{want['batches_per_rank']:,} ", out)
+    assert re.search(rf"dropped windows\s+{want['dropped_windows']:,} ", out)
+
+
+def _cli(*argv: str, stderr=subprocess.PIPE) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(sw.__file__).parent.parent),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "streamwin.cli", *argv], stdout=subprocess.DEVNULL,
+                            stderr=stderr, env=env)
+
+
+def test_progress_is_plain_lines_in_a_log_and_a_bar_on_a_terminal(npy_src, tmp_path):
+    src, _ = npy_src
+    for verb in (["pack", str(src), str(tmp_path / "a"), "--shard-size", "20KB"], ["verify", str(tmp_path / "a")]):
+        p = _cli(*verb)  # stderr a pipe, as a SLURM or CI log
+        err = p.communicate(timeout=120)[1].decode()
+        assert p.returncode == 0, err
+        assert "\r" not in err, err[:300]  # before: every redraw of tqdm's bar, carriage returns and all
+        bars = [line for line in err.splitlines() if line.startswith((f"pack {tmp_path / 'a'}", "verify"))]
+        assert 1 <= len(bars) <= 4, err  # at its start, at its end (and every 30 s between)
+    main_fd, tty_fd = pty.openpty()  # stderr a terminal (100 columns): tqdm's bar, redrawn in place
+    fcntl.ioctl(tty_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    p = _cli("pack", str(src), str(tmp_path / "b"), "--shard-size", "20KB", stderr=tty_fd)
+    os.close(tty_fd)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # the terminal closed: the command ended
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main_fd)
+    assert p.wait(timeout=120) == 0
+    assert b"\r" in seen and b"pack " in seen
 
 
 def test_bench(packed, capsys):

@@ -324,7 +324,8 @@ def test_table_meta_columns_and_time_from_the_order_column(tmp_path):
     m = sw.pack(str(tmp_path / "z.parquet"), str(tmp_path / "z"), id_column="id", order_column="t", meta_columns=["label"],
                 progress=False)
     assert "irregular in id 'u1'" in m.fields.left_out["start"]
-    with pytest.raises(ValueError, match="'time' needs the field 'start' .*irregular in id 'u1'"):
+    with pytest.raises(ValueError, match="'time' .* needs the fields 'start' and 'freq', and .* has no field 'start' "
+                                         ".*irregular in id 'u1'"):
         sw.WindowDataset(str(tmp_path / "z"), window=2, fields=["time"])
     with pytest.raises(PackError, match="irregular in id 'u1'"):
         sw.pack(str(tmp_path / "z.parquet"), str(tmp_path / "z2"), id_column="id", order_column="t",

@@ -13,6 +13,7 @@ it may only raise ValueError.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import io
@@ -360,3 +361,105 @@ def test_fuzz_manifest_fields(pristine, data, tmp_path_factory):
     except sw.ManifestError:
         return
     assert m.num_sequences >= 0
+
+
+# -- states that contradict themselves: refused naming the key, never resumed, never advice about arguments ------
+
+@pytest.fixture(scope="module")
+def elastic_state(pristine):
+    """A state of an elastic resume: taken on 1 rank after 2 batches of a 2-rank job (its run is in rest_of)."""
+    two = make_loader(pristine.root, rank=0, world_size=2)
+    it = iter(two)
+    for _ in range(2):
+        next(it)
+    one = make_loader(pristine.root)
+    one.load_state_dict(two.state_dict())
+    it = iter(one)
+    for _ in range(2):
+        next(it)
+    state = one.state_dict()
+    assert state["rest_of"][0]["inputs"]["world_size"] == 2 and state["inputs"]["canonical"] == [8, 1]
+    return pristine, state, len(one)
+
+
+def _edit(state, edits, sealed=True):
+    out = copy.deepcopy(state)
+    for path, value in edits:
+        out = _set(out, path, value)
+    if not sealed:
+        del out["check"]  # as a state saved before states carried a check
+    return out
+
+
+RUN = ("rest_of", 0, "inputs")
+CONTRADICTIONS = [  # (edits, the key the error names, whether a state without its check is refused too)
+    ([(("inputs", "world_size"), 3)], "fields inputs.world_size (3) and inputs.canonical ([8, 1])", True),
+    ([(RUN + ("canonical",), [7, 1])], "fields rest_of[0].inputs.world_size (2) and rest_of[0].inputs.canonical", True),
+    ([(RUN + ("canonical",), [8, 3]), (RUN + ("num_workers",), 2)], "rest_of[0].inputs.num_workers (2)", True),
+    ([(RUN + ("seed",), 1)], "field rest_of[0].inputs.seed is 1, inputs.seed is 0", True),
+    ([(RUN + ("window",), 4)], "field rest_of[0].inputs.window is 4", True),
+    ([(RUN + ("canonical",), [8, 7])], "field rest_of[0] does not match the check", False),  # plausible: the check
+    ([(("rest_of", 0, "batches"), 1)], "field rest_of[0] does not match the check", False),
+    ([(("batches",), 3)], "field epoch or batches does not match the check", False),
+    ([(("inputs", "world_size"), 2)], "field inputs does not match the check", False),
+]
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+@pytest.mark.parametrize("edits, named, unsealed_too", CONTRADICTIONS)
+def test_a_state_that_contradicts_itself_is_refused_naming_the_key(elastic_state, edits, named, unsealed_too, sealed):
+    p, state, _ = elastic_state
+    if not sealed and not unsealed_too:
+        pytest.skip("a plausible edit of a state without its check is its own word (a state saved before checks)")
+    loader = make_loader(p.root)
+    with pytest.raises(sw.StateMismatchError) as e:  # before: "pass canonical=(...) to WindowDataset", or resumed
+        loader.load_state_dict(_edit(state, edits, sealed))
+    text = str(e.value)
+    assert named in text and "not a usable streamwin loader state" in text, text
+    assert "pass " not in text and "WindowDataset" not in text, text  # a damaged state, not advice on arguments
+    loader.load_state_dict(state)  # the state itself resumes
+    assert sum(1 for _ in loader) > 0
+
+
+PLAUSIBLE = st.one_of(JUNK, st.sampled_from([0, 1, 2, 3, 4, 7, 8, 14, [8, 7], [14, 1], [8, 1], [1, 1], [16, 2], True,
+                                             "drop", "pad", "0123456789abcdef"]))
+
+
+@pytest.mark.timeout(120)
+@settings(FUZZ, max_examples=80)
+@given(data=st.data())
+def test_fuzz_an_edited_elastic_state_is_never_resumed(elastic_state, data):
+    """Any one field of a saved state replaced by another value (junk, or one a state could hold) is refused, naming
+    a field: the fields are checked, then against each other, then against the check saved with them."""
+    import json
+
+    p, state, _ = elastic_state
+    path = data.draw(st.sampled_from(list(_paths(state))))
+    bad = _set(state, path, data.draw(PLAUSIBLE))
+    if json.dumps(bad, sort_keys=True, default=str) == json.dumps(state, sort_keys=True, default=str):
+        return  # the same state
+    with pytest.raises(sw.StateMismatchError) as e:
+        make_loader(p.root).load_state_dict(bad)
+    assert "field" in str(e.value) or "plan inputs differ" in str(e.value) or "not a streamwin loader state" in str(
+        e.value), e.value
+
+
+@pytest.mark.timeout(120)
+@settings(FUZZ, max_examples=60)
+@given(data=st.data())
+def test_fuzz_position_inputs_of_a_state_without_its_check(elastic_state, data):
+    """A state without a check (as saved before checks) with its world, workers, batch size or canonical streams
+    edited loads or is a StateMismatchError: never the plan's advice about arguments, never more batches than an
+    epoch's rest."""
+    p, state, n = elastic_state
+    where = data.draw(st.sampled_from([("inputs",), RUN]))
+    name = data.draw(st.sampled_from(["world_size", "num_workers", "batch_size", "canonical"]))
+    value = data.draw(st.sampled_from([[8, 7], [14, 1], [8, 1], [16, 2], [4, 4]]) if name == "canonical" else
+                      st.integers(0 if name == "num_workers" else 1, 16))
+    loader = make_loader(p.root)
+    try:
+        loader.load_state_dict(_edit(state, [(where + (name,), value)], sealed=False))
+    except sw.StateMismatchError as e:
+        assert "field" in str(e) and "pass " not in str(e), e
+        return
+    assert sum(1 for _ in loader) <= 4 * n  # bounded (another batch size deals the rest in other batches)

@@ -10,8 +10,8 @@ import streamwin
 PKG = pathlib.Path(streamwin.__file__).parent
 # each module may import only modules listed before it (a package's __init__ comes after its modules)
 ORDER = [
-    "errors", "arguments", "world",
-    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.sums", "formats.checks", "formats.fields",
+    "errors", "arguments", "world", "progress",
+    "formats.keys", "formats.npy", "formats.tar", "formats.zstd", "formats.sums", "formats.checks", "formats.fields", "formats.times",
     "formats.meta", "formats.framed", "formats.seal",
     "formats.manifest", "formats",
     "storage.urls", "storage.retry", "storage.mapped", "storage.deadline", "storage.ranged", "storage.manifests", "storage.cache", "storage",
@@ -29,15 +29,15 @@ ORDER = [
     "read.ahead", "read.options", "read.block", "read.counts", "read.fetch", "read.members", "read.pieces", "read.runs", "read.frames", "read.sums", "read.verify",
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
-    "state", "seqfields", "source", "crop_stage", "buffers", "batch", "transform", "nodes", "dataset", "pipeline",
+    "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "transform", "nodes", "dataset", "pipeline",
     "feed.stats", "feed.to_device", "feed.device_crops", "feed.device_fields", "feed.device", "feed.slots", "feed.protocol",
     "feed.sizing", "feed.worker", "feed.pool", "feed.context",
     "feed.feeds", "feed.device_feeds", "feed",
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__", "__main__",
 ]
-PURE = {"errors", "arguments", "formats", "storage", "plan", "packing", "read", "state", "seqfields", "source", "crop_stage"}  # no torch
-READ_SIDE = {"plan", "read", "state", "seqfields", "source", "crop_stage", "buffers", "batch", "transform", "nodes", "dataset", "pipeline", "feed", "loader"}
+PURE = {"errors", "arguments", "progress", "formats", "storage", "plan", "packing", "read", "state", "seqfields", "source", "selection", "crop_stage"}  # no torch
+READ_SIDE = {"plan", "read", "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "transform", "nodes", "dataset", "pipeline", "feed", "loader"}
 
 
 def path_of(unit: str) -> pathlib.Path:

@@ -106,9 +106,18 @@ def test_the_readme_is_a_front_page_that_names_every_verb_of_the_cli():
     assert not missing, f"the README's CLI section has no example of: {missing}"
 
 
+def test_make_demo_writes_under_the_data_folder_the_readme_names():
+    """The demo's 170 MB go where the README says, under the git-ignored data/ (before: ./demo_data, unsaid)."""
+    assert "examples/demo.py --data data/demo/stdlib" in make_n("demo")
+    text = " ".join(section("Set-up, demo, tests").replace("#", " ").split())  # comments over lines joined
+    assert "about 170 MB in data/demo" in text and "`make clean` removes it" in text, text
+    assert "data/demo" in make_n("clean")
+
+
 @pytest.mark.parametrize("path", ["data/sines/index.json", "data/quickstart/shard-000000.tar", "ckpt/sines.pt",
                                   "data/npy/s000.npy", "data/sensors.csv",
-                                  "demo_data/stdlib/index.json", "bench_data/full/x.npy"])
+                                  "demo_data/stdlib/index.json", "bench_data/full/x.npy", "data/demo/stdlib/index.json",
+                                  "data/demo/demo_ckpt.pt"])
 def test_what_the_readme_and_the_demo_write_is_ignored_by_git(path):
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout")

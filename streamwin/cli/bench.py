@@ -8,14 +8,12 @@ it runs, so that the other verbs start at once.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from streamwin.cli.args import add_command, add_storage, add_window, int_at_least, storage_options
 from streamwin.errors import StreamwinError
+from streamwin.progress import progress_bar
 from streamwin.storage.manifests import load_manifest
 
 
@@ -33,8 +31,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     total = min(len(loader), args.batches) if args.batches else len(loader)
     windows = nbytes = batches = 0
     first = None
-    with tqdm(total=total, desc=f"bench {args.url}", unit="batch", disable=args.no_progress, file=sys.stderr,
-              dynamic_ncols=True) as bar:
+    with progress_bar(total=total, desc=f"bench {args.url}", unit="batch", disable=args.no_progress) as bar:
         for batch in loader:
             if first is None:
                 first = time.perf_counter()

@@ -20,9 +20,13 @@ from streamwin.cli.report import fields_line, layout, mb, nonfinite_shards, valu
 from streamwin.errors import StreamwinError
 from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import make_plan, plan_epoch
-from streamwin.plan.options import PlanConfig, WindowSpec
+from streamwin.plan.options import (DEFAULT_CANONICAL, PlanConfig, WindowSpec, canonical_for, check_canonical,
+                                    stream_block)
 from streamwin.plan.space import WindowSpace
+from streamwin.read.frames import zstd_slice_windows
 from streamwin.storage.manifests import load_manifest
+
+SHUFFLE_BUFFER = 10_000  # WindowDataset's default: its read slices are an eighth of it (or more, for zstd)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -45,16 +49,36 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spec_config(args: argparse.Namespace) -> PlanConfig:
-    """The window spec and plan config the inspect options ask for."""
+def _spec_config(args: argparse.Namespace, manifests: list[Manifest]) -> PlanConfig:
+    """The window spec and plan config the inspect options ask for: WindowDataset's for them (its canonical
+    streams, its default read slices), so that the numbers are those of ``summary()``."""
     spec = WindowSpec(args.window, args.stride or args.window, args.horizon, args.pad)
-    return PlanConfig(spec=spec, batch_size=args.batch_size, world_size=args.world_size,
-                      num_workers=args.num_workers, seed=args.seed, equalize=args.equalize)
+    canonical = canonical_for(args.canonical, args.world_size)
+    slices = max([SHUFFLE_BUFFER // 8, *(zstd_slice_windows(m, spec.stride) for m in manifests)])
+    try:
+        return PlanConfig(spec=spec, batch_size=args.batch_size, world_size=args.world_size,
+                          num_workers=args.num_workers, seed=args.seed, equalize=args.equalize, canonical=canonical,
+                          block_windows=stream_block(SHUFFLE_BUFFER, canonical, None), slice_windows=slices)
+    except ValueError as e:  # a world or worker count the canonical streams cannot serve
+        raise StreamwinError(str(e)) from None
+
+
+def _streams(cfg: PlanConfig, args: argparse.Namespace) -> str:
+    """The streams line: the canonical ones (and what they serve), or one per rank and worker."""
+    ranks = f"{args.world_size} rank(s) x {streams_per_rank(args.num_workers)}"
+    if cfg.canonical is None:
+        return f"{cfg.num_streams:,} ({ranks}; their order depends on the world size and worker count)"
+    slots, phases = cfg.canonical
+    worlds = ", ".join(str(w) for w in range(1, slots + 1) if slots % w == 0)
+    workers = "any workers" if phases == 1 else \
+        f"workers {', '.join(str(w) for w in range(1, phases + 1) if phases % w == 0)} or 0"
+    return (f"{cfg.num_streams:,} canonical ({slots} rank slot(s) x {phases} step phase(s): the same global batches "
+            f"on {worlds} ranks, {workers}); here {ranks}")
 
 
 def _inspect_mix(args: argparse.Namespace, manifests: list[Manifest]) -> None:
     """What mixing the datasets makes of an epoch: per source its windows, share and repeat factor."""
-    cfg = _spec_config(args)
+    cfg = _spec_config(args, manifests)
     spaces = [WindowSpace(m.length, cfg.spec) for m in manifests]
     try:
         plan = plan_epoch(cfg, 0, spaces, [m.shard_starts for m in manifests], args.weights, args.epoch_windows,
@@ -100,7 +124,7 @@ def _inspect_one(url: str, m: Manifest, args: argparse.Namespace) -> None:
         for line in length_histogram(lengths):
             print("  " + line)
     if args.window is not None:
-        cfg = _spec_config(args)
+        cfg = _spec_config(args, [m])
         spec = cfg.spec
         plan = make_plan(m.length, m.shard_starts, cfg, 0)
         short = int(((m.length < spec.span) & (m.length > 0)).sum())
@@ -109,7 +133,7 @@ def _inspect_one(url: str, m: Manifest, args: argparse.Namespace) -> None:
         print(f"  per epoch          {plan.total_windows:,}")
         print(f"  short sequences    {short:,} " + ("(one padded window each)" if spec.pad else
                                                      f"(shorter than {spec.span} steps: no window)"))
-        print(f"  streams            {cfg.num_streams:,} ({args.world_size} rank(s) x {streams_per_rank(args.num_workers)})")
+        print(f"  streams            {_streams(cfg, args)}")
         print(f"  batches per rank   {plan.batches_per_rank:,} (batch size {args.batch_size})")
         print(f"  dropped windows    {plan.dropped_windows:,} ({100 * plan.dropped_windows / max(plan.total_windows, 1):.2f}%)")
         if args.equalize == "pad":
@@ -163,5 +187,19 @@ def add_inspect_command(sub: Any) -> None:
     add_window(p, required=False)
     p.add_argument("--world-size", type=int_at_least(1), default=1, help="ranks to plan for (default 1)")
     p.add_argument("--equalize", choices=["drop", "pad"], default="drop", help="how ranks get equal batch counts")
+    p.add_argument("--canonical", type=canonical_arg, default=DEFAULT_CANONICAL, metavar="auto|none|A,P",
+                   help="canonical streams, as WindowDataset(canonical=...): auto (the default: (8, 1) where the world "
+                        "divides 8), none (one stream per rank and worker), or A,P rank slots and step phases")
     p.add_argument("--png", metavar="FILE", help="also save the length histogram as a PNG (needs matplotlib)")
     add_storage(p)
+
+
+def canonical_arg(text: str) -> tuple[int, int] | str | None:
+    """``--canonical``: auto, none, or two integers A,P."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        slots, phases = (int(v) for v in text.split(","))
+        return check_canonical((slots, phases))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, none or two integers A,P of 1..4096, got {text!r}") from None

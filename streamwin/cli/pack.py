@@ -17,7 +17,7 @@ from streamwin.cli.args import (add_command, add_storage, dtype_arg, int_at_leas
 from streamwin.cli.report import layout, mb, nonfinite_shards, value_columns
 from streamwin.errors import ShardError
 from streamwin.packing.inputs import FORMATS
-from streamwin.packing.pack import NonFiniteWarning, pack
+from streamwin.packing.pack import MissingValuesWarning, NonFiniteWarning, missing_values, pack
 from streamwin.packing.parts import merge
 from streamwin.packing.scan import index_shards, verify
 from streamwin.storage.urls import reach
@@ -30,6 +30,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NonFiniteWarning)  # said below, in this command line's words
+        warnings.simplefilter("ignore", MissingValuesWarning)
         m = pack(args.src, args.dest, shard_bytes=args.shard_size, format=args.format, workers=args.workers,
                  compression=None if args.compression == "none" else args.compression, cast=args.cast,
                  empty=args.empty, nan=args.nan, part=part, storage_options=storage_options(args.storage_option),
@@ -48,6 +49,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if m.nonfinite.nan or m.nonfinite.inf:
         print(f"NaN/inf: {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values, in {nonfinite_shards(m)} "
               "(pass --nan raise to refuse them)")
+    if m.fields is not None and m.fields.missing:
+        print(missing_values(m).removeprefix("streamwin: "))
     if part:
         print(f"when all {part[1]} parts are done: streamwin merge {args.dest}"
               + (f"; then streamwin verify {args.dest}" if args.verify else ""))

@@ -17,6 +17,7 @@ name: it is derived per window (start + offset x freq) from the fields ``start``
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import re
 import zlib
@@ -27,6 +28,7 @@ import numpy as np
 
 from streamwin.errors import ManifestError
 import streamwin.formats.fields as checked
+from streamwin.formats.times import scalar_ns
 
 KINDS = {"int": "<i8", "float": "<f8", "bool": "|u1", "str": "<i4", "time": "<i8", "duration": "<i8"}
 BATCH_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.bool_, "str": np.int64, "time": np.int64,
@@ -47,6 +49,9 @@ class SeqFields:
     columns: dict[str, np.ndarray]
     vocabulary: dict[str, tuple[str, ...]]
     left_out: dict[str, str]
+    # fields some sequences have no value for: (how many, the first one's key); counted by pack for its warning,
+    # not stored in index.json (a field's reason in ``left_out`` says it)
+    missing: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
     def check_rows(self, n: int) -> None:
         """ManifestError unless every column holds one value per sequence."""
@@ -158,40 +163,28 @@ def map_field_columns(layout: dict, kinds: dict, columns, n: int, align: int, wh
     return out
 
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_NS = 1_000_000_000
+def is_missing(value: Any) -> bool:
+    """Whether a meta value is missing: None (a JSON null, a table's null, an empty CSV cell), NaN or NaT."""
+    if value is None or (isinstance(value, (float, np.floating)) and value != value):
+        return True
+    if isinstance(value, (np.datetime64, np.timedelta64)):
+        return bool(np.isnat(value))
+    return type(value).__name__ in ("NaTType", "NAType")  # pandas' NaT and NA
 
 
 def classify(value: Any) -> tuple[str | None, Any]:
     """(kind, stored value) of a meta value, or (None, why) when it cannot be a field value."""
     if isinstance(value, (bool, np.bool_)):
         return "bool", int(bool(value))
+    if isinstance(value, (np.datetime64, np.timedelta64, dt.date, dt.timedelta)):  # before int: timedelta64 is one
+        return ("missing", None) if is_missing(value) else scalar_ns(value)
     if isinstance(value, (int, np.integer)):
         v = int(value)
         return ("int", v) if -(1 << 63) <= v < (1 << 63) else (None, f"{v} is outside int64")
     if isinstance(value, (float, np.floating)):
-        return "float", float(value)
+        return ("missing", None) if value != value else ("float", float(value))
     if isinstance(value, str):
         return "str", value
-    if isinstance(value, np.datetime64):
-        return ("time", int(value.astype("datetime64[ns]").astype(np.int64))) if not np.isnat(value) else \
-            (None, "NaT")
-    if isinstance(value, np.timedelta64):
-        return ("duration", int(value.astype("timedelta64[ns]").astype(np.int64))) if not np.isnat(value) else \
-            (None, "NaT")
-    if isinstance(value, dt.datetime):
-        ns = getattr(value, "value", None)  # pandas Timestamp: ns, UTC
-        if isinstance(ns, int):
-            return "time", ns
-        aware = value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
-        return "time", _ns(aware - _EPOCH)
-    if isinstance(value, dt.date):
-        return "time", _ns(dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc) - _EPOCH)
-    if isinstance(value, dt.timedelta):
-        ns = getattr(value, "value", None)  # pandas Timedelta
-        return "duration", ns if isinstance(ns, int) else _ns(value)
+    if is_missing(value):
+        return "missing", None
     return None, f"a {type(value).__name__}, not a number, bool, string or timestamp"
-
-
-def _ns(delta: dt.timedelta) -> int:
-    return (delta.days * 86400 + delta.seconds) * _NS + delta.microseconds * 1000

@@ -41,16 +41,23 @@ class Fragment:
     where: str
     nbytes: int = 0  # bytes of the shards it wrote
     sequences: int = 0  # sequences it wrote
+    missing: tuple = ()  # its fields' missing values (SeqFields.missing, which index.json does not keep), as items
 
     @property
     def manifest(self) -> Manifest | None:
         if isinstance(self.index, str):
-            return parse_manifest(self.index, where=f"the index of {self.where}")
+            m = parse_manifest(self.index, where=f"the index of {self.where}")
+            if m.fields is not None and self.missing:
+                m = dataclasses.replace(m, fields=dataclasses.replace(m.fields, missing=dict(self.missing)))
+            return m
         return self.index
 
     def __reduce__(self):
         text = self.index.to_json() if isinstance(self.index, Manifest) else self.index
-        return (Fragment, (self.unit, text, self.dropped, self.columns, self.where, self.nbytes, self.sequences))
+        fields = self.index.fields if isinstance(self.index, Manifest) else None
+        missing = tuple(fields.missing.items()) if fields is not None else self.missing
+        return (Fragment, (self.unit, text, self.dropped, self.columns, self.where, self.nbytes, self.sequences,
+                           missing))
 
 
 class FragmentMerger:
@@ -69,7 +76,7 @@ class FragmentMerger:
         self.frame_ends: list[np.ndarray] = []
         self.frame_rows: set[int] = set()
         self.checks: list[Checks | None] = []  # each unit's chunk checksums, in unit order
-        self.fields: list[tuple] = []  # each unit's (fields, sequences, where), in unit order
+        self.fields: list[tuple] = []  # each unit's (fields, sequences, where, first key), in unit order
 
     def add(self, manifest: Manifest | None, dropped: int = 0, columns: Columns | None = None, where: str = "") -> None:
         """Append one unit's manifest (None: it wrote nothing) after the ones added before."""
@@ -78,7 +85,8 @@ class FragmentMerger:
             return
         self._check_layout(manifest, where)
         _check_known(manifest)
-        self.fields.append((manifest.fields, manifest.num_sequences, where or f"unit {len(self.fields)}"))
+        self.fields.append((manifest.fields, manifest.num_sequences, where or f"unit {len(self.fields)}",
+                            manifest.key(0) if manifest.num_sequences else ""))
         self.columns = _same_columns(self.columns, columns)
         if self.sequences is None and self.only is None:
             self.only = manifest  # one unit: its columns are the manifest's, no copy

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import warnings
 from typing import Any, Callable
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from streamwin.arguments import check_keywords
 from streamwin.errors import PackError
@@ -37,12 +35,17 @@ from streamwin.packing.lock import PackLock, exclude_parts, part_lock_name, yiel
 from streamwin.packing.parts import merge, parse_part, part_generation, unpublish_part, write_part
 from streamwin.packing.sources import Source, open_dest, source_of
 from streamwin.packing.unit import UnitJob
+from streamwin.progress import progress_bar
 
-__all__ = ["NonFiniteWarning", "merge", "pack"]
+__all__ = ["MissingValuesWarning", "NonFiniteWarning", "merge", "pack"]
 
 
 class NonFiniteWarning(UserWarning):
     """pack wrote NaN or inf values (counted in ``manifest.nonfinite``)."""
+
+
+class MissingValuesWarning(UserWarning):
+    """Some sequences have no value for a meta key (None, NaN, NaT, a null, an empty cell): it is no field."""
 
 
 def _check_sizes(shard_bytes: int, workers: int) -> None:
@@ -135,7 +138,18 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
         warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
                       f"into {dest} (manifest.nonfinite counts them; nan='raise' refuses them)",
                       NonFiniteWarning, stacklevel=3)  # the caller of pack, past _accepts_source
+    if manifest.fields is not None and manifest.fields.missing:
+        warnings.warn(missing_values(manifest), MissingValuesWarning, stacklevel=4)  # the caller of pack
     return manifest
+
+
+def missing_values(manifest: Manifest) -> str:
+    """What pack's MissingValuesWarning says: per field, the sequences without a value and the first of them."""
+    n, missing = manifest.num_sequences, manifest.fields.missing
+    each = "; ".join(f"{name!r} in {count:,} of {n:,} (the first {key!r})" for name, (count, key) in missing.items())
+    return (f"streamwin: left out {len(missing)} field(s) that some sequences have no value for (None, NaN, NaT, a "
+            f"null, an empty CSV cell, or no such key): {each}. A field is stored only when every sequence has a "
+            "value; give those sequences one to keep it")
 
 
 def _pack_part(fs, root: str, dest: str, part: tuple[int, int], run: Callable[[int], Manifest],
@@ -189,8 +203,7 @@ def _pack_units(source: Source, dest: str, storage_options: dict | None, shard_b
     jobs = ((UnitJob(number, task, dest, storage_options, gen, shard_bytes, options), data)
             for number, task, data in source.units())
     merger = FragmentMerger()
-    bar = tqdm(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress)
     counts = [0, 0]  # sequences, units
 
     def moved(nbytes: int, sequences: int) -> None:

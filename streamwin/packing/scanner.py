@@ -15,14 +15,12 @@ import dataclasses
 import hashlib
 import json
 import re
-import sys
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from tqdm.auto import tqdm
 
 try:
     import zstandard
@@ -33,6 +31,7 @@ from streamwin.errors import ShardError
 from streamwin.formats import npy as npyfmt
 from streamwin.formats.sums import ShardSumsWriter
 from streamwin.packing.nonfinite import count_nonfinite
+from streamwin.progress import progress_bar
 from streamwin.storage.urls import join
 
 _ZSTD_ERRORS = (zstandard.ZstdError,) if zstandard is not None else ()
@@ -248,8 +247,7 @@ def scan_shard(fs: Any, path: str, name: str, url: str, on_bytes: Callable[[int]
 def scan_all(fs: Any, root: str, url: str, names: list[str], total: int, progress: bool, desc: str,
               on_done: Callable[[int, ShardScan | ShardError], None]) -> None:
     """Scan shards on a few threads; call ``on_done(k, scan or error)`` in shard order."""
-    bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress)
 
     def scan(k: int) -> ShardScan | ShardError:
         try:

@@ -170,7 +170,7 @@ class ShardWriter:
             for k in range(i, stop):
                 self.fields.add(rec.key(k), rec.fields[k])
         else:
-            self.fields.add_columns(rec.key(i), stop - i, cut_fields(rec.fields, slice(i, stop)) or {})
+            self.fields.add_columns(lambda j: rec.key(i + j), stop - i, cut_fields(rec.fields, slice(i, stop)) or {})
         nan, inf = int(rec.nan[i:stop].sum()), int(rec.inf[i:stop].sum())
         self._count += stop - i
         self._steps += int(rec.length[i:stop].sum())

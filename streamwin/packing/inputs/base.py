@@ -92,8 +92,8 @@ class Batch:
     keys: list[str]
     values: np.ndarray
     bounds: np.ndarray
-    fields: dict | None = None  # meta columns: name -> (kind, one value per sequence, vocabulary of str codes);
-    # a field left out: name -> ("left", why, None)
+    fields: dict | None = None  # meta columns: name -> (kind, one value per sequence, vocabulary of str codes),
+    # the values a masked array where some are missing; a field left out: name -> ("left", why, None)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -109,7 +109,7 @@ class Batch:
         if self.fields is None:
             return None
         return {k: (vocab[int(v[i])] if kind == "str" else _scalar(kind, v[i]))
-                for k, (kind, v, vocab) in self.fields.items() if kind != "left"}
+                for k, (kind, v, vocab) in self.fields.items() if kind != "left" and v[i] is not np.ma.masked}
 
     def slice(self, i: int, j: int) -> "Batch":
         """Sequences i..j-1 (their values, bounds from 0, meta columns)."""

@@ -1,7 +1,8 @@
 """CSV inputs: the long layout of `tables` (``id_column`` required), ``.csv`` or ``.csv.gz``.
 
 Read with pyarrow.csv when pyarrow is installed, else with the stdlib csv module: a column is
-int64 or float64 when all its cells parse (an empty cell is NaN), else text. Options:
+int64 or float64 when all its cells parse (an empty cell is NaN), else text; an empty cell of a
+``meta_columns`` column is a missing value (None), so its sequence has none. Options:
 ``id_column``, ``order_column``, ``value_columns``, ``squeeze``. A CSV has no schema that says
 which columns are values: when neither ``value_columns`` nor ``order_column`` is given and more
 than one numeric column is left besides the id column (a time stamp among them?), pack asks
@@ -34,6 +35,11 @@ def read_csv(unit: InputUnit, opts: dict, report: Report) -> Iterator[Batch]:
         else:
             table = pacsv.read_csv(arrow_owned(f.read()))
             columns = {c: table.column(c).to_numpy() for c in table.column_names}
+    for name in opts.get("meta_columns") or ():  # an empty cell is a missing value (None), as a null is elsewhere
+        if name in columns and columns[name].dtype.kind in "OU":
+            cells = columns[name].astype(object)
+            cells[cells == ""] = None
+            columns[name] = cells
     yield long_sequences(columns, opts, unit.path, report, ask=True)
 
 

@@ -14,20 +14,41 @@ from __future__ import annotations
 import numpy as np
 
 from streamwin.errors import PackError
+from streamwin.formats.meta import is_missing
+from streamwin.formats.times import column_ns
 
 Fields = dict[str, tuple[str, np.ndarray, tuple[str, ...] | None]]
 
 
 def _kind(values: np.ndarray) -> str | None:
     k = values.dtype.kind
+    if k == "O":  # a table's column with nulls (None), or of Python objects: the kind of the values there
+        present = [v for v in values.tolist() if not is_missing(v)]
+        if present and all(isinstance(v, (bool, np.bool_)) for v in present):
+            return "bool"
+        if present and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in present):
+            return "int"
+        return "str"
     return {"b": "bool", "i": "int", "u": "int", "f": "float", "M": "time", "m": "duration", "U": "str",
-            "O": "str", "S": "str"}.get(k)
+            "S": "str"}.get(k)
+
+
+def _missing(values: np.ndarray) -> np.ndarray:
+    """Which values are missing (formats/meta.py ``is_missing``: None, NaN, NaT; a CSV's empty cell is None)."""
+    k = values.dtype.kind
+    if k == "f":
+        return np.isnan(values)
+    if k in "mM":
+        return np.isnat(values)
+    if k == "O":
+        return np.fromiter((is_missing(v) for v in values.tolist()), dtype=bool, count=len(values))
+    return np.zeros(len(values), dtype=bool)
 
 
 def meta_fields(columns: dict[str, np.ndarray], opts: dict, keys: list[str], rows: np.ndarray, bounds: np.ndarray,
                 where: str) -> tuple[Fields, dict[str, str]]:
     """(fields, left out with why) of the sequences of a long table: rows ``rows`` grouped by sequence
-    (``bounds``), keyed ``keys``."""
+    (``bounds``), keyed ``keys``. A sequence whose value is missing has none: its field's values are masked."""
     fields: Fields = {}
     left: dict[str, str] = {}
     first = bounds[:-1]
@@ -39,16 +60,24 @@ def meta_fields(columns: dict[str, np.ndarray], opts: dict, keys: list[str], row
         if kind is None:
             raise PackError(f"{where}: meta column {name!r} has dtype {col.dtype}: not a number, bool, string or "
                             "timestamp")
-        if kind == "str":
-            col = col.astype(str)
-        changes = np.flatnonzero((col[1:] != col[:-1]) & ~np.isin(np.arange(1, len(col)), first))
+        lacking = _missing(col)
+        if kind == "str" or col.dtype.kind == "O":
+            col = np.where(lacking, "", col).astype(str) if kind == "str" else np.where(lacking, 0, col).astype(
+                {"bool": np.bool_, "int": np.int64}[kind])
+        same = (col[1:] == col[:-1]) & (lacking[1:] == lacking[:-1]) | (lacking[1:] & lacking[:-1])
+        changes = np.flatnonzero(~same & ~np.isin(np.arange(1, len(col)), first))
         if len(changes):
             r = int(changes[0]) + 1
             i = int(np.searchsorted(bounds, r, side="right")) - 1
-            raise PackError(f"{where}: meta column {name!r} changes within id {keys[i]!r} ({_py(col[r - 1])!r}, then "
-                            f"{_py(col[r])!r}): a meta column holds one value per id; name it in value_columns to keep "
-                            "it as a feature of every step")
-        fields[name] = _column(kind, col[first] if len(col) else col)
+            was, then = (None if lacking[x] else _py(col[x]) for x in (r - 1, r))
+            raise PackError(f"{where}: meta column {name!r} changes within id {keys[i]!r} ({was!r}, then {then!r}): "
+                            "a meta column holds one value per id; name it in value_columns to keep it as a feature "
+                            "of every step")
+        entry = _column(kind, col[first] if len(col) else col, lacking[first] if len(col) else lacking, keys)
+        if entry[0] == "left":
+            left[name] = entry[1]
+        else:
+            fields[name] = entry
     order_col = opts.get("order_column")
     if order_col is not None and not {"start", "freq"} & set(fields):
         derived = _start_freq(columns[order_col][rows], bounds, keys, order_col, where,
@@ -60,14 +89,20 @@ def meta_fields(columns: dict[str, np.ndarray], opts: dict, keys: list[str], row
     return fields, left
 
 
-def _column(kind: str, values: np.ndarray) -> tuple[str, np.ndarray, tuple[str, ...] | None]:
-    """(kind, stored values, vocabulary) of one value per sequence."""
+def _column(kind: str, values: np.ndarray, lacking: np.ndarray, keys: list[str]) -> tuple:
+    """(kind, stored values, vocabulary) of one value per sequence, masked where ``lacking``; ("left", why, None)
+    when a value cannot be stored."""
+    vocab = None
     if kind == "str":
-        vocab, codes = np.unique(values, return_inverse=True)
-        return kind, codes.reshape(-1).astype(np.int32), tuple(str(v) for v in vocab.tolist())
-    if kind in ("time", "duration"):
-        return kind, values.astype(f"{values.dtype.str[1]}8[ns]").astype(np.int64), None
-    return kind, values, None
+        words, codes = np.unique(values[~lacking], return_inverse=True)
+        values = np.zeros(len(values), dtype=np.int32)
+        values[~lacking] = codes.reshape(-1)
+        vocab = tuple(str(v) for v in words.tolist())
+    elif kind in ("time", "duration"):
+        values, bad, why = column_ns(values)
+        if why:
+            return "left", f"{why} (sequence {keys[bad]!r})", None
+    return kind, np.ma.masked_array(values, lacking) if lacking.any() else values, vocab
 
 
 def _start_freq(t: np.ndarray, bounds: np.ndarray, keys: list[str], name: str, where: str,
@@ -76,8 +111,15 @@ def _start_freq(t: np.ndarray, bounds: np.ndarray, keys: list[str], name: str, w
     kind = t.dtype.kind
     if kind not in "iuM":
         return f"order column {name!r} holds {t.dtype}, not integers or timestamps" if kind == "f" else None
-    ints = t.astype("datetime64[ns]").astype(np.int64) if kind == "M" else t.astype(np.int64)
+    ints = t.astype(np.int64)
     first = bounds[:-1]
+    if kind == "M":
+        ints, bad, why = column_ns(t)
+        if why:
+            i = int(np.searchsorted(bounds, bad, side="right")) - 1
+            if required:
+                raise PackError(f"{where}: order column {name!r} of id {keys[i]!r}: {why}")
+            return f"order column {name!r}: {why} (id {keys[i]!r})"
     steps = np.diff(ints)
     inside = ~np.isin(np.arange(1, len(ints)), first)  # step r: from row r to r + 1, both of one id
     lengths = np.diff(bounds)

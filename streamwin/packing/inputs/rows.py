@@ -87,8 +87,9 @@ def _row_sequences(table: Any, names: list[str], opts: dict, unit: InputUnit, re
     if opts.get("meta_columns"):  # one value per row: the row's fields (a label, a start time)
         rows = np.arange(len(keys))
         cols = {c: table.column(c).to_numpy() for c in opts["meta_columns"] if c in table.column_names}
-        fields = meta_fields(cols, {"meta_columns": opts["meta_columns"]}, keys, rows, np.arange(len(keys) + 1),
-                             unit.path)[0]
+        fields, left = meta_fields(cols, {"meta_columns": opts["meta_columns"]}, keys, rows,
+                                   np.arange(len(keys) + 1), unit.path)
+        fields.update({name: ("left", why, None) for name, why in left.items()})
     return Batch(keys, values, bounds, fields)
 
 
