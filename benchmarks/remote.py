@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ for _path in (HERE, REPO / "tests"):
         sys.path.insert(0, str(_path))
 
 from children import run_child  # noqa: E402
+from remote_clients import CurlClient, ranges_of  # noqa: E402
 from remote_peers_stores import Servers, ensure_corpus  # noqa: E402
 from remote_peers_systems import s3fs_options  # noqa: E402
 from remote_servers import NGINX_HINT, Nginx, nginx_binary  # noqa: E402
@@ -130,20 +130,13 @@ class Sources:
 
 
 def curl_ceiling(url: str, corpus: Path) -> float:
-    """MB/s that CURLS curls pull from ``url`` (each taking every CURLS-th of every shard's 4 MiB ranges)."""
-    ranges = []
-    for shard in sorted(corpus.glob("*.tar")):
-        size = shard.stat().st_size
-        ranges += [(shard.name, a, min(a + CURL_PART, size) - 1) for a in range(0, size, CURL_PART)]
+    """MB/s that CURLS curls pull from ``url`` (remote_clients.CurlClient: every shard's 4 MiB ranges, each curl
+    taking every CURLS-th over one connection): the loopback's ceiling."""
+    ranges = ranges_of(corpus, CURL_PART)
+    total = sum(b - a for _, a, b in ranges)
     started = time.perf_counter()
-    procs = []
-    for c in range(CURLS):
-        args = [a for name, lo, hi in ranges[c::CURLS] for a in ("-r", f"{lo}-{hi}", f"{url}/{corpus.name}/{name}",
-                                                                   "-o", "/dev/null")]
-        procs.append(subprocess.Popen(["curl", "-s", *args]))
-    for p in procs:
-        p.wait()
-    return sum(hi - lo + 1 for _, lo, hi in ranges) / (time.perf_counter() - started) / 1e6
+    CurlClient(f"{url}/{corpus.name}").read(ranges, [total], None, CURLS)
+    return total / (time.perf_counter() - started) / 1e6
 
 
 def measure(corpus: Path, sources: list[str], workers: list[int], rounds: int, epochs: int,

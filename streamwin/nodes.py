@@ -12,6 +12,7 @@ holds (``SourcePlan.item_bounds``), so the batcher's cursor still locates a bloc
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -31,7 +32,8 @@ class BlockReader(BaseNode[Block]):
     blocks are queued before the finish of the one the batcher needs next, so their GETs are
     in flight while it waits and while it is batched. Beyond ``readahead`` blocks, the reader's
     ``ReadAhead`` (read/ahead.py) says whether a stream may start more: on remote storage as
-    many bytes as the rate and latency measured need (Little's law), within ``readahead_bytes``. The read thread is
+    many bytes as the batcher's rate and the latency measured need (Little's law), within
+    ``readahead_bytes``. The read thread is
     one thread (its own, or shared by the readers of a source, with canonical streams), so
     starts and finishes run in the order queued.
 
@@ -55,6 +57,7 @@ class BlockReader(BaseNode[Block]):
         self._pending: dict[int, Future] = {}  # block -> its finish (the Block)
         self._next = 0
         self._last = -1  # the last block started
+        self._taken_at: float | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -73,7 +76,7 @@ class BlockReader(BaseNode[Block]):
         self._cancel()
         self._next = int(initial_state[self.BLOCK_KEY]) if initial_state is not None else 0
         self._last = self._next - 1
-        self.reader.readahead.restart()
+        self._taken_at: float | None = None  # when the last block was taken (the batcher's time on a block)
 
     def next(self) -> Block:
         k = self._next
@@ -84,9 +87,12 @@ class BlockReader(BaseNode[Block]):
         if k not in self._pending:
             self._start_ahead(k)
             self._queue_finish(k)
+        asked = time.perf_counter()
         block = self._pending.pop(k).result()
         read = release_of(block)
-        self.reader.readahead.taken(0 if read is None else read.nbytes)
+        self.reader.readahead.taken(0 if read is None else read.nbytes,
+                                    None if self._taken_at is None else asked - self._taken_at)
+        self._taken_at = time.perf_counter()
         self._next = k + 1
         self._start_ahead(k)  # while block k is batched
         self._queue_finish(k + 1)

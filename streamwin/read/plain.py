@@ -56,9 +56,8 @@ class PlainReads:
         # checked against the manifest, which is what they are read for), a few hundred bytes, not a chunk
         alone = runs.headers_only()
         vlo[alone], vhi[alone] = runs.run_lo[alone], runs.run_hi[alone]
-        self.verifier.load(runs.shard[~alone], vlo[~alone], vhi[~alone])  # the sums these reads are verified against
-        loads = self.verifier.loads
-        return PlainRead(runs, vlo, vhi, *self._fetch(runs, vlo, vhi, tail), loads=loads)
+        self.verifier.request(runs.shard[~alone], vlo[~alone], vhi[~alone])  # the sums they are verified against
+        return PlainRead(runs, vlo, vhi, *self._fetch(runs, vlo, vhi, tail))
 
     def finish(self, r: "PlainRead") -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Damage]]:
         """What ``read`` gives, once the reads ``start`` began are in."""
@@ -70,8 +69,7 @@ class PlainReads:
             if err is not None and errors[j] is None:
                 errors[j] = err
         alone = runs.headers_only()
-        if self.verifier.loads != r.loads:  # blocks started since held other sums: those of this one again
-            self.verifier.load(runs.shard[~alone], vlo[~alone], vhi[~alone])
+        self.verifier.load(runs.shard[~alone], vlo[~alone], vhi[~alone])  # (requested when the read started)
         base, header_at = runs.land(run_at)
         at, hlens, bounds = header_at.tolist(), runs.hlen.tolist(), runs.first.tolist()
         heads = runs.covers_header().tolist()
@@ -267,7 +265,6 @@ class PlainRead:
     refill: Callable[[int, int, int, int], "ShardError | None"]
     spans: tuple
     later: Later  # edge chunks left out, to take from those an earlier read keeps
-    loads: int  # the verifier's loads when this read was started
 
 
 class _Spread:

@@ -28,7 +28,7 @@ import numpy as np
 from streamwin.errors import ShardError
 from streamwin.formats import npy as npyfmt
 from streamwin.formats.manifest import Manifest
-from streamwin.read.ahead import ReadAhead
+from streamwin.read.ahead import of_source
 from streamwin.read.block import READABLE, Block, ReadStats
 from streamwin.read.cached import CachedShards
 from streamwin.read.compressed import CompressedReads
@@ -83,7 +83,7 @@ class ShardReader:
         self.counters = Counters(options.on_error)
         self.shards = _transport(url, self.members, self.counters, options)
         checks = manifest.checks if options.verify_checksums else None
-        sums = None if checks is None else Sums(checks, self.shards.read_sums, self.shards.sums_url)
+        sums = None if checks is None else Sums(checks, self.shards.submit_sums, self.shards.sums_url)
         verifier = Verifier(self.members, self.counters, sums)
         self.sums = sums  # the checksums this reader holds (None: nothing is verified)
         if manifest.compression:
@@ -93,8 +93,8 @@ class ShardReader:
             map_files = self.shards.mappable and mapped.available()
             self.reads = PlainReads(self.shards, self.members, self.counters, map_files=map_files, verifier=verifier)
         # how far its streams read ahead: as far as the latency needs on remote storage (read/ahead.py)
-        self.readahead = ReadAhead(options.readahead_bytes, self._measure if isinstance(self.shards, RemoteShards)
-                                   else None)
+        self.readahead = of_source(url, options.readahead_bytes,
+                                   self.shards.latency if isinstance(self.shards, RemoteShards) else None)
         self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
         self._lock = threading.Lock()
 
@@ -102,10 +102,6 @@ class ShardReader:
     def stats(self) -> ReadStats:
         """What reading has cost so far (bytes, requests, retries, skips, cache hits)."""
         return self.counters.stats
-
-    def _measure(self) -> tuple[int, float]:
-        """(bytes delivered so far, seconds to a GET's first byte lately): what the read-ahead is sized by."""
-        return self.counters.stats.bytes_read, self.shards.ranges.latency
 
     def read_block(self, plan: BlockPlan, stream: int, block: int) -> Block:
         """Read what block ``block`` of ``stream`` needs; windows in yield order."""

@@ -35,6 +35,10 @@ class RemoteShards(Transport):
                            out)
         self.counters.add(bytes_sums=len(out))
 
+    def latency(self) -> float:
+        """Seconds from a GET's request to its answer's headers, lately."""
+        return self.ranges.latency
+
     def _get(self, path: str, offset: int, out: memoryview) -> int:
         """One GET into ``out`` within the throttle's bound, telling it whether the store asked for fewer."""
         with self.throttle:

@@ -6,7 +6,7 @@ retries and cache hits. Where the shards are local files (``mappable``), ``open_
 opens one for mapping. ``submit`` starts reading the runs of a block and ``read_many`` reads
 them: in the caller's thread, or where reads are latency-bound (object storage) split into
 parts on a pool of GET threads (fetch.py), so the runs of later blocks can be in flight
-while this one is batched; ``read_sums`` reads ranges of the shards' sums files
+while this one is batched; ``submit_sums`` starts reading ranges of the shards' sums files
 (formats/checks.py) the same way. The transports:
 
 - ``local.LocalShards``: the shard files themselves, read (or mapped);
@@ -59,9 +59,9 @@ class Transport:
         """Fill ``out`` with bytes of shard k's sums file from ``offset``; ShardError naming that file."""
         raise NotImplementedError
 
-    def read_sums(self, runs: list[Run]) -> list[ShardError | None]:
-        """Read ranges of sums files (each one's ShardError or None), as ``submit`` does."""
-        return self.read_many(runs, self.read_sums_into)
+    def submit_sums(self, runs: list[Run]) -> Pending:
+        """Start reading ranges of sums files (each one's ShardError or None, once in), as ``submit`` does."""
+        return self.submit(runs, self.read_sums_into)
 
     def try_read(self, run: Run, read: Callable[[int, int, memoryview], None] | None = None) -> ShardError | None:
         """Read one run (with ``read``, default ``read_into``); the ShardError instead of raising it."""

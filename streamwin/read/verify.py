@@ -78,11 +78,15 @@ class Verifier:
         self.members, self.counters, self.sums = members, counters, sums
         self.checks = sums.checks if sums is not None else None
         self._local = threading.local()
-        self.loads = 0  # calls of load: the sums held may have changed since a count was taken
+
+    def request(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Start reading the sums that verifying bytes [lo[j], hi[j]) of shards ``shard[j]`` needs (sums.Sums.request):
+        ``load`` then finds them in."""
+        if self.sums is not None:
+            self.sums.request(shard, lo, hi)
 
     def load(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         """Fetch the sums that verifying bytes [lo[j], hi[j]) of shards ``shard[j]`` needs (sums.Sums.load)."""
-        self.loads += 1
         if self.sums is not None:
             self.sums.load(shard, lo, hi)
 
