@@ -7,6 +7,8 @@ read from the local files: the depth of the reads never changes a byte.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -28,7 +30,8 @@ def corpus(tmp_path_factory):
 
 
 def read_blocks(url: str, **kw) -> tuple[list[list[bytes]], object]:
-    """Every block of one stream's epoch as its windows' bytes, read by a BlockReader; and its ShardReader."""
+    """Every block of one stream's epoch as its windows' bytes, read by a BlockReader that spends 5 ms on each
+    (as a batcher would: the read-ahead is sized by that rate); and its ShardReader."""
     ds = sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1, canonical=None,
                           **kw)
     plan = ds.plan(0, 0).sources[0]
@@ -40,6 +43,7 @@ def read_blocks(url: str, **kw) -> tuple[list[list[bytes]], object]:
     for b in node:
         blocks.append([b.buf[o : o + span].tobytes() for o in b.offs.tolist()])
         node.release(b)
+        time.sleep(0.005)
     node.shutdown()
     reader.shutdown()
     return blocks, reader
@@ -52,19 +56,19 @@ def block_bytes(reader) -> float:
 def test_the_read_ahead_grows_with_latency_and_stays_within_readahead_bytes(corpus, http_server):
     local, _ = read_blocks(str(corpus / "ds"))
     assert len(local) > 20
-    srv = http_server(corpus)
-    got, at_once = read_blocks(srv.url_for("ds"))
+    # (a server each: what a process measured of a source, by its URL, it keeps for the next epoch)
+    got, at_once = read_blocks(http_server(corpus).url_for("ds"))
     assert got == local
-    srv.set_faults(FaultPlan(latency_seconds=0.1))
+    srv = http_server(corpus, FaultPlan(latency_seconds=0.1))
     got, late = read_blocks(srv.url_for("ds"))
     assert got == local
     # 100 ms before every answer: the bytes read ahead grow to rate x latency, many blocks; at once, they need not
     assert late.readahead.peak_bytes >= 4 * block_bytes(late)
     assert late.readahead.peak_bytes > 2 * at_once.readahead.peak_bytes
     assert srv.stats.most_in_flight > 2
-    srv.set_faults(FaultPlan(latency_seconds=0.1))
     limit = int(3 * block_bytes(late))
-    got, bounded = read_blocks(srv.url_for("ds"), readahead_bytes=limit)
+    got, bounded = read_blocks(http_server(corpus, FaultPlan(latency_seconds=0.1)).url_for("ds"),
+                               readahead_bytes=limit)
     assert got == local
     assert bounded.readahead.peak_bytes <= limit + 0.5 * block_bytes(bounded)  # (block sizes vary a little)
 
