@@ -118,9 +118,10 @@ class WindowLoader:
         persistent_workers: keep the worker processes between epochs.
         transform: ``fn(batch, rng) -> batch`` on each batch (a dict of numpy arrays, fields included),
             in the worker process (in-process: where batches are gathered) before the hand-off;
-            ``rng`` is a numpy Generator seeded from (seed, epoch, stream, batch), so a random
-            transform resumes exactly. Its outputs' shapes and dtypes are fixed after the first
-            batch (streamwin/transform.py). Must be picklable for "spawn" and "forkserver".
+            ``rng`` draws row i of every draw from window i's own stream (seed, epoch, the window:
+            window_random.py), so a random transform gives the same global batches in any world
+            and after any resume. It keeps the rows; its outputs' shapes and dtypes are fixed after
+            the first batch (streamwin/transform.py). Must be picklable for "spawn" and "forkserver".
         multiprocessing_context: start method for workers: a name ("fork", "spawn", "forkserver") or a
             multiprocessing context object (``multiprocessing.get_context(...)``), as DataLoader takes. Where
             fork cannot be used (CUDA initialized before the loader starts), use "forkserver": its
@@ -131,7 +132,7 @@ class WindowLoader:
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
                  static: bool = False, pin_memory: bool = False, prefetch_factor: int | None = None,
                  persistent_workers: bool = False, multiprocessing_context: Any = None,
-                 transform: Callable[[dict, np.random.Generator], dict] | None = None, **kwargs: Any):
+                 transform: Callable[[dict, Any], dict] | None = None, **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
         if kwargs.get("batch_size") is not None:
