@@ -5,7 +5,8 @@ arrays (every field of the batch but ``seq``; ``key`` is made later, from ``seq`
 ``rng``, a ``WindowRandom`` (window_random.py) whose draws give row i from window i's own
 stream, keyed by (seed, epoch, the window), so a random transform gives a window the same
 values on any number of ranks and workers and after any resume. It returns a dict of numpy
-arrays: what the batch then holds (``key`` is added; ``source`` and, for packed rows,
+arrays, each with the batch's rows as its first dimension (a packed batch's per-crop fields:
+their crops): what the batch then holds (``key`` is added; ``source`` and, for packed rows,
 ``crops`` are carried over from the input). Its outputs' keys, shapes and dtypes are learned
 once, from ``fn`` on a batch of zeros of the dataset's layout (on a thread of its own, so
 that a transform that hangs there is named within ``timeout``), and the batch slots are
@@ -21,6 +22,8 @@ import warnings
 from typing import Any, Callable
 
 import numpy as np
+import torch
+
 from streamwin.batch import BatchLayout
 from streamwin.window_random import WindowRandom, batch_keys
 
@@ -91,7 +94,8 @@ class Transform:
         return result["out"]
 
     def call(self, batch: dict, rng: WindowRandom, shapes: dict | None) -> dict:
-        """``fn(batch, rng)``, its output checked: a dict of numpy arrays (of the learned shapes, once known)."""
+        """``fn(batch, rng)``, its output checked: a dict of numpy arrays of the batch's rows, of dtypes a tensor
+        holds (and of the learned shapes, once known)."""
         out = self.fn(batch, rng)
         if not isinstance(out, dict) or not all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in out.items()):
             raise TypeError(f"transform {_name(self.fn)} must return a dict of numpy arrays, got "
@@ -99,6 +103,9 @@ class Transform:
         if "key" in out or "seq" in out:
             raise ValueError(f"transform {_name(self.fn)} returned 'key' or 'seq': the loader makes the keys itself")
         if shapes is None:
+            for k, v in out.items():
+                if k not in CARRIED:
+                    self._check_output(k, v)
             return out
         got = {k for k in out if k not in CARRIED}
         if got != set(shapes):
@@ -106,10 +113,30 @@ class Transform:
                              f"{sorted(shapes)}: the outputs are fixed after the first batch")
         for k, (dtype, shape) in shapes.items():
             if out[k].dtype != dtype or out[k].shape != shape:
+                self._check_output(k, out[k])
                 raise ValueError(f"transform {_name(self.fn)} returned {k!r} as {out[k].dtype} {out[k].shape}, "
                                  f"its first batch as {dtype} {shape}: shapes and dtypes are fixed after the "
                                  "first batch (the batch slots are sized once)")
         return out
+
+    def _check_output(self, key: str, value: np.ndarray) -> None:
+        """TypeError naming ``key`` for a dtype no tensor holds; ValueError naming it and the counts for an output
+        whose first dimension is not the batch's rows (a packed batch's per-crop field: its crops)."""
+        try:
+            torch.from_numpy(np.empty(0, dtype=value.dtype))
+        except (TypeError, RuntimeError, ValueError):
+            raise TypeError(f"transform {_name(self.fn)} returned {key!r} as dtype {value.dtype} {value.shape}: a "
+                            "batch's arrays live in shared memory as raw bytes and become torch tensors, which "
+                            "hold bool, integers, floats and complex; return codes (e.g. np.unique(..., "
+                            "return_inverse=True)) or numbers instead") from None
+        want = self.per_crop.get(key, self.rows)
+        if value.ndim == 0 or len(value) != want:
+            got = 0 if value.ndim == 0 else len(value)
+            what = f"one a crop of the packed rows: per-crop {key!r} has {want}" if key in self.per_crop else \
+                f"its 'key' keeps {want}, one a window"
+            raise ValueError(f"transform {_name(self.fn)} returned {key!r} of shape {value.shape}: {got} rows out, "
+                             f"{want} in ({what}): a transform keeps the rows (every output's first dimension is "
+                             "the batch's rows); select windows with where= or weights= instead")
 
     def gatherer(self, gatherer: Any, seed: int, epoch: int) -> "TransformGather":
         """``gatherer`` followed by this transform, its draws keyed by (``seed``, ``epoch``, each window)."""
