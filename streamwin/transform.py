@@ -15,8 +15,8 @@ transform's work is then the worker's, and the trainer's hand-off stays one slot
 """
 from __future__ import annotations
 
+import _thread
 import sys
-import threading
 import traceback
 import warnings
 from typing import Any, Callable
@@ -66,29 +66,31 @@ class Transform:
 
     def _probe(self, views: dict[str, np.ndarray], timeout: float | None) -> dict:
         """``fn`` on a batch of zeros, on a thread of its own: a warning naming where it is after
-        ``warn_after(timeout)`` s, a TimeoutError after ``timeout`` (it would block WindowLoader(...) for ever)."""
+        ``warn_after(timeout)`` s, a TimeoutError after ``timeout`` (it would block WindowLoader(...) for ever).
+        A bare thread (``_thread``): a threading.Thread leaves a weakref callback behind, where a Ctrl-C is lost."""
         batch = {k: v for k, v in views.items() if k not in HIDDEN}
         rng = WindowRandom(batch_keys(0, 0, views, self.rows))
         result: dict[str, Any] = {}
+        done = _thread.allocate_lock()
+        done.acquire()
 
         def run() -> None:
             try:
                 result["out"] = self.call(batch, rng, None)
             except BaseException as e:  # raised again on the caller's thread
                 result["error"] = e
-        thread = threading.Thread(target=run, name="streamwin-transform-probe", daemon=True)
-        thread.start()
+            finally:
+                done.release()
+        ident = _thread.start_new_thread(run, ())
         first = warn_after(timeout)
-        thread.join(first)
-        if thread.is_alive():
+        if not done.acquire(timeout=first):
             warnings.warn(f"streamwin: transform {_name(self.fn)} has not returned for {first:g} s on a batch of "
-                          f"zeros (run once to learn its outputs); it is at:\n{thread_stack(thread)}",
+                          f"zeros (run once to learn its outputs); it is at:\n{thread_stack(ident)}",
                           RuntimeWarning, stacklevel=6)
-            thread.join(None if timeout is None else timeout - first)
-        if thread.is_alive():
-            raise TimeoutError(f"transform {_name(self.fn)} did not return within timeout={timeout:g} s on a batch of "
-                               f"zeros (run once to learn its outputs; WindowLoader(timeout=...) sets the limit); it "
-                               f"is at:\n{thread_stack(thread)}")
+            if not done.acquire(timeout=-1 if timeout is None else timeout - first):
+                raise TimeoutError(f"transform {_name(self.fn)} did not return within timeout={timeout:g} s on a "
+                                   "batch of zeros (run once to learn its outputs; WindowLoader(timeout=...) sets the "
+                                   f"limit); it is at:\n{thread_stack(ident)}")
         if "error" in result:
             raise result.pop("error")
         return result["out"]
@@ -164,9 +166,9 @@ class TransformGather:
         return out
 
 
-def thread_stack(thread: threading.Thread) -> str:
-    """Where ``thread`` is now: its Python stack, innermost call last."""
-    frame = sys._current_frames().get(thread.ident)
+def thread_stack(ident: int) -> str:
+    """Where thread ``ident`` is now: its Python stack, innermost call last."""
+    frame = sys._current_frames().get(ident)
     return "".join(traceback.format_stack(frame)) if frame is not None else "(it has ended)\n"
 
 

@@ -23,6 +23,7 @@ n, and the shape of a row (``size[1:]``):
 from __future__ import annotations
 
 import numpy as np
+from numpy.random import PCG64, Generator  # at import: numpy imports it lazily, and a Ctrl-C in that import is lost
 
 SMALL = 256  # values a row up to which a draw hashes (all rows at once) instead of a generator a row
 GOLD, M1, M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -79,9 +80,9 @@ class WindowRandom:
         self.keys = np.asarray(keys, dtype=np.uint64)
         self.rows = len(self.keys)
         self._draws = 0
-        self._bits = np.random.PCG64(0)
-        self._gen = np.random.Generator(self._bits)
-        self._row_gens: dict[int, np.random.Generator] = {}
+        self._bits = PCG64(0)
+        self._gen = Generator(self._bits)
+        self._row_gens: dict[int, Generator] = {}
 
     def __repr__(self) -> str:
         return f"WindowRandom({self.rows} rows, {self._draws} draws so far)"
@@ -126,7 +127,7 @@ class WindowRandom:
         out = np.minimum(np.floor(u * span).astype(np.int64), span - 1) + low
         return out.astype(dtype, copy=False)
 
-    def row(self, i: int) -> np.random.Generator:
+    def row(self, i: int) -> Generator:
         """A numpy Generator of row ``i``'s own (the same object for the batch: its draws go on), for draws the
         methods here do not make (``choice``, ``permutation``, ...)."""
         i = int(i)
@@ -134,9 +135,9 @@ class WindowRandom:
             raise IndexError(f"rng.row({i}): the batch has {self.rows} rows")
         gen = self._row_gens.get(i)
         if gen is None:
-            bits = np.random.PCG64(0)
+            bits = PCG64(0)
             bits.state = _pcg_states(self.keys[i : i + 1], ROW_DRAW)[0]
-            gen = self._row_gens[i] = np.random.Generator(bits)
+            gen = self._row_gens[i] = Generator(bits)
         return gen
 
     def __getattr__(self, name: str):

@@ -31,7 +31,7 @@ ORDER = [
     "read.reader", "read",
     "state", "seqfields", "source", "crop_stage", "buffers", "batch", "window_random", "transform", "nodes", "dataset", "pipeline",
     "feed.stats", "feed.to_device", "feed.device_crops", "feed.device_fields", "feed.device", "feed.slots", "feed.protocol",
-    "feed.sizing", "feed.worker", "feed.pool", "feed.context",
+    "feed.sizing", "feed.watch", "feed.worker", "feed.stopping", "feed.pool", "feed.context",
     "feed.feeds", "feed.device_feeds", "feed",
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__", "__main__",
