@@ -49,7 +49,7 @@ from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, Pass, WorkerFeed
 from streamwin.feed.stopping import closed, held, opened
 from streamwin.feed.context import default_start_method, default_workers, start_context
 from streamwin.feed.pool import WorkerPool
-from streamwin.feed.sizing import check_memory, check_workers, slots_text
+from streamwin.feed.sizing import check_memory, check_workers, idle_workers, slots_text
 from streamwin.feed.stats import RunStats
 from streamwin.feed.to_device import Fixed
 from streamwin.plan.epoch import Plan
@@ -337,6 +337,9 @@ class WindowLoader:
             return
         self._logged = True
         warn_about_data(self.dataset)
+        idle = idle_workers(self._fed, plan, self.num_workers)
+        if idle:
+            warnings.warn(idle, RuntimeWarning, stacklevel=5)
         summary = self.dataset.summary(self.position.epoch, self.num_workers)
         if world[0] == 0:
             log.info("%s", summary)

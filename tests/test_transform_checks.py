@@ -2,6 +2,10 @@
 worker's error reads as it would in one process (issue 43: items 2, 10, and a KeyError quoted twice)."""
 from __future__ import annotations
 
+import os
+import warnings
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -100,3 +104,23 @@ def test_a_missing_column_reads_as_one_key_error(url, workers):
     with pytest.raises(KeyError) as e:
         list(loader)
     assert e.value.args == ("no_such_column",) and str(e.value) == "'no_such_column'"
+
+
+def who(batch, rng):
+    return {"x": batch["x"], "pid": np.full(len(batch["x"]), os.getpid(), dtype=np.int64)}
+
+
+def test_workers_left_idle_by_chunks_of_steps_are_warned_about_with_the_reason(url):
+    """A transform sees whole batches, so a rank's workers take chunks of Q = shuffle_buffer / G steps in turn: an
+    epoch of fewer steps than workers x Q leaves some with nothing, which the loader says (and why)."""
+    loader = opened(sw.WindowLoader(dataset(url), num_workers=2, transform=who))
+    with pytest.warns(RuntimeWarning, match=r"1 of this rank's 2 workers get no batch this epoch: a transform sees "
+                                            r"whole batches, .* chunks of 313 steps = shuffle_buffer 10000 / global "
+                                            r"batch 32 in turn .* this epoch has \d+ steps, 1 chunk\(s\)"):
+        pids = Counter(int(b["pid"][0]) for b in loader)
+    assert len(pids) == 1  # every batch from one worker process
+    loader = opened(sw.WindowLoader(dataset(url, shuffle_buffer=64), num_workers=2, transform=who))  # Q = 2 steps
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pids = Counter(int(b["pid"][0]) for b in loader)
+    assert len(pids) == 2 and not [w for w in caught if "get no batch" in str(w.message)]
