@@ -162,11 +162,18 @@ def test_every_row_is_its_window_with_its_own_draws(corpus, case):
 
 
 def summary(b) -> list[tuple]:
-    """Per row: its window and the bytes of every transformed field (a mix's rank batch is grouped by source)."""
+    """Per row: its windows (a packed row: its crops) and the bytes of every transformed field (a mix's rank batch is
+    grouped by source)."""
     n = len(b["x"])
+    keys, start = list(b["key"]), b["start"].tolist()
+    source = b["source"].tolist() if "source" in b else [0] * len(keys)
+    length = b["length"].tolist() if "length" in b else [0] * len(keys)
+    row = b["row"].tolist() if "row" in b else list(range(n))
+    windows: list[list] = [[] for _ in range(n)]
+    for c, r in enumerate(row):
+        windows[r].append((source[c], keys[c], start[c], length[c]))
     names = ("x", "noise", "big", "scale", "shift", "masked")
-    return [tuple([b["source"][i].item() if "source" in b else 0, b["key"][i], b["start"][i].item()]
-                  + [b[k][i].numpy().tobytes() for k in names]) for i in range(n)]
+    return [tuple([tuple(windows[i])] + [b[k][i].numpy().tobytes() for k in names]) for i in range(n)]
 
 
 def global_batches(group, take=None, sort=False) -> list[list[tuple]]:
@@ -180,7 +187,7 @@ def job(urls, case, world, workers):
             for r in range(world)]
 
 
-@pytest.mark.parametrize("case", ["plain", "mix"])
+@pytest.mark.parametrize("case", ["plain", "mix", "drawn lengths", "packed"])
 def test_global_batches_after_the_transform_are_the_same_in_every_world(corpus, case):
     urls, seqs = corpus
     sort = case == "mix"  # a rank's batch of a mix is grouped by source: the global batch is the same as a set
