@@ -16,10 +16,14 @@ A plain PyTorch loop, the one you would write anyway, plus the three things stre
    ``for epoch in range(start_epoch, epochs)``: ``set_epoch`` with the checkpoint's epoch keeps
    the restored mid-epoch position, so the run continues with exactly the batches an
    uninterrupted run would have seen, and every rank still runs the same number of steps.
-   Resumed on another number of processes (a job requeued on fewer nodes), the rest of the
-   epoch is dealt anew over the new ranks (elastic resume): no window of the epoch comes
-   twice, and the next epoch is a normal one of the new world. (The global batch changes with
-   the world: scale the learning rate yourself if your recipe needs it.)
+   Resumed on another number of processes (a job requeued on fewer nodes: elastic resume), what
+   comes next depends on the global batch (ranks x ``--batch-size``). Kept the same (4 ranks x 64
+   resumed on 2 x 128), on 1, 2, 4 or 8 ranks (canonical streams, the default), the run goes on
+   with exactly the global batches the uninterrupted one would have had. Changed (the same
+   ``--batch-size`` on fewer ranks), the windows of the epoch not yet yielded are dealt once over
+   the new ranks' streams, in blocks shuffled again: none comes twice, fewer than streams x batch
+   size are dropped; the next epoch is a normal one of the new world. (Scale the learning rate
+   yourself if your recipe needs it when the global batch changes.)
 
 Preemption: SIGTERM or SIGUSR1 (what SLURM sends before a time limit or a preemption, see
 examples/slurm/train.sbatch), the file named by ``--stop-file`` appearing, or ``--stop-after N``

@@ -38,7 +38,7 @@ from streamwin.selection import check_where, where_of
 from streamwin.seqfields import FieldGather, field_spec, vocabulary_of
 from streamwin.source import Source
 from streamwin.state import POSITION_ONLY
-from streamwin.transform import Transform
+from streamwin.transform import TIMEOUT_S, Transform
 from streamwin.world import resolve
 
 log = logging.getLogger("streamwin")
@@ -231,10 +231,10 @@ class WindowDataset:
             self._world = world
         return self._world
 
-    def transformed(self, fn: Any) -> "WindowDataset":
+    def transformed(self, fn: Any, timeout: float | None = TIMEOUT_S) -> "WindowDataset":
         """This dataset with ``fn`` applied to each batch where it is gathered (``WindowLoader(transform=fn)``)."""
         out = copy.copy(self)
-        out.transform = Transform(fn, self.layout())
+        out.transform = Transform(fn, self.layout(), timeout)
         return out
 
     def layout(self) -> BatchLayout:

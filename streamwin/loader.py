@@ -32,12 +32,10 @@ epoch a plan of its own: what the interrupted run had not yielded, dealt anew (p
 """
 from __future__ import annotations
 
-import atexit
 import errno
 import json
 import logging
 import warnings
-import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -48,35 +46,17 @@ from streamwin.dataset import WindowDataset
 from streamwin.errors import StateMismatchError
 from streamwin.feed.device_feeds import DeviceFeed, WorkerDeviceFeed
 from streamwin.feed.feeds import Feed, FeedContext, LocalFeed, Pass, WorkerFeed
+from streamwin.feed.stopping import closed, held, opened
 from streamwin.feed.context import default_start_method, default_workers, start_context
 from streamwin.feed.pool import WorkerPool
-from streamwin.feed.sizing import check_memory, check_workers, slots_text
+from streamwin.feed.sizing import check_memory, check_workers, idle_workers, slots_text
 from streamwin.feed.stats import RunStats
 from streamwin.feed.to_device import Fixed
 from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
-from streamwin.transform import transformed
+from streamwin.transform import TIMEOUT_S, check_timeout, transformed
 
 log = logging.getLogger("streamwin")
-_OPEN: weakref.WeakSet = weakref.WeakSet()  # loaders with a pass or workers running, closed at interpreter exit
-
-
-@atexit.register
-def _close_open_loaders() -> None:
-    """Stop every loader's threads and worker processes before the interpreter is torn down.
-
-    A script may end without ``loader.close()`` (or with a pass abandoned midway): its worker
-    processes and threads would then be stopped by garbage collection during interpreter
-    finalization, in whatever order, beside C++ objects (a process group's threads) being
-    destroyed too; so they are stopped here first, while everything still stands.
-    """
-    for loader in list(_OPEN):
-        try:
-            loader.close()
-        except Exception:
-            pass
-
-
 class NonFiniteData(RuntimeWarning):
     """A dataset whose manifest counts NaN or inf values is about to be trained on."""
 
@@ -118,9 +98,14 @@ class WindowLoader:
         persistent_workers: keep the worker processes between epochs.
         transform: ``fn(batch, rng) -> batch`` on each batch (a dict of numpy arrays, fields included),
             in the worker process (in-process: where batches are gathered) before the hand-off;
-            ``rng`` is a numpy Generator seeded from (seed, epoch, stream, batch), so a random
-            transform resumes exactly. Its outputs' shapes and dtypes are fixed after the first
-            batch (streamwin/transform.py). Must be picklable for "spawn" and "forkserver".
+            ``rng`` draws row i of every draw from window i's own stream (seed, epoch, the window:
+            window_random.py), so a random transform gives the same global batches in any world
+            and after any resume. It keeps the rows; its outputs' shapes and dtypes are fixed after
+            the first batch (streamwin/transform.py). Must be picklable for "spawn" and "forkserver".
+        timeout: seconds the trainer waits for a worker's next batch before a WorkerError naming the worker and
+            where it is (its Python stack: a transform that hangs), warned about with the same at 60 s (or
+            half the timeout); also the limit for the transform's first call, on zeros, when the loader is
+            made. None: wait for ever (the warning still comes). As DataLoader's ``timeout``, for workers.
         multiprocessing_context: start method for workers: a name ("fork", "spawn", "forkserver") or a
             multiprocessing context object (``multiprocessing.get_context(...)``), as DataLoader takes. Where
             fork cannot be used (CUDA initialized before the loader starts), use "forkserver": its
@@ -131,7 +116,8 @@ class WindowLoader:
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
                  static: bool = False, pin_memory: bool = False, prefetch_factor: int | None = None,
                  persistent_workers: bool = False, multiprocessing_context: Any = None,
-                 transform: Callable[[dict, np.random.Generator], dict] | None = None, **kwargs: Any):
+                 transform: Callable[[dict, Any], dict] | None = None, timeout: float | None = TIMEOUT_S,
+                 **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
             raise TypeError(f"WindowLoader needs a streamwin.WindowDataset, got {type(dataset).__name__}")
         if kwargs.get("batch_size") is not None:
@@ -156,7 +142,9 @@ class WindowLoader:
         self.multiprocessing_context = start_context(multiprocessing_context or default_start_method())
         self.batch_size = dataset.batch_size
         # what the streams run: the dataset, or it with the transform
-        self._fed = transformed(dataset, transform, self.device, self.num_workers, self.multiprocessing_context)
+        self.timeout = check_timeout(timeout)
+        self._fed = transformed(dataset, transform, self.device, self.num_workers, self.multiprocessing_context,
+                                self.timeout)
         self.position = Position()
         self._epoch_set = False  # set_epoch called since the last pass began
         self._resume = False  # a loaded position waits for the next pass
@@ -249,7 +237,16 @@ class WindowLoader:
         return Pass.of(self._begin, self.__len__)
 
     def _begin(self) -> Feed:
-        """Start a pass: the one iterator that moves this loader's position (an earlier one stops)."""
+        """Start a pass: the one iterator that moves this loader's position (an earlier one stops). A Ctrl-C
+        meanwhile is held until the workers are started (or stopped), then raised (feed/stopping.py)."""
+        try:
+            with held():
+                return self._start_pass()
+        except BaseException:
+            self._fail_pass()
+            raise
+
+    def _start_pass(self) -> Feed:
         self.close_pass()
         pos = self.position
         if pos.taken >= len(self) > 0 and not self._epoch_set:  # the epoch is done: on to the next one
@@ -260,12 +257,12 @@ class WindowLoader:
         self._resume = self._epoch_set = False
         world = self.dataset.world(refresh=True)  # resolved here, in the trainer, before workers start
         self._check_fits(world[1])
-        self._log_once(world)
-        self._stats.start()
         plan = self._plan()
+        self._log_once(world, plan)
+        self._stats.start()
         ctx = FeedContext(self._fed, self._stats, self.close_pass, self._worker_pool(world), self.device,
                           self.pin_memory, self.num_workers, on_error=self._fail_pass)
-        _OPEN.add(self)
+        opened(self)  # closed at exit, if not before
         if self.device is not None:
             if self.static and self._fixed is None:
                 self._fixed = Fixed(self._fed.layout(), self.device)
@@ -278,12 +275,13 @@ class WindowLoader:
         return self._feed
 
     def close_pass(self) -> None:
-        """Stop the current pass (its threads; its workers unless they persist)."""
-        if self._feed is not None:
-            self._feed.close()
-            self._feed = None
-        if self._pool is not None and not self.persistent_workers:
-            self._close_pool()
+        """Stop the current pass (its threads; its workers unless they persist), a Ctrl-C held meanwhile."""
+        with held():
+            if self._feed is not None:
+                self._feed.close()
+                self._feed = None
+            if self._pool is not None and not self.persistent_workers:
+                self._close_pool()
 
     def _fail_pass(self) -> None:
         """A pass raised: stop it and its workers, persistent or not (the next pass starts fresh ones)."""
@@ -294,12 +292,15 @@ class WindowLoader:
 
     def close(self) -> None:
         """Stop everything this loader started: threads, worker processes, shared memory."""
-        self.close_pass()
-        self._close_pool()
+        with held():
+            self.close_pass()
+            self._close_pool()
+            closed(self)
 
     def __del__(self) -> None:
         try:
-            self.close()
+            with held(finalizer=True):  # a Ctrl-C raised in __del__ would be lost: delivered again after it
+                self.close()
         except Exception:
             pass
 
@@ -317,7 +318,8 @@ class WindowLoader:
             to_cuda = self.device is not None and self.device.type == "cuda"
             try:
                 self._pool = WorkerPool(self._fed, self.num_workers, world, slots=self.prefetch_factor + 2,
-                                        pin=self.pin_memory or to_cuda, context=self.multiprocessing_context)
+                                        pin=self.pin_memory or to_cuda, context=self.multiprocessing_context,
+                                        timeout=self.timeout)
             except OSError as e:
                 if e.errno not in (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.EAGAIN):
                     raise
@@ -330,11 +332,14 @@ class WindowLoader:
         self._fed.check_fits()
         check_memory(self._fed, self.num_workers, self.prefetch_factor)
 
-    def _log_once(self, world: tuple[int, int]) -> None:
+    def _log_once(self, world: tuple[int, int], plan: Plan) -> None:
         if self._logged:
             return
         self._logged = True
-        self._warn_about_data()
+        warn_about_data(self.dataset)
+        idle = idle_workers(self._fed, plan, self.num_workers)
+        if idle:
+            warnings.warn(idle, RuntimeWarning, stacklevel=5)
         summary = self.dataset.summary(self.position.epoch, self.num_workers)
         if world[0] == 0:
             log.info("%s", summary)
@@ -344,22 +349,7 @@ class WindowLoader:
                 f"streamwin: this loader yields 0 batches per rank: {summary['windows_per_epoch']} windows for "
                 f"{summary['streams']} streams of batch_size {ds.batch_size} (window {ds.spec.window} + horizon "
                 f"{ds.spec.horizon} vs. your sequence lengths). Use a smaller window or batch, fewer workers, or "
-                "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=4)
-
-    def _warn_about_data(self) -> None:
-        """Once, when iteration starts: sources whose manifest counts NaN/inf, or carries no chunk checksums."""
-        for source in self.dataset.sources:
-            m = source.manifest
-            if m.nonfinite is not None and m.nonfinite.nan + m.nonfinite.inf and self.dataset.missing != "mask":
-                warnings.warn(
-                    f"streamwin: {source.url} holds {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values (counted "
-                    "by pack, in index.json); windows that cover them reach the model as they are. Repack with "
-                    "nan='raise' to find them, clean them before packing, or use missing='mask' to mask them",
-                    NonFiniteData, stacklevel=5)
-            if m.checks is None and self.dataset.read.verify_checksums:
-                warnings.warn(f"streamwin: {source.url} was packed without chunk checksums (by an older streamwin): "
-                              "its bytes are read unverified; repack it, or run `streamwin index` on it, to add them",
-                              RuntimeWarning, stacklevel=5)
+                "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=5)
 
     def summary(self) -> dict[str, Any]:
         """The dataset's numbers for this loader's plan: windows, dropped, batches per rank, streams."""
@@ -378,3 +368,18 @@ class WindowLoader:
         return {**{k: out.pop(k) for k in ("batches", "windows", "windows_per_s", "wait_s")},
                 "epoch": self.position.epoch, "batches_in_epoch": self.position.taken, **out}
 
+
+def warn_about_data(ds: WindowDataset) -> None:
+    """Once, when iteration starts: sources whose manifest counts NaN/inf, or carries no chunk checksums."""
+    for source in ds.sources:
+        m = source.manifest
+        if m.nonfinite is not None and m.nonfinite.nan + m.nonfinite.inf and ds.missing != "mask":
+            warnings.warn(
+                f"streamwin: {source.url} holds {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values (counted "
+                "by pack, in index.json); windows that cover them reach the model as they are. Repack with "
+                "nan='raise' to find them, clean them before packing, or use missing='mask' to mask them",
+                NonFiniteData, stacklevel=6)
+        if m.checks is None and ds.read.verify_checksums:
+            warnings.warn(f"streamwin: {source.url} was packed without chunk checksums (by an older streamwin): "
+                          "its bytes are read unverified; repack it, or run `streamwin index` on it, to add them",
+                          RuntimeWarning, stacklevel=6)

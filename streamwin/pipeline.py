@@ -80,7 +80,7 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
               for lane, (i, s) in enumerate(schedule.lanes)]
     gather = gatherer or gatherer_of(ds)
     if gatherer is None and ds.transform is not None:  # the user's transform, on each batch where it is gathered
-        gather = ds.transform.gatherer(gather, ds.seed, plan.epoch, stream, first_batch)
+        gather = ds.transform.gatherer(gather, ds.seed, plan.epoch)  # its draws: of (seed, epoch, window)
     batcher = Batcher(blocks, schedule, gather, next_buffer)
     batcher.reset({Batcher.BATCH_KEY: first_batch})
     node: BaseNode = batcher

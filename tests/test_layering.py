@@ -29,15 +29,18 @@ ORDER = [
     "read.ahead", "read.options", "read.block", "read.counts", "read.fetch", "read.members", "read.pieces", "read.runs", "read.frames", "read.sums", "read.verify",
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
-    "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "transform", "nodes", "dataset", "pipeline",
+    "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "window_random", "transform", "nodes",
+    "dataset", "pipeline",
     "feed.stats", "feed.to_device", "feed.device_crops", "feed.device_fields", "feed.device", "feed.slots", "feed.protocol",
-    "feed.sizing", "feed.worker", "feed.pool", "feed.context",
+    "feed.sizing", "feed.watch", "feed.worker", "feed.stopping", "feed.pool", "feed.context",
     "feed.feeds", "feed.device_feeds", "feed",
     "loader", "cli.args", "cli.report", "cli.pack", "cli.inspect", "cli.bench", "cli.main", "cli", "cli.__main__",
     "__init__", "__main__",
 ]
-PURE = {"errors", "arguments", "progress", "formats", "storage", "plan", "packing", "read", "state", "seqfields", "source", "selection", "crop_stage"}  # no torch
-READ_SIDE = {"plan", "read", "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "transform", "nodes", "dataset", "pipeline", "feed", "loader"}
+PURE = {"errors", "arguments", "progress", "formats", "storage", "plan", "packing", "read", "state", "seqfields", "source",
+        "selection", "crop_stage", "window_random"}  # no torch
+READ_SIDE = {"plan", "read", "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "window_random",
+             "transform", "nodes", "dataset", "pipeline", "feed", "loader"}
 
 
 def path_of(unit: str) -> pathlib.Path:

@@ -23,7 +23,8 @@ The trainer's side of a slot, for every feed (``WorkerFeed``, ``WorkerDeviceFeed
 
 A dead worker is named within POLL_S of the trainer waiting on it; one that stops answering
 (stopped by SIGSTOP, or hung so that not even its watchdog thread runs: its heartbeat in
-shared memory stands still) within SILENT_S.
+shared memory stands still) within SILENT_S; one alive that sends no batch (a transform that
+hangs) is warned about with its stack, and past the loader's ``timeout`` raised (watch.py).
 """
 from __future__ import annotations
 
@@ -38,12 +39,15 @@ import numpy as np
 import torch
 
 from streamwin.errors import WorkerError
+from streamwin.feed.stopping import check as check_interrupt
 from streamwin.feed.protocol import (BATCH, ERROR, PER_RELEASE, RELEASE, RUN, STOP, WARNING, Channel, has_payload,
                                      raise_warning, rebuild_error, ring_size)
 from streamwin.feed.sizing import chunk_of, pool_slots, shared_batches
 from streamwin.feed.slots import SharedFile, SlotBatches, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS
-from streamwin.feed.worker import HEARTBEAT, worker_main
+from streamwin.feed.watch import WorkerWatch
+from streamwin.feed.worker import worker_main
+from streamwin.transform import TIMEOUT_S
 
 POLL_S = 0.05  # how often a waiting trainer checks that its workers live
 NO_SLOTS = (-1,) * PER_RELEASE  # a RELEASE record's places past its slots
@@ -58,8 +62,37 @@ class WorkerPool:
     """
 
     def __init__(self, ds, num_workers: int, world: tuple[int, int], *, slots: int, pin: bool, context,
-                 start_timeout: float = 120.0):
+                 start_timeout: float = 120.0, timeout: float | None = TIMEOUT_S):
         self.num_workers = num_workers
+        # everything close() reads, first: a Ctrl-C or an error at any point of the start leaves a pool close() stops
+        self.closed = False
+        self.watch = WorkerWatch(timeout)  # processes, counters, stacks: who is dead, silent or stuck (watch.py)
+        self.procs = self.watch.procs
+        self.conns: list = []
+        self.inbox: list[Channel] = []  # per worker: its records to the trainer
+        self.outbox: list[Channel] = []  # per worker: the trainer's records to it
+        self.bases: list = []
+        self.regions: list = []
+        self.batches = SlotBatches([])
+        self.run = 0
+        self.held: list[list] = []  # [worker, slot, cuda event or None, SlotState]: slots handed out, not yet released
+        self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
+        self._holding = [0] * num_workers  # held slots per worker
+        self.waits = 0  # times the trainer waited for a worker's record (each sends the releases pending first)
+        self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
+        self._alive = [functools.partial(self.watch.check_alive, w) for w in range(num_workers)]  # raise if w died
+        # shared batches: each worker's slot of the batch being taken; the worker whose part was last waited for
+        self._parts, self._last = [None] * num_workers, 0
+        try:
+            self._start(ds, num_workers, world, slots, pin, context, start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ds, num_workers: int, world: tuple[int, int], slots: int, pin: bool, context,
+               start_timeout: float) -> None:
+        """Map the slots, start the workers (SIGINT blocked while each forks: it starts ignoring it), wait for each
+        to be READY (a Ctrl-C meanwhile, held by the loader, is raised here: stopping.py)."""
         layout = ds.layout()
         n = pool_slots(slots, layout.nbytes, num_workers, chunk_of(ds, num_workers, world[1]))
         # shared batches: every worker writes its rows of each batch into the same slot, of all the workers' slots
@@ -70,53 +103,39 @@ class WorkerPool:
         self.keep_limit = n - 2
         self.slot_layout = SlotLayout(num_workers, n, layout.nbytes, ring_size(n), shared=self.shared)
         self.shm = SharedFile(self.slot_layout.nbytes)
-        self.procs: list = []
-        self.conns: list = []
-        self.inbox: list[Channel] = []  # per worker: its records to the trainer
-        self.outbox: list[Channel] = []  # per worker: the trainer's records to it
-        self.run = 0
-        # shared batches: each worker's slot of the batch being taken; the worker whose part was last waited for
-        self._parts, self._last = [None] * num_workers, 0
-        self.closed = False
-        self.held: list[list] = []  # [worker, slot, cuda event or None, SlotState]: slots handed out, not yet released
-        self.pending: list[list[int]] = [[] for _ in range(num_workers)]  # released, not yet sent
-        self._holding = [0] * num_workers  # held slots per worker
-        self.waits = 0  # times the trainer waited for a worker's record (each sends the releases pending first)
-        self.fallbacks = 0  # waits for a worker that outlasted POLL_S (each one a liveness check)
-        self.silent: set[int] = set()  # workers named for not answering
-        self._beats: dict[int, tuple[int, float, float]] = {}  # worker -> (heartbeat, when it last moved, last look)
-        self._alive = [functools.partial(self._check_alive, w) for w in range(num_workers)]  # raise if w died
-        try:
-            self.pinned = pin and self.shm.pin()
-            self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
-            arr = self.shm.array()
-            # per slot: a Region (its own array, which every view of the slot refers to), its fields made once
-            self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(n)] for w in range(owners)]
-            self.bases = [[r.array() for r in rs] for rs in self.regions]
-            self.batches = SlotBatches(self.bases, layout, ds.manifests)
-            self.counters = [self.slot_layout.counters(arr, w) for w in range(num_workers)]
-            for w in range(num_workers):
-                mine, theirs = context.Pipe(duplex=True)
-                sems = [context.Semaphore(v) for v in (0, self.slot_layout.ring, 0, self.slot_layout.ring)]
-                to_worker, to_trainer = self.slot_layout.rings(arr, w)
-                self.outbox.append(Channel(to_worker, sems[0], sems[1], mine))
-                self.inbox.append(Channel(to_trainer, sems[2], sems[3], mine))
-                p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
-                                    args=(ds, num_workers, w, world, self.shm.handle(), self.slot_layout, theirs,
-                                          tuple(sems), os.getpid()))
+        self.pinned = pin and self.shm.pin()
+        self.events = self.pinned and torch.cuda.is_available()  # held slots wait for queued copies
+        arr = self.shm.array()
+        # per slot: a Region (its own array, which every view of the slot refers to), its fields made once
+        self.regions = [[self.slot_layout.region(self.shm, w, i) for i in range(n)] for w in range(owners)]
+        self.bases = [[r.array() for r in rs] for rs in self.regions]
+        self.batches = SlotBatches(self.bases, layout, ds.manifests)
+        self.watch.counters = [self.slot_layout.counters(arr, w) for w in range(num_workers)]
+        self.watch.stacks = [self.slot_layout.stack(arr, w) for w in range(num_workers)]
+        for w in range(num_workers):
+            mine, theirs = context.Pipe(duplex=True)
+            self.conns.append(mine)
+            sems = [context.Semaphore(v) for v in (0, self.slot_layout.ring, 0, self.slot_layout.ring)]
+            to_worker, to_trainer = self.slot_layout.rings(arr, w)
+            self.outbox.append(Channel(to_worker, sems[0], sems[1], mine))
+            self.inbox.append(Channel(to_trainer, sems[2], sems[3], mine))
+            p = context.Process(target=worker_main, name=f"streamwin-worker-{w}", daemon=True,
+                                args=(ds, num_workers, w, world, self.shm.handle(), self.slot_layout, theirs,
+                                      tuple(sems), os.getpid()))
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
                 p.start()
-                theirs.close()
                 self.procs.append(p)
-                self.conns.append(mine)
-            deadline = time.monotonic() + start_timeout
-            for w in range(num_workers):
-                while self._next(w, POLL_S) is None:  # its READY
-                    self._check_alive(w)
-                    if time.monotonic() > deadline:
-                        raise WorkerError(f"streamwin worker {w} did not start within {start_timeout:.0f} s")
-        except BaseException:
-            self.close()
-            raise
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            theirs.close()
+        deadline = time.monotonic() + start_timeout
+        for w in range(num_workers):
+            while self._next(w, POLL_S) is None:  # its READY
+                check_interrupt()
+                self.watch.check_alive(w)
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"streamwin worker {w} did not start within {start_timeout:.0f} s")
 
     def start(self, epoch: int, first_batches: list[int], rest_of: list[dict[str, Any]] = (),
               shared: bool = False) -> None:
@@ -212,10 +231,10 @@ class WorkerPool:
                 self.waits += 1
                 self.recycle()
                 self.flush(w)  # the worker may be waiting for these
+                wait = self.watch.wait(w)
                 while (msg := self._next(w, POLL_S)) is None:
                     self.fallbacks += 1
-                    self._check_alive(w)
-                    self._check_answering(w)
+                    wait.poll(SILENT_S)  # raises if w died, stands still, or sends nothing for the timeout
                     self.recycle()
                     self.flush(w)
             kind, run, slot = msg[:3]
@@ -233,7 +252,7 @@ class WorkerPool:
         try:
             payload = json.loads(self.inbox[w].payload())
         except (EOFError, OSError):
-            self._check_alive(w, wait=1.0)
+            self.watch.check_alive(w, wait=1.0)
             raise WorkerError(f"streamwin worker {w} (pid {self.procs[w].pid}) closed its pipe")
         if msg[0] == WARNING:
             raise_warning(payload, w)
@@ -300,29 +319,9 @@ class WorkerPool:
 
     def stats(self) -> np.ndarray:
         """The workers' read counters, summed (run totals)."""
-        return np.sum([c[: len(STAT_FIELDS)] for c in self.counters], axis=0)
-
-    def _check_alive(self, w: int, wait: float = 0.0) -> None:
-        p = self.procs[w]
-        p.join(wait) if wait else None
-        code = p.exitcode
-        if code is not None:
-            how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exited with code {code}"
-            hint = " (out of memory?)" if code == -signal.SIGKILL else ""
-            raise WorkerError(f"streamwin worker {w} (pid {p.pid}) {how}{hint}")
-
-    def _check_answering(self, w: int) -> None:
-        """WorkerError naming worker w if its heartbeat has not moved for SILENT_S of this process's waiting."""
-        beat, now = int(self.counters[w][HEARTBEAT]), time.monotonic()
-        last, moved, looked = self._beats.get(w, (beat, now, now))
-        if beat != last or now - looked > 1.0:  # it moved; or this process itself was not running (stopped too)
-            moved = now
-        self._beats[w] = (beat, moved, now)
-        if now - moved > SILENT_S:
-            p = self.procs[w]
-            self.silent.add(w)  # close() kills it without waiting for it to stop
-            raise WorkerError(f"streamwin worker {w} (pid {p.pid}) has not answered for {now - moved:.0f} s: it is "
-                              f"{_state(p.pid)}; it is killed when the loader closes")
+        counters = self.watch.counters
+        return np.sum([c[: len(STAT_FIELDS)] for c in counters], axis=0, dtype=np.int64) if counters else \
+            np.zeros(len(STAT_FIELDS), dtype=np.int64)
 
     def close(self) -> None:
         """Stop the workers (politely, then by force) and give up the shared memory."""
@@ -336,7 +335,7 @@ class WorkerPool:
                 pass
         deadline = time.monotonic() + 5.0
         for w, p in enumerate(self.procs):
-            if w in self.silent:  # stopped or hung: it would not stop by itself (SIGKILL ends even a stopped one)
+            if w in self.watch.silent:  # stopped or hung: it would not stop by itself (SIGKILL ends even a stopped one)
                 p.kill()
             p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
@@ -350,16 +349,5 @@ class WorkerPool:
         self.bases = self.regions = []
         self.batches = SlotBatches([])
         self.inbox, self.outbox = [], []
-        self.counters = [c.copy() for c in self.counters]  # keep the totals readable, let the mapping go
+        self.watch.close()  # keep the totals readable, let the mapping go
 
-
-def _state(pid: int) -> str:
-    """How a process is, from /proc (Linux): stopped (SIGSTOP?), running, sleeping...; else "not answering"."""
-    names = {"T": "stopped (SIGSTOP or SIGTSTP: `kill -CONT` resumes it)", "t": "stopped by a debugger",
-             "R": "running (hung in a loop?)", "S": "sleeping (hung in a wait?)", "D": "in uninterruptible I/O",
-             "Z": "a zombie"}
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return names.get(f.read().rsplit(")", 1)[1].split()[0], "not answering")
-    except (OSError, IndexError):
-        return "not answering"

@@ -114,8 +114,10 @@ def send_error(channel: Channel, run: int, e: BaseException) -> None:
     """An error as JSON (never pickle: nothing a worker sends is unpickled), with its traceback."""
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     where = {k: getattr(e, k, None) for k in ("shard", "member", "offset")} if isinstance(e, ShardError) else {}
+    args = list(e.args) if all(isinstance(a, (str, int, float, bool)) for a in e.args) else None
     payload = {"run": run, "type": type(e).__name__, "module": type(e).__module__,
-               "message": getattr(e, "reason", None) if where else str(e), "where": where, "text": text}
+               "message": getattr(e, "reason", None) if where else str(e), "where": where, "text": text,
+               "args": args}  # rebuilt from its arguments: str(KeyError('k')) is "'k'", quoted once more
     channel.send(ERROR, run, payload=json.dumps(payload, default=str).encode())
 
 
@@ -126,10 +128,12 @@ def rebuild_error(payload: dict) -> BaseException:
     cls = getattr(errors, payload["type"], None) if payload["module"] == errors.__name__ else \
         getattr(builtins, payload["type"], None) if payload["module"] == "builtins" else None
     if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            return cls(payload["message"])
-        except Exception:
-            pass
+        args = payload.get("args")
+        for given in ([args] if isinstance(args, list) and args else []) + [[payload["message"]]]:
+            try:
+                return cls(*given)
+            except Exception:
+                pass
     return RuntimeError(f"{payload['type']}: {payload['message']}")
 
 

@@ -18,7 +18,7 @@ from streamwin.arguments import check_fits
 from streamwin.buffers import BufferPool
 from streamwin.feed.protocol import ring_size
 from streamwin.feed.slots import SlotLayout
-from streamwin.plan.canon import shares_batches, worker_chunk
+from streamwin.plan.canon import CanonPlan, shares_batches, worker_chunk
 
 SPARE_BYTES = 64 << 20  # the workers' spare slots take up to this much memory, all of them together
 CHUNK_BYTES = 256 << 20  # with canonical streams' chunks, up to this much (a chunk of batches a worker)
@@ -118,3 +118,31 @@ def check_memory(dataset, num_workers: int, prefetch_factor: int) -> None:
         need += pool_bytes(num_workers, prefetch_factor + 2, batch, chunk_of(dataset, num_workers))
     check_fits(need, f"{slots_text(dataset, num_workers, prefetch_factor)}, and {BufferPool.KEEP} batches of this "
                "process")
+
+
+def idle_workers(dataset, plan, num_workers: int) -> str | None:
+    """A warning's text when some of a rank's workers get no batch of ``plan``, saying why, else None.
+
+    With canonical streams of one phase, a rank's workers either share each batch (``shared_batches``) or
+    take chunks of Q steps in turn, worker w chunks w, w + n, ... (Q: shuffle_buffer / the global batch, one
+    block of the order; packed rows, about two blocks' rows a slot): an epoch of K steps then keeps only
+    min(n, ceil(K / Q)) of n workers busy."""
+    if num_workers < 2 or not isinstance(plan, CanonPlan) or plan.shared or plan.chunk <= 1:
+        return None
+    steps, q, cfg = plan.batches_per_rank, plan.chunk, plan.config
+    idle = [w for w in range(num_workers) if plan.worker_taken(steps, num_workers, w) == 0]
+    if not idle or not steps:
+        return None
+    slots = cfg.canonical[0] // cfg.world_size
+    why = ("a transform sees whole batches, so the rank's workers do not share them" if dataset.transform is not None
+           else "the workers of a mix do not share batches" if len(dataset.sources) > 1
+           else "the workers of packed rows do not share batches" if cfg.pack_length is not None
+           else f"{num_workers} workers are more than the rank's {slots} canonical slots, so they do not share batches"
+           if num_workers > slots else "the workers do not share batches")
+    size = "" if cfg.pack_length is not None else \
+        f" = shuffle_buffer {cfg.block_windows} / global batch {cfg.world_size * cfg.batch_size}"
+    return (f"streamwin: {len(idle)} of this rank's {num_workers} workers get no batch this epoch: {why}, and "
+            f"take chunks of {q} steps{size} in turn (worker w: chunks w, w + {num_workers}, ...); this epoch has "
+            f"{steps} steps, {-(-steps // q)} chunk(s), so its batches come from {num_workers - len(idle)} "
+            "worker(s). A smaller shuffle_buffer makes more chunks (and another order: give every job that should "
+            "share the order the same), or fewer workers do the same work")

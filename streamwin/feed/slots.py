@@ -32,6 +32,7 @@ PREFIX = "streamwin-"
 PAGE = mmap.PAGESIZE
 COUNTERS = 16  # int64 counters per worker (read statistics)
 RECORD = 17  # int64 per record of a ring (protocol.Channel): a tag and 16 values (a RELEASE gives back 16 slots)
+STACK = 2048  # int64 per worker where its watchdog writes its main thread's stack when asked (16 KiB: watch.py)
 
 
 def shm_dir() -> str:
@@ -152,7 +153,7 @@ class SlotLayout:
     def __init__(self, workers: int, slots: int, slot_bytes: int, ring: int = 0, shared: bool = False):
         self.workers, self.slots, self.ring, self.shared = workers, slots, ring, shared
         self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
-        self.header = COUNTERS + 2 * ring * RECORD  # int64 per worker: counters, then the rings
+        self.header = COUNTERS + 2 * ring * RECORD + STACK  # int64 per worker: counters, the rings, its stack
         self.slots_at = -(-(workers * self.header * 8) // PAGE) * PAGE
         self.nbytes = self.slots_at + (1 if shared else workers) * slots * self.slot_bytes
 
@@ -173,6 +174,11 @@ class SlotLayout:
         """The int64 counters of ``worker``."""
         at = worker * self.header * 8
         return arr[at : at + COUNTERS * 8].view(np.int64)
+
+    def stack(self, arr: np.ndarray, worker: int) -> np.ndarray:
+        """The bytes where ``worker``'s watchdog writes its stack (a length, then the text)."""
+        at = (worker * self.header + COUNTERS + 2 * self.ring * RECORD) * 8
+        return arr[at : at + STACK * 8]
 
     def rings(self, arr: np.ndarray, worker: int) -> tuple[np.ndarray, np.ndarray]:
         """The [ring, RECORD] int64 rings of ``worker``: to the worker, then to the trainer."""

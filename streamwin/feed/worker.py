@@ -26,11 +26,10 @@ from streamwin.feed.protocol import (BATCH, PER_RELEASE, READY, RELEASE, RUN, ST
                                      send_error)
 from streamwin.feed.slots import SharedFile, SharedHandle, SlotLayout
 from streamwin.feed.stats import STAT_FIELDS, read_counters
+from streamwin.feed.watch import HEARTBEAT, HEARTBEAT_S, answer_stack
 from streamwin.pipeline import open_stream
 
 
-HEARTBEAT = 15  # the worker's counter (feed.slots.COUNTERS per worker) that its watchdog thread bumps
-HEARTBEAT_S = 0.25  # how often
 
 
 class Interrupted(Exception):
@@ -58,16 +57,18 @@ def parent_gone(parent_pid: int, ppid: int) -> bool:
     return False
 
 
-def watch_parent(parent_pid: int, heartbeat: np.ndarray) -> None:
-    """Start the worker's watchdog thread: every HEARTBEAT_S it bumps ``heartbeat[0]`` and, once the trainer is
-    gone, exits this process at once (a read blocked on a stalled server would otherwise outlive it)."""
-    ppid = os.getppid()
+def watch_parent(parent_pid: int, counters: np.ndarray, stack: np.ndarray) -> None:
+    """Start the worker's watchdog thread: every HEARTBEAT_S it bumps its heartbeat counter, writes the main
+    thread's stack into ``stack`` when the trainer asks (watch.py), and, once the trainer is gone, exits this
+    process at once (a read blocked on a stalled server would otherwise outlive it)."""
+    ppid, main = os.getppid(), threading.main_thread().ident
 
     def run() -> None:
         while True:
-            heartbeat[0] += 1
+            counters[HEARTBEAT] += 1
             if parent_gone(parent_pid, ppid):
                 os._exit(0)  # nothing of ours to clean: shared memory has no name; a cache temp file is swept
+            answer_stack(counters, stack, main)
             time.sleep(HEARTBEAT_S)
     threading.Thread(target=run, name="streamwin-watchdog", daemon=True).start()
 
@@ -107,7 +108,8 @@ def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[i
     """
     import torch
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # started with SIGINT blocked (pool.py): a Ctrl-C is the trainer's
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     torch.set_num_threads(1)
     arr = SharedFile(slot_layout.nbytes, shared).array()
     to_worker, to_trainer = slot_layout.rings(arr, worker)
@@ -117,7 +119,7 @@ def worker_main(ds: WindowDataset, num_workers: int, worker: int, world: tuple[i
     layout = ds.layout()
     slots = Slots([layout.views(slot_layout.slot(arr, worker, i)) for i in range(slot_layout.slots)], inbox, outbox)
     counters = slot_layout.counters(arr, worker)
-    watch_parent(parent_pid, counters[HEARTBEAT:])
+    watch_parent(parent_pid, counters, slot_layout.stack(arr, worker))
     outbox.send(READY, worker)
     totals = np.zeros(len(STAT_FIELDS), dtype=np.int64)
     plans: dict[str, Any] = {}
