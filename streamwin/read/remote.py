@@ -36,8 +36,9 @@ class RemoteShards(Transport):
         self.counters.add(bytes_sums=len(out))
 
     def latency(self) -> float:
-        """Seconds from a GET's request to its answer's headers, lately."""
-        return self.ranges.latency
+        """Seconds a part of a block takes to arrive, lately: from its GET's request to its last byte (to its first,
+        before any part did)."""
+        return self.ranges.duration or self.ranges.latency
 
     def _get(self, path: str, offset: int, out: memoryview) -> int:
         """One GET into ``out`` within the throttle's bound, telling it whether the store asked for fewer."""
