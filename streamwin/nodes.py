@@ -13,7 +13,7 @@ holds (``SourcePlan.item_bounds``), so the batcher's cursor still locates a bloc
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import numpy as np
@@ -27,15 +27,16 @@ from streamwin.read import Block, ShardReader
 class BlockReader(BaseNode[Block]):
     """Yields the blocks of one source's stream, reading ``readahead`` blocks ahead (or more: see below).
 
-    Each block is read in two steps on the read thread, in order: ``start`` (its GETs sent, on
-    remote storage) and ``finish`` (its bytes in, checked, verified). The starts of the next
-    blocks are queued before the finish of the one the batcher needs next, so their GETs are
-    in flight while it waits and while it is batched. Beyond ``readahead`` blocks, the reader's
-    ``ReadAhead`` (read/ahead.py) says whether a stream may start more: on remote storage as
-    many bytes as the batcher's rate and the latency measured need (Little's law), within
-    ``readahead_bytes``. The read thread is
-    one thread (its own, or shared by the readers of a source, with canonical streams), so
-    starts and finishes run in the order queued.
+    Each block is read in two steps on the reader's thread (ShardReader.thread: one thread, so
+    they run in the order queued): ``start`` (its GETs sent, on remote storage) and ``finish``
+    (its bytes in, checked, verified). The starts of the next blocks are queued before the
+    finish of the one the batcher needs next, so their GETs are in flight while it waits and
+    while it is batched. Beyond ``readahead`` blocks, the reader's ``ReadAhead``
+    (read/ahead.py) says whether a stream may start more: on remote storage as many bytes as
+    the batcher's rate and the latency measured need (Little's law), within
+    ``readahead_bytes``. Once every block of the stream is started, it goes on with the first
+    ``readahead`` + 1 blocks of the stream ``then()`` names (the same stream of the next epoch),
+    kept by the reader for that stream: an epoch's end is no barrier either.
 
     Where batches need crop lengths or packed rows, each block is cut into crops there too
     (crop_stage.cut): a CropBlock, whose ``len()`` is its items.
@@ -44,19 +45,19 @@ class BlockReader(BaseNode[Block]):
     BLOCK_KEY = "block"
 
     def __init__(self, reader: ShardReader, plan: SourcePlan, stream: int, *, readahead: int = 1,
-                 transform: Callable[[Block], Any] | None = None, pool: ThreadPoolExecutor | None = None,
-                 blocks: list[int] | None = None):
+                 transform: Callable[[Block], Any] | None = None, blocks: list[int] | None = None,
+                 then: Callable[[], tuple[SourcePlan, int, list[int] | None] | None] | None = None):
         super().__init__()
         self.reader, self.plan, self.stream, self.readahead = reader, plan, stream, readahead
         self.blocks = blocks  # the stream's blocks it reads, in order (a worker's chunks of packed rows); None: all
         self.transform = transform  # runs on the read-ahead thread (device mode: upload the block)
+        self.then = then  # (plan, stream, blocks) of the stream to read after this one, or None
         self.cut = needs_cut(plan)
-        self._shared = pool is not None  # one read thread shared by the readers of a source (canonical streams)
-        self._pool: ThreadPoolExecutor | None = pool
         self._started: dict[int, Future] = {}  # block -> its start (a StartedBlock), not yet to be finished
         self._pending: dict[int, Future] = {}  # block -> its finish (the Block)
         self._next = 0
         self._last = -1  # the last block started
+        self._early = 0  # the blocks of the stream after this one started early
         self._taken_at: float | None = None
 
     @property
@@ -82,8 +83,6 @@ class BlockReader(BaseNode[Block]):
         k = self._next
         if k >= self.num_blocks:
             raise StopIteration
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read")
         if k not in self._pending:
             self._start_ahead(k)
             self._queue_finish(k)
@@ -100,26 +99,48 @@ class BlockReader(BaseNode[Block]):
 
     def _start_ahead(self, batching: int) -> None:
         """Queue the starts of the blocks after the last one started: up to ``readahead`` past block ``batching``,
-        more while the read-ahead allows."""
-        n = self.num_blocks
-        while self._last + 1 < n and (self._last + 1 <= batching + self.readahead or self.reader.readahead.may_start()):
+        more while the read-ahead allows; then, the next stream's first blocks."""
+        n, ahead = self.num_blocks, self.reader.readahead
+        while self._last + 1 < n and (self._last + 1 <= batching + self.readahead or ahead.may_start()):
             self._last += 1
-            self._started[self._last] = self._pool.submit(self._start, self._last)
-            self.reader.readahead.started()
+            key = block_key(self.plan, self.stream, self._block(self._last))
+            early = self.reader.started_early(key)  # started by the stream before this one (counted then)
+            if early is None:
+                early = self.reader.thread().submit(self._start, self._last)
+                ahead.started()
+            self._started[self._last] = early
+        if self._last + 1 >= n and self.then is not None and ahead.may_start():
+            self._start_next(ahead)
+
+    def _start_next(self, ahead) -> None:
+        """Start the first blocks of the stream after this one, as far as the read-ahead allows (kept by the reader)."""
+        after = self.then()
+        if after is None:
+            return
+        plan, stream, blocks = after
+        n = min(plan.num_blocks(stream) if blocks is None else len(blocks), self.readahead + 1)  # what its first
+        while self._early < n and ahead.may_start():  # batch waits for: the rest, once it is asked for
+            block = self._early if blocks is None else blocks[self._early]
+            self.reader.start_early(block_key(plan, stream, block), plan, stream, block)
+            ahead.started()
+            self._early += 1
+
+    def _block(self, k: int) -> int:
+        """The plan's block number of this reader's k-th block."""
+        return k if self.blocks is None else self.blocks[k]
 
     def _queue_finish(self, k: int) -> None:
         """Queue the finish of block k, once its start is queued (it then runs after it, on the one read thread)."""
         if k in self._started:
-            self._pending[k] = self._pool.submit(self._finish, k, self._started.pop(k))
+            self._pending[k] = self.reader.thread().submit(self._finish, k, self._started.pop(k))
 
     def _start(self, k: int):
-        return self.reader.start_block(self.plan, self.stream, k if self.blocks is None else self.blocks[k])
+        return self.reader.start_block(self.plan, self.stream, self._block(k))
 
     def _finish(self, k: int, started: Future):
         block = self.reader.finish_block(started.result())  # done: started before, on this one thread
         if self.cut:
-            block = cut(block, self.plan, self.stream, k if self.blocks is None else self.blocks[k],
-                        self.reader.manifest.step_bytes)
+            block = cut(block, self.plan, self.stream, self._block(k), self.reader.manifest.step_bytes)
         return self.transform(block) if self.transform is not None else block
 
     def release(self, block) -> None:
@@ -142,11 +163,13 @@ class BlockReader(BaseNode[Block]):
         self._pending.clear()
 
     def shutdown(self) -> None:
-        """Stop the read-ahead thread (a read in flight finishes on its own); a shared one stops with its stream."""
+        """Drop the blocks queued and not read (a read in flight finishes on its own, on the reader's thread)."""
         self._cancel()
-        if self._pool is not None and not self._shared:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+
+
+def block_key(plan: SourcePlan, stream: int, block: int) -> tuple:
+    """What names a block of a plan whatever object holds the plan: its config, epoch, resumes, source, stream, block."""
+    return plan.config, plan.epoch, plan.generation, plan.source, stream, block
 
 
 class Batcher(BaseNode[dict]):

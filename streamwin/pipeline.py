@@ -11,8 +11,9 @@ mode in-process swaps the gather (windows are cut on the device).
 """
 from __future__ import annotations
 
+import copy
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from functools import partial
 from typing import Any, Callable
 
@@ -21,7 +22,7 @@ from torchdata.nodes import BaseNode, Prefetcher
 
 from streamwin.batch import Gatherer
 from streamwin.dataset import WindowDataset
-from streamwin.nodes import Batcher, BlockReader
+from streamwin.nodes import Batcher, BlockReader, block_key
 from streamwin.plan.epoch import Plan
 from streamwin.read import ReadStats, ShardReader
 from streamwin.storage import mapped
@@ -31,11 +32,12 @@ WARN_BYTES = 256 << 20  # warn where the blocks a process may hold in memory exc
 
 
 class Stream:
-    """A running stream: its top node (batches), the shard readers under it (one per source) and the read
-    threads its block readers share (one per source, with canonical streams)."""
+    """A running stream: its top node (batches) and the shard readers under it (one per source), which it gives
+    back to their sources when it is done, for the next stream of the process (the next epoch's)."""
 
-    def __init__(self, node: Any, batcher: Any, readers: list[ShardReader], pools: list | None = None):
-        self.node, self.batcher, self.readers, self.pools = node, batcher, readers, pools or []
+    def __init__(self, node: Any, batcher: Any, readers: list[ShardReader], sources: list[Any]):
+        self.node, self.batcher, self.readers, self.sources = node, batcher, readers, sources
+        self.counted = [copy.copy(reader.stats) for reader in readers]  # what the readers had read before
 
     def __iter__(self):
         return iter(self.node)
@@ -44,18 +46,17 @@ class Stream:
         return next(self.node)
 
     def stats(self) -> list[ReadStats]:
-        """The read counters of every source's reader (summed by whoever reports them)."""
-        return [reader.stats for reader in self.readers]
+        """What every source's reader read for this stream (summed by whoever reports them)."""
+        return [ReadStats(**{f.name: getattr(reader.stats, f.name) - getattr(before, f.name) for f in fields(ReadStats)})
+                for reader, before in zip(self.readers, self.counted)]
 
     def shutdown(self) -> None:
-        """Stop the stream's threads: the prefetcher's (dropped: torchdata stops it then), the read-ahead
-        threads, then the shard readers' GET threads and connections."""
+        """Stop the stream: the prefetcher's thread (dropped: torchdata stops it then), the blocks queued and not
+        read; its readers go back to their sources (a read still in flight ends on its reader's thread)."""
         self.node = None
         self.batcher.shutdown()
-        for pool in self.pools:
-            pool.shutdown(wait=False, cancel_futures=True)
-        for reader in self.readers:
-            reader.shutdown(wait=False)  # a block read still in flight on a read-ahead thread is not waited for
+        for source, reader in zip(self.sources, self.readers):
+            source.give_back(reader)
 
 
 def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
@@ -68,15 +69,21 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     the device).
     """
     schedule = plan.schedule(stream)
-    readers = [source.reader() for source in ds.sources]
-    pools = None
-    if len(schedule.lanes) > len(readers):  # canonical streams: one read thread per source, shared by its lanes
-        pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read") for _ in readers]
+    readers = [source.reader() for source in ds.sources]  # one per source, its lanes' (one read thread each)
+    ours = {block_key(p, 0, 0)[:4] for p in schedule.plans}
+    for reader in readers:  # blocks started early for another plan than this one: dropped
+        reader.readahead.dropped(reader.drop_early(lambda key: key[:4] in ours))
+    if len(schedule.lanes) > len(readers):  # canonical streams
         warn_unmapped(ds, readers, len(schedule.lanes) // len(readers))
     only = getattr(schedule, "blocks", None)  # per lane, the blocks it reads (a worker's chunks of packed rows)
-    blocks = [BlockReader(readers[i], schedule.plans[i], s, readahead=ds.readahead, pool=pools and pools[i],
+    # a process that reads epoch after epoch (in the trainer, or a persistent worker) reads the next one's first
+    # blocks early, at this stream's end
+    follows = [source.follows(plan.config, plan.epoch) for source in ds.sources]
+    after = next_epoch(ds, plan, stream, len(schedule.lanes)) if all(follows) else None
+    blocks = [BlockReader(readers[i], schedule.plans[i], s, readahead=ds.readahead,
                           transform=None if transform is None else partial(transform, source=i),
-                          blocks=only[lane] if only is not None else None)
+                          blocks=only[lane] if only is not None else None,
+                          then=None if after is None else partial(after, lane))
               for lane, (i, s) in enumerate(schedule.lanes)]
     gather = gatherer or gatherer_of(ds)
     if gatherer is None and ds.transform is not None:  # the user's transform, on each batch where it is gathered
@@ -87,7 +94,26 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     if prefetch and ds.prefetch > 0:
         node = Prefetcher(batcher, prefetch_factor=ds.prefetch)
         node.reset({"snapshot": batcher.state_dict(), "steps_since_snapshot": 0})
-    return Stream(node, batcher, readers, pools)
+    return Stream(node, batcher, readers, list(ds.sources))
+
+
+def next_epoch(ds: WindowDataset, plan: Plan, stream: int, lanes: int) -> Callable[[int], tuple | None]:
+    """``after(lane)``: (plan, stream, blocks) of the lane of the same stream in the next epoch, whose first blocks a
+    lane reads once it has started all of its own (None where that stream has other lanes); planned once, when
+    first asked."""
+    made: list = []
+
+    def after(lane: int) -> tuple | None:
+        if not made:
+            config = plan.config
+            nxt = ds.plan(plan.epoch + 1, config.num_workers, world_size=config.world_size)
+            schedule = nxt.schedule(stream)
+            only = getattr(schedule, "blocks", None)
+            same = nxt.config == config and len(schedule.lanes) == lanes
+            made.append([(schedule.plans[i], s, only[k] if only is not None else None)
+                         for k, (i, s) in enumerate(schedule.lanes)] if same else None)
+        return made[0][lane] if made[0] is not None else None
+    return after
 
 
 def gatherer_of(ds: WindowDataset) -> Gatherer:

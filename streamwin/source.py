@@ -18,6 +18,7 @@ from streamwin.read import ReadOptions, ShardReader
 from streamwin.seqfields import keep_mask
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.manifests import load_manifest
+from streamwin.storage.urls import is_local, url_to_fs
 
 
 class Source:
@@ -31,6 +32,8 @@ class Source:
         self._manifest: Manifest | None = None
         self._space: WindowSpace | None = None
         self._coarse: tuple[str, np.ndarray] | None = None  # (manifest digest, a WindowSpace's scan) from the trainer
+        self._idle: list[ShardReader] = []  # readers streams gave back, for the next stream of this process
+        self._last: tuple | None = None  # (plan config, epoch) of this process's last stream
 
     @property
     def manifest(self) -> Manifest:
@@ -75,14 +78,37 @@ class Source:
             steps = np.where(keep, steps, 0)
         return lo, steps
 
+    @property
+    def remote(self) -> bool:
+        """Whether the shards are read from remote storage (not local files, nor the node cache's copies)."""
+        return self.read.cache_dir is None and not is_local(url_to_fs(self.url, self.read.storage_options)[0])
+
     def reader(self) -> ShardReader:
-        """A reader of the source's shards (with its node cache, retries and error policy)."""
-        return ShardReader(self.url, self.manifest, self.read)
+        """A reader of the source's shards (with its node cache, retries and error policy): the one its last stream in
+        this process gave back (``give_back``), with what it holds (connections, sums, members checked, the next
+        epoch's first blocks started early), or a new one."""
+        return self._idle.pop() if self._idle else ShardReader(self.url, self.manifest, self.read)
+
+    def follows(self, config, epoch: int) -> bool:
+        """Whether this process's last stream of the source was of the epoch before ``epoch`` under ``config`` (a
+        process that reads epoch after epoch: worth reading the next one's first blocks early); notes this one."""
+        last, self._last = self._last, (config, epoch)
+        return last == (config, epoch - 1)
+
+    def give_back(self, reader: ShardReader) -> None:
+        """A stream is done with ``reader``: the next one takes it (a block read still on its thread runs first)."""
+        self._idle.append(reader)
+
+    def close_readers(self) -> None:
+        """Stop the threads and connections of the readers given back (a later stream starts a new one)."""
+        while self._idle:
+            self._idle.pop().shutdown(wait=False)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_manifest"] = None  # spawned workers reload (map) it; never ship a 100 MB index through a pipe
         state["_keep"] = None  # remade from the mapped manifest
+        state["_idle"], state["_last"] = [], None  # readers (threads, connections) and streams are a process's own
         state["_space"] = None  # its coarse scan travels instead (1/64 of a window-start array): no rescan there
         if self._space is not None:  # the scan of this very manifest: a worker that maps another one rescans
             state["_coarse"] = (self._manifest.digest, self._space.coarse)

@@ -112,7 +112,9 @@ def rss(field):
 
 
 url, = sys.argv[1:]
-ds = sw.WindowDataset(url, window=16, stride=1, batch_size=64, shuffle_buffer=1024, seed=1)
+# readahead_bytes=0: the blocks read ahead beyond the one each stream always reads are sized by rate x latency and
+# bounded by readahead_bytes (tests/test_remote_reads.py), not by the data; this is about the blocks themselves
+ds = sw.WindowDataset(url, window=16, stride=1, batch_size=64, shuffle_buffer=1024, seed=1, readahead_bytes=0)
 loader = sw.WindowLoader(ds, num_workers=0)  # read in this process, where RSS is measured
 before = rss("VmRSS:")
 with open("/proc/self/clear_refs", "w") as f:

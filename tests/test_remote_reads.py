@@ -88,6 +88,7 @@ def test_a_store_that_says_slow_down_gets_fewer_gets_then_as_many_again(corpus, 
     right; once the store stops, they grow back to all the connections."""
     local, _ = read_blocks(str(corpus / "ds"))
     monkeypatch.setattr(sw_fetch, "PART_BYTES", 64 << 10)  # ~400 GETs an epoch
+    monkeypatch.setattr(sw_remote, "CONNECTIONS", 16)  # (grown back in a few hundred GETs)
     srv = http_server(corpus, FaultPlan(latency_seconds=0.02, busy_above=4))
     ds = sw.WindowDataset(srv.url_for("ds"), window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1,
                           canonical=None, retry_backoff=0.01, retries=8)
@@ -114,3 +115,25 @@ def test_a_store_that_says_slow_down_gets_fewer_gets_then_as_many_again(corpus, 
         assert epoch() == local
     assert throttle.allowed == throttle.most == sw_remote.CONNECTIONS
     reader.shutdown()
+
+
+def test_epoch_after_epoch_the_next_ones_first_blocks_are_read_before_it_begins(corpus, http_server):
+    """In a process that reads epoch after epoch, a stream's end starts the next epoch's first blocks (no barrier at
+    an epoch's end); the batches are the local ones, bitwise. A process starts doing so once it went on from one
+    epoch to the next: a single epoch (or the first of a worker that is not kept) reads nothing it may not need."""
+    def epochs(url: str, n: int, workers: int) -> tuple[list[bytes], list[int]]:
+        loader = sw.WindowLoader(sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=512,
+                                                  seed=1), num_workers=workers)  # (workers of remote data are kept)
+        out, early = [], []
+        for e in range(n):
+            loader.set_epoch(e)
+            out += [b["x"].numpy().tobytes() + "".join(b["key"]).encode() for b in loader]
+            early.append(loader.stats()["early_blocks"])
+        loader.close()
+        return out, early
+    local, _ = epochs(str(corpus / "ds"), 3, 0)
+    url = http_server(corpus, FaultPlan(latency_seconds=0.05)).url_for("ds")
+    for workers in (0, 1):
+        got, early = epochs(url, 3, workers)
+        assert got == local
+        assert early[0] == early[1] == 0 < early[2]  # (totals: epoch 1 followed epoch 0, so epoch 2's were early)

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from typing import Callable
 
-LIMIT_BYTES = 256 << 20  # the default bound on bytes read ahead per source and process (readahead_bytes)
+LIMIT_BYTES = 512 << 20  # the default bound on bytes read ahead per source and process (readahead_bytes)
 MARGIN = 2.0  # bytes read ahead, in rate x latency: twice what the rate seen needs, so it can grow
 SMOOTH = 0.5  # weight of the newest block's bytes in a block's bytes on average
 TAKES = 8  # the rate is measured over the last this many blocks taken
@@ -91,6 +91,9 @@ class ReadAhead:
             if batched is not None:
                 self._seen.append((nbytes, batched))
                 self.rate = sum(n for n, _ in self._seen) / max(sum(t for _, t in self._seen), len(self._seen) * FAST)
-            self.want = MARGIN * self.rate * self.latency() + self.block_bytes
+            # at most twice what is read ahead now: a start-up that asked for all at once would share the store's
+            # bandwidth over every block it asked for, and the next block would come last with them (slow start)
+            grown = 2 * (self.blocks + 1) * self.block_bytes
+            self.want = min(MARGIN * self.rate * self.latency() + self.block_bytes, max(grown, self.want))
 
 

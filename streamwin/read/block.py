@@ -57,3 +57,4 @@ class ReadStats:
     bytes_verified: int = 0  # bytes checked against the manifest's chunk checksums (whole chunks: a little more than read)
     bytes_sums: int = 0  # bytes of the shards' sums files read (the checksums, formats/checks.py; not in bytes_read)
     throttled: int = 0  # answers of a store asking for fewer requests (503 SlowDown, 429): GETs in flight halved
+    early_blocks: int = 0  # blocks of a stream read before it began (at the end of the epoch before, remote storage)

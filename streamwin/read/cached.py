@@ -40,10 +40,19 @@ class CachedShards(Transport):
         self._by_url: dict[str, int] | None = None
 
     def read_sums_into(self, k: int, offset: int, out: memoryview) -> None:
+        """Read from the sums file's cached copy, fetched first if needed; fetched again, once, if it was evicted
+        between fetch and open (by a shard fetched meanwhile: the sums are read while the block's shards are)."""
         entry = self._sums_entry(k)
-        local = self.cache.fetch(self.sums_url(k), self.fs, self.path(k) + self.members.manifest.checks.suffix, entry)
-        with open(local, "rb", buffering=0) as f:
-            got = read_file(f, offset, out)
+        for attempt in (0, 1):
+            local = self.cache.fetch(self.sums_url(k), self.fs, self.path(k) + self.members.manifest.checks.suffix,
+                                     entry)
+            try:
+                with open(local, "rb", buffering=0) as f:
+                    got = read_file(f, offset, out)
+                break
+            except FileNotFoundError:
+                if attempt:
+                    raise
         if got < len(out):
             raise ShardError(f"cached sums file ends early: wanted {len(out)} bytes at offset {offset}, got {got}",
                              shard=self.sums_url(k), offset=offset + got)

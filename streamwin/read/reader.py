@@ -20,8 +20,9 @@ byte offset (or, with on_error="skip", windows of weight 0, counted).
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -96,6 +97,8 @@ class ShardReader:
         self.readahead = of_source(url, options.readahead_bytes,
                                    self.shards.latency if isinstance(self.shards, RemoteShards) else None)
         self._unmap: list[mapped.MappedBuffer] = []  # released mappings, dropped by the next read
+        self._thread: ThreadPoolExecutor | None = None
+        self._early: dict[tuple, Future] = {}  # blocks of a plan to come, started before its stream: key -> start
         self._lock = threading.Lock()
 
     @property
@@ -187,9 +190,45 @@ class ShardReader:
                 self._unmap.append(base)
         block.buf = block.buf_tensor = None
 
+    def thread(self) -> ThreadPoolExecutor:
+        """The one thread this reader's blocks are started and finished on, in the order they are asked for (made on
+        first use): every stream that reads with it, one after the other, queues there, so no two run at once."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read")
+        return self._thread
+
+    def start_early(self, key: tuple, plan: BlockPlan, stream: int, block: int) -> None:
+        """Start block ``block`` of ``stream`` of a plan to come (the next epoch's) on the reader's thread, kept under
+        ``key`` for the stream that will read it (``started_early``)."""
+        self._early[key] = self.thread().submit(self.start_block, plan, stream, block)
+
+    def started_early(self, key: tuple) -> Future | None:
+        """The start of a block ``start_early`` began under ``key`` (taken: it is the caller's), or None."""
+        future = self._early.pop(key, None)
+        if future is not None:
+            self.counters.add(early_blocks=1)
+        return future
+
+    def drop_early(self, keep: Callable[[tuple], bool]) -> int:
+        """Drop the blocks started early whose key ``keep`` refuses (their GETs not sent yet are not sent); how many."""
+        gone = [key for key in self._early if not keep(key)]
+        for key in gone:
+            future = self._early.pop(key)
+            if not future.cancel():
+                future.add_done_callback(self._cancel_started)
+        return len(gone)
+
+    def _cancel_started(self, future: Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.cancel(future.result())
+
     def shutdown(self, wait: bool = True) -> None:
-        """Stop the GET threads and close the pooled connections (a later read starts them anew); with
-        ``wait=False`` a read still in flight on another thread ends on its own instead of being waited for."""
+        """Stop the read thread and the GET threads and close the pooled connections (a later read starts them anew);
+        with ``wait=False`` a read still in flight ends on its own instead of being waited for."""
+        self.drop_early(lambda key: False)
+        if self._thread is not None:
+            self._thread.shutdown(wait=wait, cancel_futures=True)
+            self._thread = None
         self.shards.shutdown(wait)
 
 

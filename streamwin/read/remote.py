@@ -36,9 +36,11 @@ class RemoteShards(Transport):
         self.counters.add(bytes_sums=len(out))
 
     def latency(self) -> float:
-        """Seconds a part of a block takes to arrive, lately: from its GET's request to its last byte (to its first,
-        before any part did)."""
-        return self.ranges.duration or self.ranges.latency
+        """Seconds a part of a block takes to arrive, lately: its GET's wait for the first byte, and its bytes at the
+        best rate a connection carried them (the time its transfer takes alone, not shared with others: a store
+        whose bandwidth the GETs share does not send more for more of them in flight)."""
+        r = self.ranges
+        return r.latency + (r.part / r.speed if r.speed else 0.0)
 
     def _get(self, path: str, offset: int, out: memoryview) -> int:
         """One GET into ``out`` within the throttle's bound, telling it whether the store asked for fewer."""

@@ -20,7 +20,7 @@ from streamwin.storage.deadline import attempt_limit, watchdog
 CHUNK = 4 << 20  # cat_file fallback: a range is fetched in chunks; a retry re-fetches the chunk that broke
 PIECE = 1 << 20  # streamed GETs: read into the caller's buffer at most this much a socket read
 CONNECTIONS = 64  # connections a reader keeps open to its endpoint, and so GETs in flight at most
-LONG = 256 << 10  # GETs of this many bytes or more are timed whole (``duration``): parts of blocks
+LONG = 256 << 10  # GETs of this many bytes or more are timed for ``speed``: parts of blocks
 THROTTLED = (429, 503)  # answers that ask a client to send fewer requests (S3's SlowDown is a 503)
 HTTP_TIMEOUTS = (5.0, 30.0)  # connect, read (a stall): aiohttp's 300 s read made a stalled GET cost 5 min a try
 S3_TIMEOUTS = (5.0, 60.0)  # connect (botocore's 60 s made an unreachable endpoint cost minutes), read: botocore's
@@ -79,7 +79,8 @@ class RangeReader:
         self.kind = _streamable(fs)
         self._pool: urllib3.PoolManager | None = None
         self.latency = 0.0  # seconds from a GET's request to its answer's headers, lately (a moving average)
-        self.duration = 0.0  # seconds from a GET's request to its last byte, lately, of GETs of LONG bytes or more
+        self.speed = 0.0  # bytes/s a GET's body arrives at, at best lately (slowly forgotten): a connection's own
+        self.part = 0.0  # bytes of a GET of LONG bytes or more, lately
         if self.kind is None:
             return
         opts = fs.client_kwargs if self.kind == "s3" else {**fs.client_kwargs, **fs.kwargs}
@@ -203,9 +204,10 @@ class RangeReader:
                 pass
             else:
                 got = self._stream_watched(resp, want, out, what)
-                if got >= LONG:
-                    took = time.perf_counter() - asked
-                    self.duration = took if not self.duration else 0.8 * self.duration + 0.2 * took
+                if got >= LONG:  # the rate of this body alone: the best of them is what a connection can carry
+                    body = max(time.perf_counter() - asked - took, 1e-6)
+                    self.speed = max(0.99 * self.speed, got / body)
+                    self.part = got if not self.part else 0.8 * self.part + 0.2 * got
                 return got
         finally:
             if not resp.closed:  # body not read to its end (an object of which we wanted a prefix, a long
