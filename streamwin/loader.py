@@ -95,9 +95,8 @@ class WindowLoader:
         pin_memory: page-lock the batch memory (CUDA only) so ``.to(device, non_blocking=True)``
             is asynchronous.
         prefetch_factor: batches each worker may have ready ahead of the trainer (1 to 1024).
-        persistent_workers: keep the worker processes between epochs. Default: where a source is on remote storage
-            with no ``cache_dir`` (what a worker's reads learnt, its connections and the next epoch's first blocks,
-            read early, carry over to the next epoch), else not.
+        persistent_workers: keep the worker processes between epochs (on remote storage what a worker's reads
+            learnt, its connections and the next epoch's first blocks, read early, carry over to the next epoch).
         transform: ``fn(batch, rng) -> batch`` on each batch (a dict of numpy arrays, fields included),
             in the worker process (in-process: where batches are gathered) before the hand-off;
             ``rng`` draws row i of every draw from window i's own stream (seed, epoch, the window:
@@ -117,7 +116,7 @@ class WindowLoader:
 
     def __init__(self, dataset: WindowDataset, *, num_workers: int | None = None, device: str | torch.device | None = None,
                  static: bool = False, pin_memory: bool = False, prefetch_factor: int | None = None,
-                 persistent_workers: bool | None = None, multiprocessing_context: Any = None,
+                 persistent_workers: bool = False, multiprocessing_context: Any = None,
                  transform: Callable[[dict, Any], dict] | None = None, timeout: float | None = TIMEOUT_S,
                  **kwargs: Any):
         if not isinstance(dataset, WindowDataset):
@@ -140,8 +139,6 @@ class WindowLoader:
         self.static = static
         self._fixed: Fixed | None = None  # static batches' tensors, the same for every pass
         self.pin_memory = bool(pin_memory)
-        if persistent_workers is None:  # kept where streams read remote storage: what they learnt carries over
-            persistent_workers = any(source.remote for source in dataset.sources)
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
         self.multiprocessing_context = start_context(multiprocessing_context or default_start_method())
         self.batch_size = dataset.batch_size

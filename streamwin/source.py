@@ -18,7 +18,6 @@ from streamwin.read import ReadOptions, ShardReader
 from streamwin.seqfields import keep_mask
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.manifests import load_manifest
-from streamwin.storage.urls import is_local, url_to_fs
 
 
 class Source:
@@ -77,11 +76,6 @@ class Source:
             keep = self._keep if isinstance(self._keep, bool) else self._keep[seqs]
             steps = np.where(keep, steps, 0)
         return lo, steps
-
-    @property
-    def remote(self) -> bool:
-        """Whether the shards are read from remote storage (not local files, nor the node cache's copies)."""
-        return self.read.cache_dir is None and not is_local(url_to_fs(self.url, self.read.storage_options)[0])
 
     def reader(self) -> ShardReader:
         """A reader of the source's shards (with its node cache, retries and error policy): the one its last stream in

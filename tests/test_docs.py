@@ -28,6 +28,7 @@ TIMEOUT = 180  # seconds per block; a block of small data takes a few
 NOT_RUN = {
     ("README.md", "From nothing to a resumed DDP run", "make setup"): "creates .venv",
     ("docs/packing.md", "Packing a corpus on a cluster", 'sw.pack("s3://bucket/raw'): "Ray, Dask, S3, the HF Hub",
+    ("docs/remote.md", "Reading from object storage", "import streamwin as sw"): "an S3 bucket",
 }
 #: (page, heading, start of first line): the test that runs the block and checks what it prints.
 RUN_ELSEWHERE = {

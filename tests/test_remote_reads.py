@@ -123,7 +123,7 @@ def test_epoch_after_epoch_the_next_ones_first_blocks_are_read_before_it_begins(
     epoch to the next: a single epoch (or the first of a worker that is not kept) reads nothing it may not need."""
     def epochs(url: str, n: int, workers: int) -> tuple[list[bytes], list[int]]:
         loader = sw.WindowLoader(sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=512,
-                                                  seed=1), num_workers=workers)  # (workers of remote data are kept)
+                                                  seed=1), num_workers=workers, persistent_workers=workers > 0)
         out, early = [], []
         for e in range(n):
             loader.set_epoch(e)
