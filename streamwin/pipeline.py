@@ -73,10 +73,10 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
     if len(schedule.lanes) > len(readers):  # canonical streams: one read thread per source, shared by its lanes
         pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwin-read") for _ in readers]
         warn_unmapped(ds, readers, len(schedule.lanes) // len(readers))
-    only = getattr(schedule, "blocks", None)  # per lane, the blocks it reads (a worker's chunks of packed rows)
+    only = schedule.blocks  # per lane, the blocks it reads (a worker's chunks of packed rows), or None: all
     blocks = [BlockReader(readers[i], schedule.plans[i], s, readahead=ds.readahead, pool=pools and pools[i],
                           transform=None if transform is None else partial(transform, source=i),
-                          blocks=only[lane] if only is not None else None)
+                          blocks=None if only is None else only[lane])
               for lane, (i, s) in enumerate(schedule.lanes)]
     gather = gatherer or gatherer_of(ds)
     if gatherer is None and ds.transform is not None:  # the user's transform, on each batch where it is gathered

@@ -47,6 +47,7 @@ import numpy as np
 from streamwin.plan.group import GroupPlan
 from streamwin.plan.mix import SlotQuotas
 from streamwin.plan.options import PlanConfig
+from streamwin.plan.schedule import Parts, Schedule
 from streamwin.plan.streams import Plan, worker_batches
 
 
@@ -125,7 +126,7 @@ class CanonPlan(Plan):
         return CanonSchedule(self, *divmod(stream, self.config.workers_per_rank))
 
 
-class GroupSchedule:
+class GroupSchedule(Schedule):
     """A process's batches over blocks aligned to the step: one lane per source (its ``GroupPlan``). Worker w of n
     takes chunks w, w + n, ... of Q steps (all of them in-process): its batch j is the j-th step of its chunks;
     with shared batches it takes every step of its share of the rank's slots (``worker_slots``). It keeps the items
@@ -164,7 +165,7 @@ class GroupSchedule:
         return (self._before[i] + self._counts(i)[:r].sum(axis=0)).tolist()
 
 
-class CanonSchedule:
+class CanonSchedule(Schedule):
     """One process's batches: lane l = (source, canonical stream) of its slots and phases; batch j = global step k.
     The slots' quotas are made a chunk of micro-batches at a time (``SlotQuotas.chunk``), as ``GroupSchedule``'s."""
 
@@ -251,9 +252,9 @@ class RowChunkSchedule(CanonSchedule):
         before = self.quotas.before(self.step(j))  # [slots, sources]
         return [int(lo[i] + before[c, s] - start[i]) for (s, c), lo, start in zip(self.lanes, self._lo, self._start)]
 
-    def skips(self, j: int) -> list[tuple[int, int]]:
-        """(lane, items) each lane passes over before batch ``j``: at a chunk's first batch, the rows between where
-        the lane stands and where the chunk's rows begin (the part of a block shared with another worker's chunk)."""
+    def skips(self, j: int) -> Parts:
+        """At a chunk's first batch, the rows between where each lane stands and where the chunk's rows begin (the
+        part of a block shared with another worker's chunk)."""
         i, r = divmod(j, self.q)
         if r or j >= self.batches:
             return []
