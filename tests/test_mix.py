@@ -499,3 +499,32 @@ def test_slot_quotas_made_a_run_of_steps_at_a_time_are_the_whole_tables(weights,
     assert np.array_equal(table.before(hi), whole[:hi].sum(axis=0))
     assert np.array_equal(table.at(np.array([lo, hi, steps])), np.cumsum(
         np.concatenate([np.zeros((1, 8, len(w)), np.int64), whole]), axis=0)[[lo, hi, steps]])
+
+
+@pytest.mark.parametrize("canonical", [(8, 1), (8, 2), (4, 4)])
+def test_a_mix_dealt_again_walks_its_slots_quotas_once(monkeypatch, canonical):
+    """A mix's ranges are dealt again in proportion to what each stream takes (canon_deal.REDEALS): each deal only
+    counts its steps from one set of running sums of the slots' quotas, and the plan's SlotQuotas is built once,
+    for the deal kept: about 2 micro-batches' quotas made per micro-batch of the epoch, not 2 a deal."""
+    from streamwin.plan import canon_deal, mix
+
+    made, built, real = [], [], mix.slot_quotas
+
+    def counted(m, w, micro, first=0):
+        made.append(micro)
+        return real(m, w, micro, first)
+
+    class Built(mix.SlotQuotas):
+        def __init__(self, *args):
+            built.append(args)
+            super().__init__(*args)
+    monkeypatch.setattr(mix, "slot_quotas", counted)
+    monkeypatch.setattr(canon_deal, "slot_quotas", counted)
+    monkeypatch.setattr(canon_deal, "SlotQuotas", Built)
+    spec, rng = WindowSpec(4, 2), np.random.default_rng(0)
+    spaces = [WindowSpace(rng.integers(4, 200, size=n), spec) for n in (300, 40)]
+    cfg = PlanConfig(spec, batch_size=5, world_size=2, canonical=canonical, block_windows=64, slice_windows=50)
+    plan = plan_epoch(cfg, 0, spaces, [np.array([0, 100, 200, 300]), np.array([0, 40])], [0.8, 0.2])
+    micro = -(-plan.steps // canonical[1])
+    assert len(built) == 1 and micro > 400
+    assert sum(made) < 3 * micro, (sum(made), micro)
