@@ -25,7 +25,7 @@ def two(tmp_path_factory):
 
 
 def dataset(urls, **kw):
-    kw = {"canonical": None, "horizon": 2, **kw}  # one stream per rank and worker: one lane per source (canonical: below)
+    kw = {"canonical": None, "horizon": 2, **kw}  # one stream per rank and worker: a lane a source (canonical: below)
     return sw.WindowDataset(urls if len(urls) > 1 else urls[0], window=8, stride=4, batch_size=6,
                             shuffle_buffer=40, seed=3, rank=0, world_size=2, **kw)
 

@@ -127,10 +127,10 @@ class CanonDealer:
         min_p (P J_p + p) ("drop"), or the fewest steps that cover every phase ("pad")."""
         phases = self.phases
         if self.drop:
-            j = per_phase.min(axis=1) if self.live_slots else np.zeros(phases, dtype=np.int64)
-            return int(min(phases * int(j[p]) + p for p in range(phases)))
-        j = per_phase.max(axis=1)
-        return max([phases * (int(j[p]) - 1) + p + 1 for p in range(phases) if j[p] > 0], default=0)
+            fewest = per_phase.min(axis=1) if self.live_slots else np.zeros(phases, dtype=np.int64)
+            return int(min(phases * int(fewest[p]) + p for p in range(phases)))
+        most = per_phase.max(axis=1)
+        return max([phases * (int(most[p]) - 1) + p + 1 for p in range(phases) if most[p] > 0], default=0)
 
     def plan(self, dealt: Deal) -> CanonPlan:
         """The epoch's plan of a deal: the slots' quotas kept a chunk of steps at a time, each stream's items."""
@@ -142,7 +142,8 @@ class CanonDealer:
             at = quotas.at(chunk_edges(cfg, dealt.steps))  # [chunks + 1, slots, sources]: items before each chunk
             bounds = [tuple(at[:, a, i].copy() for a in range(self.slots)) for i in range(len(plans))]
             plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)), bounds=b,
-                             order=StripedOrder(p.order, p.stream_lo, b)) for i, (p, b) in enumerate(zip(plans, bounds))]
+                             order=StripedOrder(p.order, p.stream_lo, b))
+                     for i, (p, b) in enumerate(zip(plans, bounds))]
         elif dealt.rows is None:
             plans = [replace(p, lengths=items[i], windows_per_stream=int(items[i].max(initial=0)))
                      for i, p in enumerate(plans)]
@@ -152,8 +153,8 @@ class CanonDealer:
                          self.generation, slots=quotas, steps=dealt.steps)
 
 
-def deal_canonical(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, spaces: Sequence[WindowSpace],
-                   keyed: list, generation: int = 0) -> CanonPlan:
+def deal_canonical(config: PlanConfig, epoch: int, weights: np.ndarray, orders: Sequence,
+                   spaces: Sequence[WindowSpace], keyed: list, generation: int = 0) -> CanonPlan:
     """Deal each source's order over the canonical streams and fix K.
 
     The ranges follow the slots' micro-batches (every stream runs out at the same step). With
@@ -161,7 +162,7 @@ def deal_canonical(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequen
     item or two, a lot for a small source over 64 streams: the ranges are then dealt again in
     proportion to what each stream takes of each source under the first deal.
     """
-    dealer = CanonDealer(config, epoch, w, orders, spaces, keyed, generation)
+    dealer = CanonDealer(config, epoch, weights, orders, spaces, keyed, generation)
     even = np.repeat(dealer.slot_items, dealer.phases)
     dealt = dealer.deal([even] * len(orders))
     for _ in range(REDEALS if len(orders) > 1 else 0):
