@@ -37,21 +37,22 @@ One source of 48 windows, shown unshuffled.
    Before step k stream (slot, phase p) has given ceil((k - p) / 2) micro-batches: a job's
    position is its step, in any world (``CanonPlan.micro``).
 
-**A mix.** Each source has its own ranges; global batch k holds floor(w_i G) or ceil(w_i G) items
-of source i, spread over the slots so evenly that every rank's batch holds its share within an
-item or two (mix.slot_quotas); a rank's batch is grouped by source, slot after slot. The ranges
-are dealt again in proportion to what each stream takes (canon_deal.py).
+**A mix.** Each source has its own ranges; a global batch of G items holds floor(w_i G) or
+ceil(w_i G) of source i (of weight w_i), spread over the slots so evenly that every rank's batch holds its
+share within an item or two (mix.slot_quotas); a rank's batch is grouped by source, slot after slot.
+The ranges are dealt again in proportion to what each stream takes (canon_deal.py).
 
-**One phase** ("auto" is (8, 1) for 1, 2, 4 or 8 ranks). A stream's blocks hold its micro-batches
-of Q = shuffle_buffer / G steps (``chunk_steps``), laid chunk after chunk (order.StripedOrder), each
-chunk permuted once, keyed (seed, epoch, chunk); a process reads its slots' blocks of a chunk as one
-block (``GroupSchedule`` over group.GroupPlan). Any worker count serves: the rank's n workers
-*share batches* (``shares_batches``: one source, n at most the rank's slots, G at least the slots, no
-transform of whole batches), worker w writing the rows of its share of the rank's slots
-(``worker_slots``, ``CanonPlan.rows``) into one slot the rank's workers share (feed/pool.py); or they
-take *chunks* w, w + n, ... of Q steps, each whole. Packed rows keep a stream's blocks (a block's rows
-are known only once packed): worker w takes chunks of about 2 blocks' rows a slot (``worker_chunk``)
-and reads only the blocks its chunks' rows lie in (``RowChunkSchedule``).
+**One phase** ("auto" is (8, 1) for 1, 2, 4 or 8 ranks). A stream's blocks hold its micro-batches of
+Q = shuffle_buffer / G steps (G: the global batch; ``chunk_steps``), laid chunk after chunk
+(order.StripedOrder), each chunk permuted once, keyed (seed, epoch, chunk); a process reads its
+slots' blocks of a chunk as one block (``GroupSchedule`` over group.GroupPlan). Any worker count
+serves: the rank's n workers *share batches* (``shares_batches``: one source, n at most the rank's
+slots, G at least the slots, no transform of whole batches), worker w writing the rows of its share
+of the rank's slots (``worker_slots``, ``CanonPlan.rows``) into one slot the rank's workers share
+(feed/pool.py); or they take *chunks* w, w + n, ... of Q steps, each whole. Packed rows keep a
+stream's blocks (a block's rows are known only once packed): worker w takes chunks of about 2
+blocks' rows a slot (``worker_chunk``) and reads only the blocks its chunks' rows lie in
+(``RowChunkSchedule``).
 """
 from __future__ import annotations
 
