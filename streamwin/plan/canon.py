@@ -38,9 +38,9 @@ One source of 48 windows, shown unshuffled.
    position is its step, in any world (``CanonPlan.micro``).
 
 **A mix.** Each source has its own ranges; a global batch of G items holds floor(w_i G) or
-ceil(w_i G) of source i (of weight w_i), spread over the slots so evenly that every rank's batch holds its
-share within an item or two (mix.slot_quotas); a rank's batch is grouped by source, slot after slot.
-The ranges are dealt again in proportion to what each stream takes (canon_deal.py).
+ceil(w_i G) of source i (of weight w_i), spread over the slots so evenly that every rank's batch
+holds its share within an item or two (mix.slot_quotas); a rank's batch is grouped by source, slot
+after slot. The ranges are dealt again in proportion to what each stream takes (canon_deal.py).
 
 **One phase** ("auto" is (8, 1) for 1, 2, 4 or 8 ranks). A stream's blocks hold its micro-batches of
 Q = shuffle_buffer / G steps (G: the global batch; ``chunk_steps``), laid chunk after chunk
