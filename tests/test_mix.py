@@ -287,6 +287,30 @@ def test_a_state_of_other_weights_or_sources_is_refused(corpora):
         loaders(urls[::-1], 2, 0)[0].load_state_dict(state)
 
 
+def test_a_url_alone_is_a_mix_of_one_whose_states_name_it_as_before(corpora):
+    """One URL is a mix of one (plan/mix.py ``Mixing``): plan_inputs takes what names the sources from it, with no
+    branch on how the URL was given, and records exactly what states of today hold: a URL alone by its index.json
+    digest only; a list or dict (even of one) by the digests, names, weights and epoch size, after split."""
+    import hashlib
+    import inspect
+    import pathlib
+
+    urls, _ = corpora
+    digest = [hashlib.sha256(pathlib.Path(u, "index.json").read_bytes()).hexdigest()[:16] for u in urls]
+    common = ["batch_size", "world_size", "num_workers", "seed", "shuffle", "block_windows", "slice_windows",
+              "equalize", "canonical", "window", "stride", "horizon", "pad", "dataset", "split"]
+    named = ["sources", "weights", "epoch_windows"]
+    cases = [(urls[0], common, digest[0], None), ([urls[0]], common + named, digest[:1], [urls[0]]),
+             ({"a": urls[0], "b": urls[1]}, common + named, digest, ["a", "b"])]
+    for url, keys, dataset, sources in cases:
+        inputs = sw.WindowDataset(url, window=W, rank=0, world_size=1).plan_inputs()
+        assert list(inputs) == keys and inputs["dataset"] == dataset and inputs.get("sources") == sources
+    inputs = sw.WindowDataset(urls, window=W, weights=[1, 3], epoch_windows=9, rank=0, world_size=1).plan_inputs()
+    assert (inputs["dataset"], inputs["weights"], inputs["epoch_windows"]) == (digest, [1.0, 3.0], 9)
+    source = inspect.getsource(sw.WindowDataset.plan_inputs)
+    assert "isinstance" not in source and "self.url" not in source and "len(self.sources)" not in source
+
+
 def test_epoch_windows_and_summary_per_source(corpora):
     urls, seqs = corpora
     n = [len(r) for r in references(seqs)]

@@ -18,13 +18,33 @@ A dataset of one source is the same with one weight: every batch is B windows of
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
 from streamwin.plan.options import PlanConfig
 
 PHI = (5 ** 0.5 - 1) / 2  # the golden ratio's fraction: the offsets j * PHI mod 1 fill [0, 1) evenly
+
+
+@dataclass(frozen=True)
+class Mixing:
+    """A dataset's sources as its url argument named them: names, weights, epoch size. A URL given alone is a mix of
+    one (``alone``) that a checkpoint names by its manifest's digest only, as states saved before mixing did; a list
+    or dict of URLs (even of one) by the sources' digests, names, weights and epoch size."""
+
+    names: list[str]
+    weights: list[float] | None = None
+    epoch_windows: int | None = None
+    alone: bool = False
+
+    def inputs(self, digests: list[str]) -> dict[str, Any]:
+        """The plan inputs that name the sources, from their manifests' digests."""
+        if self.alone:
+            return {"dataset": digests[0]}
+        return {"dataset": list(digests), "sources": list(self.names), "weights": self.weights,
+                "epoch_windows": self.epoch_windows}
 
 
 def normalized(weights: Sequence[float]) -> np.ndarray:
