@@ -1,5 +1,5 @@
 """Dealing an epoch over canonical streams (plan/canon.py): each source's order over the C streams, the slots'
-quotas of every micro-batch, and K, the steps of the epoch (the same on every rank, in every world).
+quotas of every micro-batch, and the steps of the epoch (the same on every rank, in every world).
 
 The config is walked once: the slots' sizes, the live slots and the running sums of their quotas are made
 here once, each deal of the ranges (a mix is dealt again, ``REDEALS``) only counts the steps it gives, and
@@ -58,8 +58,8 @@ class Deal:
     sources: list[SourcePlan]  # per source: its ranges (lengths: the ranges' sizes)
     rows: list[RowPlan] | None  # packed: each source's rows per block
     item_weights: np.ndarray  # each source's share of a micro-batch's items (packed: of the rows filled)
-    steps: int  # K
-    items: np.ndarray  # [sources, C]: items each stream gives of each source in the K steps
+    steps: int  # global batches of the epoch
+    items: np.ndarray  # [sources, streams]: items each stream gives of each source in those steps
 
 
 class CanonDealer:
@@ -82,7 +82,7 @@ class CanonDealer:
         return self._sums
 
     def deal(self, shares: list[np.ndarray]) -> Deal:
-        """Source i's ranges in proportion to ``shares[i]`` [C], and the steps and items they give."""
+        """Source i's ranges in proportion to ``shares[i]`` [streams], and the steps and items they give."""
         cfg, slots, phases, slot_items = self.config, self.slots, self.phases, self.slot_items
         ranges = [stream_ranges(o.total, slots * phases, share) for o, share in zip(self.orders, shares)]
         plans = [SourcePlan(cfg, self.epoch, space, order, r, int(np.diff(r).max(initial=0)), self.generation,
@@ -99,7 +99,7 @@ class CanonDealer:
             rows, sizes = None, np.stack([np.diff(r) for r in ranges])
         live = self.live_slots
         sums = None
-        if len(item_weights) == 1:  # one source: slot a takes m_a items every step, its streams give size // m_a
+        if len(item_weights) == 1:  # one source: a slot takes its size every step, its streams give size // that
             size = sizes[0].reshape(slots, phases).T[:, live]  # [phases, live slots]
             per_phase = size // slot_items[live] if self.drop else -(-size // slot_items[live])
         else:
@@ -123,8 +123,9 @@ class CanonDealer:
         return Deal(plans, rows, item_weights, steps, items)
 
     def _steps(self, per_phase: np.ndarray) -> int:
-        """K from [phases, live slots] micro-batches each stream gives: the fewest phase p's streams give, J_p, then
-        min_p (P J_p + p) ("drop"), or the fewest steps that cover every phase ("pad")."""
+        """The epoch's steps from the [phases, live slots] micro-batches each stream gives: with "drop", the least
+        over phases p of phases x (the fewest phase p's streams give) + p; with "pad", the fewest that cover every
+        phase."""
         phases = self.phases
         if self.drop:
             fewest = per_phase.min(axis=1) if self.live_slots else np.zeros(phases, dtype=np.int64)
@@ -155,7 +156,7 @@ class CanonDealer:
 
 def deal_canonical(config: PlanConfig, epoch: int, weights: np.ndarray, orders: Sequence,
                    spaces: Sequence[WindowSpace], keyed: list, generation: int = 0) -> CanonPlan:
-    """Deal each source's order over the canonical streams and fix K.
+    """Deal each source's order over the canonical streams and fix the epoch's steps.
 
     The ranges follow the slots' micro-batches (every stream runs out at the same step). With
     several sources a stream's share of each source wavers around its slot's average by an
