@@ -29,7 +29,7 @@ from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.canon import sharing
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
-from streamwin.plan.mix import normalized
+from streamwin.plan.mix import Mixing, normalized
 from streamwin.plan.options import (AUTO, DEFAULT_CANONICAL, EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, canonical_for,
                                     check_canonical, pretraining, stream_block)
 from streamwin.plan.split import split_spec
@@ -136,7 +136,7 @@ class WindowDataset:
                  missing: str | None = None, verify_checksums: bool = True, fields: Sequence[str] | None = None,
                  fill: Mapping[str, Any] | None = None, where: Mapping[str, Sequence[Any]] | None = None,
                  canonical: tuple[int, int] | str | None = DEFAULT_CANONICAL):
-        names, urls, self.weights, self.epoch_windows = mix_of(url, weights, epoch_windows)
+        self.mixing, urls = mix_of(url, weights, epoch_windows)  # a URL alone is a mix of one
         self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad, jitter, min_window,
                                window_multiple, windows_per_sequence)
         self.pack_length, self.missing = pretraining(self.spec, pack_length, equalize, missing)
@@ -152,6 +152,7 @@ class WindowDataset:
         self.readahead, self.prefetch = int(readahead), int(prefetch)
         self.split = split_spec(split, split_fractions, split_seed, holdout)
         self.url = str(url) if isinstance(url, (str, os.PathLike)) else tuple(urls)
+        names, self.weights, self.epoch_windows = self.mixing.names, self.mixing.weights, self.mixing.epoch_windows
         self.names = names
         self.where = where_of(where)
         self.sources = tuple(Source(u, n, self.spec, self.split, read, self.where, fill) for n, u in zip(names, urls))
@@ -175,8 +176,7 @@ class WindowDataset:
                 warnings.warn(f"streamwin: {s.url}/index.json was written by an older streamwin and carries no checksum "
                               "of its own content, so an edit to it would go unnoticed: run `streamwin index "
                               f"{s.url}` (or repack) to rewrite it with one", RuntimeWarning, stacklevel=3)
-        if len(self.sources) > 1:
-            check_mixable([s.url for s in self.sources], [s.manifest for s in self.sources])
+        check_mixable([s.url for s in self.sources], [s.manifest for s in self.sources])
 
     def check_fits(self) -> None:
         """ValueError naming the arguments whose buffers cannot fit in this machine's memory, with the size they
@@ -310,14 +310,12 @@ class WindowDataset:
         if cfg.canonical is not None:  # absent: one stream per rank and worker (as every state saved before it)
             d["canonical"] = list(cfg.canonical)
         d.update(cfg.spec.plain())
-        digests = [s.manifest.digest for s in self.sources]
-        d["dataset"] = digests[0] if isinstance(self.url, str) else digests
+        named = self.mixing.inputs([s.manifest.digest for s in self.sources])  # a URL alone: its digest only
+        d["dataset"] = named.pop("dataset")
         d["split"] = None if self.split is None else list(asdict(self.split).values())
         if self.where:  # which sequences the plan holds
             d["where"] = {k: list(v) for k, v in self.where.items()}
-        if not isinstance(self.url, str):  # named sources: the names, weights and epoch size too
-            d.update(sources=list(self.names), weights=self.weights, epoch_windows=self.epoch_windows)
-        return d
+        return d | named  # a list or dict of URLs: their names, weights and epoch size too
 
     def summary(self, epoch: int = 0, num_workers: int = 0) -> dict[str, Any]:
         """The numbers users care about for this epoch, for logging (per source too, when mixed)."""
@@ -349,13 +347,13 @@ class WindowDataset:
 
 # -- arguments: each checked once, named as the user typed it ----------------------------------------
 
-def mix_of(url: Any, weights: Any, epoch_windows: Any) -> tuple[list[str], list[str], list[float] | None, int | None]:
-    """(names, URLs, weights, epoch_windows) of one URL, or of a list / dict of them (mixing)."""
+def mix_of(url: Any, weights: Any, epoch_windows: Any) -> tuple[Mixing, list[str]]:
+    """(the mixing, the URLs) of one URL, or of a list / dict of them."""
     if isinstance(url, (str, os.PathLike)):
         for name, value in (("weights", weights), ("epoch_windows", epoch_windows)):
             if value is not None:
                 raise ValueError(f"{name}={value!r} mixes several datasets: pass url as a list or dict of URLs")
-        return [str(url)], [str(url)], None, None
+        return Mixing([str(url)], alone=True), [str(url)]
     urls = list(url.values()) if isinstance(url, Mapping) else list(url) if isinstance(url, (list, tuple)) else None
     if not urls or not all(isinstance(u, (str, os.PathLike)) for u in urls):
         raise TypeError(f"url must be a path or an fsspec URL string, or a non-empty list or dict of them, got {url!r}")
@@ -364,7 +362,8 @@ def mix_of(url: Any, weights: Any, epoch_windows: Any) -> tuple[list[str], list[
     if epoch_windows is not None:
         check_int("epoch_windows", epoch_windows, 0)
     names = list(url) if isinstance(url, Mapping) else [str(u) for u in urls]
-    return names, [str(u) for u in urls], _weights(url, weights), None if epoch_windows is None else int(epoch_windows)
+    mixing = Mixing(names, _weights(url, weights), None if epoch_windows is None else int(epoch_windows))
+    return mixing, [str(u) for u in urls]
 
 
 def _weights(url: Sequence | Mapping, weights: Any) -> list[float] | None:

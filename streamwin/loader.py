@@ -103,6 +103,7 @@ class WindowLoader:
             window_random.py), so a random transform gives the same global batches in any world
             and after any resume. It keeps the rows; its outputs' shapes and dtypes are fixed after
             the first batch (streamwin/transform.py). Must be picklable for "spawn" and "forkserver".
+            ``loader.dataset`` is the dataset the loader streams: ``dataset``, carrying this transform.
         timeout: seconds the trainer waits for a worker's next batch before a WorkerError naming the worker and
             where it is (its Python stack: a transform that hangs), warned about with the same at 60 s (or
             half the timeout); also the limit for the transform's first call, on zeros, when the loader is
@@ -130,7 +131,6 @@ class WindowLoader:
             num_workers = default_workers(multiprocessing_context)
         pf = 2 if prefetch_factor is None else prefetch_factor
         self.num_workers, self.prefetch_factor = check_workers(num_workers, pf)  # before anything starts
-        self.dataset = dataset
         self.device = _device(device)
         if not isinstance(static, bool):
             raise ValueError(f"static must be True or False, got {static!r}")
@@ -142,10 +142,11 @@ class WindowLoader:
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
         self.multiprocessing_context = start_context(multiprocessing_context or default_start_method())
         self.batch_size = dataset.batch_size
-        # what the streams run: the dataset, or it with the transform
         self.timeout = check_timeout(timeout)
-        self._fed = transformed(dataset, transform, self.device, self.num_workers, self.multiprocessing_context,
-                                self.timeout)
+        # what the streams run, planned and checkpointed: the dataset, with this loader's transform (states and plan
+        # inputs know nothing of it)
+        self.dataset = transformed(dataset, transform, self.device, self.num_workers, self.multiprocessing_context,
+                                   self.timeout)
         self.position = Position()
         self._epoch_set = False  # set_epoch called since the last pass began
         self._resume = False  # a loaded position waits for the next pass
@@ -191,7 +192,7 @@ class WindowLoader:
 
     def _plan(self) -> Plan:
         """This pass's plan: the epoch's, or the rest of it after an elastic resume."""
-        return self._fed.plan(self.position.epoch, self.num_workers, self.position.rest)  # (its transform: whole batches)
+        return self.dataset.plan(self.position.epoch, self.num_workers, self.position.rest)
 
     def state_dict(self) -> dict[str, Any]:
         """The position: epoch and batches handed out, with the plan inputs (a few hundred bytes).
@@ -261,12 +262,12 @@ class WindowLoader:
         plan = self._plan()
         self._log_once(world, plan)
         self._stats.start()
-        ctx = FeedContext(self._fed, self._stats, self.close_pass, self._worker_pool(world), self.device,
+        ctx = FeedContext(self.dataset, self._stats, self.close_pass, self._worker_pool(world), self.device,
                           self.pin_memory, self.num_workers, on_error=self._fail_pass)
         opened(self)  # closed at exit, if not before
         if self.device is not None:
             if self.static and self._fixed is None:
-                self._fixed = Fixed(self._fed.layout(), self.device)
+                self._fixed = Fixed(self.dataset.layout(), self.device)
             self._feed = WorkerDeviceFeed(ctx, plan, pos, self._fixed) if self.num_workers else \
                 DeviceFeed(ctx, plan, pos, world[0], self._fixed)
         elif self.num_workers > 0:
@@ -320,27 +321,27 @@ class WindowLoader:
         if self._pool is None or self._pool.closed:
             to_cuda = self.device is not None and self.device.type == "cuda"
             try:
-                self._pool = WorkerPool(self._fed, self.num_workers, world, slots=self.prefetch_factor + 2,
+                self._pool = WorkerPool(self.dataset, self.num_workers, world, slots=self.prefetch_factor + 2,
                                         pin=self.pin_memory or to_cuda, context=self.multiprocessing_context,
                                         timeout=self.timeout)
             except OSError as e:
                 if e.errno not in (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.EAGAIN):
                     raise
-                what = slots_text(self._fed, self.num_workers, self.prefetch_factor)
+                what = slots_text(self.dataset, self.num_workers, self.prefetch_factor)
                 raise ValueError(f"{what}: the system refused them ({e.strerror}): make them smaller or fewer") from e
         return self._pool
 
     def _check_fits(self, world_size: int) -> None:
         """Refuse, before anything is allocated, arguments whose buffers cannot fit in memory (saying how much)."""
-        self._fed.check_fits()
-        check_memory(self._fed, self.num_workers, self.prefetch_factor)
+        self.dataset.check_fits()
+        check_memory(self.dataset, self.num_workers, self.prefetch_factor)
 
     def _log_once(self, world: tuple[int, int], plan: Plan) -> None:
         if self._logged:
             return
         self._logged = True
         warn_about_data(self.dataset)
-        idle = idle_workers(self._fed, plan, self.num_workers)
+        idle = idle_workers(self.dataset, plan, self.num_workers)
         if idle:
             warnings.warn(idle, RuntimeWarning, stacklevel=5)
         summary = self.dataset.summary(self.position.epoch, self.num_workers)

@@ -20,7 +20,8 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from streamwin.crop_stage import cut, needs_cut, release_of
-from streamwin.plan.streams import QuotaSchedule, SourcePlan
+from streamwin.plan.schedule import Schedule
+from streamwin.plan.streams import SourcePlan
 from streamwin.read import Block, ShardReader
 
 
@@ -176,11 +177,11 @@ class Batcher(BaseNode[dict]):
     """Cuts a process's blocks into batches as its schedule says: batch j takes so many items (windows, or
     packed rows) of each reader (a lane: one source's stream), grouped by source.
 
-    The schedule (the plan's ``schedule(stream)``) gives per batch the (lane, items) parts in
-    batch order and the items of each source, and the items each lane has given before any
-    batch. Without canonical streams a lane is a source (batch j takes ``quotas[j, i]`` of
-    source i; ``quotas`` may be passed as such); with them, one of the process's canonical
-    streams of a source (plan/canon.py). Each batch is gathered into the buffer
+    The schedule (the plan's ``schedule(stream)``, plan/schedule.py) gives per batch the (lane,
+    items) parts in batch order and the items of each source, the items a lane passes over
+    first, and the items each lane has given before any batch. Without canonical streams a
+    lane is a source (batch j takes ``quotas[j, i]`` of source i); with them, one of the
+    process's canonical streams of a source (plan/canon.py). Each batch is gathered into the buffer
     ``next_buffer()`` hands out (its field views): a reused in-process array or a worker's
     shared-memory slot. The state is the batch count, so a reset seeks every reader to its
     block and offset (each reader's ``bounds``: items before each block).
@@ -188,15 +189,12 @@ class Batcher(BaseNode[dict]):
 
     BATCH_KEY = "batch"
 
-    def __init__(self, readers: list[BaseNode], schedule: Any, gatherer,
+    def __init__(self, readers: list[BaseNode], schedule: Schedule, gatherer,
                  next_buffer: Callable[[], dict[str, np.ndarray] | None]):
         super().__init__()
-        if isinstance(schedule, np.ndarray):  # quotas [J, sources]: one lane per source
-            schedule = QuotaSchedule(schedule, [(i, 0) for i in range(schedule.shape[1])])
         self.readers, self.schedule = readers, schedule
         self.bounds = [reader.bounds for reader in readers]
         self.gatherer, self.next_buffer = gatherer, next_buffer
-        self._skips = getattr(schedule, "skips", None)  # items a lane passes over before a batch (RowChunkSchedule)
         self._batch = 0
         self._blocks: list[Any] = [None] * len(readers)
         self._pos = [0] * len(readers)
@@ -215,7 +213,7 @@ class Batcher(BaseNode[dict]):
         if j >= self.schedule.batches:
             raise StopIteration
         parts, done = [], []  # done: (reader, block) of the blocks this batch finished
-        for i, n in self._skips(j) if self._skips is not None else ():
+        for i, n in self.schedule.skips(j):
             self._advance(i, n, [], done)  # rows another worker's chunk takes: passed over
         wanted, counts = self.schedule.parts(j)
         for i, need in wanted:

@@ -75,14 +75,14 @@ def open_stream(ds: WindowDataset, plan: Plan, stream: int, first_batch: int,
         reader.readahead.dropped(reader.drop_early(lambda key: key[:4] in ours))
     if len(schedule.lanes) > len(readers):  # canonical streams
         warn_unmapped(ds, readers, len(schedule.lanes) // len(readers))
-    only = getattr(schedule, "blocks", None)  # per lane, the blocks it reads (a worker's chunks of packed rows)
+    only = schedule.blocks  # per lane, the blocks it reads (a worker's chunks of packed rows), or None: all
     # a process that reads epoch after epoch (in the trainer, or a persistent worker) reads the next one's first
     # blocks early, at this stream's end
     follows = [source.follows(plan.config, plan.epoch) for source in ds.sources]
     after = next_epoch(ds, plan, stream, len(schedule.lanes)) if all(follows) else None
     blocks = [BlockReader(readers[i], schedule.plans[i], s, readahead=ds.readahead,
                           transform=None if transform is None else partial(transform, source=i),
-                          blocks=only[lane] if only is not None else None,
+                          blocks=None if only is None else only[lane],
                           then=None if after is None else partial(after, lane))
               for lane, (i, s) in enumerate(schedule.lanes)]
     gather = gatherer or gatherer_of(ds)
@@ -108,7 +108,7 @@ def next_epoch(ds: WindowDataset, plan: Plan, stream: int, lanes: int) -> Callab
             config = plan.config
             nxt = ds.plan(plan.epoch + 1, config.num_workers, world_size=config.world_size)
             schedule = nxt.schedule(stream)
-            only = getattr(schedule, "blocks", None)
+            only = schedule.blocks
             same = nxt.config == config and len(schedule.lanes) == lanes
             made.append([(schedule.plans[i], s, only[k] if only is not None else None)
                          for k, (i, s) in enumerate(schedule.lanes)] if same else None)

@@ -16,6 +16,7 @@ transform's work is then the worker's, and the trainer's hand-off stays one slot
 from __future__ import annotations
 
 import _thread
+import copy
 import sys
 import traceback
 import warnings
@@ -197,8 +198,12 @@ def check_picklable(fn: Any, method: str) -> None:
 
 def transformed(dataset: Any, transform: Callable | None, device: Any, num_workers: int, context: Any,
                 timeout: float | None = TIMEOUT_S) -> Any:
-    """The dataset a loader's streams run: ``dataset`` itself, or with ``transform`` applied to each batch
-    (refused where it cannot run: in-process device mode; not picklable for spawn or forkserver workers)."""
+    """The one dataset a loader holds and its streams run: ``dataset``, with ``transform`` applied to each batch when
+    given (refused where it cannot run: in-process device mode; not picklable for spawn or forkserver workers). A
+    loader's transform is its own: one that ``dataset`` carries (another loader's ``dataset``) is left behind."""
+    if dataset.transform is not None:
+        dataset = copy.copy(dataset)
+        dataset.transform = None
     if transform is None:
         return dataset
     if device is not None and num_workers == 0:

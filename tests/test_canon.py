@@ -296,6 +296,48 @@ def test_padding_steps_take_every_window_once_in_every_world(corpus):
     assert any(w == 0 for batch in ref for _, _, w in batch), "the corpus does not make pad repeat"
 
 
+def test_the_worked_example_of_plan_canon_is_what_the_plan_serves():
+    """plan/canon.py's docstring draws canonical=(4, 2), 2 ranks of batch 3, 2 workers, 48 windows unshuffled: its
+    stream ranges and its table of which windows each slot serves at each step are read from the docstring (worked
+    by hand) and must be what each process's schedule takes from its lanes, and the same in-process."""
+    import re
+
+    from streamwin.plan import PlanConfig, WindowSpace, WindowSpec, canon, plan_epoch
+
+    doc = canon.__doc__
+    ranges = next(line for line in doc.splitlines() if "its windows:" in line).split(":")[1].split()
+    table = {int(m[1]): [[int(x) for x in m[2].split()], [int(x) for x in m[3].split()]]
+             for m in re.finditer(r"^ +(\d+) +\d+ +\d+ +\|(.*)\|(.*)$", doc, re.M)}
+    assert len(ranges) == 8 and sorted(table) == [0, 1, 2, 3]
+    spec = WindowSpec(4, 4)
+    space = WindowSpace(np.full(12, 16), spec)  # 12 sequences of 4 windows: windows 0..47 in order
+
+    def served(world, workers) -> dict[int, list[list[int]]]:
+        """Step -> each rank's windows, from the schedules of every process."""
+        out: dict[int, list[list[int]]] = {}
+        cfg = PlanConfig(spec, batch_size=6 // world, world_size=world, num_workers=workers, canonical=(4, 2),
+                         shuffle=False, block_windows=64, slice_windows=4)
+        plan = plan_epoch(cfg, 0, [space], [np.array([0, 12])])
+        assert [f"{lo}-{hi - 1}" for lo, hi in zip(plan.sources[0].stream_lo, plan.sources[0].stream_lo[1:])] == \
+            ranges
+        for rank in range(world):
+            for worker in range(max(1, workers)):
+                schedule = plan.schedule(rank * max(1, workers) + worker)
+                stands = [0] * len(schedule.lanes)
+                for j in range(schedule.batches):
+                    step = j * workers + worker if workers else j
+                    for lane, n in schedule.parts(j)[0]:
+                        windows = plan.sources[0].block(schedule.lanes[lane][1], 0)[0]
+                        out.setdefault(step, [[] for _ in range(world)])[rank] += \
+                            windows[stands[lane] : stands[lane] + n].tolist()
+                        stands[lane] += n
+        return out
+
+    two = served(2, 2)
+    assert len(two) == 8 and {k: two[k] for k in table} == table
+    assert {k: v[0] for k, v in served(1, 0).items()} == {k: v[0] + v[1] for k, v in two.items()}
+
+
 def test_striped_positions_are_a_permutation_with_each_chunk_one_run():
     """StripedOrder: every position of the streams' ranges lands once; chunk j holds, stream after stream, each
     stream's block j as one run (checked against a layout built here position by position)."""

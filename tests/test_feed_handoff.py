@@ -118,6 +118,41 @@ def test_views_and_arrays_kept_from_a_batch_keep_their_values(tiny, recwarn):
             assert np.array_equal(row, naive(seqs, key, start, W))
 
 
+def test_the_torch_internals_that_tell_a_slot_free_still_mean_what_slots_reads(tiny):
+    """feed/slots.py tells a slot free from torch internals no public API replaces (its comment says why): a storage's
+    use count by its address (torch._C._storage_Use_Count, storage._cdata) and a tensor's in-place version
+    (Tensor._version). A torch that drops, renames or changes them fails here, naming its version, instead of
+    handing out a slot that a view still reads; and a slot's own tensors, a view of one kept, hold it."""
+    from streamwin.feed import slots
+
+    where = f"torch {torch.__version__} changed an internal feed/slots.py reads to tell a slot free (see its comment)"
+    assert callable(getattr(torch._C, "_storage_Use_Count", None)), where
+    t = torch.from_numpy(np.zeros(16, dtype=np.float32))
+    address = t.untyped_storage()._cdata
+    assert isinstance(address, int) and t[1:].untyped_storage()._cdata == address, where  # one address a storage
+    alone = slots._use_count(address)
+    views = [t[2:5], t.view(4, 4), t.numpy(), torch.as_strided(t, (4,), (2,))]
+    assert slots._use_count(address) == alone + len(views), where  # one reference each view
+    del views
+    assert slots._use_count(address) == alone, where
+    for change in (lambda x: x.add_(1), lambda x: x.resize_(8), lambda x: x.unsqueeze_(0),
+                   lambda x: x.set_(torch.zeros(4).untyped_storage())):
+        x = torch.from_numpy(np.zeros(16, dtype=np.float32))
+        before = slots._VERSION(x)
+        change(x)
+        assert isinstance(before, int) and slots._VERSION(x) > before, where
+    ds = sw.WindowDataset(tiny[0], window=W, stride=S, horizon=H, batch_size=B)
+    layout = ds.layout()
+    base = np.zeros(layout.nbytes, dtype=np.uint8)
+    batches = slots.SlotBatches([[base]], layout, ds.manifests)
+    state = batches.slots[0][0]
+    assert not batches.in_use(state)
+    row = state.made["x"][1]  # a view of the slot's tensor, the batch itself dropped
+    assert batches.in_use(state), where
+    del row
+    assert not batches.in_use(state)
+
+
 def test_keys_kept_alone_read_their_own_batch_and_do_not_hold_its_slot(tiny, recwarn):
     """Keys kept without their batch (not yet decoded) decode to their own batch's keys after the slot has been
     reused many times over, and keeping them costs no copy out of shared memory."""

@@ -287,6 +287,30 @@ def test_a_state_of_other_weights_or_sources_is_refused(corpora):
         loaders(urls[::-1], 2, 0)[0].load_state_dict(state)
 
 
+def test_a_url_alone_is_a_mix_of_one_whose_states_name_it_as_before(corpora):
+    """One URL is a mix of one (plan/mix.py ``Mixing``): plan_inputs takes what names the sources from it, with no
+    branch on how the URL was given, and records exactly what states of today hold: a URL alone by its index.json
+    digest only; a list or dict (even of one) by the digests, names, weights and epoch size, after split."""
+    import hashlib
+    import inspect
+    import pathlib
+
+    urls, _ = corpora
+    digest = [hashlib.sha256(pathlib.Path(u, "index.json").read_bytes()).hexdigest()[:16] for u in urls]
+    common = ["batch_size", "world_size", "num_workers", "seed", "shuffle", "block_windows", "slice_windows",
+              "equalize", "canonical", "window", "stride", "horizon", "pad", "dataset", "split"]
+    named = ["sources", "weights", "epoch_windows"]
+    cases = [(urls[0], common, digest[0], None), ([urls[0]], common + named, digest[:1], [urls[0]]),
+             ({"a": urls[0], "b": urls[1]}, common + named, digest, ["a", "b"])]
+    for url, keys, dataset, sources in cases:
+        inputs = sw.WindowDataset(url, window=W, rank=0, world_size=1).plan_inputs()
+        assert list(inputs) == keys and inputs["dataset"] == dataset and inputs.get("sources") == sources
+    inputs = sw.WindowDataset(urls, window=W, weights=[1, 3], epoch_windows=9, rank=0, world_size=1).plan_inputs()
+    assert (inputs["dataset"], inputs["weights"], inputs["epoch_windows"]) == (digest, [1.0, 3.0], 9)
+    source = inspect.getsource(sw.WindowDataset.plan_inputs)
+    assert "isinstance" not in source and "self.url" not in source and "len(self.sources)" not in source
+
+
 def test_epoch_windows_and_summary_per_source(corpora):
     urls, seqs = corpora
     n = [len(r) for r in references(seqs)]
@@ -499,3 +523,32 @@ def test_slot_quotas_made_a_run_of_steps_at_a_time_are_the_whole_tables(weights,
     assert np.array_equal(table.before(hi), whole[:hi].sum(axis=0))
     assert np.array_equal(table.at(np.array([lo, hi, steps])), np.cumsum(
         np.concatenate([np.zeros((1, 8, len(w)), np.int64), whole]), axis=0)[[lo, hi, steps]])
+
+
+@pytest.mark.parametrize("canonical", [(8, 1), (8, 2), (4, 4)])
+def test_a_mix_dealt_again_walks_its_slots_quotas_once(monkeypatch, canonical):
+    """A mix's ranges are dealt again in proportion to what each stream takes (canon_deal.REDEALS): each deal only
+    counts its steps from one set of running sums of the slots' quotas, and the plan's SlotQuotas is built once,
+    for the deal kept: about 2 micro-batches' quotas made per micro-batch of the epoch, not 2 a deal."""
+    from streamwin.plan import canon_deal, mix
+
+    made, built, real = [], [], mix.slot_quotas
+
+    def counted(m, w, micro, first=0):
+        made.append(micro)
+        return real(m, w, micro, first)
+
+    class Built(mix.SlotQuotas):
+        def __init__(self, *args):
+            built.append(args)
+            super().__init__(*args)
+    monkeypatch.setattr(mix, "slot_quotas", counted)
+    monkeypatch.setattr(canon_deal, "slot_quotas", counted)
+    monkeypatch.setattr(canon_deal, "SlotQuotas", Built)
+    spec, rng = WindowSpec(4, 2), np.random.default_rng(0)
+    spaces = [WindowSpace(rng.integers(4, 200, size=n), spec) for n in (300, 40)]
+    cfg = PlanConfig(spec, batch_size=5, world_size=2, canonical=canonical, block_windows=64, slice_windows=50)
+    plan = plan_epoch(cfg, 0, spaces, [np.array([0, 100, 200, 300]), np.array([0, 40])], [0.8, 0.2])
+    micro = -(-plan.steps // canonical[1])
+    assert len(built) == 1 and micro > 400
+    assert sum(made) < 3 * micro, (sum(made), micro)

@@ -25,8 +25,8 @@ def two(tmp_path_factory):
 
 
 def dataset(urls, **kw):
-    kw = {"canonical": None, **kw}  # one stream per rank and worker: one lane per source (canonical: below)
-    return sw.WindowDataset(urls if len(urls) > 1 else urls[0], window=8, stride=4, horizon=2, batch_size=6,
+    kw = {"canonical": None, "horizon": 2, **kw}  # one stream per rank and worker: a lane a source (canonical: below)
+    return sw.WindowDataset(urls if len(urls) > 1 else urls[0], window=8, stride=4, batch_size=6,
                             shuffle_buffer=40, seed=3, rank=0, world_size=2, **kw)
 
 
@@ -34,8 +34,8 @@ def batcher(ds, stream=1, workers=2):
     """Process ``stream``'s Batcher of epoch 1 over its lanes (one block reader each: a stream of each source, or
     its canonical streams'), as pipeline wires it, gathering into fresh buffers."""
     schedule = ds.plan(1, workers).schedule(stream)
-    only = getattr(schedule, "blocks", None)  # a worker's chunks of packed rows: the blocks each lane reads
-    readers = [BlockReader(ds.sources[i].reader(), schedule.plans[i], c, blocks=only and only[lane])
+    only = schedule.blocks  # a worker's chunks of packed rows: the blocks each lane reads (None: all)
+    readers = [BlockReader(ds.sources[i].reader(), schedule.plans[i], c, blocks=None if only is None else only[lane])
                for lane, (i, c) in enumerate(schedule.lanes)]
     layout = ds.layout()
     return Batcher(readers, schedule, gatherer_of(ds), lambda: layout.views(np.empty(layout.nbytes, dtype=np.uint8)))
@@ -79,3 +79,55 @@ def test_torchdatas_prefetcher_over_the_batcher_resumes_at_every_batch(two):
     prefetched = assert_resumes_identically(lambda: Prefetcher(batcher(ds), prefetch_factor=2), digest,
                                             shutdown=lambda node: node.source.shutdown())
     assert prefetched == plain
+
+
+SCHEDULES = {  # the plans of every kind of schedule: its class, and the dataset arguments that make it
+    "QuotaSchedule": dict(canonical=None),
+    "CanonSchedule": dict(canonical=(4, 4)),
+    "GroupSchedule": dict(canonical=(4, 1)),
+    "RowChunkSchedule": dict(canonical=(4, 1), pack_length=24, min_window=4, window_multiple=4, horizon=0),
+}
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("kind", SCHEDULES)
+def test_every_schedule_keeps_the_one_protocol(two, kind, mixed):
+    """Every schedule class states plan.schedule.Schedule and keeps its contract, checked here lane by lane: where a
+    lane stands before batch j + 1 is where it stood before batch j, plus what it passed over and what it gave; a
+    batch's items of each source are its parts' sum; a lane reads the blocks listed (or all)."""
+    from streamwin.plan.schedule import Schedule
+
+    ds = dataset(two if mixed else two[:1], **{**SCHEDULES[kind], **({"weights": [0.7, 0.3]} if mixed else {})})
+    plan = ds.plan(1, 2)
+    for stream in range(2):  # rank 0's two workers
+        schedule = plan.schedule(stream)
+        assert type(schedule).__name__ == kind and Schedule in type(schedule).__mro__
+        assert all(getattr(type(schedule), name) is not getattr(Schedule, name) for name in ("parts", "positions"))
+        assert schedule.blocks is None or len(schedule.blocks) == len(schedule.lanes)
+        stands = np.array(schedule.positions(0))
+        assert not stands.any() and schedule.batches > 3
+        for j in range(schedule.batches):
+            for lane, n in schedule.skips(j):
+                stands[lane] += n
+            parts, counts = schedule.parts(j)
+            per_source = np.zeros(len(plan.sources), dtype=np.int64)
+            for lane, n in parts:
+                stands[lane] += n
+                per_source[schedule.lanes[lane][0]] += n
+            assert per_source.tolist() == np.asarray(counts).tolist()
+            assert stands.tolist() == schedule.positions(j + 1), (kind, stream, j)
+
+
+def test_no_caller_probes_a_schedule():
+    """A schedule is used through its protocol: no getattr, hasattr or isinstance on one in the library."""
+    import ast
+    import pathlib
+
+    probes = []
+    for path in sorted(pathlib.Path(sw.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("getattr", "hasattr", "isinstance") and node.args \
+                    and "schedule" in ast.unparse(node.args[0]):
+                probes.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert not probes, probes

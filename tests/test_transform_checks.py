@@ -124,3 +124,28 @@ def test_workers_left_idle_by_chunks_of_steps_are_warned_about_with_the_reason(u
         warnings.simplefilter("always")
         pids = Counter(int(b["pid"][0]) for b in loader)
     assert len(pids) == 2 and not [w for w in caught if "get no batch" in str(w.message)]
+
+
+def doubles(batch, rng):
+    return {"x": batch["x"] * 2}
+
+
+def test_a_loader_holds_one_dataset_that_carries_its_transform(url):
+    """``loader.dataset`` is the one dataset a loader plans, checkpoints and streams: with a transform, a copy that
+    carries it (the dataset passed in is left as it was), its state the same as without; a loader made of another
+    loader's dataset applies only its own transform."""
+    ds = dataset(url)
+    plain = opened(sw.WindowLoader(ds, num_workers=0))
+    loader = opened(sw.WindowLoader(ds, num_workers=0, transform=doubles))
+    assert [v for v in vars(loader).values() if isinstance(v, sw.WindowDataset)] == [loader.dataset]
+    assert loader.dataset.transform is not None and ds.transform is None and plain.dataset is ds
+
+    def xs(ld):
+        return [b["x"].numpy().copy() for b in ld]
+    want = xs(plain)
+    assert len(want) > 2 and all(np.array_equal(a, 2 * b) for a, b in zip(xs(loader), want, strict=True))
+    assert loader.state_dict() == plain.state_dict()
+    again = opened(sw.WindowLoader(loader.dataset, num_workers=0))
+    assert all(np.array_equal(a, b) for a, b in zip(xs(again), want, strict=True))
+    twice = opened(sw.WindowLoader(loader.dataset, num_workers=0, transform=doubles))
+    assert all(np.array_equal(a, 2 * b) for a, b in zip(xs(twice), want, strict=True))

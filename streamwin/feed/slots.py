@@ -285,8 +285,18 @@ class SlotBatches:
                                                    source=fields.get("source"))
 
 
-# references to a storage by its address (every tensor over it holds one), as torch's CUDA graph trees ask
-_use_count = torch._C._storage_Use_Count
+# Torch internals, because nothing public tells whether a slot is free while its tensors are handed out again. A
+# slot's tensors are made once and kept by the loader, so a batch costs a dict copy, not a torch call a field (tens of
+# microseconds each with the trainer's caches cold: benchmarks/next_cost.py). What still says that a training loop
+# holds a view of one (x[0], x.view(...), x.numpy()) is then only the count of references to the storage the views
+# share: a weakref to a tensor, the reference count of a tensor or of its numpy memory, or a storage's Python object
+# stay the same while the loader holds its own tensors (a view refers to the storage and its base in C++, not to
+# their Python objects), and letting go of them would mean making them again each batch. torch's own CUDA graph trees
+# read the count the same way. A tensor's in-place version is one attribute read, where comparing shape, strides,
+# offset and storage would be several calls a tensor. tests/test_feed_handoff.py
+# (test_the_torch_internals_that_tell_a_slot_free_still_mean_what_slots_reads) fails, naming the torch version, on a
+# torch that drops or changes either.
+_use_count = torch._C._storage_Use_Count  # references to a storage by its address (``_cdata``): one a tensor over it
 _VERSION = operator.attrgetter("_version")  # bumped by every in-place change of a tensor (data, shape, storage)
 _GRAD = operator.attrgetter("requires_grad")
 _DATA_PTR = torch.Tensor.data_ptr  # moves without a version with .data = or share_memory_()

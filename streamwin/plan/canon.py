@@ -1,41 +1,58 @@
 """Canonical streams: one order of global batches, whatever the number of ranks and workers.
 
-``canonical=(A, P)`` ("auto", the default, is (8, 1) for 1, 2, 4 or 8 ranks: windows or packed rows, one source or a mix):
-C = A x P canonical streams, A *rank slots* x P *step phases*. Nothing below depends on the
-world size W or the worker count, only on the global batch G = world_size x batch_size (items:
-windows, or packed rows), so global batch k (every rank's batch k, in rank order) is the same in
-every world A allows, with any workers P allows.
+A worked example. ``canonical=(4, 2)``: 4 *rank slots* x 2 *step phases* = 8 canonical streams;
+``batch_size=3`` on each of 2 ranks, so a global batch holds 6 items (windows, or packed rows).
+One source of 48 windows, shown unshuffled.
 
-1. **Slots.** Slot a's micro-batch holds m_a = G(a+1)//A - Ga//A items (they sum to G).
-2. **Streams.** Stream c = a*P + p takes range c of each source's epoch order, the ranges in
-   proportion to m_a (so every stream runs out at the same step; equal when A divides G), and
-   permutes it in blocks of ``shuffle_buffer`` windows keyed (seed, epoch, c, block), as any
-   stream does (streams.SourcePlan): reads, crops, packed rows and their fill are per block,
-   as in the order that deals one stream per rank and worker. With one phase each stream's blocks
-   hold its micro-batches of Q = shuffle_buffer / G steps, the order lies chunk by chunk, the slots'
-   stripes of chunk j end to end (order.StripedOrder: a process's block of a chunk is one run), and
-   chunk j is permuted once, keyed (seed, epoch, j), each stream taking its stripe in that order.
-3. **Global batch k** is, slot after slot, micro-batch t = k // P of stream (a, k mod P). With
-   a mix, global batch k holds floor(w_i G) or ceil(w_i G) items of source i, spread over the
-   slots so evenly that every rank's batch holds its share within an item or two (``slot_quotas``).
-4. **Who serves what.** Rank r of W (W divides A) serves slots [rA/W, (r+1)A/W): its batch k is
-   its slots' micro-batches, batch_size items. Worker w of n (n divides P) makes the rank's
-   batches k = w mod n (the loader takes workers' batches round robin), so it runs the streams
-   of phases p = w mod n: (A/W) x (P/n) streams a process (all P phases in-process). A rank's
-   batch is grouped by source (each source's micro-batches, slot after slot), as any batch of a mix.
-   With one phase a process reads its slots' stripes of a chunk as one block (``GroupPlan``), and
-   its n workers either *share batches* (``shares_batches``: one source, n <= A/W, G >= A; no
-   transform of whole batches): worker w takes every step of slots [A/W * w // n, A/W * (w+1) // n)
-   of the rank's and writes their rows (one range: ``CanonPlan.rows``) into one slot the rank's
-   workers share (feed/pool.py); or they take *chunks* w, w + n, ... of Q steps, each whole. Packed
-   rows with one phase keep a stream's blocks (a block's rows are known only once packed, so blocks
-   are not aligned to the step): worker w takes chunks of Q steps too (``worker_chunk``: about 2
-   blocks' rows a slot), reading only the blocks its chunks' rows lie in (``RowChunkSchedule``).
-5. **Steps.** Phase p's streams give J_p micro-batches: the most every slot's stream holds
-   ("drop"), or the fewest that cover each ("pad": repeats of weight 0). The epoch has
-   K = min_p (P J_p + p) steps ("drop"; "pad": the fewest that cover every phase), the same on
-   every rank. Before step k stream (a, p) has given ceil((k - p) / P) micro-batches: the
-   position of a job is its step, in any world.
+1. **Slots.** Slot a's micro-batch holds 6(a+1)//4 - 6a//4 items: [1, 2, 1, 2] (``slot_sizes``:
+   they sum to the global batch; all equal when the slots divide it).
+2. **Streams.** Stream c = slot x 2 + phase takes range c of the epoch's order, the ranges in
+   proportion to their slots' sizes, so that every stream runs out at the same step:
+
+       stream:          0     1     2      3       4      5      6      7
+       (slot, phase):  0,0   0,1   1,0    1,1     2,0    2,1    3,0    3,1
+       its windows:    0-3   4-7   8-15   16-23   24-27  28-31  32-39  40-47
+
+   Shuffled, a stream permutes its range in blocks of ``shuffle_buffer`` keyed (seed, epoch,
+   stream, block), as any stream does (streams.SourcePlan).
+3. **Global batches.** Step k takes, slot after slot, micro-batch k // 2 of the stream of phase
+   k mod 2 of each slot:
+
+       step  micro  phase | slot 0  slot 1  | slot 2  slot 3
+        0      0      0   |   0     8 9     |  24     32 33
+        1      0      1   |   4     16 17   |  28     40 41
+        2      1      0   |   1     10 11   |  25     34 35
+        3      1      1   |   5     18 19   |  29     42 43
+                          |     rank 0      |     rank 1
+
+4. **Who serves what.** Rank r of 2 serves slots [2r, 2r + 2): its batch k is its slots' micro-
+   batches, 3 items. The loader takes a rank's batches from its workers round robin, so worker w
+   of 2 makes the steps of phase w: rank 0's worker 0 reads streams 0 and 2, its worker 1 streams
+   1 and 3. One rank of batch 6 (all 4 slots), 0, 1 or 2 workers, or these 2 ranks with 0, 1 or 2
+   workers: the same global batches. The world must divide the slots (whole slots a rank) and the
+   workers the phases (whole phases a worker; 0: every phase in-process).
+5. **Steps.** Each stream here gives 4 micro-batches of its slot's size, so the epoch has
+   min over phases p of (2 x 4 + p) = 8 steps, every window once. With "drop" a phase gives the
+   micro-batches its shortest stream holds; with "pad" the most, the others repeating (weight 0).
+   Before step k stream (slot, phase p) has given ceil((k - p) / 2) micro-batches: a job's
+   position is its step, in any world (``CanonPlan.micro``).
+
+**A mix.** Each source has its own ranges; a global batch of G items holds floor(w_i G) or
+ceil(w_i G) of source i (of weight w_i), spread over the slots so evenly that every rank's batch
+holds its share within an item or two (mix.slot_quotas); a rank's batch is grouped by source, slot
+after slot. The ranges are dealt again in proportion to what each stream takes (canon_deal.py).
+
+**One phase** ("auto" is (8, 1) for 1, 2, 4 or 8 ranks). A stream's blocks hold its micro-batches of
+Q = shuffle_buffer / G steps (G: the global batch; ``chunk_steps``), laid chunk after chunk
+(order.StripedOrder), each chunk permuted once, keyed (seed, epoch, chunk); a process reads its
+slots' blocks of a chunk as one block (``GroupSchedule`` over group.GroupPlan). Any worker count
+serves: the rank's n workers *share batches* (``shares_batches``: one source, n at most the rank's
+slots, G at least the slots, no transform of whole batches), worker w writing the rows of its share
+of the rank's slots (``worker_slots``, ``CanonPlan.rows``) into one slot the rank's workers share
+(feed/pool.py); or they take *chunks* w, w + n, ... of Q steps, each whole. Packed rows keep a
+stream's blocks (a block's rows are known only once packed): worker w takes chunks of about 2
+blocks' rows a slot (``worker_chunk``) and reads only the blocks its chunks' rows lie in
+(``RowChunkSchedule``).
 """
 from __future__ import annotations
 
@@ -47,20 +64,22 @@ import numpy as np
 from streamwin.plan.group import GroupPlan
 from streamwin.plan.mix import SlotQuotas
 from streamwin.plan.options import PlanConfig
+from streamwin.plan.schedule import Parts, Schedule
 from streamwin.plan.streams import Plan, worker_batches
 
 
-def slot_sizes(total: int, slots: int) -> np.ndarray:
-    """[A] items of each slot's micro-batch: G(a+1)//A - Ga//A (they sum to ``total``)."""
-    return np.diff(np.arange(slots + 1, dtype=np.int64) * total // slots)
+def slot_sizes(global_batch: int, slots: int) -> np.ndarray:
+    """[slots]: the items of each slot's micro-batch, global_batch (a + 1) // slots - global_batch a // slots for
+    slot a (they sum to ``global_batch``)."""
+    return np.diff(np.arange(slots + 1, dtype=np.int64) * global_batch // slots)
 
 
 @dataclass(frozen=True, eq=False)
 class CanonPlan(Plan):
-    """An epoch's plan over canonical streams: every source dealt over the C streams, the slots' quotas, K steps."""
+    """An epoch's plan over canonical streams: every source dealt over the streams, the slots' quotas, the steps."""
 
-    slots: SlotQuotas | None = None  # items of each source in slot a's micro-batch t, made a chunk at a time
-    steps: int = 0  # K: global batches of the epoch (every rank's batches)
+    slots: SlotQuotas | None = None  # items of each source in each slot's micro-batch t, made a chunk at a time
+    steps: int = 0  # global batches of the epoch (every rank's batches)
 
     @property
     def batches_per_rank(self) -> int:
@@ -73,18 +92,18 @@ class CanonPlan(Plan):
 
     def micro(self, stream: int, step: int) -> int:
         """Micro-batches canonical stream ``stream`` has given before global step ``step``."""
-        p = stream % self.config.canonical[1]
-        return max(0, -(-(step - p) // self.config.canonical[1]))
+        phases = self.config.canonical[1]
+        return max(0, -(-(step - stream % phases) // phases))
 
     def taken(self, stream: int, batches_per_rank: int) -> int:
         return self.micro(stream, min(batches_per_rank, self.steps))
 
     def used(self, batches_per_rank: int) -> np.ndarray:
-        """[sources, C]: items of each source each canonical stream has given after ``batches_per_rank`` steps."""
-        a_of = np.arange(self.config.num_streams) // self.config.canonical[1]
+        """[sources, streams]: items of each source each canonical stream has given after ``batches_per_rank`` steps."""
+        slot_of = np.arange(self.config.num_streams) // self.config.canonical[1]
         out = np.zeros((len(self.sources), self.config.num_streams), dtype=np.int64)
-        for c in range(self.config.num_streams):
-            out[:, c] = self.slots.before(self.taken(c, batches_per_rank))[a_of[c]]
+        for stream in range(self.config.num_streams):
+            out[:, stream] = self.slots.before(self.taken(stream, batches_per_rank))[slot_of[stream]]
         return out
 
     @cached_property
@@ -98,11 +117,11 @@ class CanonPlan(Plan):
     def worker_taken(self, batches_per_rank: int, workers: int, worker: int) -> int:
         if self.shared:  # every worker writes its rows of every batch
             return min(batches_per_rank, self.steps)
-        q = self.chunk
-        if q == 1:
+        chunk = self.chunk
+        if chunk == 1:
             return worker_batches(batches_per_rank, workers, worker)
-        starts = np.arange(worker * q, min(batches_per_rank, self.steps), workers * q)
-        return int(np.minimum(batches_per_rank - starts, q).sum()) if len(starts) else 0
+        starts = np.arange(worker * chunk, min(batches_per_rank, self.steps), workers * chunk)
+        return int(np.minimum(batches_per_rank - starts, chunk).sum()) if len(starts) else 0
 
     def rows(self, stream: int) -> tuple[int, int] | None:
         """Shared batches: the rows of the rank's batch worker ``stream`` writes (its slots' micro-batches, one source:
@@ -112,20 +131,21 @@ class CanonPlan(Plan):
         cfg = self.config
         rank, worker = divmod(stream, cfg.workers_per_rank)
         mine = worker_slots(cfg, rank, worker)
-        m = slot_sizes(cfg.world_size * cfg.batch_size, cfg.canonical[0])
-        lo = int(m[slot_range(cfg, rank)[0] : mine.start].sum())
-        return lo, lo + int(m[mine.start : mine.stop].sum())
+        sizes = slot_sizes(cfg.world_size * cfg.batch_size, cfg.canonical[0])
+        first = int(sizes[slot_range(cfg, rank)[0] : mine.start].sum())
+        return first, first + int(sizes[mine.start : mine.stop].sum())
 
-    def schedule(self, stream: int) -> "CanonSchedule | GroupSchedule":
+    def schedule(self, stream: int) -> Schedule:
         """What process ``stream`` (rank * max(1, workers) + worker) takes from which canonical stream, per batch."""
+        rank, worker = divmod(stream, self.config.workers_per_rank)
         if self.config.aligned:  # one group a source
-            return GroupSchedule(self, *divmod(stream, self.config.workers_per_rank))
+            return GroupSchedule(self, rank, worker)
         if self.config.chunked and self.config.num_workers > 1:  # packed rows, one phase: chunks of steps
-            return RowChunkSchedule(self, *divmod(stream, self.config.workers_per_rank))
-        return CanonSchedule(self, *divmod(stream, self.config.workers_per_rank))
+            return RowChunkSchedule(self, rank, worker)
+        return CanonSchedule(self, rank, worker)
 
 
-class GroupSchedule:
+class GroupSchedule(Schedule):
     """A process's batches over blocks aligned to the step: one lane per source (its ``GroupPlan``). Worker w of n
     takes chunks w, w + n, ... of Q steps (all of them in-process): its batch j is the j-th step of its chunks;
     with shared batches it takes every step of its share of the rank's slots (``worker_slots``). It keeps the items
@@ -133,13 +153,13 @@ class GroupSchedule:
 
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         cfg = plan.config
-        self.mine = worker_slots(cfg, rank, worker) if plan.shared else range(*slot_range(cfg, rank))
+        self.my_slots = worker_slots(cfg, rank, worker) if plan.shared else range(*slot_range(cfg, rank))
         self.edges, self.quotas = chunk_edges(cfg, plan.steps), plan.slots
         self.chunks = (list(range(len(self.edges) - 1)) if plan.shared
                        else list(range(worker, len(self.edges) - 1, max(1, cfg.num_workers))))
         self.batches = int(np.diff(self.edges)[self.chunks].sum()) if self.chunks else 0
         self.lanes = [(i, 0) for i in range(len(plan.sources))]
-        self.plans = [GroupPlan(sp, self.mine, plan.slots, i, self.edges, self.chunks)
+        self.plans = [GroupPlan(sp, self.my_slots, plan.slots, i, self.edges, self.chunks)
                       for i, sp in enumerate(plan.sources)]
         per_chunk = np.stack([(g.at[:, 1:] - g.at[:, :-1]).sum(axis=0)[self.chunks] for g in self.plans], axis=1)
         self._before = np.zeros((len(self.chunks) + 1, len(self.plans)), dtype=np.int64)  # items before my chunk i
@@ -149,68 +169,68 @@ class GroupSchedule:
     def _counts(self, i: int) -> np.ndarray:
         """[steps, sources]: items of each source in each step of this process's chunk ``i`` (the last one kept)."""
         if self._made[0] != i:
-            self._made = (i, self.quotas.chunk(self.chunks[i])[:, self.mine.start : self.mine.stop].sum(axis=1))
+            slots = self.my_slots
+            self._made = (i, self.quotas.chunk(self.chunks[i])[:, slots.start : slots.stop].sum(axis=1))
         return self._made[1]
 
-    def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
-        i, r = divmod(j, self.quotas.every)  # every chunk has Q steps but the epoch's last
-        counts = self._counts(i)[r]
+    def parts(self, j: int) -> tuple[Parts, np.ndarray]:
+        chunk, step = divmod(j, self.quotas.every)  # every chunk has Q steps but the epoch's last
+        counts = self._counts(chunk)[step]
         return [(s, int(n)) for s, n in enumerate(counts.tolist()) if n], counts
 
     def positions(self, j: int) -> list[int]:
         if j >= self.batches:
             return self._before[-1].tolist()
-        i, r = divmod(j, self.quotas.every)
-        return (self._before[i] + self._counts(i)[:r].sum(axis=0)).tolist()
+        chunk, step = divmod(j, self.quotas.every)
+        return (self._before[chunk] + self._counts(chunk)[:step].sum(axis=0)).tolist()
 
 
-class CanonSchedule:
+class CanonSchedule(Schedule):
     """One process's batches: lane l = (source, canonical stream) of its slots and phases; batch j = global step k.
     The slots' quotas are made a chunk of micro-batches at a time (``SlotQuotas.chunk``), as ``GroupSchedule``'s."""
 
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         cfg = plan.config
-        slots, phases = cfg.canonical
-        per, self.n, self.w = slots // cfg.world_size, cfg.num_workers, worker
-        self.phases, self.quotas = phases, plan.slots
+        slots, self.phases = cfg.canonical
+        slots_per_rank, self.workers, self.worker = slots // cfg.world_size, cfg.num_workers, worker
+        self.quotas = plan.slots
+        phases = self.phases
         mine = range(worker, phases, cfg.num_workers) if cfg.num_workers and not cfg.chunked else range(phases)
-        self.lanes = [(i, a * phases + p) for i in range(len(plan.sources))
-                      for a in range(rank * per, (rank + 1) * per) for p in mine]
-        self.batches = worker_batches(plan.steps, self.n, worker) if self.n else plan.steps
+        self.lanes = [(i, slot * phases + phase) for i in range(len(plan.sources))
+                      for slot in range(rank * slots_per_rank, (rank + 1) * slots_per_rank) for phase in mine]
+        self.batches = worker_batches(plan.steps, self.workers, worker) if self.workers else plan.steps
         # per phase: (lane, source, slot) of its lanes, in batch order
-        self._by_phase = {p: [(l, i, c // phases) for l, (i, c) in enumerate(self.lanes) if c % phases == p]
-                          for p in mine}
+        self._by_phase = {phase: [(lane, i, c // phases) for lane, (i, c) in enumerate(self.lanes)
+                                  if c % phases == phase] for phase in mine}
         self.plans = plan.sources  # each source's block plan (its streams' blocks)
-        self._sources = len(plan.sources)
+        self._source_count = len(plan.sources)
 
     def step(self, j: int) -> int:
         """The global step of this process's batch ``j``."""
-        return j * self.n + self.w if self.n else j
+        return j * self.workers + self.worker if self.workers else j
 
-    def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
-        """((lane, items) of batch ``j`` in batch order, items of each source)."""
-        k = self.step(j)
-        t = k // self.phases
-        row = self.quotas.chunk(t // self.quotas.every)[t % self.quotas.every]  # [slots, sources]
-        counts = np.zeros(self._sources, dtype=np.int64)
+    def parts(self, j: int) -> tuple[Parts, np.ndarray]:
+        step = self.step(j)
+        micro = step // self.phases
+        row = self.quotas.chunk(micro // self.quotas.every)[micro % self.quotas.every]  # [slots, sources]
+        counts = np.zeros(self._source_count, dtype=np.int64)
         out = []
-        for lane, i, a in self._by_phase[k % self.phases]:
-            need = int(row[a, i])
+        for lane, i, slot in self._by_phase[step % self.phases]:
+            need = int(row[slot, i])
             if need:
                 out.append((lane, need))
                 counts[i] += need
         return out, counts
 
     def positions(self, j: int) -> list[int]:
-        """Items each lane has given before this process's batch ``j``."""
-        k = self.step(j)
+        step, phases = self.step(j), self.phases
         before = {}  # micro-batch -> [slots, sources] items before it
         out = []
         for i, c in self.lanes:
-            t = max(0, -(-(k - c % self.phases) // self.phases))
-            if t not in before:
-                before[t] = self.quotas.before(t)
-            out.append(int(before[t][c // self.phases, i]))
+            micro = max(0, -(-(step - c % phases) // phases))
+            if micro not in before:
+                before[micro] = self.quotas.before(micro)
+            out.append(int(before[micro][c // phases, i]))
         return out
 
 
@@ -223,85 +243,87 @@ class RowChunkSchedule(CanonSchedule):
 
     def __init__(self, plan: CanonPlan, rank: int, worker: int):
         super().__init__(plan, rank, worker)
-        q, steps = plan.chunk, plan.steps
-        self.q, self.chunks = q, list(range(worker, -(-steps // q), plan.config.num_workers))
+        chunk, steps = plan.chunk, plan.steps
+        self.chunk_steps, self.chunks = chunk, list(range(worker, -(-steps // chunk), plan.config.num_workers))
         self.batches = plan.worker_taken(steps, plan.config.num_workers, worker)
-        edges = np.array([c * q for c in self.chunks] + [min((c + 1) * q, steps) for c in self.chunks])
+        edges = np.array([c * chunk for c in self.chunks] + [min((c + 1) * chunk, steps) for c in self.chunks])
         at = self.quotas.at(edges)  # [2 x my chunks, slots, sources]: rows before each of my chunks' edges
         self.blocks: list[list[int]] = []  # per lane: the blocks of its stream it reads, in order
-        self._start = []  # per lane [my chunks]: rows of the stream before each of my chunks
-        self._lo, self._hi = [], []  # per lane [my chunks]: its local item where each of my chunks begins, ends
+        self._rows_before = []  # per lane [my chunks]: rows of the stream before each of my chunks
+        self._first, self._end = [], []  # per lane [my chunks]: its local item where each of my chunks begins, ends
         for i, c in self.lanes:
-            r0, r1 = at[: len(self.chunks), c, i], at[len(self.chunks) :, c, i]
-            blocks, lo, hi = _row_blocks(plan.sources[i].item_bounds(c), r0, r1)
+            starts, ends = at[: len(self.chunks), c, i], at[len(self.chunks) :, c, i]
+            blocks, first, end = _row_blocks(plan.sources[i].item_bounds(c), starts, ends)
             self.blocks.append(blocks)
-            self._start.append(r0)
-            self._lo.append(lo)
-            self._hi.append(hi)
+            self._rows_before.append(starts)
+            self._first.append(first)
+            self._end.append(end)
 
     def step(self, j: int) -> int:
-        return self.chunks[j // self.q] * self.q + j % self.q
+        chunk, step = divmod(j, self.chunk_steps)
+        return self.chunks[chunk] * self.chunk_steps + step
 
     def positions(self, j: int) -> list[int]:
         if j >= self.batches:
-            return [int(h[-1]) if len(h) else 0 for h in self._hi]
-        i, r = divmod(j, self.q)
-        if r == 0:  # before the chunk's skip
-            return [int(h[i - 1]) if i else 0 for h in self._hi]
+            return [int(end[-1]) if len(end) else 0 for end in self._end]
+        chunk, step = divmod(j, self.chunk_steps)
+        if step == 0:  # before the chunk's skip
+            return [int(end[chunk - 1]) if chunk else 0 for end in self._end]
         before = self.quotas.before(self.step(j))  # [slots, sources]
-        return [int(lo[i] + before[c, s] - start[i]) for (s, c), lo, start in zip(self.lanes, self._lo, self._start)]
+        return [int(first[chunk] + before[c, s] - rows_before[chunk])
+                for (s, c), first, rows_before in zip(self.lanes, self._first, self._rows_before)]
 
-    def skips(self, j: int) -> list[tuple[int, int]]:
-        """(lane, items) each lane passes over before batch ``j``: at a chunk's first batch, the rows between where
-        the lane stands and where the chunk's rows begin (the part of a block shared with another worker's chunk)."""
-        i, r = divmod(j, self.q)
-        if r or j >= self.batches:
+    def skips(self, j: int) -> Parts:
+        """At a chunk's first batch, the rows between where each lane stands and where the chunk's rows begin (the
+        part of a block shared with another worker's chunk)."""
+        chunk, step = divmod(j, self.chunk_steps)
+        if step or j >= self.batches:
             return []
         out = []
-        for lane, (lo, hi) in enumerate(zip(self._lo, self._hi)):
-            n = int(lo[i] - (hi[i - 1] if i else 0))
+        for lane, (first, end) in enumerate(zip(self._first, self._end)):
+            n = int(first[chunk] - (end[chunk - 1] if chunk else 0))
             if n:
                 out.append((lane, n))
         return out
 
 
-def _row_blocks(bounds: np.ndarray, r0: np.ndarray, r1: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """For runs of rows [r0[i], r1[i]) of a stream (increasing, disjoint) whose blocks hold the rows ``bounds``
+def _row_blocks(bounds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """For runs of rows [starts[i], ends[i]) of a stream (increasing, disjoint) whose blocks hold the rows ``bounds``
     says: (the blocks they lie in, in order; each run's first and end item counted over those blocks only)."""
     blocks: list[int] = []
     local = 0  # items of the blocks listed so far
-    lo, hi = np.zeros(len(r0), dtype=np.int64), np.zeros(len(r0), dtype=np.int64)
-    for i, (a, z) in enumerate(zip(r0.tolist(), r1.tolist())):
-        if z <= a:  # no rows of this source in the chunk: the lane stands where it was
-            lo[i] = hi[i] = hi[i - 1] if i else 0
+    first, end = np.zeros(len(starts), dtype=np.int64), np.zeros(len(starts), dtype=np.int64)
+    for i, (lo, hi) in enumerate(zip(starts.tolist(), ends.tolist())):
+        if hi <= lo:  # no rows of this source in the chunk: the lane stands where it was
+            first[i] = end[i] = end[i - 1] if i else 0
             continue
-        b0 = int(np.searchsorted(bounds, a, side="right")) - 1
-        b1 = int(np.searchsorted(bounds, z - 1, side="right")) - 1
+        b0 = int(np.searchsorted(bounds, lo, side="right")) - 1
+        b1 = int(np.searchsorted(bounds, hi - 1, side="right")) - 1
         if blocks and blocks[-1] == b0:  # shared with my previous run (one worker)
-            first = local - int(bounds[b0 + 1] - bounds[b0])
+            at = local - int(bounds[b0 + 1] - bounds[b0])
         else:
-            first = local
+            at = local
         for b in range(b0, b1 + 1):
             if not blocks or blocks[-1] < b:
                 blocks.append(b)
                 local += int(bounds[b + 1] - bounds[b])
-        lo[i] = first + a - int(bounds[b0])
-        hi[i] = lo[i] + z - a
-    return blocks, lo, hi
+        first[i] = at + lo - int(bounds[b0])
+        end[i] = first[i] + hi - lo
+    return blocks, first, end
 
 
 def slot_range(config: PlanConfig, rank: int) -> tuple[int, int]:
-    """The canonical slots [a0, a1) rank ``rank`` serves."""
-    per = config.canonical[0] // config.world_size
-    return rank * per, (rank + 1) * per
+    """The canonical slots [first, end) rank ``rank`` serves."""
+    slots_per_rank = config.canonical[0] // config.world_size
+    return rank * slots_per_rank, (rank + 1) * slots_per_rank
 
 
 def worker_slots(config: PlanConfig, rank: int, worker: int) -> range:
     """Shared batches: the slots of rank ``rank`` whose rows worker ``worker`` writes (a share within a slot of the
     others', in order)."""
-    a0, a1 = slot_range(config, rank)
-    per, n = a1 - a0, config.num_workers
-    return range(a0 + worker * per // n, a0 + (worker + 1) * per // n)
+    first, end = slot_range(config, rank)
+    slots, workers = end - first, config.num_workers
+    return range(first + worker * slots // workers, first + (worker + 1) * slots // workers)
 
 
 def shares_batches(config: PlanConfig, sources: int, transformed: bool = False) -> bool:
@@ -336,18 +358,18 @@ def worker_chunk(config: PlanConfig) -> int:
     """Q, the steps of the chunks a rank's workers take in turn with one phase: ``chunk_steps``; with packed rows, the
     steps that take about PACKED_BLOCKS blocks' rows from each slot (crops of the mean drawn length), so that a
     block two workers' chunks share, read by both, is at most about one read in PACKED_BLOCKS + 1."""
-    q = chunk_steps(config)
+    steps = chunk_steps(config)
     if config.pack_length is None:
-        return q
-    spec, p = config.spec, config.spec.window_multiple
+        return steps
+    spec, multiple = config.spec, config.spec.window_multiple
     shortest = spec.min_window if spec.variable and spec.min_window is not None else spec.span
-    patches = (-(-shortest // p) + -(-spec.span // p)) / 2  # a crop's mean patches, about
-    block_rows = config.block_windows * patches / (config.pack_length // p)
+    patches = (-(-shortest // multiple) + -(-spec.span // multiple)) / 2  # a crop's mean patches, about
+    block_rows = config.block_windows * patches / (config.pack_length // multiple)
     per_slot = config.world_size * config.batch_size / config.canonical[0]  # rows a slot takes a step
-    return max(q, int(np.ceil(PACKED_BLOCKS * block_rows / per_slot)))
+    return max(steps, int(np.ceil(PACKED_BLOCKS * block_rows / per_slot)))
 
 
 def chunk_edges(config: PlanConfig, steps: int) -> np.ndarray:
     """[chunks + 1]: the first step of each chunk of Q steps of an epoch of ``steps``, then ``steps``."""
-    q = chunk_steps(config)
-    return np.unique(np.minimum(np.arange(0, steps + q, q), steps))
+    every = chunk_steps(config)
+    return np.unique(np.minimum(np.arange(0, steps + every, every), steps))

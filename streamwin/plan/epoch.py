@@ -41,17 +41,23 @@ def deal(config: PlanConfig, epoch: int, weights: Sequence[float], orders: Seque
          generation: int = 0) -> Plan:
     """Deal each source's order over ``config``'s streams and fix the quotas and batch count J."""
     w = normalized(weights)
-    keyed = [ONLY_SOURCE] if len(orders) == 1 else range(len(orders))
+    keyed = source_keys(len(orders))
     if config.canonical is not None:
-        return deal_canonical(config, epoch, w, orders, spaces, list(keyed), generation)
+        return deal_canonical(config, epoch, w, orders, spaces, keyed, generation)
     ranges = [stream_ranges(o.total, config.num_streams) for o in orders]
     if config.pack_length is not None:
-        return _deal_rows(config, epoch, w, orders, spaces, ranges, list(keyed), generation)
+        return _deal_rows(config, epoch, w, orders, spaces, ranges, keyed, generation)
     quotas = epoch_quotas(config, w, [np.diff(r) for r in ranges])
     per_stream = quotas.sum(axis=0)
     plans = tuple(SourcePlan(config, epoch, space, order, r, int(per_stream[i]), generation, source=key)
                   for i, (space, order, r, key) in enumerate(zip(spaces, orders, ranges, keyed)))
     return Plan(config, epoch, w, plans, quotas, generation)
+
+
+def source_keys(sources: int) -> list[int | None]:
+    """What keys each source's shuffles (orders, blocks, crops): its index in a mix, ``ONLY_SOURCE`` for a dataset
+    of one (the keys of every state saved before mixing)."""
+    return [ONLY_SOURCE] if sources == 1 else list(range(sources))
 
 
 def _deal_rows(config: PlanConfig, epoch: int, w: np.ndarray, orders: Sequence, spaces: Sequence[WindowSpace],
@@ -84,7 +90,7 @@ def plan_epoch(config: PlanConfig, epoch: int, spaces: Sequence[WindowSpace], sh
     names = names or [f"source {i}" for i in range(len(spaces))]
     windows = [space.total for space in spaces]
     share = shares(sum(windows) if epoch_windows is None else epoch_windows, weights, windows)
-    keyed = [ONLY_SOURCE] if len(spaces) == 1 else range(len(spaces))
+    keyed = source_keys(len(spaces))
     orders = []
     for i, (name, space, starts, key) in enumerate(zip(names, spaces, shard_starts, keyed)):
         if share[i] and not windows[i]:

@@ -19,19 +19,21 @@ class GroupPlan:
     so the blocks of a process's slots cover the same steps: read as one block whose yield order is, step after
     step, each slot's micro-batch (slot after slot), a batch is one part and one gather, as with one stream.
     ``quotas``: the plan's, of which the process's slots (streams ``lanes``, consecutive) take ``source``'s items;
-    kept: the items before each chunk edge (``at``), a chunk's quotas made when it is read.
+    kept: the items before each chunk edge (``at``: the source plan's ``bounds``, made when it was dealt), a chunk's
+    quotas made when it is read.
     """
 
     def __init__(self, plan: SourcePlan, lanes: range, quotas: SlotQuotas, source: int, edges: np.ndarray,
                  chunks: list[int]):
         self.plan, self.lanes, self.quotas, self.source, self.edges = plan, lanes, quotas, source, edges
-        self.at = quotas.at(edges)[:, lanes.start : lanes.stop, source].T.copy()  # [slots, chunks + 1]
+        self.at = np.stack([plan.bounds[a] for a in lanes]) if len(lanes) else np.zeros((0, len(edges)), np.int64)
         items = (self.at[:, 1:] - self.at[:, :-1]).sum(axis=0)[chunks].astype(np.int64)
         # a block reads several of the process's chunks when its slots' part of one is small (a rank of many):
         # about shuffle_buffer windows a read, as one stream's block, whatever the world (the order is the chunks')
-        per = max(1, round(plan.config.block_windows / max(1, int(items.max(initial=1)))))
-        self.blocks = [chunks[i : i + per] for i in range(0, len(chunks), per)]
-        per_block = [int(items[i : i + per].sum()) for i in range(0, len(chunks), per)]
+        chunks_a_block = max(1, round(plan.config.block_windows / max(1, int(items.max(initial=1)))))
+        firsts = range(0, len(chunks), chunks_a_block)
+        self.blocks = [chunks[i : i + chunks_a_block] for i in firsts]
+        per_block = [int(items[i : i + chunks_a_block].sum()) for i in firsts]
         self._bounds = np.concatenate([[0], np.cumsum(per_block, dtype=np.int64)]).astype(np.int64)
         self._recent: dict = {}
 

@@ -18,13 +18,33 @@ A dataset of one source is the same with one weight: every batch is B windows of
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
 from streamwin.plan.options import PlanConfig
 
 PHI = (5 ** 0.5 - 1) / 2  # the golden ratio's fraction: the offsets j * PHI mod 1 fill [0, 1) evenly
+
+
+@dataclass(frozen=True)
+class Mixing:
+    """A dataset's sources as its url argument named them: names, weights, epoch size. A URL given alone is a mix of
+    one (``alone``) that a checkpoint names by its manifest's digest only, as states saved before mixing did; a list
+    or dict of URLs (even of one) by the sources' digests, names, weights and epoch size."""
+
+    names: list[str]
+    weights: list[float] | None = None
+    epoch_windows: int | None = None
+    alone: bool = False
+
+    def inputs(self, digests: list[str]) -> dict[str, Any]:
+        """The plan inputs that name the sources, from their manifests' digests."""
+        if self.alone:
+            return {"dataset": digests[0]}
+        return {"dataset": list(digests), "sources": list(self.names), "weights": self.weights,
+                "epoch_windows": self.epoch_windows}
 
 
 def normalized(weights: Sequence[float]) -> np.ndarray:
@@ -165,10 +185,11 @@ class SlotQuotas:
     only every ``every`` steps' running sums (a whole table of a mix held 8 slots x sources x 8 bytes a step, in
     every process; one source keeps a value a slot)."""
 
-    def __init__(self, m: np.ndarray, w: np.ndarray, micro: int, every: int):
-        self.m, self.w, self.micro, self.every = np.asarray(m, dtype=np.int64), np.asarray(w), int(micro), max(1, every)
-        self.slots, self.sources = len(self.m), len(self.w)
-        self._key = (tuple(self.m.tolist()), tuple(self.w.tolist()), self.micro, self.every)  # chunk()'s
+    def __init__(self, slot_items: np.ndarray, weights: np.ndarray, micro: int, every: int):
+        self.slot_items, self.weights = np.asarray(slot_items, dtype=np.int64), np.asarray(weights)
+        self.micro, self.every = int(micro), max(1, every)
+        self.slots, self.sources = len(self.slot_items), len(self.weights)
+        self._key = (tuple(self.slot_items.tolist()), tuple(self.weights.tolist()), self.micro, self.every)  # chunk()'s
         span = self.every * max(1, SPAN_STEPS // self.every)  # rows made at once: a few MB, whatever the epoch
         sums = [np.add.reduceat(self.rows(t, min(t + span, self.micro)), np.arange(0, min(span, self.micro - t),
                                                                                  self.every), axis=0)
@@ -184,7 +205,7 @@ class SlotQuotas:
     def rows(self, t0: int, t1: int) -> np.ndarray:
         """[t1 - t0, slots, sources]: the quotas of micro-batches [t0, t1)."""
         t1 = min(max(t0, t1), self.micro)
-        return slot_quotas(self.m, self.w, max(0, t1 - t0), t0)
+        return slot_quotas(self.slot_items, self.weights, max(0, t1 - t0), t0)
 
     def chunk(self, k: int) -> np.ndarray:
         """[every (the last chunk: fewer), slots, sources]: the quotas of micro-batches [k every, (k + 1) every),

@@ -28,6 +28,7 @@ from streamwin.plan.mix import quota_positions
 from streamwin.plan.options import PlanConfig
 from streamwin.plan.order import block_key, chunk_key
 from streamwin.plan.rows import RowPlan, pack
+from streamwin.plan.schedule import Parts, Schedule
 from streamwin.plan.space import WindowSpace
 
 
@@ -102,21 +103,19 @@ class Plan:
         return QuotaSchedule(self.quotas, [(i, stream) for i in range(len(self.sources))], self.sources)
 
 
-class QuotaSchedule:
-    """A stream's batches: batch j takes ``quotas[j, i]`` items of source i's lane (i, stream). ``plans``: the
-    block plan of each source (its lanes' blocks), as every schedule has."""
+class QuotaSchedule(Schedule):
+    """A stream's batches: batch j takes ``quotas[j, i]`` items of source i's lane (i, stream), from each source's
+    block plan (``plans``)."""
 
-    def __init__(self, quotas: np.ndarray, lanes: list[tuple[int, int]], plans: Sequence = ()):
+    def __init__(self, quotas: np.ndarray, lanes: list[tuple[int, int]], plans: Sequence[SourcePlan]):
         self.quotas, self.lanes, self.batches, self.plans = quotas, lanes, len(quotas), plans
         self._positions = quota_positions(quotas)
 
-    def parts(self, j: int) -> tuple[list[tuple[int, int]], np.ndarray]:
-        """((lane, items) of batch ``j`` in batch order, items of each source)."""
+    def parts(self, j: int) -> tuple[Parts, np.ndarray]:
         q = self.quotas[j]
         return [(i, int(n)) for i, n in enumerate(q.tolist()) if n], q
 
     def positions(self, j: int) -> list[int]:
-        """Items each lane has given before batch ``j``."""
         return self._positions[min(j, self.batches)].tolist()
 
 
