@@ -33,7 +33,7 @@ naming their digests; a fresh process loads it and reads ``--sums-blocks`` shuff
 (W=256, stride 65,536: sparse windows, so blocks touch many shards); reported are the
 checksums the manifest holds, the sums its reader holds (``ShardReader.sums.nbytes``, bounded
 by read.sums.SUMS_LIMIT), the sums bytes it read, the process's private memory added, and
-what the form before sums files held in every process (4 bytes per 4 KiB of shards).
+what every process would hold with all chunk sums in memory (4 bytes per 4 KiB of shards).
 
 Usage:
   python benchmarks/scale.py --quick    # 1M sequences (~2 min on 2 cores)
@@ -450,7 +450,7 @@ def sums_rows(root: Path, sizes_gb: list[int], blocks: int) -> list[dict]:
 def print_sums(rows: list[dict], blocks: int) -> None:
     print(f"\nchecksums per process, {blocks} shuffled blocks read (W={SUMS_WINDOW}, stride {SUMS_STRIDE:,}):\n")
     print("| corpus | shards | shards read | checksums in the manifest | sums held by the reader (shards) | "
-          "sums read | private memory reading added | before sums files (every process) |")
+          "sums read | private memory reading added | all sums in memory (every process) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['corpus_gb']:,.0f} GB | {r['shards']:,} | {r['shards_read']:,} | {r['manifest_checks_kb']:,.1f} KB | "
