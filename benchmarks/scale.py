@@ -49,7 +49,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,6 +57,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+CHILD_TIMEOUT_S = 3600.0
 PER_SHARD = 100_000
 MEMBER = 1024  # tar header + npy header and data, padded
 RANKS, WORKERS = 8, 8
@@ -275,11 +276,14 @@ def _parent(pid: int) -> int:
 
 
 def run_child(*args: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    if out.returncode != 0:
+    """One measurement in a fresh process (children.run_child): its JSON record; RuntimeError if it failed."""
+    from children import run_child as run_in_child
+
+    out = run_in_child([sys.executable, __file__, "--child", *args], CHILD_TIMEOUT_S, cwd=str(REPO),
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    if out.record is None:
         raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return out.record
 
 
 # -- packing -----------------------------------------------------------------------------------
