@@ -78,7 +78,7 @@ class WindowDataset:
             few of the frames or members a read decompresses whole, so that each is read about once
             an epoch); smaller mixes more.
         readahead, readahead_bytes: blocks read ahead of the one being batched, on a thread; on remote storage
-            more, as far as the latency needs, within ``readahead_bytes`` (256 MiB) a source and process.
+            more, as far as the latency needs, within ``readahead_bytes`` a source and process.
         retries: failed attempts in a row allowed per read on transient storage errors.
         retry_backoff: seconds before the first retry, doubling with each failure in a row.
         on_error: "raise" a ShardError on bad data, or "skip": only the windows whose bytes cannot
@@ -96,8 +96,8 @@ class WindowDataset:
             in steps [0, T - 2H) of every sequence; a "val" window's last target step lies in
             [T - 2H, T - H), a "test" window's in [T - H, T) (inputs may look back for context).
         prefetch: batches gathered ahead on another thread. Off by default: the gather holds the
-            GIL, so on few cores a third thread only adds hand-offs (measured: 460k -> 130-310k
-            windows/s); it can help when the training step leaves the GIL free for long.
+            GIL, so on few cores a third thread only adds hand-offs and slows the loader; it can
+            help when the training step leaves the GIL free for long.
         jitter: move each window's start by a random offset in [0, stride) (staying inside its
             sequence), drawn afresh each epoch from (seed, epoch, window); windows per sequence
             stay the grid's.
@@ -170,7 +170,7 @@ class WindowDataset:
     def _check_sources(self) -> None:
         """Each source's manifest, loaded now (one read each): a URL that is not a dataset fails here, naming
         it, not at ``len()`` or iteration; mixed sources share dtype and feature shape (one batch holds them
-        all), else name both URLs. A manifest written before manifests were sealed is a warning."""
+        all), else name both URLs. An unsealed manifest (an older streamwin's) is a warning."""
         for s in self.sources:
             if not s.manifest.sealed:
                 warnings.warn(f"streamwin: {s.url}/index.json was written by an older streamwin and carries no checksum "
@@ -307,7 +307,7 @@ class WindowDataset:
         """What a checkpoint must agree on to be resumed exactly (the state format of version 2)."""
         cfg = self.config(num_workers)
         d = cfg.inputs()
-        if cfg.canonical is not None:  # absent: one stream per rank and worker (as every state saved before it)
+        if cfg.canonical is not None:  # absent: one stream per rank and worker (a state that does not record it)
             d["canonical"] = list(cfg.canonical)
         d.update(cfg.spec.plain())
         named = self.mixing.inputs([s.manifest.digest for s in self.sources])  # a URL alone: its digest only

@@ -14,8 +14,8 @@ KeyError), then the fields against each other (a world size that does not divide
 canonical rank slots, runs of one epoch over other data), then the ``check``: a digest of
 each part (position, inputs, each interrupted run) saved with it, so that an edit that leaves
 a state plausible (``rest_of[0].inputs.canonical`` from [8, 1] to [8, 7]) is refused naming
-the part, not resumed under a plan it was never taken under (states saved before the check
-load without it). Then the inputs against the loader's own, naming every difference; inputs that
+the part, not resumed under a plan it was never taken under (a state without a check, from an
+older streamwin, loads without it). Then the inputs against the loader's own, naming every difference; inputs that
 only matter for a position inside an epoch (``POSITION_ONLY``: world, workers, batch size...)
 may differ, and then the rest of the epoch is dealt anew (elastic resume). States saved by
 streamwin 0.1 (a StatefulDataLoader's, with per-stream cursors) still load.
@@ -178,7 +178,7 @@ def check_inputs(inputs: Any, field: str = "inputs") -> dict[str, Any]:
         raise _bad(f"{field}.canonical", canonical, "[rank slots, step phases], two integers of 1..4096")
     if "equalize" in inputs and inputs["equalize"] not in ("drop", "pad"):
         raise _bad(f"{field}.equalize", inputs["equalize"], '"drop" or "pad"')
-    if inputs.get("pack_length") is not None and "packing" not in inputs:  # saved before PACKING (plan/options.py)
+    if inputs.get("pack_length") is not None and "packing" not in inputs:  # a state without PACKING (plan/options.py)
         return dict(inputs) | {"packing": 1}
     return dict(inputs)
 

@@ -15,17 +15,17 @@ arrays, each starting at a multiple of 64 bytes, their offsets, size and sha256 
 index.json. Loading maps that file (``numpy.frombuffer`` over ``mmap``), so it costs no
 decoding and no private memory, and every process of a node shares one copy of its pages.
 index.json stays the commit marker: it is written after the columns file, and names its
-size and checksum. Version 1 manifests (inline columns) are read as before.
+size and checksum. Version 1 manifests (inline columns) are read too.
 
-Fields added since version 1 was fixed are optional top-level keys, which older streamwin
-ignores and which read as None from older manifests: ``value_columns`` (the table columns
-the values came from, one per feature) with ``left_out_columns`` (the others, and why), and
-``nonfinite`` (NaN and ±inf values counted at pack time, in all and per shard), and
-``frames`` (long zstd members packed as independent frames: where each frame ends, so a
-reader decompresses only the frames a block needs; see `Frames`), and ``checks`` (checksums
-of every shard's chunks, which every read verifies; see formats/checks.py: in sums files
-beside the shards, or, written before those, inline or past INLINE_SUMS bytes a column of
-the columns file). Every field is checked for type and range when parsed (formats/fields.py).
+Some top-level keys are optional, so that readers and writers of either version agree; each
+reads as None where it is absent: ``value_columns`` (the table columns the values came from,
+one per feature) with ``left_out_columns`` (the others, and why); ``nonfinite`` (NaN and ±inf
+values counted at pack time, in all and per shard); ``frames`` (long zstd members packed as
+independent frames: where each frame ends, so a reader decompresses only the frames a block
+needs; see `Frames`); and ``checks`` (checksums of every shard's chunks, which every read
+verifies; see formats/checks.py: in sums files beside the shards or, in manifests without
+sums files, inline or, past INLINE_SUMS bytes, a column of the columns file). Every field is
+checked for type and range when parsed (formats/fields.py).
 ``content_sha256`` seals the rest against edits (formats/seal.py), written by ``to_json``.
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ class Manifest:
     frames: Frames | None = None
     checks: Checks | None = None
     fields: SeqFields | None = None  # per-sequence fields (formats/meta.py): a label, a store, a start time
-    sealed: bool = True  # False: read from an index.json written before content_sha256 existed
+    sealed: bool = True  # False: read from an index.json without content_sha256 (an older streamwin's)
     shard_starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -210,7 +210,7 @@ class Manifest:
 
 
 def _encode(arr: np.ndarray) -> str:
-    # level 1: ~6x faster than 6 at 1M sequences for ~5% more bytes
+    # zlib level 1: several times faster than the default level, for a few percent more bytes
     return base64.b64encode(zlib.compress(np.ascontiguousarray(arr).tobytes(), 1)).decode("ascii")
 
 

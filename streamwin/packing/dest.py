@@ -16,7 +16,7 @@ file, then index.json with one atomic replace (a rename on a local disk, one PUT
 storage). Only then are older generations removed: every generation but the new one and the
 one it replaced, and whatever a killed pack left (shards of a generation never committed,
 temporary files). A pack killed at any moment thus leaves the old dataset readable and
-unchanged, or the new one complete. Datasets packed before generations existed
+unchanged, or the new one complete. Datasets of the layout without generations
 (``shard-NNNNNN.tar``) count as generation 0.
 
 Only a holder of the pack lock with no live part beside it (``lock.exclude_parts``) removes
@@ -42,7 +42,7 @@ SHARD = re.compile(r"shard-g(\d+)-u\d+-\d+\.tar(?:\.sums)?")  # a generation's s
 RETIRED = re.compile(r"index-g(\d+)\.json")  # the index a commit replaced
 COLUMNS = re.compile(r"index-g(\d+)\.columns")  # a generation's columns file
 TEMPORARY = re.compile(rf"(.+){re.escape(TEMP_MARK)}[0-9a-f]{{32}}")  # a write in progress (local disks)
-LEGACY_TEMPORARY = re.compile(r"(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}")  # streamwin's before, of a generation's file only
+LEGACY_TEMPORARY = re.compile(r"(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}")  # an older streamwin's, of a generation's file only
 PART_INDEX = re.compile(r"index\.part\d+-of-(\d+)\.(json|columns)")
 OLD_LAYOUT = re.compile(r"(part\d{5}-)?shard-\d{6}\.tar(\.sums)?|index\.columns")  # generation 0, named by an index
 

@@ -60,8 +60,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _accepts_source(func: Callable[..., Manifest]) -> Callable[..., Manifest]:
-    """pack's first parameter was called ``source``: a call that names it still works, with a
-    DeprecationWarning (``inspect.signature`` and ``help`` show the new signature)."""
+    """``source=``, an older name of pack's first parameter, is taken as ``inputs`` with a
+    DeprecationWarning (``inspect.signature`` and ``help`` show the current signature)."""
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Manifest:
         if "source" in kwargs:
@@ -89,7 +89,7 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
             jsonl, text), a list of them, a dataset object (``ray.data.Dataset``,
             ``dask.dataframe.DataFrame``, ``datasets.Dataset`` / ``IterableDataset``, a pyarrow
             Table or pandas DataFrame), or an iterable of ``(key, array)`` / ``(key, array, meta)``.
-            (Called ``source`` before: ``source=`` still works, with a DeprecationWarning.)
+            ``source=`` is an older name of it, taken with a DeprecationWarning.
         dest: the dataset root (any fsspec URL). A dataset already there is replaced atomically:
             readers see the old one until the new one is complete.
         shard_bytes: a shard is closed once it holds at least this many bytes.
