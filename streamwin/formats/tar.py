@@ -66,15 +66,9 @@ def tar_headers(keys: np.ndarray, key_ends: np.ndarray, suffix: str, sizes: np.n
 
     ``keys`` holds every key's ASCII bytes end to end (uint8), key i ending at ``key_ends[i]``.
     """
-    n = len(sizes)
-    hdr = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (n, 1))
-    klen = np.diff(key_ends, prepend=0)
-    rows = np.repeat(np.arange(n), klen)
-    hdr[rows, np.arange(len(keys)) - np.repeat(key_ends - klen, klen)] = keys
-    for k, ch in enumerate(suffix.encode("ascii")):
-        hdr[np.arange(n), klen + k] = ch
-    for k in range(11):  # size: 11 octal digits and a NUL
-        hdr[:, 124 + k] = ord("0") + ((sizes >> (3 * (10 - k))) & 7)
+    hdr = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (len(sizes), 1))
+    fields = name_size_fields(keys, key_ends, suffix, sizes)
+    hdr[:, NAME], hdr[:, SIZE] = fields[:, NAME], fields[:, SIZE]
     checksum = hdr.sum(axis=1, dtype=np.int64)  # with the checksum field as 8 spaces
     for k in range(6):  # "%06o\0", the eighth byte stays a space
         hdr[:, 148 + k] = ord("0") + ((checksum >> (3 * (5 - k))) & 7)
