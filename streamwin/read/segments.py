@@ -1,0 +1,112 @@
+"""Extended sequences: a block's pieces mapped onto the members that hold their steps, and stitched back.
+
+A sequence of a dataset that grew may be a chain of members (formats/growth.py): its first
+member, then its continuations, each a whole ``.npy`` of its own. The plan sees one sequence
+of the total length; here each piece's steps [s_lo, s_hi) are cut at the members' bounds into
+member pieces (rows of ``Manifest.members()``), which are read like any other member (runs.py,
+frames.py): their headers checked, their bytes verified. A piece that lies in one member is
+not copied: its sequence's step 0 is placed where that member's would be, less the steps
+before the member. A piece that spans members has its parts copied end to end into the
+block buffer's *stitch area* (between its bytes and its zero tail), so that every window
+is still one contiguous slice of the buffer, which is what the gather copies. Pure numpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamwin.formats.manifest import Manifest
+from streamwin.read.block import READABLE
+from streamwin.read.pieces import Pieces
+
+
+@dataclass(frozen=True)
+class MemberPieces:
+    """A block's sequence pieces cut at member bounds: ``pieces`` (seq = member row, steps of the member, in
+    manifest order), and per member piece its sequence piece (``owner``) and the sequence step where its
+    member's step 0 is (``first``); per sequence piece whether it is ``stitched`` and where in the stitch
+    area (``stitch_at``, bytes)."""
+
+    pieces: Pieces
+    owner: np.ndarray
+    first: np.ndarray
+    stitched: np.ndarray
+    stitch_at: np.ndarray
+    stitch_bytes: int
+
+
+class SegmentMap:
+    """Where each step of a manifest's sequences lies among its members (with continuations only)."""
+
+    def __init__(self, manifest: Manifest):
+        seg = manifest.segments
+        self.n = n = seg.heads
+        self.step_bytes = manifest.step_bytes
+        self.begin = seg.per_sequence(n)  # sequence i's continuations: begin[i]..begin[i + 1] - 1
+        self.head = np.asarray(seg.length[:n], dtype=np.int64)
+        steps = np.asarray(seg.length[n:], dtype=np.int64)
+        seq = np.asarray(seg.seq, dtype=np.int64)
+        before = np.cumsum(steps) - steps  # steps of all continuations before continuation j
+        self.first = self.head[seq] + before - before[self.begin[seq]] if len(seq) else before
+        self.steps = steps
+        self.seq = seq
+
+    def split(self, p: Pieces) -> MemberPieces:
+        """Pieces ``p`` of sequences, as pieces of members (see MemberPieces)."""
+        sb = self.step_bytes
+        count = self.begin[p.seq + 1] - self.begin[p.seq]  # each piece's sequence's continuations
+        u = np.repeat(np.arange(len(p.seq)), count + 1)  # every member of each piece's chain
+        k = np.arange(len(u)) - np.repeat(np.cumsum(count + 1) - (count + 1), count + 1)  # 0: the first member
+        j = self.begin[p.seq][u] + k - 1  # the continuation (k >= 1)
+        cont = k > 0
+        jj = np.where(cont, j, 0)
+        first = np.where(cont, self.first[jj] if len(self.first) else 0, 0)
+        end = np.where(cont, first + (self.steps[jj] if len(self.steps) else 0), self.head[p.seq][u])
+        s_lo, s_hi = p.s_lo[u], p.s_hi[u]
+        keep = (first < s_hi) & (end > s_lo)
+        u, k, first, end, s_lo, s_hi, jj = (a[keep] for a in (u, k, first, end, s_lo, s_hi, jj))
+        row = np.where(k > 0, self.n + jj, p.seq[u])
+        lo, hi = np.maximum(s_lo - first, 0), np.minimum(s_hi, end) - first
+        parts = np.bincount(u, minlength=len(p.seq))
+        stitched = parts > 1
+        nbytes = np.where(stitched, (p.s_hi - p.s_lo) * sb, 0)
+        stitch_at = np.cumsum(nbytes) - nbytes
+        lead = np.ones(len(u), dtype=bool)
+        lead[1:] = u[1:] != u[:-1]
+        joined = lead & (k == 0) & p.joined[u]  # a piece's first part keeps what it says of its neighbour
+        order = np.lexsort((lo, row))  # manifest order: the sequences' first members, then continuations
+        pieces = Pieces(row[order], lo[order], hi[order], joined[order], np.arange(len(order)))
+        return MemberPieces(pieces, u[order], first[order], stitched, stitch_at, int(nbytes.sum()))
+
+    def join(self, mp: MemberPieces, p: Pieces, buf: np.ndarray, base: np.ndarray, good: np.ndarray,
+             stitch0: int) -> tuple[np.ndarray, np.ndarray]:
+        """(where each sequence piece's step 0 lies in ``buf``, steps of it readable), from where each member piece's
+        member has its step 0 (``base``) and its steps readable (``good``); stitched pieces' parts are copied
+        to ``stitch0`` + their place in the stitch area first."""
+        sb, q = self.step_bytes, mp.pieces
+        out = np.empty(len(p.seq), dtype=np.int64)
+        solo = ~mp.stitched[mp.owner]
+        out[mp.owner[solo]] = base[solo] - mp.first[solo] * sb
+        out[mp.stitched] = stitch0 + mp.stitch_at[mp.stitched] - p.s_lo[mp.stitched] * sb
+        for j in np.flatnonzero(~solo).tolist():  # each part of a stitched piece, end to end
+            u = int(mp.owner[j])
+            a, n = int(base[j] + q.s_lo[j] * sb), int((q.s_hi[j] - q.s_lo[j]) * sb)
+            at = int(stitch0 + mp.stitch_at[u] + (mp.first[j] + q.s_lo[j] - p.s_lo[u]) * sb)
+            buf[at : at + n] = buf[a : a + n]
+        readable = np.full(len(p.seq), READABLE, dtype=np.int64)
+        short = good < q.s_hi
+        if short.any():  # on_error="skip": a part that lost steps loses the piece's steps from there on
+            np.minimum.at(readable, mp.owner[short], mp.first[short] + good[short])
+        return out, readable
+
+    def sequence_damage(self, damage: list) -> list:
+        """Damage (member row, first step, end step) as (sequence, first step, end step)."""
+        out = []
+        for row, a, b in damage:
+            if row < self.n:
+                out.append((row, a, b))
+            else:
+                j = row - self.n
+                out.append((int(self.seq[j]), int(self.first[j] + a), int(self.first[j] + b)))
+        return out
