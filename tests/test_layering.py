@@ -25,7 +25,7 @@ ORDER = [
     "packing.records", "packing.columns", "packing.writer", "packing.tasks", "packing.fragments", "packing.lock",
     "packing.dest", "packing.grow", "packing.unit", "packing.parallel", "packing.cluster_ray", "packing.cluster_dask",
     "packing.parts", "packing.sources", "packing.engines", "packing.append",
-    "packing.pack", "packing.scanner", "packing.scan", "packing",
+    "packing.pack", "packing.compact", "packing.scanner", "packing.scan", "packing",
     "read.ahead", "read.options", "read.block", "read.counts", "read.fetch", "read.members", "read.pieces", "read.segments", "read.runs", "read.frames", "read.sums", "read.verify",
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",

@@ -274,3 +274,45 @@ def _frames(old: Manifest, om: Manifest, heads: Manifest | None, conts: Manifest
         return None
     found.sort(key=lambda x: x[0])
     return Frames.make(rows, np.array([r for r, _ in found]), np.concatenate([e for _, e in found]), length)
+
+
+def split_members(m: Manifest, where: str) -> Manifest:
+    """A manifest whose rows are members in shard order, continuation members (``<key>.gGGGGGG``) among them (as
+    ``streamwin index`` finds them), as one of sequences with continuations (formats/growth.py), or itself when it
+    has none. ``m.fields`` holds values of the sequences' first members only."""
+    names = m.keys(np.arange(m.num_sequences))
+    parsed = [parse_continuation(k) for k in names]
+    cont = np.array([p is not None for p in parsed], dtype=bool)
+    if not cont.any():
+        return m
+    head_rows, cont_rows = np.flatnonzero(~cont), np.flatnonzero(cont)
+    row_of = {names[r]: i for i, r in enumerate(head_rows.tolist())}
+    missing = [names[r] for r in cont_rows.tolist() if parsed[r][0] not in row_of]
+    if missing:
+        raise PackError(f"{where}: continuation member {missing[0]}.npy continues no sequence of the shards (no "
+                        f"{parse_continuation(missing[0])[0]}.npy)")
+    seq = np.array([row_of[parsed[r][0]] for r in cont_rows.tolist()], dtype=np.int64)
+    order = np.lexsort((np.array([parsed[r][1] for r in cont_rows.tolist()]), seq))  # step order: by generation
+    rows = np.concatenate([head_rows, cont_rows[order]])
+    shard = m.shards_of(np.arange(m.num_sequences))
+    counts = np.bincount(shard[head_rows], minlength=len(m.shards))
+    shards = tuple(dataclasses.replace(s, num_sequences=int(c)) for s, c in zip(m.shards, counts))
+    cols = {k: np.asarray(getattr(m, k), dtype=np.int64)[rows] for k in ("length", "offset", "size", "hlen")}
+    member_names = [names[r].encode("ascii") for r in rows.tolist()]
+    key_ends = np.cumsum([len(b) for b in member_names]).astype(np.int64)
+    n = len(head_rows)
+    segments = Segments(seq[order], shard[cont_rows[order]], cols["length"], cols["offset"], cols["size"],
+                        cols["hlen"], key_ends)
+    totals = segments.totals()
+    where_of = np.empty(m.num_sequences, dtype=np.int64)
+    where_of[rows] = np.arange(len(rows))
+    frames = None
+    if m.frames is not None:
+        fr = m.frames
+        moved = sorted((int(where_of[r]), fr.ends[fr.first[i] : fr.first[i + 1]]) for i, r in enumerate(fr.seq.tolist()))
+        frames = Frames.make(fr.rows, np.array([r for r, _ in moved]), np.concatenate([e for _, e in moved]),
+                             cols["length"])
+    heads = {k: v[:n] for k, v in cols.items()}
+    heads["length"] = totals
+    return dataclasses.replace(m, shards=shards, key_blob=memoryview(b"".join(member_names)), key_ends=key_ends[:n],
+                               segments=segments, frames=frames, **heads)
