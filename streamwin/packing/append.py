@@ -18,7 +18,7 @@ from typing import Callable
 
 from streamwin.errors import PackError
 from streamwin.formats.manifest import Manifest
-from streamwin.packing.dest import committed, refuse_foreign, refuse_unmerged, remove_generations, survey
+from streamwin.packing.dest import Survey, committed, refuse_foreign, refuse_unmerged, remove_generations, survey
 from streamwin.packing.grow import ExistingKeys, grow
 from streamwin.packing.lock import PackLock, exclude_parts
 from streamwin.storage.manifests import load_manifest
@@ -52,6 +52,21 @@ def append(fs, root: str, dest: str, storage_options: dict | None, run: Callable
             written.extend(m for m in (heads, conts) if m is not None)
             return grow(old, heads, conts, extend=mode == "extend", dest=dest)
         return committed(fs, root, dest, build, gen, start, lock, overwrite), written
+
+
+def growing_part(dest: str, storage_options: dict | None, run: Callable[..., object], gen: int, mode: str, gaps: str,
+                 start: Survey) -> tuple[tuple[Manifest | None, Manifest | None], dict]:
+    """Pack a part of an append as generation ``gen``: ((its new sequences' index, its continuations' index), what
+    it grows: {"mode", "base": the digest of the manifest live when it started, "continued"}); `parts.merge` grows
+    that manifest by every part."""
+    old = load_manifest(dest, storage_options) if start.index is not None else None
+    if old is not None and start.ours_index and old.digest != _digest(start.index):
+        raise PackError(f"{dest} was committed by another pack while this part started: run it again")
+    existing = ExistingKeys.of(old, gen, gaps) if mode == "extend" and old is not None else None
+    heads, conts = run(gen, existing, growing=True)
+    if heads is None and conts is None:
+        raise PackError("the input yielded no non-empty sequence: nothing to pack")
+    return (heads, conts), {"mode": mode, "base": old.digest if old is not None else None, "continued": conts is not None}
 
 
 def _digest(index: bytes) -> str:

@@ -47,7 +47,7 @@ RETIRED = re.compile(r"index-g(\d+)\.json")  # the index a commit replaced
 COLUMNS = re.compile(r"index-g(\d+)\.columns")  # a generation's columns file
 TEMPORARY = re.compile(rf"(.+){re.escape(TEMP_MARK)}[0-9a-f]{{32}}")  # a write in progress (local disks)
 LEGACY_TEMPORARY = re.compile(r"(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}")  # streamwin's before, of a generation's file only
-PART_INDEX = re.compile(r"index\.part\d+-of-(\d+)\.(json|columns)")
+PART_INDEX = re.compile(r"index\.part\d+-of-(\d+)\.(?:(?:cont|grow)\.)?(json|columns)")
 OLD_LAYOUT = re.compile(r"(part\d{5}-)?shard-\d{6}\.tar(\.sums)?|index\.columns")  # generation 0, named by an index
 
 
@@ -67,7 +67,7 @@ class Survey:
     @property
     def part_indexes(self) -> list[str]:
         """The part indexes here (``pack --part i/n`` finished, not merged)."""
-        return [n for n in self.names if PART_INDEX.fullmatch(n) and n.endswith(".json")]
+        return [n for n in self.names if PART_INDEX.fullmatch(n) and re.fullmatch(r"index\.part\d+-of-\d+\.json", n)]
 
     @property
     def newest(self) -> int:

@@ -32,7 +32,7 @@ from streamwin.formats.manifest import Manifest
 from streamwin.packing.dest import committed, prepare, refuse_foreign, refuse_unmerged, remove_generations, survey
 from streamwin.packing.encode import EncodeOptions
 from streamwin.packing.engines import run_units
-from streamwin.packing.append import GROW_MODES, append
+from streamwin.packing.append import GROW_MODES, append, growing_part
 from streamwin.packing.fragments import FragmentMerger
 from streamwin.packing.grow import GAPS, ExistingKeys
 from streamwin.packing.lock import PackLock, exclude_parts, part_lock_name, yield_to_pack
@@ -137,7 +137,7 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     run = functools.partial(_pack_units, source, dest, storage_options, shard_bytes, options, workers, address,
                             progress)
     if part_ is not None:
-        manifest = _pack_part(fs, root, dest, part_, run, overwrite)
+        manifest, written = _pack_part(fs, root, dest, part_, run, overwrite, mode, gaps, storage_options)
     elif mode is not None:
         manifest, written = append(fs, root, dest, storage_options, run, mode=mode, gaps=gaps, overwrite=overwrite)
     else:
@@ -169,10 +169,11 @@ def missing_values(manifest: Manifest) -> str:
             "value; give those sequences one to keep it")
 
 
-def _pack_part(fs, root: str, dest: str, part: tuple[int, int], run: Callable[[int], Manifest],
-               overwrite: bool) -> Manifest:
+def _pack_part(fs, root: str, dest: str, part: tuple[int, int], run: Callable[..., Manifest], overwrite: bool,
+               mode: str | None, gaps: str, storage_options: dict | None) -> tuple[Manifest, list[Manifest]]:
     """Pack part i of n under its part lock, beside the other parts of its job and never beside a pack (which it
-    gives way to), into their generation; then publish its part index."""
+    gives way to), into their generation; then publish its part index (of an append: with what it grows).
+    (the part's index, the indexes of what it wrote)."""
     i, n = part
     with PackLock(fs, root, dest, what=f"pack --part {i}/{n}", name=part_lock_name(i, n)) as lock:
         dead = yield_to_pack(fs, root, dest, lock)
@@ -182,14 +183,18 @@ def _pack_part(fs, root: str, dest: str, part: tuple[int, int], run: Callable[[i
         lock.set_generation(gen)
         unpublish_part(fs, root, part)
         try:
-            manifest = run(gen)
+            grows = conts = None
+            if mode is None:
+                manifest = run(gen)
+            else:
+                (manifest, conts), grows = growing_part(dest, storage_options, run, gen, mode, gaps, start)
             lock.check()
         except BaseException as e:
             if isinstance(e, Exception) and not isinstance(e, PackError) and not lock.holds():
                 lock.check()  # say that it lost its lock, not the symptom
             raise
-        write_part(fs, root, manifest, part)
-    return manifest
+        write_part(fs, root, manifest, part, grows=grows, continued=conts)
+    return manifest or conts, [m for m in (manifest, conts) if m is not None]
 
 
 def _pack_units(source: Source, dest: str, storage_options: dict | None, shard_bytes: int, options: EncodeOptions,
