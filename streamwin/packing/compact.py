@@ -31,7 +31,8 @@ from streamwin.formats.checks import SUFFIX, Checks
 from streamwin.formats.framed import Frames, NonFinite
 from streamwin.formats.manifest import Manifest, ShardEntry
 from streamwin.formats.sums import ShardSumsWriter
-from streamwin.packing.dest import committed, refuse_foreign, remove_generations, shard_prefix, survey
+from streamwin.packing.dest import (committed, refuse_foreign, refuse_unmerged, remove_generations, shard_prefix,
+                                    survey)
 from streamwin.packing.lock import PackLock, exclude_parts
 from streamwin.packing.nonfinite import count_nonfinite
 from streamwin.progress import progress_bar
@@ -50,6 +51,7 @@ def compact(url: str, *, storage_options: dict | None = None, progress: bool = T
         exclude_parts(fs, root, url, lock)
         start = survey(fs, root)
         refuse_foreign(start, url, False)
+        refuse_unmerged(start, url, False)  # (a commit removes part indexes: merge them first)
         old = load_manifest(url, storage_options)
         if start.index is None or old.digest != hashlib.sha256(start.index).hexdigest()[:16]:
             raise PackError(f"{url} was committed by another pack while compact started: run it again")
