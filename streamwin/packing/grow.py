@@ -139,9 +139,7 @@ def grow(old: Manifest, heads: Manifest | None, conts: Manifest | None, *, exten
         parts = [om_col(om, name)[:n0], om_col(heads, name) if heads is not None else [],
                  np.concatenate([om_col(om, name)[n0:], om_col(conts, name) if conts is not None else []])[order]]
         cols[name] = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
-    names = _names(om, heads, conts, n0, order)
-    key_blob = b"".join(names)
-    key_ends = np.cumsum(np.fromiter(map(len, names), dtype=np.int64, count=len(names)))
+    key_blob, key_ends = _keys(om, heads, conts, n0, order)
     totals = np.concatenate([np.asarray(old.length, np.int64), np.asarray(heads.length, np.int64) if heads else []])
     ext_steps = np.asarray(conts.length, dtype=np.int64) if conts is not None else np.zeros(0, np.int64)
     np.add.at(totals, targets, ext_steps)
@@ -172,16 +170,27 @@ def om_col(m: Manifest, name: str) -> np.ndarray:
     return np.asarray(getattr(m, name))
 
 
-def _names(om: Manifest, heads: Manifest | None, conts: Manifest | None, n0: int, order: np.ndarray) -> list[bytes]:
-    """Each member's name (without .npy), in the new manifest's row order."""
-    def names(m: Manifest, rows) -> list[bytes]:
-        ends = np.asarray(m.key_ends, dtype=np.int64)
-        blob = bytes(m.key_blob)
-        return [blob[(int(ends[i - 1]) if i else 0) : int(ends[i])] for i in rows]
-    heads_names = names(om, range(n0)) + (names(heads, range(heads.num_sequences)) if heads is not None else [])
-    segs = names(om, range(n0, len(om.length))) + (names(conts, range(conts.num_sequences)) if conts is not None
-                                                    else [])
-    return heads_names + [segs[i] for i in order.tolist()]
+def _keys(om: Manifest, heads: Manifest | None, conts: Manifest | None, n0: int, order: np.ndarray
+          ) -> tuple[bytes, np.ndarray]:
+    """(key bytes, their ends) of the new manifest's members in row order: the sequences' keys (copied whole), then
+    the continuations' names in their new order."""
+    blob0 = bytes(om.key_blob)
+    head_end = int(om.key_ends[n0 - 1]) if n0 else 0
+    parts, ends = [blob0[:head_end]], [np.asarray(om.key_ends[:n0], dtype=np.int64)]
+    if heads is not None:
+        parts.append(bytes(heads.key_blob))
+        ends.append(np.asarray(heads.key_ends, dtype=np.int64) + head_end)
+    at = head_end + (len(parts[-1]) if heads is not None else 0)
+    names = []  # the continuations' names: the old ones, then the new, each (start, end) in its blob
+    old_ends = np.asarray(om.key_ends, dtype=np.int64)
+    names += [blob0[int(old_ends[i - 1]) : int(old_ends[i])] for i in range(n0, len(old_ends))]
+    if conts is not None:
+        blob, ce = bytes(conts.key_blob), np.asarray(conts.key_ends, dtype=np.int64)
+        names += [blob[(int(ce[i - 1]) if i else 0) : int(ce[i])] for i in range(len(ce))]
+    moved = [names[i] for i in order.tolist()]
+    parts.append(b"".join(moved))
+    ends.append(at + np.cumsum(np.fromiter(map(len, moved), dtype=np.int64, count=len(moved))))
+    return b"".join(parts), np.concatenate(ends)
 
 
 def _refuse_existing(old: Manifest, heads: Manifest, dest: str, extend: bool) -> None:

@@ -137,6 +137,8 @@ class ShardReader:
             heads = self.members.unchecked(q.seq, q.s_lo)  # members whose headers this block must read to check
             if len(heads):
                 q = with_headers(q, heads)
+        if split is not None:  # read members in the order their bytes lie, not their rows'
+            q = self.segments.in_byte_order(q)
         mapped_ok = not (split is not None and split.stitch_bytes)  # a stitch area is written: read, not mapped
         if isinstance(self.reads, PlainReads) and not isinstance(self.shards, CachedShards):
             read: Any = self.reads.start(q, tail, map_files=mapped_ok)

@@ -41,6 +41,7 @@ class SegmentMap:
 
     def __init__(self, manifest: Manifest):
         seg = manifest.segments
+        self.members = manifest.members()
         self.n = n = seg.heads
         self.step_bytes = manifest.step_bytes
         self.begin = seg.per_sequence(n)  # sequence i's continuations: begin[i]..begin[i + 1] - 1
@@ -78,6 +79,28 @@ class SegmentMap:
         order = np.lexsort((lo, row))  # manifest order: the sequences' first members, then continuations
         pieces = Pieces(row[order], lo[order], hi[order], joined[order], np.arange(len(order)))
         return MemberPieces(pieces, u[order], first[order], stitched, stitch_at, int(nbytes.sum()))
+
+    def in_byte_order(self, q: Pieces) -> Pieces:
+        """Member pieces ``q`` (header reads among them) sorted by shard and byte, so that neighbours in a shard
+        are read in one run (a sequence's members lie in the shards of several appends; the rows of the
+        continuations follow their sequences, not their bytes). A piece is joined to the one before when the bytes
+        between them are the headers of the next member: the one before reads to its member's end, this one
+        from its member's first step, the next member of the same shard."""
+        m, sb = self.members, self.step_bytes
+        shard = m.shards_of(q.seq)
+        offset, size, hlen = (np.asarray(c)[q.seq].astype(np.int64) for c in (m.offset, m.size, m.hlen))
+        first = offset + hlen + q.s_lo * sb
+        order = np.lexsort((first, shard))
+        where = np.empty_like(order)
+        where[order] = np.arange(len(order))
+        seq, s_lo, s_hi = q.seq[order], q.s_lo[order], q.s_hi[order]
+        shard, offset, size = shard[order], offset[order], size[order]
+        ends = offset + size  # each member's last byte (plain members: its last step's)
+        joined = np.zeros(len(seq), dtype=bool)
+        if len(seq) > 1:
+            whole_end = (offset + hlen[order] + s_hi * sb)[:-1] == ends[:-1]
+            joined[1:] = (shard[1:] == shard[:-1]) & whole_end & (s_lo[1:] == 0) & (offset[1:] - ends[:-1] <= 2048)
+        return Pieces(seq, s_lo, s_hi, joined, where[q.index])
 
     def join(self, mp: MemberPieces, p: Pieces, buf: np.ndarray, base: np.ndarray, good: np.ndarray,
              stitch0: int) -> tuple[np.ndarray, np.ndarray]:
