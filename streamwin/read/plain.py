@@ -39,19 +39,17 @@ class PlainReads:
         self.shards, self.members, self.counters, self.map_files = shards, members, counters, map_files
         self.verifier = verifier
 
-    def read(self, p: Pieces, tail: int, *, map_files: bool = True
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Damage]]:
+    def read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Damage]]:
         """(buffer, where each piece's sequence has its step 0 in it, steps readable per piece, damage).
 
         The buffer ends in ``tail`` zero bytes. Each run's headers are checked once it is in
         (after ``_recover`` read again what a failed run lost, with on_error="skip"), then its
         chunks: with on_error="skip", ``damage`` lists the steps of each piece in a damaged chunk.
         """
-        return self.finish(self.start(p, tail, map_files=map_files))
+        return self.finish(self.start(p, tail))
 
-    def start(self, p: Pieces, tail: int, *, map_files: bool = True) -> "PlainRead":
-        """Start reading pieces ``p`` (mapped now, or GETs in flight on remote storage): ``finish`` gives the read.
-        ``map_files`` False reads local files into anonymous memory (the buffer is written to: a stitch area)."""
+    def start(self, p: Pieces, tail: int) -> "PlainRead":
+        """Start reading pieces ``p`` (mapped now, or GETs in flight on remote storage): ``finish`` gives the read."""
         runs = plain_runs(self.members.manifest, p)
         vlo, vhi = self.verifier.spans(runs.shard, runs.run_lo, runs.run_hi)
         # runs of members' headers alone hold no window's byte: read as they are, not verified (the headers are
@@ -59,7 +57,7 @@ class PlainReads:
         alone = runs.headers_only()
         vlo[alone], vhi[alone] = runs.run_lo[alone], runs.run_hi[alone]
         self.verifier.request(runs.shard[~alone], vlo[~alone], vhi[~alone])  # the sums they are verified against
-        return PlainRead(runs, vlo, vhi, *self._fetch(runs, vlo, vhi, tail, map_files))
+        return PlainRead(runs, vlo, vhi, *self._fetch(runs, vlo, vhi, tail))
 
     def finish(self, r: "PlainRead") -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Damage]]:
         """What ``read`` gives, once the reads ``start`` began are in."""
@@ -156,7 +154,7 @@ class PlainReads:
                     self.verifier.keep_edges(k, a, data, int(runs.run_lo[j]), int(runs.run_hi[j]))
         return damage
 
-    def _fetch(self, runs: PlainRuns, vlo: np.ndarray, vhi: np.ndarray, tail: int, map_files: bool = True):
+    def _fetch(self, runs: PlainRuns, vlo: np.ndarray, vhi: np.ndarray, tail: int):
         """The runs mapped (local files, up to MAX_MAPPED_RUNS of them) or else read: see ``_read_runs``.
 
         Read, a run is fetched from ``vlo`` to ``vhi`` (whole chunks, to be verified) but for the
@@ -164,7 +162,7 @@ class PlainReads:
         when a chunk divides a page. Returns (buffer, run starts, the reads (Pending), refill,
         (read from, read to, edges kept: whether this was read)).
         """
-        if self.map_files and map_files and len(runs) <= MAX_MAPPED_RUNS:
+        if self.map_files and len(runs) <= MAX_MAPPED_RUNS:
             whole = self.verifier.chunk == 0 or mapped.PAGE % self.verifier.chunk == 0
             try:
                 buf, run_at, pending, refill, later = self._map_runs(runs, runs.run_lo if whole else vlo,

@@ -128,7 +128,9 @@ class ShardReader:
         length = plan.ends(seq)  # a split's view may end before the sequence does
         if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
             raise self.members.byte_order_error(int(seq[0]))
-        p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
+        end = np.minimum(start + span, length)
+        kind = self.segments.kinds(seq, start, end) if self.segments is not None else None
+        p = pieces(g[order], seq, start, end, MERGE_GAP // sb, kind)
         valid = np.minimum(length - start, span)
         split = self.segments.split(p) if self.segments is not None else None  # pieces of members
         q = split.pieces if split is not None else p
@@ -139,11 +141,10 @@ class ShardReader:
                 q = with_headers(q, heads)
         if split is not None:  # read members in the order their bytes lie, not their rows'
             q = self.segments.in_byte_order(q)
-        mapped_ok = not (split is not None and split.stitch_bytes)  # a stitch area is written: read, not mapped
         if isinstance(self.reads, PlainReads) and not isinstance(self.shards, CachedShards):
-            read: Any = self.reads.start(q, tail, map_files=mapped_ok)
+            read: Any = self.reads.start(q, tail)
         else:  # zstd members and the node cache: read now
-            read = self._read(q, tail, mapped_ok)
+            read = self._read(q, tail)
         # (with continuations base and good come per member piece, and are mapped back to ``p`` in finish_block)
         return StartedBlock(p if split is not None else q, read, seq, start, real, valid, into_yield, sb, span, q,
                             split)
@@ -154,8 +155,9 @@ class ShardReader:
         seq, start, real, valid, sb, span = b.seq, b.start, b.real, b.valid, b.step_bytes, b.span
         if b.split is not None:  # member pieces back to the sequences' pieces (stitched where they span members)
             at = b.member_pieces.index  # where each member piece went among those read (with header reads)
-            base, good = self.segments.join(b.split, b.pieces, buf, base[at], good[at], len(buf) - span * sb
-                                            - b.split.stitch_bytes)
+            stitch = len(buf) - span * sb - b.split.stitch_bytes  # (in a mapped buffer: from a page boundary)
+            stitch = stitch if buf.flags.writeable else mapped.page_floor(stitch)
+            base, good = self.segments.join(b.split, b.pieces, buf, base[at], good[at], stitch)
             damage = self.segments.sequence_damage(damage)
         uniq, inv = np.unique(seq, return_inverse=True)
         offs, lost = land(b.pieces, base, good, start, valid, sb, len(buf) - span * sb)
@@ -174,21 +176,19 @@ class ShardReader:
         if not isinstance(b.read, tuple):
             b.read.pending.cancel()
 
-    def _read(self, p: Pieces, tail: int, map_files: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    def _read(self, p: Pieces, tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
         """The pieces' bytes (``reads.read``). Through the node cache, a read that fails is first done with
         every failure raised; if the shard's copy turns out damaged it is dropped (CachedShards.repair) and
         the block read again from a fresh copy, else read again as on_error says."""
-        read = (lambda: self.reads.read(p, tail, map_files=map_files)) if isinstance(self.reads, PlainReads) else \
-            (lambda: self.reads.read(p, tail))
         if not isinstance(self.shards, CachedShards):
-            return read()
+            return self.reads.read(p, tail)
         try:
             with self.counters.raising():
-                return read()
+                return self.reads.read(p, tail)
         except ShardError as e:
             if not self.shards.repair(e) and self.options.on_error == "raise":
                 raise
-        return read()
+        return self.reads.read(p, tail)
 
     def release(self, block: Block) -> None:
         """Drop a block's buffer (the caller must hold no view of it any more); a mapping is unmapped later.

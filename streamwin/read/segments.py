@@ -7,8 +7,9 @@ member pieces (rows of ``Manifest.members()``), which are read like any other me
 frames.py): their headers checked, their bytes verified. A piece that lies in one member is
 not copied: its sequence's step 0 is placed where that member's would be, less the steps
 before the member. A piece that spans members has its parts copied end to end into the
-block buffer's *stitch area* (between its bytes and its zero tail), so that every window
-is still one contiguous slice of the buffer, which is what the gather copies. Pure numpy.
+block buffer's *stitch area* (between its bytes and its zero tail; in a buffer mapped from the
+page cache, scratch memory mapped there), so that every window is still one contiguous slice
+of the buffer, which is what the gather copies.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 from streamwin.formats.manifest import Manifest
 from streamwin.read.block import READABLE
 from streamwin.read.pieces import Pieces
+from streamwin.storage import mapped
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,20 @@ class SegmentMap:
         self.first = self.head[seq] + before - before[self.begin[seq]] if len(seq) else before
         self.steps = steps
         self.seq = seq
+
+    def kinds(self, seq: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Per window (steps [start, end) of ``seq``), the member its first step lies in and, when it spans two or
+        more, the one its last lies in (0 for sequences of one member): a piece holds windows of one kind, so
+        only the windows across a member's end are copied together, not the whole of their piece."""
+        out = np.zeros(len(seq), dtype=np.int64)
+        grown = np.flatnonzero(self.begin[seq + 1] > self.begin[seq])
+        for i in np.unique(seq[grown]).tolist():  # the extended sequences of a block (a few)
+            rows = grown[seq[grown] == i]
+            bounds = self.first[self.begin[i] : self.begin[i + 1]]  # where each continuation starts
+            a = np.searchsorted(bounds, start[rows], side="right")
+            b = np.searchsorted(bounds, end[rows] - 1, side="right")
+            out[rows] = a * (len(bounds) + 2) + b + 1
+        return out
 
     def split(self, p: Pieces) -> MemberPieces:
         """Pieces ``p`` of sequences, as pieces of members (see MemberPieces)."""
@@ -112,11 +128,16 @@ class SegmentMap:
         solo = ~mp.stitched[mp.owner]
         out[mp.owner[solo]] = base[solo] - mp.first[solo] * sb
         out[mp.stitched] = stitch0 + mp.stitch_at[mp.stitched] - p.s_lo[mp.stitched] * sb
-        for j in np.flatnonzero(~solo).tolist():  # each part of a stitched piece, end to end
-            u = int(mp.owner[j])
-            a, n = int(base[j] + q.s_lo[j] * sb), int((q.s_hi[j] - q.s_lo[j]) * sb)
-            at = int(stitch0 + mp.stitch_at[u] + (mp.first[j] + q.s_lo[j] - p.s_lo[u]) * sb)
-            buf[at : at + n] = buf[a : a + n]
+        parts = np.flatnonzero(~solo)  # each part of a stitched piece, end to end
+        if len(parts):
+            area = memoryview(mapped.writable(buf, stitch0, mp.stitch_bytes)).cast("B")
+            src = memoryview(buf).cast("B")
+            u = mp.owner[parts]
+            a = (base[parts] + q.s_lo[parts] * sb).tolist()
+            n = ((q.s_hi[parts] - q.s_lo[parts]) * sb).tolist()
+            at = (mp.stitch_at[u] + (mp.first[parts] + q.s_lo[parts] - p.s_lo[u]) * sb).tolist()
+            for a_, n_, at_ in zip(a, n, at):
+                area[at_ : at_ + n_] = src[a_ : a_ + n_]
         readable = np.full(len(p.seq), READABLE, dtype=np.int64)
         short = good < q.s_hi
         if short.any():  # on_error="skip": a part that lost steps loses the piece's steps from there on
