@@ -84,8 +84,8 @@ def once(url: str, full: dict[str, np.ndarray], **options) -> str:
 
 
 def windows(batches, full: dict[str, np.ndarray], window: int, horizon: int = 0) -> list[tuple[str, int, int]]:
-    """(key, start, length) of every real window (weight 1) of ``batches``, each checked against ``full``: its steps
-    (and its horizon's, ``y``) are the sequence's, bit for bit (packed rows: each crop's steps in its row)."""
+    """(key, start, length) of every real window (weight > 0) of ``batches``, each checked against ``full``: its
+    steps (and its horizon's, ``y``) are the sequence's, bit for bit (packed rows: each crop's steps in its row)."""
     out = []
     for b in batches:
         x = b["x"].numpy()
@@ -103,11 +103,12 @@ def windows(batches, full: dict[str, np.ndarray], window: int, horizon: int = 0)
                     pos += 1
             continue
         for i, (key, start) in enumerate(zip(b["key"], b["start"].tolist())):
+            if not real[i]:  # a repeat (equalize="pad") or a window lost to damage (on_error="skip"): weight 0
+                continue
             k = length[i]
             want = full[key][start : start + k]
             assert len(want) == k and np.array_equal(x[i][:k], want), (key, start)
             if horizon:
                 assert np.array_equal(b["y"][i].numpy(), full[key][start + k : start + k + horizon]), (key, start)
-            if real[i]:
-                out.append((key, start, k))
+            out.append((key, start, k))
     return out

@@ -243,3 +243,62 @@ def test_compact_merges_continuations_and_reads_the_same_batches(tmp_path, compr
     assert all(np.array_equal(a, b["x"].numpy()) for a, b in zip(rest, again, strict=True))
     assert sw.verify(url, progress=False)["sequences"] == len(full)
     assert sw.compact(url, progress=False).digest == sw.load_manifest(url).digest  # nothing left to compact
+
+
+def test_a_damaged_continuation_costs_only_the_windows_with_a_step_there(data, tmp_path):
+    """on_error="skip": the windows whose steps lie in the damaged chunk of a continuation member weigh 0, every
+    other window of the epoch comes out whole."""
+    import shutil
+    full, grown, _ = data
+    url = str(tmp_path / "copy")
+    shutil.copytree(grown, url)
+    m = sw.load_manifest(url)
+    members = m.members()
+    row = m.num_sequences + 3
+    seq = int(m.segments.seq[3])
+    key = m.key(seq)
+    shard = members.shards[int(members.shard_of(row))].name
+    at = int(members.offset[row]) + int(members.hlen[row]) + 8
+    with open(f"{url}/{shard}", "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+    kw = dict(window=W, stride=S, batch_size=8, shuffle=False, on_error="skip", equalize="pad")
+    with pytest.warns(RuntimeWarning, match="skipping unreadable data"):
+        got = [w for b in sw.WindowLoader(sw.WindowDataset(url, **kw)) for w in gc.windows([b], full, W)]
+    want = epoch(grown, 1, full, **{k: v for k, v in kw.items() if k not in ("window", "stride", "batch_size")})
+    lost = set(want) - set(got)
+    assert lost and len(got) == len(set(got)) and set(got) <= set(want)
+    # independently: the steps whose bytes lie in the damaged 4 KiB chunk, in any member of that shard
+    chunk = (at // 4096 * 4096, at // 4096 * 4096 + 4096)
+    sb = full[key].itemsize * full[key].shape[1]
+    first = {}  # each member row's first step in its sequence
+    for i in range(m.num_sequences):
+        first[i], step = 0, int(members.length[i])
+        for j in np.flatnonzero(np.asarray(m.segments.seq) == i).tolist():
+            first[m.num_sequences + j] = step
+            step += int(members.length[m.num_sequences + j])
+    hit = []
+    for r in range(members.num_members):
+        if members.shards[int(members.shard_of(r))].name != shard:
+            continue
+        lo, hi = int(members.offset[r]) + int(members.hlen[r]), int(members.offset[r]) + int(members.size[r])
+        a, b = max(lo, chunk[0]), min(hi, chunk[1])
+        if a < b:
+            seq_of = r if r < m.num_sequences else int(m.segments.seq[r - m.num_sequences])
+            hit.append((m.key(seq_of), first[r] + (a - lo) // sb, first[r] + -(-(b - lo) // sb)))
+    expected = {(k, s, n) for k, s, n in want for hk, a, b in hit if k == hk and s < b and s + n > a}
+    assert lost == expected and key in {k for k, _, _ in lost}
+
+
+def test_a_grown_dataset_on_s3_reads_whole_with_and_without_the_node_cache(data, s3_server, tmp_path):
+    full, _, once = data
+    url = f"{s3_server.make_bucket()}/grown"
+    so = s3_server.storage_options()
+    for k, items in enumerate(gc.stages(full)):
+        sw.pack([(key, a) if m is None else (key, a, m) for key, a, m in items], url, shard_bytes=6000,
+                progress=False, mode=None if k == 0 else "extend", storage_options=so)
+    want = sorted(epoch(once, 1, full))
+    assert sorted(epoch(url, 1, full, storage_options=so)) == want
+    assert sorted(epoch(url, 1, full, storage_options=so, cache_dir=str(tmp_path / "cache"))) == want

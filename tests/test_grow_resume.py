@@ -147,3 +147,26 @@ def test_a_state_of_another_dataset_or_a_later_view_is_refused(tmp_path):
     with pytest.raises(StateMismatchError, match="dataset: in checkpoint"):
         opened(sw.WindowLoader(sw.WindowDataset(url, batch_size=8, **KW))).load_state_dict(state)
     assert np.all(sw.load_manifest(url).length > 0)
+
+
+def test_a_mix_whose_one_dataset_grew_resumes_its_epoch_exactly(tmp_path):
+    full = gc.corpus(seed=14)
+    url, other, before = str(tmp_path / "ds"), str(tmp_path / "other"), str(tmp_path / "never-grown")
+    first_pack(url, full)
+    sw.pack([(f"o{i}", np.full((60, 2), -i, np.float32)) for i in range(10)], other, progress=False)
+    shutil.copytree(url, before)
+    mix = dict(weights=[0.7, 0.3], batch_size=8, **KW)
+
+    def loader(a):
+        return opened(sw.WindowLoader(sw.WindowDataset([a, other], **mix)))
+    whole = [summary(b) for b in loader(before)]
+    first = loader(url)
+    it = iter(first)
+    taken = [summary(next(it)) for _ in range(4)]
+    state = first.state_dict()
+    assert taken == whole[:4]
+    grow(url, full)
+    again = loader(url)
+    again.load_state_dict(state)
+    assert [summary(b) for b in again] == whole[4:]
+    assert again.state_dict()["inputs"]["view"][1] is None  # the source that never grew names no view

@@ -49,15 +49,14 @@ def manifest_hashes(m: Manifest) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class ExistingKeys:
-    """The keys of the dataset an extension appends to, as each unit needs them (picklable, ~8-32 bytes a key).
-
-    ``hashes`` sorted, ``rows[i]`` the row of ``hashes[i]``; where the dataset has the fields ``start`` and
-    ``freq``, ``ends[i]`` is when that sequence's next step is due (start + length x freq) and ``freq[i]``
-    its step. ``tag`` is the generation that writes the continuations; ``gaps`` "error" or "allow".
+    """The keys of the dataset an extension appends to, as each unit needs them (picklable, 8 bytes a key, 24
+    where the dataset has times): ``hashes`` sorted; where it has the fields ``start`` and ``freq``, ``ends[i]``
+    is when the next step of the sequence of ``hashes[i]`` is due (start + length x freq) and ``freq[i]`` its
+    step. ``tag`` is the generation that writes the continuations; ``gaps`` "error" or "allow". (The merge finds
+    each continuation's sequence by its key: ``grow``.)
     """
 
     hashes: np.ndarray
-    rows: np.ndarray
     tag: int
     gaps: str = "error"
     ends: np.ndarray | None = None
@@ -74,7 +73,7 @@ class ExistingKeys:
             freq = np.asarray(f.columns["freq"], dtype=np.int64)[order]
             ends = np.asarray(f.columns["start"], dtype=np.int64)[order] + np.asarray(m.length, np.int64)[order] * freq
             kind = f.kinds["start"]
-        return cls(h[order], order.astype(np.int64), tag, gaps, ends, freq, kind)
+        return cls(h[order], tag, gaps, ends, freq, kind)
 
     def find(self, keys: list[str]) -> np.ndarray:
         """The position (in ``hashes``) of each key that may be in the dataset, else -1 (a hash match; the merge
