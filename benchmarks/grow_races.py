@@ -4,7 +4,7 @@ Each round packs a small dataset at a real destination (a local folder, or the S
 loopback from tests/servers.py) and checks it against data computed here, not by the code under
 test:
 
-  reader   a WindowLoader (2 worker processes) reads an epoch while an append process (new
+  reader   a WindowLoader (2 forkserver worker processes) reads an epoch while an append process (new
            sequences, and new steps of old ones: mode="extend") commits at a random moment of it.
            Damage: the epoch differs from the one the dataset yields without the append (the
            reader keeps the generation it loaded), its next epoch does too (its workers, started
@@ -160,7 +160,9 @@ def reader(work: Path, dest: str, options: dict | None, rng: random.Random) -> t
     base = old()
     sw.pack(list(base.items()), dest, shard_bytes=4 << 10, progress=False, storage_options=options)
     want = [epoch(sw.WindowLoader(sw.WindowDataset(dest, storage_options=options, **LOADER)), e) for e in (0, 1)]
-    loader = sw.WindowLoader(sw.WindowDataset(dest, storage_options=options, **LOADER), num_workers=2)
+    # forkserver: each pass's workers load index.json themselves (forked ones inherit the trainer's manifest)
+    loader = sw.WindowLoader(sw.WindowDataset(dest, storage_options=options, **LOADER), num_workers=2,
+                             multiprocessing_context="forkserver")
     append = Proc(work, dict(repo=str(REPO), dest=dest, options=options, seed=1)).ready()
     n = len(want[0])
     at = rng.randrange(1, n // 2)

@@ -118,15 +118,18 @@ def test_an_elastic_resume_onto_the_grown_dataset_deals_the_rest_of_the_old_epoc
     assert nxt == {k for k in full if len(full[k]) >= W}
 
 
-def test_workers_plan_on_their_trainers_view_when_the_dataset_grows_between_passes(tmp_path):
-    """The loader's workers start anew each pass and load index.json: grown since, they plan on the view the
-    loader's dataset holds (its trainer's), so the pass yields what it would have without the append."""
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_workers_plan_on_their_trainers_view_when_the_dataset_grows_between_passes(tmp_path, start):
+    """The loader's workers start anew each pass (spawned, they load index.json themselves): grown since, they
+    plan on the view the loader's dataset holds (its trainer's), so the pass yields what it would have without
+    the append."""
     full = gc.corpus(seed=12)
     url, before = str(tmp_path / "ds"), str(tmp_path / "never-grown")
     first_pack(url, full)
     shutil.copytree(url, before)
     want = [summary(b) for b in opened(sw.WindowLoader(sw.WindowDataset(before, batch_size=8, **KW), num_workers=2))]
-    loader = opened(sw.WindowLoader(sw.WindowDataset(url, batch_size=8, **KW), num_workers=2))
+    loader = opened(sw.WindowLoader(sw.WindowDataset(url, batch_size=8, **KW), num_workers=2,
+                                    multiprocessing_context=start))
     grow(url, full)  # before the first pass: its workers load the grown manifest
     got = [summary(b) for b in loader]
     assert got == want

@@ -85,8 +85,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
     if not before:
         print(f"{args.url}: no sequence has continuation members; nothing to compact")
         return 0
-    print(f"compacted {before:,} continuation members into their sequences' members in {time.perf_counter() - start:.1f}"
-          f" s: {len(m.shards):,} shards, {mb(sum(s.bytes for s in m.shards))}; reads are the same byte for byte")
+    seconds = time.perf_counter() - start
+    print(f"compacted {before:,} continuation members into their sequences' members in {seconds:.1f} s: "
+          f"{len(m.shards):,} shards, {mb(sum(s.bytes for s in m.shards))}; reads are the same byte for byte")
     return 0
 
 
@@ -172,7 +173,8 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
     grow = p.add_mutually_exclusive_group()
     grow.add_argument("--append", dest="mode", action="store_const", const="append",
-                      help="add the input's sequences to the dataset at DEST (new keys only), writing only their shards")
+                      help="add the input's sequences to the dataset at DEST (new keys only), writing only their "
+                      "shards")
     grow.add_argument("--extend", dest="mode", action="store_const", const="extend",
                       help="as --append, and a key DEST holds gets the input's steps as a continuation of its sequence")
     p.add_argument("--gaps", choices=["error", "allow"], default="error",

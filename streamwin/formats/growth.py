@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 
 import streamwin.formats.fields as checked
-from streamwin.errors import ManifestError
 from streamwin.formats.meta import encode_column
 
 CONTINUATION = re.compile(r"([^./\\\s]+)\.g(\d{6,})")  # a continuation member's name, without .npy

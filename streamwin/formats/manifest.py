@@ -45,8 +45,8 @@ import numpy as np
 from streamwin.errors import ManifestError
 import streamwin.formats.fields as fields
 from streamwin.formats.checks import Checks
-from streamwin.formats.colfile import (ALIGN, COLUMNS_SUFFIX, columns_name, file_spec, lay_out, map_column,
-                                       map_members)
+from streamwin.formats.colfile import ALIGN, file_spec, lay_out, map_column, map_members
+from streamwin.formats.colfile import COLUMNS_SUFFIX, columns_name  # noqa: F401  (as before: storage imports them here)
 from streamwin.formats.framed import Frames, NonFinite
 from streamwin.formats.growth import (GROWTH_COLUMNS, SEGMENT_COLUMNS, Growth, Segments, check_segments,
                                       parse_growth, segment_count)

@@ -135,11 +135,12 @@ def grow(old: Manifest, heads: Manifest | None, conts: Manifest | None, *, exten
     order = np.argsort(seg_seq, kind="stable")  # a sequence's continuations in step order: the old ones first
     cols = {}
     for name in ("length", "offset", "size", "hlen"):
-        parts = [om_col(om, name)[:n0], om_col(heads, name) if heads is not None else [],
-                 np.concatenate([om_col(om, name)[n0:], om_col(conts, name) if conts is not None else []])[order]]
+        parts = [_col(om, name)[:n0], _col(heads, name) if heads is not None else [],
+                 np.concatenate([_col(om, name)[n0:], _col(conts, name) if conts is not None else []])[order]]
         cols[name] = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
     key_blob, key_ends = _keys(om, heads, conts, n0, order)
-    totals = np.concatenate([np.asarray(old.length, np.int64), np.asarray(heads.length, np.int64) if heads else []])
+    totals = np.concatenate([np.asarray(old.length, np.int64),
+                             np.asarray(heads.length if heads is not None else [], np.int64)])
     ext_steps = np.asarray(conts.length, dtype=np.int64) if conts is not None else np.zeros(0, np.int64)
     np.add.at(totals, targets, ext_steps)
     shard_list = list(old.shards) + (list(heads.shards) if heads is not None else []) + \
@@ -165,7 +166,8 @@ def grow(old: Manifest, heads: Manifest | None, conts: Manifest | None, *, exten
                     checks=_checks(old, new, dest), fields=fields, segments=segments, growth=growth, **heads_cols)
 
 
-def om_col(m: Manifest, name: str) -> np.ndarray:
+def _col(m: Manifest, name: str) -> np.ndarray:
+    """Column ``name`` of a manifest's rows."""
     return np.asarray(getattr(m, name))
 
 
