@@ -42,8 +42,9 @@ def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest,
     ``columns``: the columns file's name (default ``columns_name(name)``); given, a columns
     file of that name is left alone when inline.
     """
-    if columnar is None:  # many sequences, or chunk checksums of more than a GB of shards: a columns file
-        columnar = manifest.num_sequences >= COLUMNAR_FROM or not manifest.sums_inline()
+    if columnar is None:  # many sequences, chunk checksums of more than a GB of shards, continuations: a columns file
+        columnar = manifest.num_sequences >= COLUMNAR_FROM or not manifest.sums_inline() or \
+            manifest.segments is not None
     if not columnar:
         if columns is None:
             remove_if_exists(fs, join(root, columns_name(name)))
