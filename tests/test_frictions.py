@@ -241,7 +241,7 @@ def test_a_mistyped_inspect_option_gets_inspects_usage_and_the_close_option(data
     assert "did you mean '--num-workers'?" in capsys.readouterr().err
 
 
-PUBLIC_CALLERS = ("pack", "merge", "verify", "index_shards", "prefetch", "load_manifest", "make_plan", "ShardCache",
+PUBLIC_CALLERS = ("pack", "merge", "compact", "verify", "index_shards", "prefetch", "load_manifest", "make_plan", "ShardCache",
                   "WindowSpec", "PlanConfig", "WindowDataset", "WindowLoader")
 NOT_CALLED_BY_USERS = {"Manifest", "Plan"}  # returned by streamwin, not built by its users
 
