@@ -136,3 +136,26 @@ def test_epoch_after_epoch_the_next_ones_first_blocks_are_read_before_it_begins(
         got, early = epochs(url, 3, workers)
         assert got == local
         assert early[0] == early[1] == 0 < early[2]  # (totals: epoch 1 followed epoch 0, so epoch 2's were early)
+
+
+def test_a_cold_cache_fetches_a_shard_as_parts_in_flight_together_resuming_a_broken_get(corpus, http_server,
+                                                                                      tmp_path, monkeypatch):
+    """The node cache fetches a remote shard whole: as parts with many GETs in flight (not one stream that waits
+    a round trip a read), each byte served about once, a GET that breaks resumed at its byte; the copies verified,
+    the windows the local ones; the next epoch reads the copies, nothing from the server."""
+    local, _ = read_blocks(str(corpus / "ds"))
+    monkeypatch.setattr(sw_fetch, "PART_BYTES", 256 << 10)  # a 4 MB shard in 16 parts
+    srv = http_server(corpus, FaultPlan(latency_seconds=0.05, drop_every_bytes=3 << 20))
+    cache = tmp_path / "cache"
+    got, reader = read_blocks(srv.url_for("ds"), cache_dir=str(cache))
+    assert got == local
+    m = sw.load_manifest(str(corpus / "ds"))
+    whole = sum(s.bytes for s in m.shards) + sum((corpus / "ds" / (s.name + m.checks.suffix)).stat().st_size
+                                                 for s in m.shards)
+    copies = [p for p in cache.iterdir() if p.name.endswith("_tar")]  # (named by a hash of the URL, its dots _)
+    assert len(copies) == len(m.shards) and all(p.stat().st_size in {s.bytes for s in m.shards} for p in copies)
+    assert srv.stats.drops > 0 and srv.stats.most_in_flight > 4
+    assert srv.stats.bytes_served <= whole + (srv.stats.drops + srv.stats.get_requests) * (64 << 10)  # ~once
+    srv.reset_stats()
+    again, _ = read_blocks(srv.url_for("ds"), cache_dir=str(cache))
+    assert again == local and srv.stats.bytes_served < (1 << 20)  # the index only
