@@ -159,3 +159,26 @@ def test_a_cold_cache_fetches_a_shard_as_parts_in_flight_together_resuming_a_bro
     srv.reset_stats()
     again, _ = read_blocks(srv.url_for("ds"), cache_dir=str(cache))
     assert again == local and srv.stats.bytes_served < (1 << 20)  # the index only
+
+
+def test_a_streams_first_block_starts_alone_though_the_last_stream_read_far_ahead(corpus, http_server):
+    """The next epoch's stream of a source keeps what the last one measured (far ahead at 100 ms) but starts its
+    first blocks alone: started with many after it, the first block would share the store's bandwidth with all of
+    them and the first batch would come last."""
+    srv = http_server(corpus, FaultPlan(latency_seconds=0.1))
+    ds = sw.WindowDataset(srv.url_for("ds"), window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1,
+                          canonical=None)
+    reader = ds.sources[0].reader()
+    local, _ = read_blocks(str(corpus / "ds"))
+    assert epoch_blocks(ds, reader) == local
+    ahead = reader.readahead
+    assert ahead.want >= 4 * ahead.block_bytes  # the last stream ended far ahead
+    events: list[str] = []
+    started, taken = ahead.started, ahead.taken
+    ahead.started = lambda: (events.append("start"), started())[1]
+    ahead.taken = lambda *a: (events.append("take"), taken(*a))[1]
+    assert epoch_blocks(ds, reader) == local
+    first_take = events.index("take")
+    assert 1 <= events[:first_take].count("start") <= 2  # the first block and the one always read ahead
+    assert events.count("start") >= len(local) - 2 and ahead.peak_bytes >= 4 * ahead.block_bytes
+    reader.shutdown()
