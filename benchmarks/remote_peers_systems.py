@@ -20,6 +20,7 @@ This module is imported by the child processes, in whichever interpreter has the
 """
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from dataclasses import dataclass
@@ -46,6 +47,15 @@ class RemoteSystem:
     build: Callable[[dict[str, Any], int], Iterable[Any]]
     cache: str = ""  # "", "cold" or "warm": the node cache streamwin is given
     converted: str = ""  # the peers_formats set-up whose copy it reads ("" = the tar shards)
+    load: Callable[[], None] | None = None  # imports its modules its own way (default: importlib)
+
+    def import_modules(self) -> None:
+        """Import what ``build`` imports, before the clock starts: a trainer has imported its loader already."""
+        if self.load is not None:
+            self.load()
+            return
+        for module in self.modules:
+            importlib.import_module(module)
 
 
 def _streamwin(job: dict[str, Any], workers: int) -> Iterable[Any]:
@@ -85,6 +95,13 @@ def _s3_environment(endpoint: str) -> None:
     os.environ.update(AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_DEFAULT_REGION=S3_REGION,
                       AWS_REGION=S3_REGION, S3_ENDPOINT_URL=endpoint, AWS_ENDPOINT_URL=endpoint,
                       AWS_ALLOW_HTTP="true")
+
+
+def _load_streaming() -> None:
+    from peers_formats import _import_streaming  # noqa: PLC0415
+
+    _import_streaming()
+    importlib.import_module("boto3")
 
 
 def _mosaic(job: dict[str, Any], workers: int) -> Iterable[Any]:
@@ -132,7 +149,7 @@ SYSTEMS = [
                  ("webdataset",), "pip install webdataset", _webdataset),
     RemoteSystem("streamwin-s3", "s3", "s3:// ranged GETs, no node cache", *_SW, _streamwin),
     RemoteSystem("mosaic-s3", "s3", "MDS, a sample a sequence; local= empty; windows cut in a pool",
-                 ("streaming", "boto3"), _PEERS, _mosaic, converted="mosaic-seqs"),
+                 ("streaming", "boto3"), _PEERS, _mosaic, converted="mosaic-seqs", load=_load_streaming),
     RemoteSystem("litdata-s3", "s3", "optimize() chunks, an item a sequence; cache_dir= empty; windows cut in a pool",
                  ("litdata", "boto3", "obstore"), _PEERS, _litdata, converted="litdata-seqs"),
 ]
@@ -144,13 +161,15 @@ def system_named(name: str) -> RemoteSystem:
 
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
-    """Windows/s from iter() to the epoch's end, or ``seconds`` after the first batch; first batch from construction.
+    """Windows/s from iter() to the epoch's end, or ``seconds`` after the first batch; first batch from construction
+    (the system's modules imported before).
 
     The first batch's wait is inside the rate (what a trainer gets over the span); the rate after
     it is kept apart. ``fill`` jobs run the epoch to its end untimed (a warm cache's previous run)."""
     from baselines import batch_tensor  # noqa: PLC0415
 
     system = system_named(job["system"])
+    system.import_modules()
     constructed = time.perf_counter()
     loader = system.build(job, job["workers"])
     setup_s = time.perf_counter() - constructed
