@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(sw.__file__)))  # the chi
 # too), builds loaders and iterates them; the zygote prints the job's pid, then its wait status once it ends.
 ZYGOTE = """
 import os
+import signal
 import sys
 import numpy as np
 import streamwin as sw
@@ -36,16 +37,21 @@ def scale(batch, rng):
     return {"x": batch["x"] * 2 + rng.standard_normal(batch["x"].shape, dtype=np.float32)}
 
 for line in sys.stdin:
+    # SIGINT waits while the fork runs its hooks in the job (CPython's, filelock's): one raised in a hook is printed
+    # as "Exception ignored" and lost, a job started from a shell never meets; it arrives once they have run
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pid = os.fork()
     if pid == 0:  # the job: an uncaught KeyboardInterrupt ends it as it ends a script
         os.setpgid(0, 0)
         fd = os.open(line.strip(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 2)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         ds = sw.WindowDataset(sys.argv[1], window=16, stride=8, batch_size=32)
         while True:  # a new loader each epoch: start-up and close, over and over
             loader = WindowLoader(ds, num_workers=2, transform=scale)
             for b in loader:
                 pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         os.setpgid(pid, pid)  # as the job does: its group exists once its pid is printed
     except OSError:
