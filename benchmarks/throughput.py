@@ -113,15 +113,16 @@ def build_pipeline(case: str, data_dir: Path, params: Params, workers: int) -> I
     if case in OURS:
         import streamwin as sw  # noqa: PLC0415 - the library may not exist yet
 
-        verify = {"verify_checksums": False} if case == "streamwin-unverified" else {}
+        read = sw.Read(verify_checksums=case != "streamwin-unverified")
+        order = sw.Order(shuffle=True)
         if case == "streamwin-canonical":
-            verify = {"canonical": CANONICAL}
+            order = sw.Order(shuffle=True, canonical=CANONICAL)
         if case == "streamwin-streams":  # one stream per rank and worker: the order of every job before "auto"
-            verify = {"canonical": None}
+            order = sw.Order(shuffle=True, canonical=None)
         dataset = sw.WindowDataset(str(data_dir), window=params.window, stride=params.stride,
-                                   horizon=0, shuffle=True, shuffle_buffer=params.shuffle_buffer,
+                                   horizon=0, shuffle_buffer=params.shuffle_buffer,
                                    seed=params.seed, batch_size=params.batch_size,
-                                   rank=0, world_size=1, **verify)
+                                   rank=0, world_size=1, order=order, read=read)
         if case != "streamwin-unverified" and dataset.manifest.checks is None:
             raise SystemExit(f"{data_dir} was packed without chunk checksums: delete it (it is written anew) "
                              "to measure what verifying them costs")

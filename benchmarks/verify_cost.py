@@ -30,7 +30,7 @@ def child(data_dir: str, verify: bool, max_windows: int, seed: int) -> dict:
     from streamwin.read import ReadOptions, ShardReader  # noqa: PLC0415
 
     ds = sw.WindowDataset(data_dir, window=256, stride=64, batch_size=256, shuffle_buffer=10_000, seed=seed,
-                          verify_checksums=verify)
+                          read=sw.Read(verify_checksums=verify))
     source = ds.plan(0).sources[0]
     reader = ShardReader(data_dir, ds.manifest, ReadOptions(verify_checksums=verify))
     reader.release(reader.read_block(source, 0, 0))  # first use: imports, the first sums pages

@@ -353,7 +353,7 @@ class WindowLoader:
                 f"streamwin: this loader yields 0 batches per rank: {summary['windows_per_epoch']} windows for "
                 f"{summary['streams']} streams of batch_size {ds.batch_size} (window {ds.spec.window} + horizon "
                 f"{ds.spec.horizon} vs. your sequence lengths). Use a smaller window or batch, fewer workers, or "
-                "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=5)
+                "crops=sw.Crops(pad=True) (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=5)
 
     def summary(self) -> dict[str, Any]:
         """The dataset's numbers for this loader's plan: windows, dropped, batches per rank, streams."""
@@ -381,7 +381,8 @@ def warn_about_data(ds: WindowDataset) -> None:
             warnings.warn(
                 f"streamwin: {source.url} holds {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values (counted "
                 "by pack, in index.json); windows that cover them reach the model as they are. Repack with "
-                "nan='raise' to find them, clean them before packing, or use missing='mask' to mask them",
+                "nan='raise' to find them, clean them before packing, or pass crops=sw.Crops(missing='mask') to mask "
+                "them",
                 NonFiniteData, stacklevel=6)
         if m.checks is None and ds.read.verify_checksums:
             warnings.warn(f"streamwin: {source.url} was packed without chunk checksums (by an older streamwin): "

@@ -32,8 +32,8 @@ def corpus(tmp_path_factory):
 def read_blocks(url: str, **kw) -> tuple[list[list[bytes]], object]:
     """Every block of one stream's epoch as its windows' bytes, read by a BlockReader that spends 5 ms on each
     (as a batcher would: the read-ahead is sized by that rate); and its ShardReader."""
-    ds = sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1, canonical=None,
-                          **kw)
+    ds = sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1, **kw,
+                          order=sw.Order(canonical=None))
     plan = ds.plan(0, 0).sources[0]
     reader = ds.sources[0].reader()
     span = plan.config.spec.span * ds.manifest.step_bytes
@@ -68,7 +68,7 @@ def test_the_read_ahead_grows_with_latency_and_stays_within_readahead_bytes(corp
     assert srv.stats.most_in_flight > 2
     limit = int(3 * block_bytes(late))
     got, bounded = read_blocks(http_server(corpus, FaultPlan(latency_seconds=0.1)).url_for("ds"),
-                               readahead_bytes=limit)
+                               read=sw.Read(readahead_bytes=limit))
     assert got == local
     assert bounded.readahead.peak_bytes <= limit + 0.5 * block_bytes(bounded)  # (block sizes vary a little)
 
@@ -91,7 +91,7 @@ def test_a_store_that_says_slow_down_gets_fewer_gets_then_as_many_again(corpus, 
     monkeypatch.setattr(sw_remote, "CONNECTIONS", 16)  # (grown back in a few hundred GETs)
     srv = http_server(corpus, FaultPlan(latency_seconds=0.02, busy_above=4))
     ds = sw.WindowDataset(srv.url_for("ds"), window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1,
-                          canonical=None, retry_backoff=0.01, retries=8)
+                          order=sw.Order(canonical=None), read=sw.Read(retry_backoff=0.01, retries=8))
     plan = ds.plan(0, 0).sources[0]
     reader = ds.sources[0].reader()
     span = plan.config.spec.span * ds.manifest.step_bytes
