@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 OLD, NEW = (8, 8), (6, 4)  # (ranks, workers) of the preempted job and of the requeued one
 SPEC = dict(window=8, stride=4, batch_size=256, rank=0)
+CHILD_TIMEOUT_S = 1800.0
 
 
 def child(url: str, case: str, workers: int) -> dict:
@@ -63,16 +63,17 @@ def main() -> None:
     if a.child:
         print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]))))
         return
+    from children import run_child
     from scale import make_corpus
 
     url = make_corpus(Path(a.root) / f"n{a.sequences}", a.sequences)
     rows = []
     for case in ("fresh epoch", "exact resume (8x8)", "elastic resume (8x8 -> 6x4)"):
-        out = subprocess.run([sys.executable, __file__, "--child", url, case, str(a.workers)], capture_output=True,
-                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-        if out.returncode != 0:
+        out = run_child([sys.executable, __file__, "--child", url, case, str(a.workers)], CHILD_TIMEOUT_S,
+                        cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})
+        if out.record is None:
             raise SystemExit(f"{case} failed:\n{out.stderr[-3000:]}")
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows.append(out.record)
     print(f"\n{a.sequences:,} sequences; rank 0's first batch after load_state_dict, each case in a fresh process\n")
     print("| case | job | manifest + load_state_dict s | plan (len) s | to first batch s | batches left |")
     print("|---|---|---:|---:|---:|---:|")

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the loopback HTTP server
+sys.path.insert(0, str(REPO / "benchmarks"))  # children.run_child
 
 W, S, B, POOL, F = 256, 64, 256, 10_000, 8
 
@@ -106,12 +106,13 @@ def _open(url: str):
 
 
 def run_case(system: str, url: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", system, url]
+    from children import run_child
+
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    if run.returncode:
+    run = run_child([sys.executable, __file__, "--child", system, url], 1800.0, cwd=str(REPO), env=env)
+    if run.record is None:
         return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"}
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run.record
 
 
 # ------------------------------------------------------------------------ the table

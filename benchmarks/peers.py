@@ -24,7 +24,7 @@ ranks, equal steps on 2 ranks.
 
 Usage:
   python benchmarks/peers.py --quick                     # small corpus, 1 repeat
-  python benchmarks/peers.py --peer-python /work/peer-venvs/peers/bin/python --plot docs/peers.png
+  python benchmarks/peers.py --peer-python $PEERS_VENV/bin/python --plot docs/peers.png
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ rounds interleaved (medians):
 
 and the ceiling of the loopback: 8 curls pulling every shard's 4 MiB ranges from nginx (and
 from nginx-100). Each case reads ``--epochs`` whole epochs: windows/s from the first batch on,
-the first batch's seconds from building the dataset, and the bytes the server sent over those
+the first batch's seconds from building the dataset (its manifest read), and the bytes the server sent over those
 the epochs' windows need (the steps they cover and their members' headers). The targets are
 printed as verdicts; the table and one JSON line follow.
 
@@ -69,8 +69,8 @@ def needed_bytes(corpus: Path) -> tuple[int, int]:
 
 def child(job: dict[str, Any]) -> None:
     """Read ``job["epochs"]`` epochs of ``job["url"]`` with ``job["workers"]`` workers; print one JSON line."""
-    started = time.perf_counter()
     import streamwin as sw  # noqa: PLC0415
+    from streamwin.loader import WindowLoader  # noqa: PLC0415, F401  (torch imported: not part of the first batch)
 
     if job.get("unchecked"):  # what checking the members' tar headers costs: not checked at all
         from streamwin.read.members import Members  # noqa: PLC0415
@@ -78,6 +78,7 @@ def child(job: dict[str, Any]) -> None:
         Members.check_members = lambda self, buf, at, seqs, shards: []
         Members.unchecked = lambda self, seq, s_lo: seq[:0]
     read = sw.Read(storage_options=s3fs_options(job["endpoint"]) if job.get("endpoint") else None)
+    started = time.perf_counter()
     ds = sw.WindowDataset(job["url"], window=WINDOW, stride=STRIDE, batch_size=BATCH, shuffle_buffer=POOL, seed=0,
                           read=read)
     loader = sw.WindowLoader(ds, num_workers=job["workers"])

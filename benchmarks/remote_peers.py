@@ -29,9 +29,9 @@ Mosaic and LitData run in the first interpreter that has them (this one, then ea
 a system that none has is skipped with the line that installs it.
 
 Usage:
-  python benchmarks/remote_peers.py --quick --peer-python /work/peer-venvs/peers/bin/python
-  python benchmarks/remote_peers.py --data /work/scratch/rc --work /work/scratch/peers-remote \\
-      --peer-python /work/peer-venvs/peers/bin/python
+  python benchmarks/remote_peers.py --quick --peer-python $PEERS_VENV/bin/python
+  python benchmarks/remote_peers.py --data DIR/rc --work DIR/peers-remote \\
+      --peer-python $PEERS_VENV/bin/python
 """
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def _litdata(job: dict[str, Any], workers: int) -> Iterable[Any]:
 
 
 _SW = ("streamwin",), "pip install -e ."
-_PEERS = "/work/peer-venvs/peers/bin/python -m pip install mosaicml-streaming litdata (benchmarks/README.md)"
+_PEERS = "$PEERS_VENV/bin/python -m pip install mosaicml-streaming litdata (benchmarks/README.md, Installing the peers)"
 SYSTEMS = [
     RemoteSystem("streamwin-http", "http", "ranged GETs, no node cache", *_SW, _streamwin),
     RemoteSystem("streamwin-http-cold", "http", "cache_dir= empty: whole shards fetched, then read locally",

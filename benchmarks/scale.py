@@ -33,7 +33,7 @@ naming their digests; a fresh process loads it and reads ``--sums-blocks`` shuff
 (W=256, stride 65,536: sparse windows, so blocks touch many shards); reported are the
 checksums the manifest holds, the sums its reader holds (``ShardReader.sums.nbytes``, bounded
 by read.sums.SUMS_LIMIT), the sums bytes it read, the process's private memory added, and
-what the form before sums files held in every process (4 bytes per 4 KiB of shards).
+what every process would hold with all chunk sums in memory (4 bytes per 4 KiB of shards).
 
 Usage:
   python benchmarks/scale.py --quick    # 1M sequences (~2 min on 2 cores)
@@ -49,7 +49,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,6 +57,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+CHILD_TIMEOUT_S = 3600.0
 PER_SHARD = 100_000
 MEMBER = 1024  # tar header + npy header and data, padded
 RANKS, WORKERS = 8, 8
@@ -275,11 +276,14 @@ def _parent(pid: int) -> int:
 
 
 def run_child(*args: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    if out.returncode != 0:
+    """One measurement in a fresh process (children.run_child): its JSON record; RuntimeError if it failed."""
+    from children import run_child as run_in_child
+
+    out = run_in_child([sys.executable, __file__, "--child", *args], CHILD_TIMEOUT_S, cwd=str(REPO),
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    if out.record is None:
         raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return out.record
 
 
 # -- packing -----------------------------------------------------------------------------------
@@ -450,7 +454,7 @@ def sums_rows(root: Path, sizes_gb: list[int], blocks: int) -> list[dict]:
 def print_sums(rows: list[dict], blocks: int) -> None:
     print(f"\nchecksums per process, {blocks} shuffled blocks read (W={SUMS_WINDOW}, stride {SUMS_STRIDE:,}):\n")
     print("| corpus | shards | shards read | checksums in the manifest | sums held by the reader (shards) | "
-          "sums read | private memory reading added | before sums files (every process) |")
+          "sums read | private memory reading added | all sums in memory (every process) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['corpus_gb']:,.0f} GB | {r['shards']:,} | {r['shards_read']:,} | {r['manifest_checks_kb']:,.1f} KB | "

@@ -9,6 +9,7 @@ from streamwin.errors import ManifestError, PackError, ShardError, StateMismatch
 from streamwin.packing.scan import index_shards, verify
 from streamwin.formats.manifest import Manifest
 from streamwin.options import Crops, Mix, Order, Read, Select
+from streamwin.packing.compact import compact
 from streamwin.packing.pack import pack
 from streamwin.packing.parts import merge
 from streamwin.plan.epoch import Plan, make_plan
@@ -31,5 +32,5 @@ def __getattr__(name: str):
 __all__ = sorted([
     "Crops", "Manifest", "ManifestError", "Mix", "Order", "PackError", "Plan", "PlanConfig", "Read", "Select",
     "ShardCache", "ShardError", "StateMismatchError", "StreamwinError", "WindowDataset", "WindowLoader", "WindowSpec",
-    "index_shards", "load_manifest", "make_plan", "merge", "pack", "prefetch", "verify",
+    "compact", "index_shards", "load_manifest", "make_plan", "merge", "pack", "prefetch", "verify",
 ])

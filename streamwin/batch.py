@@ -251,9 +251,9 @@ class Gatherer:
         """The batch of ``parts`` in ``out``, with its per-sequence fields (seqfields.py), on one thread.
 
         One thread, as in a worker process: after a parallel copy torch's other OpenMP threads spin,
-        waiting for more work, which cost an in-process loader 5-6 ms of CPU a batch on 2 cores against
-        1.1-1.3 ms on one thread, for no shorter step (docs/performance.md). OpenMP keeps the thread
-        count per calling thread, so the caller's own torch work keeps its threads.
+        waiting for more work, which costs an in-process loader several times the copy's CPU for no
+        shorter step. OpenMP keeps the thread count per calling thread, so the caller's own torch work
+        keeps its threads.
         """
         threads = torch.get_num_threads() if _OPENMP else 1
         if threads > 1:

@@ -26,12 +26,12 @@ from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.options import MOVED, Crops, Mix, Order, Read, Select
 from streamwin.plan.canon import sharing
-from streamwin.plan.epoch import Plan, plan_epoch, rest_plan
+from streamwin.plan.epoch import Plan, plan_epoch, rest_plans
 from streamwin.plan.options import PlanConfig, ShuffleSpec, canonical_for, pretraining, stream_block
 from streamwin.read import zstd_slice_windows
 from streamwin.selection import check_where, where_of
 from streamwin.seqfields import FieldGather, field_spec, vocabulary_of
-from streamwin.source import Source
+from streamwin.source import Source, dataset_inputs, views_named
 from streamwin.state import POSITION_ONLY
 from streamwin.transform import TIMEOUT_S, Transform
 from streamwin.world import resolve
@@ -105,7 +105,7 @@ class WindowDataset:
     def _check_sources(self) -> None:
         """Each source's manifest, loaded now (one read each): a URL that is not a dataset fails here, naming
         it, not at ``len()`` or iteration; mixed sources share dtype and feature shape (one batch holds them
-        all), else name both URLs. A manifest written before manifests were sealed is a warning."""
+        all), else name both URLs. An unsealed manifest (an older streamwin's) is a warning."""
         for s in self.sources:
             if not s.manifest.sealed:
                 warnings.warn(f"streamwin: {s.url}/index.json was written by an older streamwin and carries no checksum "
@@ -209,27 +209,28 @@ class WindowDataset:
         return self._plan(self.config(num_workers, world_size), epoch, rest_of)
 
     def plan_of(self, inputs: Mapping[str, Any], epoch: int = 0, rest_of: Sequence[Mapping[str, Any]] = ()) -> Plan:
-        """The plan over this dataset under a checkpoint's world, workers and batch size (``plan_inputs``)."""
-        return self._plan(self.config_of(inputs), epoch, rest_of)
+        """The plan under a checkpoint's world, workers and batch size (``plan_inputs``), on the view it names."""
+        return self._plan(self.config_of(inputs), epoch, rest_of, views_named(inputs, len(self.sources)))
 
     def config_of(self, inputs: Mapping[str, Any]) -> PlanConfig:
         """The plan config of a checkpoint's inputs: its world, workers and batch size over this dataset."""
-        given = {k: inputs[k] for k in POSITION_ONLY if k in inputs} | {"canonical": inputs.get("canonical")}
+        given = {k: inputs[k] for k in POSITION_ONLY - {"view"} if k in inputs} | {"canonical": inputs.get("canonical")}
         return replace(self.config(), **given)  # no canonical in it: one stream per rank and worker
 
-    def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]]) -> Plan:
+    def _plan(self, config: PlanConfig, epoch: int, rest_of: Sequence[Mapping[str, Any]], views=None) -> Plan:
         streams = config.world_size * max(1, config.num_workers)  # a plan keeps some 64 bytes per stream
         check_fits(streams * 64, f"a plan for world_size={config.world_size} ranks x {max(1, config.num_workers)} "
                    f"stream(s) ({streams:,} streams)")
         if not rest_of:
-            return sharing(plan_epoch(config, epoch, [s.space for s in self.sources], [s.manifest.shard_starts for s in
-                           self.sources], self.weights, self.epoch_windows, [s.url for s in self.sources]),
+            spaces = [s.space_at(v) for s, v in zip(self.sources, views or [None] * len(self.sources))]
+            return sharing(plan_epoch(config, epoch, spaces, [s.manifest.shard_starts for s in self.sources],
+                                      self.weights, self.epoch_windows, [s.url for s in self.sources]),
                            self.transform is not None)
-        plan, before = self.plan_of(rest_of[0]["inputs"], epoch), 0
-        configs = [self.config_of(r["inputs"]) for r in rest_of[1:]] + [config]
-        for run, nxt in zip(rest_of, configs):
-            plan, before = rest_plan(plan, int(run["batches"]) - before, nxt), int(run["batches"])
-        return sharing(plan, self.transform is not None)
+        configs, pin = [self.config_of(r["inputs"]) for r in rest_of[1:]] + [config], not rest_of[0]["batches"]
+        # a first run of no batches (a loaded state's) names the data its epoch is on: planned on it afresh
+        plan = self._plan(configs[0] if pin else self.config_of(rest_of[0]["inputs"]), epoch, (),
+                          views_named(rest_of[0]["inputs"], len(self.sources)))
+        return sharing(rest_plans(plan, rest_of, configs, skip=int(pin)), self.transform is not None)
 
     def __len__(self) -> int:
         """Batches one rank yields per epoch without worker processes: the same on every rank (cached)."""
@@ -242,15 +243,14 @@ class WindowDataset:
         """What a checkpoint must agree on to be resumed exactly (the state format of version 2)."""
         cfg = self.config(num_workers)
         d = cfg.inputs()
-        if cfg.canonical is not None:  # absent: one stream per rank and worker (as every state saved before it)
+        if cfg.canonical is not None:  # absent: one stream per rank and worker (a state that does not record it)
             d["canonical"] = list(cfg.canonical)
         d.update(cfg.spec.plain())
-        named = self.mixing.inputs([s.manifest.digest for s in self.sources])  # a URL alone: its digest only
-        d["dataset"] = named.pop("dataset")
+        d.update(dataset_inputs(self.sources, self.mixing.alone))  # which data, and which view of it
         d["split"] = None if self.split is None else list(asdict(self.split).values())
         if self.where:  # which sequences the plan holds
             d["where"] = {k: list(v) for k, v in self.where.items()}
-        return d | named  # a list or dict of URLs: their names, weights and epoch size too
+        return d | self.mixing.inputs()  # a list or dict of URLs: their names, weights and epoch size too
 
     def summary(self, epoch: int = 0, num_workers: int = 0) -> dict[str, Any]:
         """The numbers users care about for this epoch, for logging (per source too, when mixed)."""

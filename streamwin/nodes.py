@@ -36,8 +36,8 @@ class BlockReader(BaseNode[Block]):
     (read/ahead.py) says whether a stream may start more: on remote storage as many bytes as
     the batcher's rate and the latency measured need (Little's law), within
     ``readahead_bytes``. Once every block of the stream is started, it goes on with the first
-    ``readahead`` + 1 blocks of the stream ``then()`` names (the same stream of the next epoch),
-    kept by the reader for that stream: an epoch's end is no barrier either.
+    ``readahead`` blocks (at least one) of the stream ``then()`` names (the same stream of the
+    next epoch), kept by the reader for that stream: an epoch's end is no barrier either.
 
     Where batches need crop lengths or packed rows, each block is cut into crops there too
     (crop_stage.cut): a CropBlock, whose ``len()`` is its items.
@@ -119,8 +119,8 @@ class BlockReader(BaseNode[Block]):
         if after is None:
             return
         plan, stream, blocks = after
-        n = min(plan.num_blocks(stream) if blocks is None else len(blocks), self.readahead + 1)  # what its first
-        while self._early < n and ahead.may_start():  # batch waits for: the rest, once it is asked for
+        n = min(plan.num_blocks(stream) if blocks is None else len(blocks), max(self.readahead, 1))  # what its
+        while self._early < n and ahead.may_start():  # first batch waits for: the rest, once it is asked for
             block = self._early if blocks is None else blocks[self._early]
             self.reader.start_early(block_key(plan, stream, block), plan, stream, block)
             ahead.started()

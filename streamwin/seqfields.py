@@ -5,8 +5,9 @@ batch, filled where the batch is gathered (a worker, or the stream's thread) fro
 manifests' field columns (formats/meta.py) by each window's sequence index, ``seq``: one
 ``np.take`` per field and source, no Python per window. ``time`` is each window's first
 step's timestamp, ``start + offset * freq`` (the fields ``start`` and ``freq``). str fields
-arrive as int64 codes into ``ds.vocabulary(name)``: the sorted union of every source's
-vocabulary (and the fill values), so a code means one string in a mix. A source without a
+arrive as int64 codes into ``ds.vocabulary(name)``: a dataset's own vocabulary (whose codes an
+append keeps), or in a mix the sorted union of every source's (and the fill values), so a code
+means one string in a mix. A source without a
 field is refused unless ``fill={name: value}`` declares its value there. ``where={name:
 [values]}`` keeps only the sequences whose field holds one of the values (`keep_mask`, its
 values checked in selection.py); the plan then has no window of the others, so they are never read.
@@ -83,6 +84,9 @@ def field_spec(names: Any, fill: Any, sources: list[tuple[str, SeqFields | None]
                                  f"field is {kind}")
             fills.append((name, float(value) if kind == "float" else value))
         if kind == "str":
+            if len(sources) == 1 and name not in fill:  # one dataset: its own codes (an append keeps every old one)
+                vocab.append((name, tuple(sources[0][1].vocabulary[name])))
+                continue
             words = set().union(*(f.vocabulary[name] for _, f in sources if f is not None and name in f.kinds))
             words |= {fill[name]} if name in fill else set()
             vocab.append((name, tuple(sorted(words))))

@@ -5,11 +5,17 @@ columnar one from the node cache, so a node keeps one copy), and the window spac
 dataset's window spec and split. It opens the shard reader a stream reads blocks with.
 Pickled into a worker process it carries the window space's scan (1/64 of a window-start
 array), never the manifest: the worker maps the manifest itself and does not rescan.
+
+A dataset may grow while a loader runs (appends, formats/growth.py). A source plans on the
+view of the dataset its manifest held when first loaded (``view``): a worker that loads a
+manifest grown since plans on that same view of it (``Growth.lengths_at``), and a state
+saved on an earlier view resumes its epoch on that one (``space_at``).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from streamwin.errors import ManifestError, StateMismatchError
 from streamwin.formats.manifest import Manifest
 from streamwin.plan.options import WindowSpec
 from streamwin.plan.space import WindowSpace
@@ -33,14 +39,22 @@ class Source:
         self._coarse: tuple[str, np.ndarray] | None = None  # (manifest digest, a WindowSpace's scan) from the trainer
         self._idle: list[ShardReader] = []  # readers streams gave back, for the next stream of this process
         self._last: tuple | None = None  # (plan config, epoch) of this process's last stream
+        self.view: str | None = None  # the view of the dataset the source plans on (its first manifest's)
+        self._spaces: dict[str, WindowSpace] = {}  # the window spaces of earlier views (states saved before growth)
 
     @property
     def manifest(self) -> Manifest:
         """The source's manifest, loaded on first use."""
         if self._manifest is None:
             cache = self.cache()  # a remote columnar manifest is mapped from the node cache: one copy per node
-            self._manifest = load_manifest(self.url, self.read.storage_options, retries=self.read.retries,
-                                           backoff=self.read.retry_backoff, fetch_columns=cache.fetch if cache else None)
+            m = load_manifest(self.url, self.read.storage_options, retries=self.read.retries,
+                              backoff=self.read.retry_backoff, fetch_columns=cache.fetch if cache else None)
+            if self.view is None:
+                self.view = m.view_id()
+            elif self.view != m.view_id() and (m.growth is None or m.growth.index(self.view) is None):
+                raise ManifestError(f"{self.url} was packed anew while this loader ran (its index.json is no longer a "
+                                    f"growth of the one it loaded first, view {self.view}): start the loader again")
+            self._manifest = m
         return self._manifest
 
     def cache(self) -> ShardCache | None:
@@ -55,20 +69,43 @@ class Source:
         """The source's window space, built once (before a loader forks its workers, who share it)."""
         if self._space is None:
             m = self.manifest
+            lengths = self.lengths(self.view)
             shipped = self._coarse[1] if self._coarse is not None and self._coarse[0] == m.digest else None
-            views = None if self.split is None and not self.where else self._views_of
-            self._space = WindowSpace(m.length, self.spec, views, coarse=shipped)
+            views = None if self.split is None and not self.where else (lambda seqs: self._views_of(seqs, lengths))
+            self._space = WindowSpace(lengths, self.spec, views, coarse=shipped)
             self._coarse = None
         return self._space
 
-    def _views_of(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def space_at(self, view: str | None) -> WindowSpace:
+        """The window space of an earlier view of the dataset (a state saved before it grew), or ``space``."""
+        if view is None or view == self.view:
+            return self.space
+        if view not in self._spaces:
+            lengths = self.lengths(view)
+            views = None if self.split is None and not self.where else (lambda seqs: self._views_of(seqs, lengths))
+            self._spaces[view] = WindowSpace(lengths, self.spec, views)
+        return self._spaces[view]
+
+    def lengths(self, view: str | None) -> np.ndarray:
+        """Each sequence's steps in a view of the dataset (0 for sequences appended after it)."""
+        m = self.manifest
+        if view is None or view == m.view_id():
+            return m.length
+        v = m.growth.index(view) if m.growth is not None else None
+        if v is None:
+            raise StateMismatchError(f"cannot plan on view {view} of {self.url}: its manifest holds the views "
+                                     f"{', '.join(m.growth.views) if m.growth else m.digest}; the state was saved on "
+                                     "another dataset, or on a later view than this loader loaded (load it anew)")
+        return m.growth.lengths_at(m.length, v)
+
+    def _views_of(self, seqs: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(first step, steps) of the split's part of sequences ``seqs``, none of those ``where`` excludes."""
         m = self.manifest
         if self.split is not None:
-            lo, steps = split_views(self.split, m.length, m.key_blob, m.key_ends, self.spec.window,
+            lo, steps = split_views(self.split, lengths, m.key_blob, m.key_ends, self.spec.window,
                                     span=self.spec.span, seqs=seqs)
         else:
-            steps = np.asarray(m.length[seqs], dtype=np.int64)
+            steps = np.asarray(lengths[seqs], dtype=np.int64)
             lo = np.zeros_like(steps)
         if self.where:
             if self._keep is None:
@@ -104,6 +141,27 @@ class Source:
         state["_keep"] = None  # remade from the mapped manifest
         state["_idle"], state["_last"] = [], None  # readers (threads, connections) and streams are a process's own
         state["_space"] = None  # its coarse scan travels instead (1/64 of a window-start array): no rescan there
+        state["_spaces"] = {}
         if self._space is not None:  # the scan of this very manifest: a worker that maps another one rescans
             state["_coarse"] = (self._manifest.digest, self._space.coarse)
         return state
+
+
+def dataset_inputs(sources: tuple[Source, ...], single: bool) -> dict:
+    """The plan inputs that name the data: ``dataset``, each source as first packed (its manifest's digest then,
+    however it grew), and ``view``, the view of it planned on, for datasets that grew (absent for the others)."""
+    firsts = [s.manifest.lineage() for s in sources]
+    out = {"dataset": firsts[0] if single else firsts}
+    views = [s.view if s.manifest.growth is not None else None for s in sources]
+    if any(v is not None for v in views):
+        out["view"] = views[0] if single else views
+    return out
+
+
+def views_named(inputs: dict, count: int) -> list[str | None]:
+    """Per source, the view of the dataset plan ``inputs`` name: their ``view``, or for a state saved before the
+    dataset grew its first view, the ``dataset`` digest."""
+    first, view = inputs.get("dataset"), inputs.get("view")
+    firsts = first if isinstance(first, list) else [first] * count
+    views = view if isinstance(view, list) else [view] * count
+    return [v if v is not None else f for v, f in zip(views, firsts)]

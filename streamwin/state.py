@@ -14,11 +14,15 @@ KeyError), then the fields against each other (a world size that does not divide
 canonical rank slots, runs of one epoch over other data), then the ``check``: a digest of
 each part (position, inputs, each interrupted run) saved with it, so that an edit that leaves
 a state plausible (``rest_of[0].inputs.canonical`` from [8, 1] to [8, 7]) is refused naming
-the part, not resumed under a plan it was never taken under (states saved before the check
-load without it). Then the inputs against the loader's own, naming every difference; inputs that
+the part, not resumed under a plan it was never taken under (a state without a check, from an
+older streamwin, loads without it). Then the inputs against the loader's own, naming every difference; inputs that
 only matter for a position inside an epoch (``POSITION_ONLY``: world, workers, batch size...)
-may differ, and then the rest of the epoch is dealt anew (elastic resume). States saved by
-streamwin 0.1 (a StatefulDataLoader's, with per-stream cursors) still load.
+may differ, and then the rest of the epoch is dealt anew (elastic resume). A dataset that grew
+since the state was saved (appends, formats/growth.py) is the same ``dataset`` (its first
+view's digest) in another ``view``: the state's epoch goes on over the view it was planned on
+(``pin``), exactly in the world it was taken in, dealt anew in another; the next epoch plans
+over the grown dataset. States saved by streamwin 0.1 (a StatefulDataLoader's, with per-stream
+cursors) still load.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from streamwin.errors import StateMismatchError
 STATE_VERSION = 2
 # plan inputs that only matter for a position inside an epoch
 POSITION_ONLY = frozenset({"batch_size", "world_size", "num_workers", "equalize", "block_windows", "slice_windows",
-                           "packing", "canonical"})
+                           "packing", "canonical", "view"})
 
 
 @dataclass
@@ -71,10 +75,28 @@ class Position:
     def to_state(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """The checkpoint of this position taken under plan ``inputs``."""
         state = {"version": STATE_VERSION, "epoch": self.epoch, "batches": self.taken, "inputs": inputs}
-        if self.rest:
-            state["rest_of"] = [dict(r) for r in self.rest]
+        rest = self.rest[1:] if self.rest and _pinned_here(self.rest, inputs) else self.rest
+        if rest:
+            state["rest_of"] = [dict(r) for r in rest]
         state["check"] = seal(state)
         return state
+
+
+def pin(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The run a state's epoch was planned in, as the first of its interrupted runs, of no batches: it names the
+    data its epoch is on (``dataset``, ``view``), so that the epoch goes on over that data even where the dataset
+    grew since (formats/growth.py; the plan of a first run of no batches is that run's data planned afresh)."""
+    return {"inputs": inputs, "batches": 0}
+
+
+def _pinned_here(rest: list[dict[str, Any]], inputs: dict[str, Any]) -> bool:
+    """Whether ``rest`` starts with a pin that says no more than the runs after it (or, alone, than ``inputs``)."""
+    first = rest[0]
+    if first["batches"]:
+        return False
+    if len(rest) > 1:
+        return rest[1]["inputs"] == first["inputs"]
+    return all(first["inputs"].get(k) == inputs.get(k) for k in ("dataset", "view"))
 
 
 def read_state(state: Any) -> tuple[int, int, dict[str, Any], list[dict[str, Any]]]:
@@ -90,7 +112,7 @@ def read_state(state: Any) -> tuple[int, int, dict[str, Any], list[dict[str, Any
         _consistent(inputs, runs)
         if "check" in state:
             _verify(state)
-        return epoch, batches, inputs, runs
+        return epoch, batches, inputs, runs or [pin(inputs)]
     meta = state.get("streamwin") if isinstance(state, Mapping) else None
     if isinstance(meta, Mapping) and meta.get("version") == 1:  # saved by streamwin 0.1 (a StatefulDataLoader)
         epoch = _count(meta.get("epoch"), "streamwin.epoch", MAX_EPOCH)
@@ -114,7 +136,7 @@ _POSITION_RANGES = {"batch_size": (1, 1 << 31), "world_size": (1, 1 << 20), "num
 _FLAGS = frozenset({"shuffle", "pad", "jitter"})
 _COUNTS = frozenset({"seed", "window", "stride", "horizon", "min_window", "window_multiple", "windows_per_sequence",
                      "pack_length", "epoch_windows"})
-_OTHER_INPUTS = frozenset({"equalize", "dataset", "split", "sources", "weights", "where", "canonical"})
+_OTHER_INPUTS = frozenset({"equalize", "dataset", "split", "sources", "weights", "where", "canonical", "view"})
 _KEYS = {"state": frozenset({"version", "epoch", "batches", "inputs", "rest_of", "check"}),
          "run": frozenset({"inputs", "batches"})}
 
@@ -172,13 +194,17 @@ def check_inputs(inputs: Any, field: str = "inputs") -> dict[str, Any]:
     if streams > MAX_STREAMS:  # a plan keeps a few numbers per stream: 10**9 of them would not fit
         raise _bad(f"{field}.world_size", inputs.get("world_size"), f"at most {MAX_STREAMS:,} streams with its "
                    f"num_workers ({streams:,} would need ~{streams * 64 / 1e9:,.0f} GB to plan)")
+    view = inputs.get("view")
+    if view is not None and not all(v is None or (isinstance(v, str) and len(v) == 16)
+                                    for v in (view if isinstance(view, list) else [view])):
+        raise _bad(f"{field}.view", view, "the 16-digit id of a view of the dataset (or a list of them, or null)")
     canonical = inputs.get("canonical")
     if canonical is not None and (not isinstance(canonical, list) or len(canonical) != 2 or not all(
             isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4096 for v in canonical)):
         raise _bad(f"{field}.canonical", canonical, "[rank slots, step phases], two integers of 1..4096")
     if "equalize" in inputs and inputs["equalize"] not in ("drop", "pad"):
         raise _bad(f"{field}.equalize", inputs["equalize"], '"drop" or "pad"')
-    if inputs.get("pack_length") is not None and "packing" not in inputs:  # saved before PACKING (plan/options.py)
+    if inputs.get("pack_length") is not None and "packing" not in inputs:  # a state without PACKING (plan/options.py)
         return dict(inputs) | {"packing": 1}
     return dict(inputs)
 
@@ -294,11 +320,11 @@ def same_position(saved: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
     With canonical streams the position is the global step, the same in any world and worker count,
     so only the global batch (world_size x batch_size) and the order's own inputs must agree.
     """
-    names = POSITION_ONLY
+    names = POSITION_ONLY - {"view"}  # a loaded state's epoch goes on over its own view (``pin``)
     if saved.get("canonical") is not None and saved.get("canonical") == now.get("canonical"):
         if _global_batch(saved) != _global_batch(now):
             return False
-        names = POSITION_ONLY - _WORLD
+        names = names - _WORLD
     return all(_planned(k, saved.get(k)) == _planned(k, now.get(k)) for k in names)
 
 

@@ -16,7 +16,7 @@ n, and the shape of a row (``size[1:]``):
 - up to SMALL values a row: a counter hash (splitmix64 of the row's key for draw n plus j + 1,
   for value j), all rows at once;
 - more: a numpy PCG64 generator whose state is a hash of the row's key for draw n, one call a
-  row (its fixed cost, ~2 us, is small beside that many values).
+  row (its fixed cost is small beside that many values).
 
 ``rng.row(i)`` is a numpy Generator of row i's own (for what the methods here do not draw).
 """

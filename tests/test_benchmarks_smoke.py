@@ -153,18 +153,6 @@ def test_the_simulated_step_holds_then_sleeps():
     assert cpu >= 0.0035 or preempted, (cpu, preempted)  # on a busy machine, the spin's CPU is what it was given
 
 
-def test_next_cost_prints_pops_and_runs(corpus):
-    """benchmarks/next_cost.py: the trainer thread's CPU per next(), pops and runs apart, on the tiny corpus."""
-    script = os.path.join(ROOT, "benchmarks", "next_cost.py")
-    run = subprocess.run([sys.executable, script, "--data", corpus, "--batches", "60", "--batch-size", "16",
-                          "--window", "64", "--stride", "16"], capture_output=True, text=True, timeout=SMOKE_TIMEOUT,
-                         cwd=ROOT)
-    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    runs = [ln for ln in run.stdout.splitlines() if "batches a run" in ln]
-    assert len(runs) == 1 and float(runs[0].split(",")[1].split()[0]) > 1, run.stdout  # batches taken in runs
-    assert "us of the trainer thread's CPU" in run.stdout, run.stdout
-
-
 def test_canonical_waits_prints_both_orders(corpus):
     """benchmarks/canonical_waits.py: ms per step of canonical=None and "auto", side by side, on the tiny corpus."""
     script = os.path.join(ROOT, "benchmarks", "canonical_waits.py")

@@ -169,3 +169,20 @@ def test_relative_links_and_their_anchors_resolve(page):
         assert path.exists(), f"{page} links {target}, which is not there"
         if anchor and path.suffix == ".md":
             assert anchor in anchors(path), f"{page} links {target}#{anchor}: no such heading in {path.name}"
+
+
+#: What belongs in a commit body or benchmarks/results.md, never in a page a user reads: a date, a commit
+#: hash, a machine's load, a scratch path of a work tree.
+DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b|load average|/work/")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_pages_say_how_things_work_not_when_they_were_measured(page):
+    prose = re.sub(r"^```.*?^```$", "", (REPO / page).read_text(), flags=re.M | re.S)
+    found = [m.group(0) for m in DATED.finditer(prose)]
+    assert not found, f"{page} carries dated runs ({found[:5]}): move them to benchmarks/results.md"
+
+
+def test_the_performance_page_is_a_reference():
+    lines = len((REPO / "docs" / "performance.md").read_text().splitlines())
+    assert lines <= 300, f"docs/performance.md has {lines} lines: its runs belong in benchmarks/results.md"

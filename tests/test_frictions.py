@@ -242,8 +242,9 @@ def test_a_mistyped_inspect_option_gets_inspects_usage_and_the_close_option(data
     assert "did you mean '--num-workers'?" in capsys.readouterr().err
 
 
-PUBLIC_CALLERS = ("pack", "merge", "verify", "index_shards", "prefetch", "load_manifest", "make_plan", "ShardCache",
-                  "WindowSpec", "PlanConfig", "WindowDataset", "WindowLoader")
+PUBLIC_CALLERS = ("pack", "merge", "compact", "verify", "index_shards", "prefetch", "load_manifest", "make_plan",
+                  "ShardCache", "WindowSpec", "PlanConfig", "WindowDataset", "WindowLoader", "Crops", "Order", "Select",
+                  "Mix", "Read")
 NOT_CALLED_BY_USERS = {"Manifest", "Plan"}  # returned by streamwin, not built by its users
 
 

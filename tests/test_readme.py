@@ -95,8 +95,8 @@ def test_the_set_up_says_what_torch_it_downloads_and_how_to_pick_the_cpu_build()
 
 def test_the_readme_is_a_front_page_that_names_every_verb_of_the_cli():
     assert len(README.splitlines()) <= 200, len(README.splitlines())
-    top = README.split("\n## ", 1)[0]
-    assert "](docs/peers.png)" in top and "](docs/gpu_feed.png)" in top, "the plots lead the README"
+    peers = section("Against the peers")
+    assert "](docs/peers.png)" in peers and "python benchmarks/peers.py" in peers, "the peers' plot, with its command"
     r = subprocess.run([sys.executable, "-m", "streamwin.cli", "--help"], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     verbs = re.findall(r"^    (\w+)\s{2,}", r.stdout, flags=re.M)
@@ -105,6 +105,14 @@ def test_the_readme_is_a_front_page_that_names_every_verb_of_the_cli():
     missing = [v for v in verbs if not re.search(rf"^streamwin {v} ", shown, flags=re.M)]
     assert not missing, f"the README's CLI section has no example of: {missing}"
 
+
+
+def test_the_readme_says_what_it_is_and_how_to_start_before_any_measurement():
+    """A front page: what streamwin is, the set-up and the quick start come first, within 400 words, and no
+    percentage of one mode against another stands on it (measurements go to docs/ and benchmarks/results.md)."""
+    before = README.split("\n## Quick start\n", 1)[0]
+    assert len(before.split()) <= 400, f"{len(before.split())} words before the quick start"
+    assert not re.search(r"\d%", README), re.findall(r".{0,40}\d%", README)
 
 def test_make_demo_writes_under_the_data_folder_the_readme_names():
     """The demo's 170 MB go where the README says, under the git-ignored data/ (before: ./demo_data, unsaid)."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from streamwin.cli.args import (add_command, add_storage, add_window, int_at_least, storage_options, streams_per_rank,
                                 weights_arg)
-from streamwin.cli.report import fields_line, layout, mb, nonfinite_shards, value_columns
+from streamwin.cli.report import fields_line, growth_line, layout, mb, nonfinite_shards, value_columns
 from streamwin.errors import StreamwinError
 from streamwin.formats.manifest import Manifest, check_mixable
 from streamwin.plan.epoch import make_plan, plan_epoch
@@ -111,6 +111,8 @@ def _inspect_one(url: str, m: Manifest, args: argparse.Namespace) -> None:
         print(f"columns      {value_columns(m)}")
     if m.fields is not None:
         print(f"fields       {fields_line(m)}")
+    if m.growth is not None:
+        print(f"grown        {growth_line(m)}")
     if m.nonfinite is None:
         print("NaN/inf      not counted (packed by an older streamwin)")
     elif m.nonfinite.nan or m.nonfinite.inf:

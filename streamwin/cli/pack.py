@@ -1,8 +1,9 @@
-"""The verbs that write or check a dataset: ``pack``, ``merge``, ``index`` and ``verify``.
+"""The verbs that write or check a dataset: ``pack``, ``merge``, ``compact``, ``index`` and ``verify``.
 
 Each is a thin layer over the library function of the same name that prints what it did in
-one or two lines; ``pack --verify`` re-reads the shards it wrote. A verify failure lists every
-failing shard on stderr and exits with 2.
+one or two lines; ``pack --verify`` re-reads the shards it wrote, ``pack --append`` and
+``--extend`` add to the dataset there. A verify failure lists every failing shard on stderr
+and exits with 2.
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from typing import Any
 
 from streamwin.cli.args import (add_command, add_storage, dtype_arg, int_at_least, key_value, option_value, parse_size,
                                 part_arg, storage_options)
-from streamwin.cli.report import layout, mb, nonfinite_shards, value_columns
+from streamwin.cli.report import continuations, grown, layout, mb, nonfinite_shards, value_columns
 from streamwin.errors import ShardError
 from streamwin.packing.inputs import FORMATS
+from streamwin.packing.compact import compact
 from streamwin.packing.pack import MissingValuesWarning, NonFiniteWarning, missing_values, pack
 from streamwin.packing.parts import merge
 from streamwin.packing.scan import index_shards, verify
@@ -35,12 +37,17 @@ def cmd_pack(args: argparse.Namespace) -> int:
                  compression=None if args.compression == "none" else args.compression, cast=args.cast,
                  empty=args.empty, nan=args.nan, part=part, storage_options=storage_options(args.storage_option),
                  progress=not args.no_progress, engine=args.engine, address=args.address, overwrite=args.overwrite,
-                 create_bucket=args.create_bucket, **options)
+                 create_bucket=args.create_bucket, mode=args.mode, gaps=args.gaps, **options)
     seconds = time.perf_counter() - start
     nbytes = sum(s.bytes for s in m.shards)
     what = f"part {part[0]}/{part[1]}: " if part else ""
-    print(f"{what}packed {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}) into "
-          f"{len(m.shards):,} shards, {mb(nbytes)}, at {args.dest} in {seconds:.1f} s ({nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
+    if args.mode is not None and m.growth is not None and len(m.growth.views) > 1:
+        print(f"{what}{grown(m)} at {args.dest} in {seconds:.1f} s; it holds {m.num_sequences:,} sequences "
+              f"({m.num_steps:,} steps, {layout(m)}) in {len(m.shards):,} shards, {mb(nbytes)}")
+    else:
+        print(f"{what}packed {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}) into "
+              f"{len(m.shards):,} shards, {mb(nbytes)}, at {args.dest} in {seconds:.1f} s "
+              f"({nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
     if m.dropped_empty:
         print(f"skipped {m.dropped_empty:,} empty (zero-length) sequences")
     if m.value_columns is not None:
@@ -66,6 +73,21 @@ def cmd_merge(args: argparse.Namespace) -> int:
     m = merge(args.dest, storage_options=storage_options(args.storage_option))
     print(f"merged {len(m.shards):,} shards, {m.num_sequences:,} sequences ({m.num_steps:,} steps, {layout(m)}), "
           f"{mb(sum(s.bytes for s in m.shards))}, into {args.dest.rstrip('/')}/index.json")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """Merge the continuation members of URL's extended sequences into one member each."""
+    start = time.perf_counter()
+    reach(args.url, storage_options(args.storage_option))
+    before = continuations(args.url, storage_options(args.storage_option))
+    m = compact(args.url, storage_options=storage_options(args.storage_option), progress=not args.no_progress)
+    if not before:
+        print(f"{args.url}: no sequence has continuation members; nothing to compact")
+        return 0
+    seconds = time.perf_counter() - start
+    print(f"compacted {before:,} continuation members into their sequences' members in {seconds:.1f} s: "
+          f"{len(m.shards):,} shards, {mb(sum(s.bytes for s in m.shards))}; reads are the same byte for byte")
     return 0
 
 
@@ -108,6 +130,12 @@ def add_pack_commands(sub: Any) -> None:
     p.add_argument("dest")
     add_storage(p)
 
+    p = add_command(sub, "compact", cmd_compact, "merge the continuation members of extended sequences (pack --extend) "
+                    "into one member each, atomically")
+    p.add_argument("url")
+    p.add_argument("--no-progress", action="store_true")
+    add_storage(p)
+
     p = add_command(sub, "index", cmd_index, "write index.json for existing tar shards with .npy members (e.g. from webdataset)")
     p.add_argument("url")
     p.add_argument("--pattern", default="*.tar", help="shard file glob under URL (default *.tar)")
@@ -143,6 +171,14 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("--option", action="append", type=key_value, metavar="KEY=VALUE",
                    help="input option, e.g. id_column=series or value_columns='[\"a\",\"b\"]' (repeatable)")
     p.add_argument("--verify", action="store_true", help="re-read the shards afterwards and check them against index.json")
+    grow = p.add_mutually_exclusive_group()
+    grow.add_argument("--append", dest="mode", action="store_const", const="append",
+                      help="add the input's sequences to the dataset at DEST (new keys only), writing only their "
+                      "shards")
+    grow.add_argument("--extend", dest="mode", action="store_const", const="extend",
+                      help="as --append, and a key DEST holds gets the input's steps as a continuation of its sequence")
+    p.add_argument("--gaps", choices=["error", "allow"], default="error",
+                   help="--extend: refuse steps whose start/freq do not continue their sequence (error), or allow them")
     p.add_argument("--overwrite", action="store_true",
                    help="replace files at DEST that are not this dataset's, and discard parts not merged "
                         "(refused otherwise, naming them)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamwin.formats.manifest import Manifest
+from streamwin.storage.manifests import load_manifest
 
 
 def mb(nbytes: float) -> str:
@@ -55,3 +56,28 @@ def fields_line(m: Manifest) -> str:
                          f"{name} {kind} {info['min']}..{info['max']}")
     left = ", ".join(f"{_name(c)} ({why})" for c, why in m.fields.left_out.items())
     return (", ".join(parts) or "none") + (f"  (left out: {left})" if left else "")
+
+
+def grown(m: Manifest) -> str:
+    """What the last append added to a dataset: "appended N sequences and extended M"."""
+    g = m.growth
+    added = g.sequences[-1] - g.sequences[-2]
+    extended = int((g.view == len(g.views) - 1).sum())
+    return f"appended {added:,} sequences" + (f" and extended {extended:,}" if extended else "")
+
+
+def continuations(url: str, storage_options: dict | None) -> int:
+    """The continuation members the dataset at ``url`` holds."""
+    m = load_manifest(url, storage_options)
+    return m.segments.count if m.segments is not None else 0
+
+
+def growth_line(m: Manifest) -> str:
+    """How a dataset grew: its appends, and the continuation members of extended sequences (compact merges them)."""
+    g = m.growth
+    parts = [f"{len(g.views) - 1:,} append(s) since it was first packed ({g.sequences[0]:,} sequences then)"]
+    if m.segments is not None:
+        per = np.bincount(m.segments.seq, minlength=m.num_sequences)
+        parts.append(f"{m.segments.count:,} continuation members in {int((per > 0).sum()):,} sequences (at most "
+                     f"{int(per.max())} in one; `streamwin compact` merges them)")
+    return "; ".join(parts)

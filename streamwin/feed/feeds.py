@@ -49,7 +49,7 @@ class FeedContext:
 def to_batch(views: dict[str, np.ndarray], manifests: list, per_crop: tuple[str, ...] = PER_CROP) -> dict[str, Any]:
     """Tensors over a batch buffer's field views, and keys decoded on first use (by source when mixed).
 
-    The keys keep a copy of ``seq`` (and ``source``), ~1 us: keys kept alone (a log of them) must not pin
+    The keys keep a copy of ``seq`` (and ``source``), a small one: keys kept alone (a log of them) must not pin
     the buffer, nor be overwritten with it. Packed rows: the per-crop fields cut to the batch's ``crops``."""
     if "crops" in views:
         n = int(views["crops"][0])

@@ -45,7 +45,7 @@ def shared_batches(dataset, num_workers: int, world_size: int | None = None) -> 
 def spare_slots(slot_bytes: int, num_workers: int = 1, chunk: int = 1) -> int:
     """Slots a worker has beyond ``prefetch_factor + 2``: the trainer takes every batch at hand in one go (a run, from
     every worker in turn) and gives slots back once per go, so a worker's share of a run averages about
-    (prefetch_factor + spare + 1) / 2 batches, and a run's cost (~150 us after a step, caches cold) is shared by
+    (prefetch_factor + spare + 1) / 2 batches, and a run's cost (Python run with cold caches after a step) is shared by
     them. Small batches (short steps, where that cost counts) get up to MAX_SPARE, within SPARE_BYTES for all
     ``num_workers`` together. When the loader takes ``chunk`` batches in a row from each worker (canonical streams),
     a worker fills its slots with its next chunk while the others' are taken: it gets up to a chunk of them,

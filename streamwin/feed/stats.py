@@ -16,7 +16,7 @@ _COUNTERS = operator.attrgetter(*STAT_FIELDS)
 
 def read_counters(stats: list[ReadStats]) -> np.ndarray:
     """Readers' counters, summed, as an int64 array in STAT_FIELDS order (a worker publishes them every batch:
-    one C call a reader, 0.6 us, not a Python sum a field, 2.5)."""
+    one C call a reader, cheaper than a Python sum a field)."""
     if len(stats) == 1:
         return np.array(_COUNTERS(stats[0]), dtype=np.int64)
     return np.array([_COUNTERS(s) for s in stats], dtype=np.int64).reshape(len(stats), len(STAT_FIELDS)).sum(axis=0)

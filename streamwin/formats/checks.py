@@ -4,8 +4,8 @@ A shard's sha256 (in the manifest) proves a whole shard, but a reader reads a fe
 it, so it could only check what it never reads whole. Instead every shard has a checksum
 per 4 KiB chunk and per 256 KiB block (formats/sums.py: the low 32 bits of xxh3), and a read
 of bytes [lo, hi) verifies the chunks those bytes lie in, reading up to a chunk more at
-either end: the blocks it covers whole with one xxh3 call each (~14 GB/s from memory here,
-twice what a call per 4 KiB chunk reaches), the chunks at its ends one by one. A block that
+either end: the blocks it covers whole with one xxh3 call each (about twice as fast as a call
+per 4 KiB chunk), the chunks at its ends one by one. A block that
 fails is looked at chunk by chunk, so damage is found (and, with on_error="skip", lost) to the chunk.
 
 Where the sums live. Each shard has a sums file beside it, ``<shard>.sums`` (``SUFFIX``),
@@ -17,9 +17,9 @@ a process holds follows the shards in flight, not the corpus: 8 bytes of index.j
 shard, a few KiB per shard being read, instead of 1 GB per TB. A damaged, truncated or
 swapped sums file fails its digest.
 
-Manifests written before sums files keep every shard's chunk sums (no blocks) in index.json
-or its columns file, end to end in shard order (``Checks.sums``); they load and verify as
-before. Manifests written before chunk checksums have none: readers verify nothing (and say so).
+Manifests without sums files (an older form) keep every shard's chunk sums (no blocks) in
+index.json or its columns file, end to end in shard order (``Checks.sums``); they load and
+verify. Manifests without chunk checksums have none: readers verify nothing (and say so).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ _HEX16, _HEX64 = re.compile(r"[0-9a-f]{16}"), re.compile(r"[0-9a-f]{64}")
 class Checks:
     """The checksums of a dataset's shards: in sums files beside them (per shard ``digests``, the xxh3_64 of
     its sums file's page table, which a reader reading parts of it checks, and ``sha256``, of the whole file,
-    which the node cache fetching it whole checks), or, in manifests written before those, every shard's
+    which the node cache fetching it whole checks), or, in manifests without sums files, every shard's
     chunk sums in memory (``sums[first[k]:first[k + 1]]`` are shard k's)."""
 
     algorithm: str
@@ -59,7 +59,7 @@ class Checks:
 
     @classmethod
     def make(cls, algorithm: str, chunk: int, sums: np.ndarray, shard_bytes) -> "Checks":
-        """Checks held in memory (manifests before sums files); ValueError naming the field that is wrong."""
+        """Checks held in memory (manifests without sums files); ValueError naming the field that is wrong."""
         _check(algorithm, chunk)
         sizes = np.asarray(shard_bytes, dtype=np.int64)
         first = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -155,11 +155,11 @@ class Checks:
         return parse_pages(raw[layout.table_bytes :], layout, 0, table)
 
     def shard(self, k: int) -> np.ndarray:
-        """Shard k's chunk sums, held in memory (manifests before sums files)."""
+        """Shard k's chunk sums, held in memory (manifests without sums files)."""
         return self.sums[self.first[k] : self.first[k + 1]]
 
     def span(self, k: int) -> SumsSpan:
-        """Shard k's sums held in memory, as a SumsSpan (manifests before sums files)."""
+        """Shard k's sums held in memory, as a SumsSpan (manifests without sums files)."""
         return SumsSpan(int(self.sizes[k]), self.chunk, 0, self.shard(k))
 
     def to_doc(self) -> dict:

@@ -15,22 +15,26 @@ arrays, each starting at a multiple of 64 bytes, their offsets, size and sha256 
 index.json. Loading maps that file (``numpy.frombuffer`` over ``mmap``), so it costs no
 decoding and no private memory, and every process of a node shares one copy of its pages.
 index.json stays the commit marker: it is written after the columns file, and names its
-size and checksum. Version 1 manifests (inline columns) are read as before.
+size and checksum. Version 1 manifests (inline columns) are read too.
 
-Fields added since version 1 was fixed are optional top-level keys, which older streamwin
-ignores and which read as None from older manifests: ``value_columns`` (the table columns
-the values came from, one per feature) with ``left_out_columns`` (the others, and why), and
-``nonfinite`` (NaN and ±inf values counted at pack time, in all and per shard), and
-``frames`` (long zstd members packed as independent frames: where each frame ends, so a
-reader decompresses only the frames a block needs; see `Frames`), and ``checks`` (checksums
-of every shard's chunks, which every read verifies; see formats/checks.py: in sums files
-beside the shards, or, written before those, inline or past INLINE_SUMS bytes a column of
-the columns file). Every field is checked for type and range when parsed (formats/fields.py).
+Some top-level keys are optional, so that readers and writers of either version agree; each
+reads as None where it is absent: ``value_columns`` (the table columns the values came from,
+one per feature) with ``left_out_columns`` (the others, and why); ``nonfinite`` (NaN and ±inf
+values counted at pack time, in all and per shard); ``frames`` (long zstd members packed as
+independent frames: where each frame ends, so a reader decompresses only the frames a block
+needs; see `Frames`); and ``checks`` (checksums of every shard's chunks, which every read
+verifies; see formats/checks.py: in sums files beside the shards or, in manifests without
+sums files, inline or, past INLINE_SUMS bytes, a column of the columns file). Every field is
+checked for type and range when parsed (formats/fields.py).
 ``content_sha256`` seals the rest against edits (formats/seal.py), written by ``to_json``.
+
+A dataset that grew records its views in ``growth``; one with extended sequences is version 3,
+its columns a row per member, continuations after the sequences' first (formats/growth.py).
 """
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import zlib
@@ -41,20 +45,23 @@ import numpy as np
 from streamwin.errors import ManifestError
 import streamwin.formats.fields as fields
 from streamwin.formats.checks import Checks
+from streamwin.formats.colfile import ALIGN, file_spec, lay_out, map_column, map_members
+from streamwin.formats.colfile import COLUMNS_SUFFIX, columns_name  # noqa: F401  (as before: storage imports them here)
 from streamwin.formats.framed import Frames, NonFinite
+from streamwin.formats.growth import (GROWTH_COLUMNS, SEGMENT_COLUMNS, Growth, Segments, check_segments,
+                                      parse_growth, segment_count)
 from streamwin.formats.meta import SeqFields, map_field_columns, parse_fields
 from streamwin.formats.seal import CONTENT_FIELD, check_seal, content_checksum
 
 FORMAT = "streamwin"
 VERSION = 1  # per-sequence columns inline, compressed
 COLUMNAR_VERSION = 2  # per-sequence columns in a file of their own (COLUMNS_SUFFIX), memory-mapped
-VERSIONS = (VERSION, COLUMNAR_VERSION)
+SEGMENTED_VERSION = 3  # version 2 with continuation members (formats/growth.py)
+VERSIONS = (VERSION, COLUMNAR_VERSION, SEGMENTED_VERSION)
 INDEX_NAME = "index.json"
-COLUMNS_SUFFIX = ".columns"  # index.json -> index.columns
 COLUMNAR_FROM = 100_000  # sequences from which pack, index and merge write the columnar form
 COLUMNS = {"length": "<i8", "offset": "<i8", "size": "<i8", "hlen": "<i4"}
 _FILE_COLUMNS = {**COLUMNS, "key_ends": "<i8", "keys": "|u1"}  # the columns file, in this order
-_ALIGN = 64
 INLINE_SUMS = 1 << 20  # chunk checksums past this many bytes (1 GB of shards) go to the columns file
 
 
@@ -97,16 +104,22 @@ class Manifest:
     frames: Frames | None = None
     checks: Checks | None = None
     fields: SeqFields | None = None  # per-sequence fields (formats/meta.py): a label, a store, a start time
-    sealed: bool = True  # False: read from an index.json written before content_sha256 existed
+    sealed: bool = True  # False: read from an index.json without content_sha256 (an older streamwin's)
+    segments: Segments | None = None  # continuation members of extended sequences (formats/growth.py)
+    growth: Growth | None = None  # the views the dataset went through, None for one packed once
+    member_shards: np.ndarray | None = None  # ``members()`` only: the shard of each row past the sequences
     shard_starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         counts = np.array([s.num_sequences for s in self.shards], dtype=np.int64)
         object.__setattr__(self, "shard_starts", np.concatenate([[0], np.cumsum(counts)]))
         n = int(self.shard_starts[-1])
+        rows = n + (len(self.member_shards) if self.member_shards is not None else 0)
         for name in ("length", "offset", "size", "hlen", "key_ends"):
-            if len(getattr(self, name)) != n:
+            if len(getattr(self, name)) != rows:
                 raise ManifestError(f"manifest column {name!r} has {len(getattr(self, name))} rows, shards list {n} sequences")
+        if self.segments is not None and self.segments.heads != n:
+            raise ManifestError(f"manifest continuations are of {self.segments.heads} sequences, shards list {n}")
         features = int(np.prod(self.step_shape, dtype=np.int64))
         if self.value_columns is not None and (len(self.step_shape) > 1 or len(self.value_columns) != features):
             raise ManifestError(f"manifest names {len(self.value_columns)} value columns for step shape {self.step_shape}")
@@ -145,7 +158,40 @@ class Manifest:
         return [names[i] for i in inv.tolist()]
 
     def shard_of(self, i: int) -> int:
-        return int(np.searchsorted(self.shard_starts, i, side="right") - 1)
+        return int(self.shards_of(np.array([i]))[0])
+
+    def shards_of(self, rows: np.ndarray) -> np.ndarray:
+        """The shard of each of ``rows`` (sequences; in ``members()``, members)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        n = int(self.shard_starts[-1])
+        heads = np.searchsorted(self.shard_starts, np.minimum(rows, n - 1), side="right") - 1
+        if self.member_shards is None:
+            return heads
+        return np.where(rows < n, heads, self.member_shards[np.maximum(rows - n, 0)] if len(self.member_shards)
+                        else heads)
+
+    @property
+    def num_members(self) -> int:
+        """The tar members the rows describe: the sequences, or in ``members()`` every member."""
+        return len(self.length)
+
+    def members(self) -> "Manifest":
+        """The table of members the read side reads: this manifest, or with continuations one row per member
+        (the sequences' first members, then the continuations; formats/growth.py). Views, never copies."""
+        if self.segments is None:
+            return self
+        s = self.segments
+        return dataclasses.replace(self, length=s.length, offset=s.offset, size=s.size, hlen=s.hlen,
+                                   key_ends=s.key_ends, fields=None, segments=None, growth=None,
+                                   member_shards=np.asarray(s.shard, dtype=np.int64))
+
+    def view_id(self) -> str:
+        """The id of the data this manifest holds now: its last view's, or (packed once) its digest."""
+        return self.growth.views[-1] if self.growth is not None else self.digest
+
+    def lineage(self) -> str:
+        """The id of the dataset as first packed (states name it): its first view's, or its digest."""
+        return self.growth.views[0] if self.growth is not None else self.digest
 
     def sums_inline(self) -> bool:
         """Whether index.json can hold the chunk checksums itself (else they go to the columns file)."""
@@ -153,28 +199,24 @@ class Manifest:
 
     def column_parts(self) -> tuple[list, dict[str, list]]:
         """The columns file as byte buffers to write in order, and its layout: name -> [offset, dtype, rows]."""
-        parts, layout, at = [], {}, 0
-        held = self.checks is not None and not self.checks.in_files  # sums kept in the manifest (older form)
-        names = {**_FILE_COLUMNS, **({"check_sums": "<u4"} if held else {})}
-        extra = {} if self.fields is None else {name: values for name, _, values in self.fields.file_columns()}
-        for name, dt in {**names, **{n: d for n, d, _ in (self.fields.file_columns() if self.fields else ())}}.items():
-            data = (np.frombuffer(self.key_blob, dtype=np.uint8) if name == "keys" else self.checks.sums.astype(dt)
-                    if name == "check_sums" else np.ascontiguousarray(extra[name], dtype=dt) if name in extra
-                    else np.ascontiguousarray(getattr(self, name), dtype=dt))
-            pad = -at % _ALIGN
-            if pad:
-                parts.append(bytes(pad))
-            at += pad
-            layout[name] = [at, dt, len(data)]
-            parts.append(memoryview(data).cast("B"))
-            at += data.nbytes
-        return parts, layout
+        rows = self.segments if self.segments is not None else self  # with continuations: a row per member
+        named = [(name, dt, np.frombuffer(self.key_blob, dtype=np.uint8) if name == "keys" else getattr(rows, name))
+                 for name, dt in _FILE_COLUMNS.items()]
+        if self.checks is not None and not self.checks.in_files:  # sums kept in the manifest (older form)
+            named.append(("check_sums", "<u4", self.checks.sums))
+        if self.segments is not None:
+            named += [("segment_seq", "<i8", self.segments.seq), ("segment_shard", "<i8", self.segments.shard),
+                      ("seq_length", "<i8", self.length)]
+        named += self.growth.file_columns() if self.growth is not None else []
+        named += self.fields.file_columns() if self.fields is not None else []
+        return lay_out(named)
 
     def to_json(self, columns_file: dict | None = None) -> str:
         """index.json: the columns inline (version 1), or naming the columns file described by ``columns_file``."""
         doc = {
             "format": FORMAT,
-            "version": VERSION if columns_file is None else COLUMNAR_VERSION,
+            "version": VERSION if columns_file is None else SEGMENTED_VERSION if self.segments is not None
+            else COLUMNAR_VERSION,
             "dtype": self.dtype.str,
             "step_shape": list(self.step_shape),
             "compression": self.compression,
@@ -186,6 +228,8 @@ class Manifest:
             "shards": [vars(s) for s in self.shards],
         }
         if columns_file is None:
+            if self.segments is not None:
+                raise ManifestError("a manifest with continuation members is written with a columns file")
             doc["columns"] = {name: _encode(getattr(self, name).astype(dt)) for name, dt in COLUMNS.items()}
             doc["columns"]["key_ends"] = _encode(self.key_ends.astype("<i8"))
             doc["keys"] = base64.b64encode(zlib.compress(bytes(self.key_blob), 1)).decode("ascii")
@@ -201,6 +245,10 @@ class Manifest:
             doc["frames"] = self.frames.to_doc()
         if self.fields is not None:
             doc["fields"] = self.fields.to_doc(inline=columns_file is None)
+        if self.segments is not None:
+            doc["segments"] = {"count": self.segments.count}
+        if self.growth is not None:
+            doc["growth"] = self.growth.to_doc(inline=columns_file is None)
         if self.checks is not None:
             doc["checks"] = self.checks.to_doc()
             if columns_file is None and not self.checks.in_files:
@@ -210,25 +258,15 @@ class Manifest:
 
 
 def _encode(arr: np.ndarray) -> str:
-    # level 1: ~6x faster than 6 at 1M sequences for ~5% more bytes
+    # zlib level 1: several times faster than the default level, for a few percent more bytes
     return base64.b64encode(zlib.compress(np.ascontiguousarray(arr).tobytes(), 1)).decode("ascii")
 
 
-def columns_name(index_name: str) -> str:
-    """The columns file that goes with an index file: index.json -> index.columns."""
-    return index_name[: -len(".json")] + COLUMNS_SUFFIX if index_name.endswith(".json") else index_name + COLUMNS_SUFFIX
-
-
 def columns_file_entry(text: str | bytes, where: str = INDEX_NAME) -> ShardEntry | None:
-    """The columns file a version 2 index.json names (name, bytes, sha256), or None for version 1."""
-    try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ManifestError(f"{where} is not valid JSON: {type(e).__name__}: {e}") from None
-    spec = doc.get("columns_file") if isinstance(doc, dict) and doc.get("version") == COLUMNAR_VERSION else None
+    """The columns file a version 2 or 3 index.json names (name, bytes, sha256), or None for version 1."""
+    spec = file_spec(text, where)
     if spec is None:
         return None
-    spec = fields.mapping(spec, where, "columns_file")
     try:
         entry = ShardEntry(fields.string(spec["name"], where, "columns_file.name"),
                            fields.integer(spec["bytes"], where, "columns_file.bytes"),
@@ -265,13 +303,25 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> 
     for s in shards:
         fields.shard_name(s.name, where)
     n = sum(s.num_sequences for s in shards)
-    if doc["version"] == COLUMNAR_VERSION:
+    segments = growth = None
+    if doc["version"] in (COLUMNAR_VERSION, SEGMENTED_VERSION):
         spec = fields.mapping(doc.get("columns_file"), where, "columns_file")
-        cols = _map_columns(spec, columns, n, where)
+        count = segment_count(doc, SEGMENTED_VERSION, where)
+        cols, path = map_members(spec, columns, n + count, _FILE_COLUMNS, where)
+        layout = fields.mapping(spec.get("layout"), where, "columns_file.layout")
         key_ends, blob = cols.pop("key_ends"), cols.pop("keys")
         sums = cols.pop("check_sums", None)
         kinds = doc["fields"].get("kinds") if isinstance(doc.get("fields"), dict) else None
-        mapped = map_field_columns(spec["layout"], kinds, columns, n, _ALIGN, where)
+        mapped = map_field_columns(layout, kinds, columns, n, ALIGN, where)
+        if doc["version"] == SEGMENTED_VERSION:
+            seg = {name: map_column(layout, name, dt, count if name != "seq_length" else n, columns, where, path)
+                   for name, dt in SEGMENT_COLUMNS.items()}
+            segments = Segments(seg["segment_seq"], seg["segment_shard"], key_ends=key_ends, **cols)
+            total = seg["seq_length"]
+            cols, key_ends = {**{k: v[:n] for k, v in cols.items()}, "length": total}, key_ends[:n]
+        if isinstance(doc.get("growth"), dict):
+            e = fields.integer(doc["growth"].get("extensions", 0), where, "growth.extensions", 0, 1 << 40)
+            growth = {name: map_column(layout, name, dt, e, columns, where, path) for name, dt in GROWTH_COLUMNS.items()}
     else:
         inline = fields.mapping(doc.get("columns"), where, "columns")
         cols = {name: fields.column(inline.get(name), dt, n, where, f"columns.{name}") for name, dt in COLUMNS.items()}
@@ -280,11 +330,18 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> 
         sums = mapped = None
     step_bytes = int(dtype.itemsize * np.prod(step_shape, dtype=np.int64))
     starts = np.concatenate([[0], np.cumsum([s.num_sequences for s in shards], dtype=np.int64)])
-    fields.check_columns(cols, key_ends, len(blob), starts, np.array([s.bytes for s in shards], dtype=np.int64),
-                         np.array([s.num_steps for s in shards], dtype=np.int64), step_bytes, compression is not None,
-                         where)
-    optional = _optional_fields(doc, shards, cols["length"], cols["size"], sums, where)
+    shard_bytes = np.array([s.bytes for s in shards], dtype=np.int64)
+    shard_steps = np.array([s.num_steps for s in shards], dtype=np.int64)
+    heads = {**cols, "length": segments.length[:n]} if segments is not None else cols
+    if segments is not None:  # the continuations first: the rest is checked over the sequences' first members
+        check_segments(segments, cols["length"], len(blob), shard_bytes, step_bytes, compression is not None, where)
+        shard_steps = shard_steps - segments.shard_steps(len(shards))
+    fields.check_columns(heads, key_ends, int(key_ends[-1]) if segments is not None and n else len(blob), starts,
+                         shard_bytes, shard_steps, step_bytes, compression is not None, where)
+    members = segments if segments is not None else cols  # frames are of members
+    optional = _optional_fields(doc, shards, _col(members, "length"), _col(members, "size"), sums, where)
     optional["fields"] = parse_fields(doc.get("fields"), n, where, mapped)
+    optional["growth"] = parse_growth(doc.get("growth"), n, growth, where)
     fields.check_totals(doc, shards, where)
     sealed = check_seal(doc, where)  # after every field: a damaged field is named as such, a valid one edited here
     return Manifest(
@@ -292,41 +349,12 @@ def parse_manifest(text: str | bytes, where: str = INDEX_NAME, columns=None) -> 
         key_blob=blob, key_ends=key_ends,
         dropped_empty=fields.integer(doc.get("dropped_empty", 0), where, "dropped_empty"),
         digest=hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()[:16],
-        sealed=sealed, **cols, **optional,
+        sealed=sealed, segments=segments, **cols, **optional,
     )
 
 
-def _map_columns(spec: dict, columns, n: int, where: str) -> dict:
-    """Views of the columns file's arrays; ManifestError naming the file if it is not the one index.json names."""
-    name = spec.get("name")
-    path = f"{where.rsplit('/', 1)[0]}/{name}" if "/" in where else name
-    if columns is None:
-        raise ManifestError(f"{where} keeps its per-sequence columns in {name}: load it with "
-                            "streamwin.load_manifest(url), which maps that file")
-    if len(columns) != spec.get("bytes"):
-        raise ManifestError(f"{path} is damaged: it has {len(columns)} bytes, {where} says {spec.get('bytes')} "
-                            f"(sha256 {str(spec.get('sha256'))[:16]}...); repack, or rerun `streamwin index`")
-    layout = fields.mapping(spec.get("layout"), where, "columns_file.layout")
-    out = {}
-    for col, dt in {**_FILE_COLUMNS, **({"check_sums": "<u4"} if "check_sums" in layout else {})}.items():
-        got = fields.listing(layout.get(col), where, f"columns_file.layout.{col}")
-        if len(got) != 3:
-            raise fields.fail(where, f"columns_file.layout.{col}", f"must be [offset, dtype, rows], got {got!r}")
-        offset = fields.integer(got[0], where, f"columns_file.layout.{col}[0]")
-        rows = fields.integer(got[2], where, f"columns_file.layout.{col}[2]")
-        if got[1] != dt or (col in COLUMNS or col == "key_ends") and rows != n or offset % _ALIGN:
-            raise ManifestError(f"{where} describes column {col} of {path} as {got[1]} x {rows} at byte {offset}; "
-                                f"expected {dt} x {n if col != 'keys' else 'the key bytes'}, 64-byte aligned")
-        if offset + rows * np.dtype(dt).itemsize > len(columns):
-            raise ManifestError(f"{path} is damaged: column {col} would end past its {len(columns)} bytes")
-        arr = np.frombuffer(columns, dtype=dt, count=rows, offset=offset)
-        out[col] = arr if col == "keys" else arr.view(dt.replace("<", "="))
-    ends = out["key_ends"]
-    if n and (int(ends[-1]) != len(out["keys"]) or int(ends[0]) < 0):
-        raise ManifestError(f"{path} is damaged: its key offsets end at {int(ends[-1])}, its key bytes number "
-                            f"{len(out['keys'])}")
-    out["keys"] = memoryview(out["keys"])
-    return out
+def _col(table, name: str) -> np.ndarray:  # a column of a dict of them, or of Segments
+    return table[name] if isinstance(table, dict) else getattr(table, name)
 
 
 def _optional_fields(doc: dict, shards: tuple[ShardEntry, ...], length: np.ndarray, size: np.ndarray, sums,

@@ -85,8 +85,8 @@ def is_big_endian(dtype: np.dtype) -> bool:
 
 
 def npy_header_for(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """``npy_header`` of an array of this dtype and shape, from a cached template: ~1 us instead
-    of numpy's per-call formatting. Headers of arrays that differ only in their length, with
+    """``npy_header`` of an array of this dtype and shape, from a cached template instead of
+    numpy's formatting on every call. Headers of arrays that differ only in their length, with
     as many digits, differ only in those digits. The writer uses it for every member and the
     reader compares each member's header with it before falling back to a full parse.
     """

@@ -8,8 +8,8 @@ file's name, size, sha256 and xxh3_128 (its bytes are checked against the latter
 mapped, storage/manifests.py), the shard list, the chunk checks, every count. Every writer (pack, its workers and cluster units,
 merge, index) writes index.json through ``Manifest.to_json``, which seals it; a manifest whose
 content no longer matches its seal is refused, naming the file and the way to rebuild it. A
-manifest written before the seal existed has none: it loads (``Manifest.sealed`` False), and
-the dataset says so once (``streamwin index`` rewrites it, sealed).
+manifest without a seal (an older streamwin's) loads (``Manifest.sealed`` False), and the
+dataset says so once (``streamwin index`` rewrites it, sealed).
 
 Canonical JSON of the parsed content, not the file's bytes: a manifest re-indented or with
 its keys reordered by a JSON tool says the same, and stays valid.
@@ -32,7 +32,7 @@ def content_checksum(doc: dict) -> str:
 
 
 def check_seal(doc: dict, where: str) -> bool:
-    """Whether ``doc`` is sealed (False: written before seals existed); ManifestError naming ``where`` if its
+    """Whether ``doc`` is sealed (False: it has no seal, an older streamwin's); ManifestError naming ``where`` if its
     content no longer matches its seal (edited by hand, or damaged)."""
     seal = doc.get(CONTENT_FIELD)
     if seal is None:

@@ -48,8 +48,8 @@ def _hash_unlocked(piece) -> int:
 def sums_of(data, chunk: int = CHUNK) -> np.ndarray:
     """The checksum of each ``chunk``-byte piece of ``data`` (any bytes-like), the last one possibly shorter.
 
-    Pieces of UNLOCKED bytes or more are hashed with the GIL released; smaller ones (a chunk:
-    ~0.2 us of hashing) with it held, which costs less than handing it over and back."""
+    Pieces of UNLOCKED bytes or more are hashed with the GIL released; smaller ones (a chunk) with
+    it held, since hashing a chunk costs less than handing the GIL over and back."""
     return (_digests(_raw(data), chunk) & _MASK).astype(np.uint32)  # the low 32 bits
 
 
@@ -64,7 +64,7 @@ def _digests(raw: np.ndarray, piece: int) -> np.ndarray:
     """The full xxh3_64 of each ``piece``-byte piece of ``raw`` (the last possibly shorter), one call each."""
     whole = len(raw) // piece
     hash_ = _hash if piece < UNLOCKED else _hash_unlocked
-    # the one Python step per piece: rows of a 2-D view cost less to hand over than memoryview slices (~1.4x)
+    # the one Python step per piece: rows of a 2-D view cost less to hand over than memoryview slices
     got = np.fromiter(map(hash_, raw[: whole * piece].reshape(whole, piece)), dtype=np.uint64, count=whole)
     if len(raw) > whole * piece:
         got = np.append(got, np.uint64(hash_(raw[whole * piece :])))
@@ -199,7 +199,7 @@ def parse_pages(data, layout: Layout, p0: int, table: np.ndarray) -> tuple[np.nd
 @dataclass(frozen=True, eq=False)
 class SumsSpan:
     """The checksums that cover some bytes of one shard: ``fine[i]`` is chunk ``fine_at + i``'s, ``coarse[i]``
-    block ``coarse_at + i``'s (no blocks: ``block`` 0, as in manifests written before sums files)."""
+    block ``coarse_at + i``'s (no blocks: ``block`` 0, as in manifests without sums files)."""
 
     nbytes: int  # the shard's bytes
     chunk: int

@@ -46,7 +46,7 @@ _TEMPLATE_SUM = sum(_TEMPLATE)
 
 def tar_header(name: str, size: int) -> bytes:
     """The header of member ``name`` of ``size`` bytes: the template with name, size and checksum
-    patched in (~20x faster than ``tarfile``, byte for byte the same); a pax header past ustar."""
+    patched in (much faster than ``tarfile``, byte for byte the same); a pax header past ustar."""
     raw = name.encode("ascii")
     if len(raw) > 100 or size > USTAR_MAX_SIZE:
         info = tarfile.TarInfo(name)
@@ -66,15 +66,9 @@ def tar_headers(keys: np.ndarray, key_ends: np.ndarray, suffix: str, sizes: np.n
 
     ``keys`` holds every key's ASCII bytes end to end (uint8), key i ending at ``key_ends[i]``.
     """
-    n = len(sizes)
-    hdr = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (n, 1))
-    klen = np.diff(key_ends, prepend=0)
-    rows = np.repeat(np.arange(n), klen)
-    hdr[rows, np.arange(len(keys)) - np.repeat(key_ends - klen, klen)] = keys
-    for k, ch in enumerate(suffix.encode("ascii")):
-        hdr[np.arange(n), klen + k] = ch
-    for k in range(11):  # size: 11 octal digits and a NUL
-        hdr[:, 124 + k] = ord("0") + ((sizes >> (3 * (10 - k))) & 7)
+    hdr = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (len(sizes), 1))
+    fields = name_size_fields(keys, key_ends, suffix, sizes)
+    hdr[:, NAME], hdr[:, SIZE] = fields[:, NAME], fields[:, SIZE]
     checksum = hdr.sum(axis=1, dtype=np.int64)  # with the checksum field as 8 spaces
     for k in range(6):  # "%06o\0", the eighth byte stays a space
         hdr[:, 148 + k] = ord("0") + ((checksum >> (3 * (5 - k))) & 7)

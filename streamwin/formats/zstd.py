@@ -52,3 +52,10 @@ def compress_member(head: bytes, body: np.ndarray, length: int) -> tuple[bytes, 
     frames = [compress_frame(head + body[: rows * step].tobytes())]
     frames += [compress_frame(body[a * step : (a + rows) * step].tobytes()) for a in range(rows, length, rows)]
     return b"".join(frames), tuple(np.cumsum([len(f) for f in frames]).tolist())
+
+
+def decompress_frames(member: bytes, ends) -> bytes:
+    """A zstd member's content: its frames (ending at ``ends``, from the member's first byte) decompressed, joined."""
+    d = zstandard.ZstdDecompressor()
+    starts = [0, *[int(e) for e in ends[:-1]]]
+    return b"".join(d.decompress(member[a:int(b)]) for a, b in zip(starts, ends))

@@ -3,7 +3,7 @@
 In: a directory of .npy/.npz, parquet, Arrow, csv, jsonl, text files (any fsspec URL), a dataset
 object (Ray, Dask, Hugging Face, pyarrow, pandas), or any iterable of (key, array).
 Out: a dataset at any fsspec URL, and its Manifest. Knows nothing of the read side. The
-public functions: ``pack.pack``, ``parts.merge``, ``scan.verify`` and ``scan.index_shards``
+public functions: ``pack.pack``, ``parts.merge``, ``compact.compact``, ``scan.verify`` and ``scan.index_shards``
 (``streamwin`` re-exports them; this package does not, so ``streamwin.packing.pack`` stays
 the module).
 
@@ -15,6 +15,8 @@ merges the units' index fragments; ``lock`` and ``dest`` keep a destination whol
 at a time, generations of shards, the atomic commit); ``unit`` packs one unit, the pure
 function everything runs; ``parallel``, ``cluster_ray`` and ``cluster_dask`` run units here,
 on Ray or on Dask (``engines`` picks one); ``parts`` packs a part of the units and merges part
-indexes; ``sources`` cuts an input into numbered units; ``pack`` runs it all; ``scan``
-re-reads shards to verify a dataset or to index tar shards streamwin did not write.
+indexes; ``sources`` cuts an input into numbered units; ``grow`` and ``append`` add to a
+dataset packed already (``pack(mode="append" | "extend")``), ``compact`` merges what extensions
+added; ``pack`` runs it all; ``scan`` re-reads shards to verify a dataset or to index tar
+shards streamwin did not write.
 """

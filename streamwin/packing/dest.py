@@ -5,6 +5,7 @@ A re-pack never touches the dataset it replaces until it commits. Each pack writ
 
     index.json                           the commit marker: names generation 7's shards
     shard-g000007-u000000-000000.tar     generation 7, unit 0, shard 0 (see `unit`)
+    shard-g000007-u000000-c000000.tar    its continuation members, when generation 7 extended sequences
     shard-g000007-u000000-000000.tar.sums   its chunk checksums (formats/checks.py)
     index-g000007.columns                its per-sequence columns (from COLUMNAR_FROM sequences on)
     index-g000006.json                   the index it replaced, kept with generation 6's shards
@@ -16,8 +17,10 @@ file, then index.json with one atomic replace (a rename on a local disk, one PUT
 storage). Only then are older generations removed: every generation but the new one and the
 one it replaced, and whatever a killed pack left (shards of a generation never committed,
 temporary files). A pack killed at any moment thus leaves the old dataset readable and
-unchanged, or the new one complete. Datasets packed before generations existed
-(``shard-NNNNNN.tar``) count as generation 0.
+unchanged, or the new one complete. Datasets of the layout without generations
+(``shard-NNNNNN.tar``) count as generation 0. An append (``mode="append"`` or ``"extend"``)
+commits an index that names the shards of every generation it grew through: nothing an index
+here names is ever removed, whatever its generation.
 
 Only a holder of the pack lock with no live part beside it (``lock.exclude_parts``) removes
 anything, so what it removes was left by dead writers. Temporary files are
@@ -31,19 +34,20 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 from streamwin.errors import PackError
 from streamwin.formats.manifest import FORMAT, INDEX_NAME, Manifest
-from streamwin.packing.lock import abandoned_temp, is_lock_file
+from streamwin.packing.lock import PackLock, abandoned_temp, is_lock_file
 from streamwin.storage.manifests import write_manifest
 from streamwin.storage.urls import TEMP_MARK, is_local, join, remove_if_exists, write_atomic
 
-SHARD = re.compile(r"shard-g(\d+)-u\d+-\d+\.tar(?:\.sums)?")  # a generation's shard (and its sums file)
+SHARD = re.compile(r"shard-g(\d+)-u\d+-c?\d+\.tar(?:\.sums)?")  # a generation's shard (and its sums file)
 RETIRED = re.compile(r"index-g(\d+)\.json")  # the index a commit replaced
 COLUMNS = re.compile(r"index-g(\d+)\.columns")  # a generation's columns file
 TEMPORARY = re.compile(rf"(.+){re.escape(TEMP_MARK)}[0-9a-f]{{32}}")  # a write in progress (local disks)
-LEGACY_TEMPORARY = re.compile(r"(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}")  # streamwin's before, of a generation's file only
-PART_INDEX = re.compile(r"index\.part\d+-of-(\d+)\.(json|columns)")
+LEGACY_TEMPORARY = re.compile(r"(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}")  # an older streamwin's, of a generation's file only
+PART_INDEX = re.compile(r"index\.part\d+-of-(\d+)\.(?:(?:cont|grow)\.)?(json|columns)")
 OLD_LAYOUT = re.compile(r"(part\d{5}-)?shard-\d{6}\.tar(\.sums)?|index\.columns")  # generation 0, named by an index
 
 
@@ -56,13 +60,14 @@ class Survey:
     gen: int  # the live dataset's generation (0 for none, or packed before generations)
     kept: int | None  # the generation of the index the last commit replaced, if it is kept
     named: set[str] = field(default_factory=set)  # files the live or kept index names
+    live: set[str] = field(default_factory=set)  # files the live index names
     foreign: list[str] = field(default_factory=list)
     ours_index: bool = True  # index.json, if there is one, is a streamwin manifest (else it is foreign)
 
     @property
     def part_indexes(self) -> list[str]:
         """The part indexes here (``pack --part i/n`` finished, not merged)."""
-        return [n for n in self.names if PART_INDEX.fullmatch(n) and n.endswith(".json")]
+        return [n for n in self.names if PART_INDEX.fullmatch(n) and re.fullmatch(r"index\.part\d+-of-\d+\.json", n)]
 
     @property
     def newest(self) -> int:
@@ -106,7 +111,7 @@ def survey(fs, root: str) -> Survey:
     named = set(live)
     for _, name in kept_names:
         named |= set(_index_files(_read(fs, join(root, name))))
-    out = Survey(names, index, gen, kept, named, ours_index=ours_index)
+    out = Survey(names, index, gen, kept, named, live=set(live), ours_index=ours_index)
     out.foreign = [n for n in names if not _ours(n, named) or (n == INDEX_NAME and not ours_index)]
     return out
 
@@ -185,9 +190,12 @@ def refuse_unmerged(found: Survey, dest: str, overwrite: bool) -> None:
                         f"{dest}), or pass overwrite=True (--overwrite) to discard them with this pack")
 
 
-def remove_generations(fs, root: str, found: Survey, keep: set[int], *, parts: bool = True) -> None:
+def remove_generations(fs, root: str, found: Survey, keep: set[int], *, parts: bool = True,
+                       protect: set[str] | None = None) -> None:
     """Remove every file of a generation not in ``keep``, temporaries, part indexes (``parts``), and old-layout
-    files no kept index names."""
+    files a retired index names; never a file of ``protect`` (default: what any index here names; an appended
+    dataset's index names shards of many generations)."""
+    protect = found.named if protect is None else protect
     for name in found.names:
         final = temp_final(name)
         if final is not None:  # only lock holders write data here: a temporary file now is a dead writer's
@@ -195,8 +203,9 @@ def remove_generations(fs, root: str, found: Survey, keep: set[int], *, parts: b
                 remove_if_exists(fs, join(root, name))
             continue
         gen = generation(name)
-        old = OLD_LAYOUT.fullmatch(name) and 0 not in keep and name in found.named
-        if (gen is not None and gen not in keep) or old or (parts and PART_INDEX.fullmatch(name)):
+        old = OLD_LAYOUT.fullmatch(name) and 0 not in keep and name in found.named and name not in protect
+        if (gen is not None and gen not in keep and name not in protect) or old or \
+                (parts and PART_INDEX.fullmatch(name)):
             remove_if_exists(fs, join(root, name))
 
 
@@ -215,8 +224,8 @@ def commit(fs, root: str, dest: str, manifest: Manifest, gen: int, start: Survey
     if start.index is not None and start.ours_index:  # keep the index being replaced: its shards stay for the
         write_atomic(fs, join(root, retired_name(start.gen)), start.index)
     write_index(fs, root, manifest, gen)
-    after = survey(fs, root)
-    remove_generations(fs, root, after, {gen, start.gen})
+    after = survey(fs, root)  # what the new index and the one it replaced name stays, the rest goes
+    remove_generations(fs, root, after, {gen, start.gen}, protect=after.live | set(_index_files(start.index)))
     for name in after.names:
         if RETIRED.fullmatch(name) and int(RETIRED.fullmatch(name).group(1)) != start.gen:
             remove_if_exists(fs, join(root, name))
@@ -238,3 +247,26 @@ def prepare(fs, root: str) -> None:
     bucket is checked, and created only when asked, by ``sources.open_dest``)."""
     if is_local(fs):
         fs.makedirs(root, exist_ok=True)
+
+
+def committed(fs, root: str, dest: str, build: Callable[[], Manifest], gen: int, start: Survey, lock: PackLock,
+              overwrite: bool) -> Manifest:
+    """``build()`` the new generation (under ``lock``) and commit it; on any failure remove what it wrote and
+    re-raise."""
+    try:
+        manifest = build()
+        lock.check()
+        commit(fs, root, dest, manifest, gen, start, overwrite)
+        return manifest
+    except BaseException as e:
+        if not lock.holds():  # taken over: what is here is the other pack's now; it removes what this one wrote
+            if isinstance(e, Exception) and not isinstance(e, PackError):
+                lock.check()  # say that, not the symptom
+            raise
+        try:
+            after = survey(fs, root)
+            mine = [n for n in after.names if generation(temp_final(n) or n) == gen and n not in after.named]
+            remove_generations(fs, root, Survey(mine, None, 0, None), {g for g in (after.gen, after.kept)}, parts=False)
+        except Exception:  # the next pack removes what is left
+            pass
+        raise

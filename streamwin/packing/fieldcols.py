@@ -235,3 +235,49 @@ def _merge_missing(parts: list[tuple[SeqFields | None, int, str]], firsts: list[
         if count:
             out[name] = (count, first)
     return out
+
+
+def grow_fields(old: SeqFields | None, n_old: int, new: SeqFields | None, n_new: int, old_first: str, new_first: str,
+                view: int) -> SeqFields | None:
+    """The fields of a dataset of ``n_old`` sequences once ``n_new`` are appended to it (its view ``view``).
+
+    A field both store joins its columns (ints and floats: float); a str field's vocabulary
+    grows at its end, so every old code keeps its string; a field one side stores and the
+    other lacks follows the rule for missing values (left out, counted for pack's warning);
+    one left out on either side stays left out.
+    """
+    if old is None and new is None:
+        return None
+    left: dict[str, str] = {}
+    for f in (old, new):
+        left.update(f.left_out if f is not None else {})
+    missing = dict(new.missing) if new is not None else {}
+    names = set(old.kinds if old is not None else ()) | set(new.kinds if new is not None else ())
+    kinds, columns, vocab = {}, {}, {}
+    for name in sorted(names - set(left)):
+        a, b = (f.kinds.get(name) if f is not None else None for f in (old, new))
+        if a is None or b is None:
+            count, first = (n_old, old_first) if a is None else (n_new, new_first)
+            left[name], missing[name] = f"missing in sequence {first!r}", (count, first)
+            continue
+        if a != b and {a, b} != {"int", "float"}:
+            left[name] = f"{a} in the sequences before view {view}, {b} in the ones it appended"
+            continue
+        kind = a if a == b else "float"
+        if kind == "str":
+            words = list(old.vocabulary[name])
+            index = {w: i for i, w in enumerate(words)}
+            for w in sorted(set(new.vocabulary[name]) - set(index)):
+                index[w] = len(words)
+                words.append(w)
+            if len(words) > MAX_VOCABULARY:
+                left[name] = f"{len(words):,} distinct strings, more than {MAX_VOCABULARY:,}"
+                continue
+            remap = np.array([index[w] for w in new.vocabulary[name]], dtype=np.int32)
+            added = remap[new.columns[name]] if len(remap) else np.asarray(new.columns[name], dtype=np.int32)
+            col = np.concatenate([np.asarray(old.columns[name], dtype=np.int32), added])
+            vocab[name] = tuple(words)
+        else:
+            col = np.concatenate([np.asarray(f.columns[name]).astype(_dtype(kind)) for f in (old, new)])
+        kinds[name], columns[name] = kind, col
+    return SeqFields(kinds, columns, vocab, dict(sorted(left.items())), missing)

@@ -42,6 +42,7 @@ class Fragment:
     nbytes: int = 0  # bytes of the shards it wrote
     sequences: int = 0  # sequences it wrote
     missing: tuple = ()  # its fields' missing values (SeqFields.missing, which index.json does not keep), as items
+    continued: Manifest | str | None = None  # extending a dataset: the index of its continuation members (unit.py)
 
     @property
     def manifest(self) -> Manifest | None:
@@ -52,12 +53,20 @@ class Fragment:
             return m
         return self.index
 
+    @property
+    def continuations(self) -> Manifest | None:
+        """The index of the continuation members the unit wrote (keys ``<key>.gGGGGGG``), if any."""
+        if isinstance(self.continued, str):
+            return parse_manifest(self.continued, where=f"the continuations' index of {self.where}")
+        return self.continued
+
     def __reduce__(self):
         text = self.index.to_json() if isinstance(self.index, Manifest) else self.index
         fields = self.index.fields if isinstance(self.index, Manifest) else None
         missing = tuple(fields.missing.items()) if fields is not None else self.missing
+        continued = self.continued.to_json() if isinstance(self.continued, Manifest) else self.continued
         return (Fragment, (self.unit, text, self.dropped, self.columns, self.where, self.nbytes, self.sequences,
-                           missing))
+                           missing, continued))
 
 
 class FragmentMerger:
@@ -130,6 +139,10 @@ class FragmentMerger:
                 f"{first.step_shape}; pass cast= to convert the dtype, or pack them as separate datasets")
         if m.compression != first.compression:
             raise PackError(f"{where} is packed with compression {m.compression}, {first_where} with {first.compression}")
+
+    def result(self) -> Manifest | None:
+        """The merged manifest, or None when nothing was written (PackError for a key twice)."""
+        return None if self.first is None else self.finish()
 
     def finish(self) -> Manifest:
         """The merged manifest: PackError when nothing was written, or a key twice."""

@@ -7,6 +7,9 @@ commits the manifest. Where the units run is the only thing ``engine`` changes: 
 ``workers`` processes (`parallel`), as Ray tasks or as Dask tasks (`engines`). The output is
 byte-identical whichever runs them.
 
+``mode="append"`` and ``"extend"`` add to the dataset at ``dest`` instead (append.py): only
+the new sequences' shards, and the continuation members of the ones extended, are written.
+
 Crash safety: a pack holds the destination's lock (`lock`) from start to commit (a part its own
 lock, which gives way to a pack's), writes a new generation of shards whose names cannot
 collide with the live dataset's, and commits by replacing index.json atomically
@@ -26,11 +29,12 @@ import numpy as np
 from streamwin.arguments import check_keywords
 from streamwin.errors import PackError
 from streamwin.formats.manifest import Manifest
-from streamwin.packing.dest import (Survey, commit, generation, prepare, refuse_foreign, refuse_unmerged,
-                                    remove_generations, survey, temp_final)
+from streamwin.packing.dest import committed, prepare, refuse_foreign, refuse_unmerged, remove_generations, survey
 from streamwin.packing.encode import EncodeOptions
 from streamwin.packing.engines import run_units
+from streamwin.packing.append import GROW_MODES, append, growing_part
 from streamwin.packing.fragments import FragmentMerger
+from streamwin.packing.grow import GAPS, ExistingKeys
 from streamwin.packing.lock import PackLock, exclude_parts, part_lock_name, yield_to_pack
 from streamwin.packing.parts import merge, parse_part, part_generation, unpublish_part, write_part
 from streamwin.packing.sources import Source, open_dest, source_of
@@ -60,8 +64,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _accepts_source(func: Callable[..., Manifest]) -> Callable[..., Manifest]:
-    """pack's first parameter was called ``source``: a call that names it still works, with a
-    DeprecationWarning (``inspect.signature`` and ``help`` show the new signature)."""
+    """``source=``, an older name of pack's first parameter, is taken as ``inputs`` with a
+    DeprecationWarning (``inspect.signature`` and ``help`` show the current signature)."""
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Manifest:
         if "source" in kwargs:
@@ -81,7 +85,7 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
          empty: str = "skip", nan: str = "count", part: str | tuple[int, int] | None = None,
          storage_options: dict | None = None, progress: bool = True, engine: str | None = None,
          address: str | None = None, overwrite: bool = False, create_bucket: bool = False,
-         **input_options: Any) -> Manifest:
+         mode: str | None = None, gaps: str = "error", **input_options: Any) -> Manifest:
     """Pack inputs (files of sequences, a dataset object, or an iterable) into tar shards and an index.json at ``dest``.
 
     Args:
@@ -89,9 +93,9 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
             jsonl, text), a list of them, a dataset object (``ray.data.Dataset``,
             ``dask.dataframe.DataFrame``, ``datasets.Dataset`` / ``IterableDataset``, a pyarrow
             Table or pandas DataFrame), or an iterable of ``(key, array)`` / ``(key, array, meta)``.
-            (Called ``source`` before: ``source=`` still works, with a DeprecationWarning.)
+            ``source=`` is an older name of it, taken with a DeprecationWarning.
         dest: the dataset root (any fsspec URL). A dataset already there is replaced atomically:
-            readers see the old one until the new one is complete.
+            readers see the old one until the new one is complete (unless ``mode`` appends to it).
         shard_bytes: a shard is closed once it holds at least this many bytes.
         format: the input format when it cannot be detected (see ``streamwin.packing.inputs.FORMATS``).
         workers: processes that pack units in parallel on this machine (output is identical).
@@ -108,6 +112,12 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
             own engine. The output is byte-identical whichever engine runs it.
         overwrite: replace files at ``dest`` that are not this dataset's (else refused, named).
         create_bucket: create the object-store bucket of ``dest`` when it does not exist.
+        mode: None (write the dataset, replacing one there), "append" (add sequences of new keys to the
+            dataset there, writing only their shards; a key it holds is an error) or "extend" (as
+            "append", and a key it holds gets the new steps as a continuation of its sequence).
+            Either commits one manifest for old and new, atomically; see docs/packing.md.
+        gaps: "error" (an extension whose ``start`` is not where its sequence's steps end, or whose
+            ``freq`` differs, is refused, naming the key and both times) or "allow".
         input_options: passed to the input format's reader (e.g. ``id_column=``, ``field=``,
             ``variates_first=``). The value columns are recorded (``manifest.value_columns``).
 
@@ -115,6 +125,10 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
         The manifest written to ``dest``.
     """
     _check_sizes(shard_bytes, workers)
+    if mode not in (None, *GROW_MODES):
+        raise PackError(f"mode must be None, 'append' or 'extend', got {mode!r}")
+    if gaps not in GAPS:
+        raise PackError(f"gaps must be 'error' or 'allow', got {gaps!r}")
     options = EncodeOptions(cast=cast, compression=compression, empty=empty, nan=nan)
     part_ = parse_part(part)
     source = source_of(inputs, format, input_options, engine, part_, shard_bytes)
@@ -123,7 +137,9 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     run = functools.partial(_pack_units, source, dest, storage_options, shard_bytes, options, workers, address,
                             progress)
     if part_ is not None:
-        manifest = _pack_part(fs, root, dest, part_, run, overwrite)
+        manifest, written = _pack_part(fs, root, dest, part_, run, overwrite, mode, gaps, storage_options)
+    elif mode is not None:
+        manifest, written = append(fs, root, dest, storage_options, run, mode=mode, gaps=gaps, overwrite=overwrite)
     else:
         with PackLock(fs, root, dest) as lock:
             exclude_parts(fs, root, dest, lock)
@@ -133,11 +149,12 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
             remove_generations(fs, root, start, {start.gen, start.kept})  # what killed packs left
             gen = max(start.newest, lock.stale_gen) + 1
             lock.set_generation(gen)
-            manifest = _committed(fs, root, dest, lambda: run(gen), gen, start, lock, overwrite)
-    if manifest.nonfinite.nan or manifest.nonfinite.inf:
-        warnings.warn(f"streamwin: packed {manifest.nonfinite.nan:,} NaN and {manifest.nonfinite.inf:,} inf values "
-                      f"into {dest} (manifest.nonfinite counts them; nan='raise' refuses them)",
-                      NonFiniteWarning, stacklevel=3)  # the caller of pack, past _accepts_source
+            manifest = committed(fs, root, dest, lambda: run(gen), gen, start, lock, overwrite)
+    nan, inf = (sum(m.nonfinite.nan for m in written), sum(m.nonfinite.inf for m in written)) if mode is not None \
+        else (manifest.nonfinite.nan, manifest.nonfinite.inf)
+    if nan or inf:
+        warnings.warn(f"streamwin: packed {nan:,} NaN and {inf:,} inf values into {dest} (manifest.nonfinite counts "
+                      "them; nan='raise' refuses them)", NonFiniteWarning, stacklevel=3)  # the caller of pack
     if manifest.fields is not None and manifest.fields.missing:
         warnings.warn(missing_values(manifest), MissingValuesWarning, stacklevel=4)  # the caller of pack
     return manifest
@@ -152,10 +169,11 @@ def missing_values(manifest: Manifest) -> str:
             "value; give those sequences one to keep it")
 
 
-def _pack_part(fs, root: str, dest: str, part: tuple[int, int], run: Callable[[int], Manifest],
-               overwrite: bool) -> Manifest:
+def _pack_part(fs, root: str, dest: str, part: tuple[int, int], run: Callable[..., Manifest], overwrite: bool,
+               mode: str | None, gaps: str, storage_options: dict | None) -> tuple[Manifest, list[Manifest]]:
     """Pack part i of n under its part lock, beside the other parts of its job and never beside a pack (which it
-    gives way to), into their generation; then publish its part index."""
+    gives way to), into their generation; then publish its part index (of an append: with what it grows).
+    (the part's index, the indexes of what it wrote)."""
     i, n = part
     with PackLock(fs, root, dest, what=f"pack --part {i}/{n}", name=part_lock_name(i, n)) as lock:
         dead = yield_to_pack(fs, root, dest, lock)
@@ -165,44 +183,28 @@ def _pack_part(fs, root: str, dest: str, part: tuple[int, int], run: Callable[[i
         lock.set_generation(gen)
         unpublish_part(fs, root, part)
         try:
-            manifest = run(gen)
+            grows = conts = None
+            if mode is None:
+                manifest = run(gen)
+            else:
+                (manifest, conts), grows = growing_part(dest, storage_options, run, gen, mode, gaps, start)
             lock.check()
         except BaseException as e:
             if isinstance(e, Exception) and not isinstance(e, PackError) and not lock.holds():
                 lock.check()  # say that it lost its lock, not the symptom
             raise
-        write_part(fs, root, manifest, part)
-    return manifest
-
-
-def _committed(fs, root: str, dest: str, build: Callable[[], Manifest], gen: int, start: Survey, lock: PackLock,
-               overwrite: bool) -> Manifest:
-    """``build()`` the new generation and commit it; on any failure remove what it wrote and re-raise."""
-    try:
-        manifest = build()
-        lock.check()
-        commit(fs, root, dest, manifest, gen, start, overwrite)
-        return manifest
-    except BaseException as e:
-        if not lock.holds():  # taken over: what is here is the other pack's now; it removes what this one wrote
-            if isinstance(e, Exception) and not isinstance(e, PackError):
-                lock.check()  # say that, not the symptom
-            raise
-        try:
-            after = survey(fs, root)
-            mine = [n for n in after.names if generation(temp_final(n) or n) == gen and n not in after.named]
-            remove_generations(fs, root, Survey(mine, None, 0, None), {g for g in (after.gen, after.kept)}, parts=False)
-        except Exception:  # the next pack removes what is left
-            pass
-        raise
+        write_part(fs, root, manifest, part, grows=grows, continued=conts)
+    return manifest or conts, [m for m in (manifest, conts) if m is not None]
 
 
 def _pack_units(source: Source, dest: str, storage_options: dict | None, shard_bytes: int, options: EncodeOptions,
-                workers: int, address: str | None, progress: bool, gen: int) -> Manifest:
-    """Pack every unit of ``source`` as generation ``gen`` and merge their fragments (in unit order)."""
-    jobs = ((UnitJob(number, task, dest, storage_options, gen, shard_bytes, options), data)
+                workers: int, address: str | None, progress: bool, gen: int, extend: ExistingKeys | None = None,
+                growing: bool = False) -> Manifest | tuple[Manifest | None, Manifest | None]:
+    """Pack every unit of ``source`` as generation ``gen`` and merge their fragments (in unit order). ``growing``
+    (an append): (the new sequences' index, the continuation members' index), each None when none was written."""
+    jobs = ((UnitJob(number, task, dest, storage_options, gen, shard_bytes, options, extend), data)
             for number, task, data in source.units())
-    merger = FragmentMerger()
+    merger, continued = FragmentMerger(), FragmentMerger()
     bar = progress_bar(desc=f"pack {dest}", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress)
     counts = [0, 0]  # sequences, units
 
@@ -217,9 +219,12 @@ def _pack_units(source: Source, dest: str, storage_options: dict | None, shard_b
             for fragment in fragments:  # closed on any error: the engine's tasks in flight end first
                 counts[1] += 1
                 merger.add_fragment(fragment)
-        return merger.finish()
+                if fragment.continued is not None:
+                    continued.add(fragment.continuations, 0, None, fragment.where)
+        return (merger.result(), continued.result()) if growing else merger.finish()
     except BaseException:
         merger.discard()
+        continued.discard()
         raise
     finally:
         bar.close()

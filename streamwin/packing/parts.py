@@ -11,21 +11,32 @@ writes a name a pack writes, and no pack removes a part's files. `merge` (under 
 checks that every part is there and agrees with the others, and that no two name one shard
 (parts of different inputs), then commits the combined index: byte-identical to a pack in
 one piece. The part indexes are removed once merged.
+
+Parts of an append (``pack(..., part="i/n", mode="append" | "extend")``) write their new
+sequences' index as the part index (with no rows when they wrote none), their continuation
+members' index beside it (``index.partIIIII-of-NNNNN.cont.json``), and what they grow
+(``.grow.json``: the mode and the digest of the manifest they were packed against); `merge`
+then commits the dataset grown by all of them, if it is still the one they were packed against.
 """
 from __future__ import annotations
 
 import json
 import re
 
+import numpy as np
+
 from streamwin.arguments import check_keywords
 from streamwin.errors import ManifestError, PackError
+from streamwin.formats.checks import Checks
+from streamwin.formats.framed import NonFinite
 from streamwin.formats.manifest import Manifest
 from streamwin.packing.dest import PART_INDEX, Survey, commit, generation, survey
 from streamwin.packing.fragments import FragmentMerger
+from streamwin.packing.grow import grow
 from streamwin.packing.inputs import Columns
 from streamwin.packing.lock import PART_LOCK, PackLock, exclude_parts, read_lock, stale
 from streamwin.storage.manifests import load_manifest, write_manifest
-from streamwin.storage.urls import join, remove_if_exists, url_to_fs
+from streamwin.storage.urls import join, remove_if_exists, url_to_fs, write_atomic
 
 
 def parse_part(part: str | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -48,10 +59,16 @@ def part_index_name(i: int, n: int) -> str:
     return f"index.part{i:05d}-of-{n:05d}.json"
 
 
+def side_name(index: str, kind: str) -> str:
+    """The file beside part index ``index`` of ``kind`` "cont" (its continuations' index) or "grow" (what it grows)."""
+    return f"{index[: -len('.json')]}.{kind}.json"
+
+
 def part_indexes(dest: str, *, storage_options: dict | None = None) -> list[str]:
     """Names of the part indexes (``index.partIIIII-of-NNNNN.json``) at ``dest``, sorted."""
     fs, root = url_to_fs(dest, storage_options)
-    return sorted(p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
+    names = (p.rsplit("/", 1)[-1] for p in fs.glob(join(root, "index.part*-of-*.json")))
+    return sorted(n for n in names if re.fullmatch(r"index\.part\d+-of-\d+\.json", n))
 
 
 def part_range(count: int, part: tuple[int, int]) -> range:
@@ -67,13 +84,31 @@ def unpublish_part(fs, root: str, part: tuple[int, int]) -> None:
     """Remove part i of n's index before the part is packed (again): until it is written anew, the part
     reads as not finished, whatever its shards hold meanwhile."""
     name = part_index_name(*part)
-    remove_if_exists(fs, join(root, name))
-    remove_if_exists(fs, join(root, name[: -len(".json")] + ".columns"))
+    for index in (name, side_name(name, "cont")):
+        remove_if_exists(fs, join(root, index))
+        remove_if_exists(fs, join(root, index[: -len(".json")] + ".columns"))
+    remove_if_exists(fs, join(root, side_name(name, "grow")))
 
 
-def write_part(fs, root: str, manifest: Manifest, part: tuple[int, int]) -> None:
-    """Write part i of n's index (the merged fragment of its units)."""
-    write_manifest(fs, root, manifest, part_index_name(*part))
+def write_part(fs, root: str, manifest: Manifest | None, part: tuple[int, int], *, grows: dict | None = None,
+               continued: Manifest | None = None) -> None:
+    """Write part i of n's index (the merged fragment of its units), last: part of an append, after its
+    continuations' index and ``grows`` (its mode and the digest of the manifest it grows)."""
+    name = part_index_name(*part)
+    if continued is not None:
+        write_manifest(fs, root, continued, side_name(name, "cont"))
+    if grows is not None:
+        write_atomic(fs, join(root, side_name(name, "grow")), json.dumps(grows).encode())
+        manifest = manifest if manifest is not None else _no_rows(continued)
+    write_manifest(fs, root, manifest, name)
+
+
+def _no_rows(like: Manifest) -> Manifest:
+    """An index of no sequence and no shard, of ``like``'s dtype (a part of an append that only extended)."""
+    empty = np.zeros(0, dtype=np.int64)
+    return Manifest(dtype=like.dtype, step_shape=like.step_shape, compression=like.compression, shards=(),
+                    length=empty, offset=empty, size=empty, hlen=empty, key_blob=b"", key_ends=empty,
+                    nonfinite=NonFinite(0, 0, ()), checks=Checks.of_shards([], []))
 
 
 @check_keywords()
@@ -90,21 +125,57 @@ def merge(dest: str, *, storage_options: dict | None = None) -> Manifest:
         start = survey(fs, root)
         expected = _finished_parts(dest, storage_options)
         parts = [load_manifest(dest, storage_options, name=name) for name in expected]
-        gen = _part_generation(dest, expected, parts, start.gen)
-        _check_present(dest, parts, set(start.names))
-        merger = FragmentMerger()
+        grows = [_read_grows(fs, root, name) for name in expected]
+        conts = [load_manifest(dest, storage_options, name=side_name(name, "cont")) if g and g["continued"] else None
+                 for name, g in zip(expected, grows)]
+        gen = _part_generation(dest, expected, [p.shards + (c.shards if c else ()) for p, c in zip(parts, conts)],
+                               start.gen)
+        _check_present(dest, [*parts, *(c for c in conts if c is not None)], set(start.names))
+        merger, continued = FragmentMerger(), FragmentMerger()
         try:
-            for name, m in zip(expected, parts):
+            for name, m, c in zip(expected, parts, conts):
                 columns = None if m.value_columns is None else Columns(m.value_columns,
                                                                          tuple((m.left_out_columns or {}).items()), name)
                 merger.add(m, m.dropped_empty, columns, name)
-            manifest = merger.finish()
+                if c is not None:
+                    continued.add(c, 0, None, side_name(name, "cont"))
+            manifest = merger.finish() if not any(grows) else _grown(dest, storage_options, start, grows, merger,
+                                                                     continued)
         except PackError as e:
             merger.discard()
+            continued.discard()
             raise ManifestError(f"cannot merge {dest}: {e}") from e
         lock.check()
         commit(fs, root, dest, manifest, gen, start)
     return manifest
+
+
+def _read_grows(fs, root: str, name: str) -> dict | None:
+    """What part index ``name`` grows ({"mode", "base", "continued"}), or None for a part of a whole pack."""
+    try:
+        return json.loads(fs.cat_file(join(root, side_name(name, "grow"))))
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise ManifestError(f"{side_name(name, 'grow')} is damaged ({e}): re-pack that part") from None
+
+
+def _grown(dest: str, storage_options: dict | None, start: Survey, grows: list, merger: FragmentMerger,
+           continued: FragmentMerger) -> Manifest:
+    """The dataset at ``dest`` grown by the parts of one append; ManifestError unless all of them append to the
+    manifest that is live now."""
+    if not all(grows) or len({(g.get("mode"), g.get("base")) for g in grows}) > 1:
+        raise ManifestError(f"cannot merge {dest}: its parts were packed by different packs (some append, to other "
+                            "versions of the dataset, some not); re-pack the parts")
+    heads, base, mode = merger.finish(), grows[0].get("base"), grows[0].get("mode")
+    now = load_manifest(dest, storage_options).digest if start.index is not None else None
+    if base != now:
+        raise ManifestError(f"cannot merge {dest}: its parts append to the dataset as it was ({base}), it is another "
+                            f"now ({now}): re-pack the parts")
+    if base is None:
+        return heads
+    return grow(load_manifest(dest, storage_options), heads if heads.num_sequences else None, continued.result(),
+                extend=mode == "extend", dest=dest)
 
 
 def _finished_parts(dest: str, storage_options: dict | None) -> list[str]:
@@ -123,9 +194,10 @@ def _finished_parts(dest: str, storage_options: dict | None) -> list[str]:
     return expected
 
 
-def _part_generation(dest: str, names: list[str], parts: list[Manifest], live: int) -> int:
-    """The one generation every part wrote, newer than the live dataset's (else ManifestError)."""
-    gens = {name: {generation(s.name) for s in m.shards} for name, m in zip(names, parts)}
+def _part_generation(dest: str, names: list[str], shards: list, live: int) -> int:
+    """The one generation every part wrote (``shards``: each part's), newer than the live dataset's (else
+    ManifestError)."""
+    gens = {name: {generation(s.name) for s in listed} for name, listed in zip(names, shards)}
     found = set().union(*gens.values())
     if len(found) != 1 or None in found:
         raise ManifestError(f"cannot merge {dest}: the parts wrote shards of different generations "

@@ -12,10 +12,14 @@ hashed as they stream by, npy headers parsed, nothing unpickled).
 - ``index_shards(url)`` writes index.json for existing shards (e.g. from
   ``webdataset.ShardWriter``), taking the key of a member as webdataset does: its path up to
   the first dot of its base name, counting the NaN and inf values of float arrays as
-  pack does, and writing each shard's sums file (formats/checks.py) as pack does.
+  pack does, and writing each shard's sums file (formats/checks.py) as pack does. A dataset
+  whose sequences were extended (``<key>.gGGGGGG.npy`` continuation members, formats/growth.py)
+  is indexed with its continuations, each after the ones of lower generation; its record of
+  views is not in the shards, so the index starts a dataset of one view.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import posixpath
 import time
@@ -27,9 +31,11 @@ from streamwin.arguments import check_keywords
 from streamwin.errors import ManifestError, ShardError
 from streamwin.formats import tar as tarfmt
 from streamwin.formats.checks import SUFFIX, Checks
+from streamwin.formats.growth import parse_continuation
 from streamwin.formats.sums import ShardSumsWriter
 from streamwin.formats.manifest import INDEX_NAME, Manifest, NonFinite, ShardEntry, build_manifest, columns_file_entry
 from streamwin.packing.fieldcols import FieldCollector
+from streamwin.packing.grow import split_members
 from streamwin.packing.lock import PackLock, exclude_parts
 from streamwin.packing.scanner import CHUNK, NpyMember, ShardScan, scan_all
 from streamwin.storage.manifests import load_manifest, write_manifest
@@ -54,8 +60,12 @@ def verify(url: str, storage_options: dict | None = None, progress: bool = True)
     _check_columns_file(fs, root, url)
     failures: list[ShardError] = []
 
+    members = manifest.members()  # with continuations: a row per member (formats/growth.py)
+    in_shard = _rows_by_shard(members)
+
     def check(k: int, result: ShardScan | ShardError) -> None:
-        problem = result if isinstance(result, ShardError) else _compare(manifest, k, result, url, fs, root)
+        problem = result if isinstance(result, ShardError) else _compare(members, k, in_shard[k], result, url, fs,
+                                                                          root)
         if problem is not None:
             failures.append(problem)
 
@@ -93,15 +103,24 @@ def _check_columns_file(fs, root: str, url: str) -> None:
                             f"{INDEX_NAME} says {entry.sha256[:16]}...; repack, or rerun `streamwin index`")
 
 
-def _compare(m: Manifest, k: int, scan: ShardScan, url: str, fs, root: str) -> ShardError | None:
-    """The first disagreement between shard ``k`` as scanned and the manifest, or None."""
+def _rows_by_shard(m: Manifest) -> list[np.ndarray]:
+    """The rows of each shard's members, in the order they lie in it."""
+    rows = np.arange(m.num_members)
+    shard = m.shards_of(rows)
+    order = np.lexsort((np.asarray(m.offset), shard))
+    bounds = np.searchsorted(shard[order], np.arange(len(m.shards) + 1))
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _compare(m: Manifest, k: int, rows: np.ndarray, scan: ShardScan, url: str, fs, root: str) -> ShardError | None:
+    """The first disagreement between shard ``k`` as scanned and the manifest's members ``rows`` of it, or None."""
     entry = m.shards[k]
     shard_url = f"{url}/{entry.name}"
-    lo, hi = int(m.shard_starts[k]), int(m.shard_starts[k + 1])
+    count = len(rows)
     suffix = ".npy.zst" if m.compression == "zstd" else ".npy"
-    for j, i in enumerate(range(lo, hi)):
+    for j, i in enumerate(rows.tolist()):
         if j >= len(scan.members):
-            return ShardError(f"manifest lists {hi - lo} sequences, the shard holds {len(scan.members)} .npy members",
+            return ShardError(f"manifest lists {count} members, the shard holds {len(scan.members)} .npy members",
                               shard=shard_url, member=m.key(i) + suffix, offset=int(m.offset[i]))
         got = scan.members[j]
         want = (m.key(i) + suffix, int(m.offset[i]), int(m.size[i]), m.dtype,
@@ -112,11 +131,11 @@ def _compare(m: Manifest, k: int, scan: ShardScan, url: str, fs, root: str) -> S
             diffs = "; ".join(f"{f}: shard {h!r} / manifest {w!r}" for f, h, w in zip(fields, have, want) if h != w)
             return ShardError(f"sequence {i} disagrees with the manifest: {diffs}", shard=shard_url,
                               member=got.name, offset=got.offset)
-    if len(scan.members) > hi - lo:
-        extra = scan.members[hi - lo]
-        return ShardError(f"shard holds {len(scan.members)} .npy members, manifest lists {hi - lo}",
+    if len(scan.members) > count:
+        extra = scan.members[count]
+        return ShardError(f"shard holds {len(scan.members)} .npy members, manifest lists {count}",
                           shard=shard_url, member=extra.name, offset=extra.offset)
-    steps = int(m.length[lo:hi].sum())
+    steps = int(np.asarray(m.length)[rows].sum())
     if steps != entry.num_steps:
         return ShardError(f"steps mismatch: the manifest's sequences of this shard sum to {steps} steps, its shard "
                           f"entry says {entry.num_steps}", shard=shard_url)
@@ -125,8 +144,9 @@ def _compare(m: Manifest, k: int, scan: ShardScan, url: str, fs, root: str) -> S
         return bad
     if bad is not None:  # where the bytes differ from what was packed, to the chunk
         at = bad * m.checks.chunk
-        i = lo + int(np.searchsorted(m.offset[lo:hi] + m.size[lo:hi], at, side="right"))  # first member ending past it
-        named = i < hi
+        j = int(np.searchsorted(np.asarray(m.offset)[rows] + np.asarray(m.size)[rows], at, side="right"))
+        named = j < count  # the first member ending past it
+        i = int(rows[j]) if named else 0
         return ShardError(f"checksum mismatch: bytes {at}..{min(at + m.checks.chunk, scan.nbytes)} (chunk {bad}) differ "
                           "from what was packed", shard=shard_url, member=m.key(i) + suffix if named else None,
                           offset=max(at, int(m.offset[i]) - tarfmt.BLOCK) if named else at)
@@ -214,7 +234,8 @@ class _Indexer:
             self._check(mem, shard_url)
             self.seen[mem.key] = scan.name
             self.keys.append(mem.key)
-            self.fields.add(mem.key, mem.meta)
+            if parse_continuation(mem.key) is None:  # (continuations have no fields of their own)
+                self.fields.add(mem.key, mem.meta)
             for col, value in (("length", mem.shape[0]), ("offset", mem.offset), ("size", mem.size), ("hlen", mem.hlen)):
                 self.columns[col].append(value)
         steps = sum(mem.shape[0] for mem in scan.members)
@@ -247,8 +268,10 @@ class _Indexer:
         if self.first is None:
             raise ManifestError(f"no .npy or .npy.zst members in the shards at {self.url}: nothing to index")
         first = self.first[1]
-        return build_manifest(first.dtype, first.shape[1:], "zstd" if first.compressed else None,
-                              self.shards, self.keys, self.columns,
-                              nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)),
-                              checks=Checks.of_shards(self.digests, [s.bytes for s in self.shards]),
-                              fields=self.fields.result())
+        grown = any(parse_continuation(k) for k in self.keys)  # continuation members of extended sequences
+        m = build_manifest(first.dtype, first.shape[1:], "zstd" if first.compressed else None,
+                           self.shards, self.keys, self.columns,
+                           nonfinite=NonFinite(self.nan, self.inf, tuple(self.shard_nonfinite)),
+                           checks=Checks.of_shards(self.digests, [s.bytes for s in self.shards]),
+                           fields=None if grown else self.fields.result())
+        return dataclasses.replace(split_members(m, self.url), fields=self.fields.result()) if grown else m

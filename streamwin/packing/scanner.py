@@ -6,7 +6,8 @@ is walked with ``tarfile`` in stream mode (so pax and GNU long-name headers work
 parses the npy header (decompressing a zstd member as a stream) without ever unpickling
 anything, checks that the content holds exactly the array the header declares, and counts
 NaN and inf values as pack does. A member's key is taken as webdataset takes it: its path up
-to the first dot of its base name. `scan_all` scans many shards on a few threads and hands
+to the first dot of its base name; a continuation member (``<key>.gGGGGGG.npy``, formats/growth.py)
+is keyed ``<key>.gGGGGGG``. `scan_all` scans many shards on a few threads and hands
 the results over in shard order; ``verify`` and ``index_shards`` (`scan`) are built on it.
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ _ZSTD_ERRORS = (zstandard.ZstdError,) if zstandard is not None else ()
 CHUNK = 4 << 20  # bytes fetched (and hashed) per read of a shard
 THREADS = 4  # shards scanned at once: hashing and I/O release the GIL
 _WDS_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's split of a member name: key, extension
+_CONTINUATION = re.compile(r"g(\d{6,})\.(npy|npy\.zst)")  # a continuation member's extension: <key>.gGGGGGG.npy
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,10 @@ def _walk(tf: tarfile.TarFile, shard: str, members: list[NpyMember], current: li
             meta = _json_object(tf.extractfile(info).read())
             if meta is not None:
                 members[-1] = dataclasses.replace(members[-1], meta=meta)
+            continue
+        cont = _CONTINUATION.fullmatch(m.group(2)) if m is not None else None
+        if cont is not None:  # a continuation member of a sequence extended by an append (formats/growth.py)
+            members.append(_npy_member(tf, info, f"{m.group(1)}.g{cont.group(1)}", cont.group(2) == "npy.zst", shard))
             continue
         if m is None or m.group(2) not in ("npy", "npy.zst"):
             continue

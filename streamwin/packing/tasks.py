@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -51,9 +51,15 @@ def tasks_of(units: list[InputUnit], task_bytes: int = 256 << 20) -> list[list[I
     return tasks
 
 
-def encode_units(units: list[InputUnit], options: EncodeOptions, tally: Tally) -> Iterator[EncodedSeq | Records]:
+Continued = Callable[[list[str]], np.ndarray]  # which of some keys a dataset being extended holds already
+
+
+def encode_units(units: list[InputUnit], options: EncodeOptions, tally: Tally,
+                 continued: Continued | None = None) -> Iterator[EncodedSeq | Records]:
     """The parts of a task's units (`encode_batches`), or, for an in-memory iterable, its items encoded one by
-    one (a generator may reuse its arrays, so none is held past its write; the iterable is never held whole)."""
+    one (a generator may reuse its arrays, so none is held past its write; the iterable is never held whole).
+    ``continued``: keys of sequences that extend ones packed already come one by one, as EncodedSeq, never in
+    Records (their members are named and written apart: unit.py)."""
     if len(units) == 1 and units[0].format == "iterable":
         for key, arr, meta in read_unit(units[0]):
             enc = options.encode(key, arr, meta)
@@ -62,10 +68,11 @@ def encode_units(units: list[InputUnit], options: EncodeOptions, tally: Tally) -
             else:
                 yield enc
         return
-    yield from encode_batches(units, options, tally)
+    yield from encode_batches(units, options, tally, continued)
 
 
-def encode_batches(units: list[InputUnit], options: EncodeOptions, tally: Tally) -> Iterator[EncodedSeq | Records]:
+def encode_batches(units: list[InputUnit], options: EncodeOptions, tally: Tally,
+                   continued: Continued | None = None) -> Iterator[EncodedSeq | Records]:
     """The parts of some input files (a task: see `tasks_of`) to write, in order: Records of their
     short sequences (made by `encode_batch`, BATCH_SEQS at a time, where an input gives a Batch),
     and long ones as EncodedSeq, written from their arrays. Counts skipped sequences and value
@@ -76,7 +83,9 @@ def encode_batches(units: list[InputUnit], options: EncodeOptions, tally: Tally)
     for got in (got for unit in units for got in read_batches(unit, found.append)):
         if found:
             tally.columns = found.pop()
-        if isinstance(got, Batch) and options.compression is None and batch_fits(got):
+        extends = continued(list(got.keys) if isinstance(got, Batch) else [got[0]]) if continued is not None else None
+        if isinstance(got, Batch) and options.compression is None and batch_fits(got) and \
+                (extends is None or not extends.any()):
             if pending:
                 yield records_of(pending, suffix)
                 pending = []
@@ -93,7 +102,8 @@ def encode_batches(units: list[InputUnit], options: EncodeOptions, tally: Tally)
             if enc is None:
                 tally.skipped += 1
                 continue
-            small = not isinstance(enc.body, Streamed) and enc.size <= RECORD_MAX
+            small = not isinstance(enc.body, Streamed) and enc.size <= RECORD_MAX and \
+                (extends is None or not extends[i])
             # one dtype per Records (the writer then names the first sequence of another); bounded buffers
             if pending and (not small or (enc.dtype, enc.step_shape) != (pending[0].dtype, pending[0].step_shape)
                             or len(pending) >= BATCH_SEQS):

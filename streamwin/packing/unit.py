@@ -9,7 +9,9 @@ identity alone. So packing a unit twice (a retried task, a duplicated one, a tas
 worker died midway) writes the same bytes under the same names, each shard replaced whole
 (a rename on a local disk, one PUT on object storage), and the merge takes one fragment per
 unit: no sequence is ever duplicated or lost, and the result does not depend on where or in
-which order the units ran.
+which order the units ran. When the pack extends a dataset (``mode="extend"``), the sequences
+of keys it holds already are written as continuation members (``<key>.gGGGGGG.npy``, no json
+member) into shards of their own, ``shard-gGGGGGG-uUUUUUU-cKKKKKK.tar``, with an index of their own.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from streamwin.errors import PackError
 from streamwin.packing.dest import shard_prefix
 from streamwin.packing.encode import EncodedSeq, EncodeOptions
 from streamwin.packing.fragments import Fragment
+from streamwin.packing.grow import ExistingKeys
 from streamwin.packing.inputs import InputUnit
 from streamwin.packing.tasks import Tally, encode_units
 from streamwin.packing.writer import ShardWriter
@@ -41,6 +44,7 @@ class UnitJob:
         gen: the generation being written.
         shard_bytes: a shard is closed once it holds this many bytes.
         options: how sequences are encoded.
+        extend: the keys of the dataset being extended (``mode="extend"``), else None.
     """
 
     unit: int
@@ -50,6 +54,7 @@ class UnitJob:
     gen: int
     shard_bytes: int
     options: EncodeOptions
+    extend: ExistingKeys | None = None
 
     @property
     def where(self) -> str:
@@ -68,22 +73,37 @@ def pack_unit(job: UnitJob, data: Any = None, progress: Progress | None = None) 
     fs, root = url_to_fs(job.dest, job.storage_options)
     writer = ShardWriter(fs, root, shard_bytes=job.shard_bytes, prefix=shard_prefix(job.gen, job.unit),
                          compression=job.options.compression)
+    existing = job.extend
+    cont = ShardWriter(fs, root, shard_bytes=job.shard_bytes, prefix=shard_prefix(job.gen, job.unit) + "c",
+                       compression=job.options.compression) if existing is not None else None
     borrowed = any(u.format == "iterable" for u in inputs)  # a generator may reuse its arrays
     tally = Tally()
     try:
-        for part in encode_units(list(inputs), job.options, tally):
-            written = writer.add(part, borrowed=borrowed)
+        found = (lambda keys: existing.find(keys) >= 0) if existing is not None else None
+        for part in encode_units(list(inputs), job.options, tally, found):
+            at = existing.find([part.key])[0] if existing is not None and isinstance(part, EncodedSeq) else -1
+            if at >= 0:  # the next steps of a sequence packed already: a continuation member
+                part = dataclasses.replace(part, key=existing.continuation(part.key, int(at), part.fields), meta=None,
+                                           fields=None)
+            written = (cont if at >= 0 else writer).add(part, borrowed=borrowed)
             if progress is not None:
                 progress(written, 1 if isinstance(part, EncodedSeq) else len(part))
         writer.close()
+        if cont is not None:
+            cont.close()
     except BaseException:
         writer.abort()
+        if cont is not None:
+            cont.abort()
         raise
-    if writer.dtype is None:
-        return Fragment(job.unit, None, tally.skipped, tally.columns, job.where)
+    for w in (writer, cont):
+        if w is not None and w.dtype is None:
+            w.abort()  # wrote nothing: drop its (empty) columns' files
     try:
-        manifest = writer.manifest(tally.skipped, tally.columns)
+        manifest = writer.manifest(tally.skipped, tally.columns) if writer.dtype is not None else None
+        continued = cont.manifest(0, None) if cont is not None and cont.dtype is not None else None
     except PackError as e:
         raise PackError(f"{job.where}: {e}") from e
-    return Fragment(job.unit, manifest, tally.skipped, tally.columns, job.where,
-                    sum(s.bytes for s in manifest.shards), manifest.num_sequences)
+    nbytes = sum(s.bytes for m in (manifest, continued) if m is not None for s in m.shards)
+    return Fragment(job.unit, manifest, tally.skipped, tally.columns, job.where, nbytes,
+                    manifest.num_sequences if manifest is not None else 0, continued=continued)

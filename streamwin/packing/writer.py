@@ -38,7 +38,7 @@ class _Hasher:
     """sha256 of a shard on a background thread (hashlib releases the GIL), in write order.
 
     Chunks are queued in batches of about ``batch`` bytes, one batch hashing while the next
-    fills, so hashing overlaps reading and writing (~25% faster packing on two cores). A
+    fills, so hashing overlaps reading and writing instead of following them. A
     queued chunk must not change until hashed: `wait` before handing control back to an
     input that may reuse its arrays.
     """

@@ -329,11 +329,11 @@ def worker_slots(config: PlanConfig, rank: int, worker: int) -> range:
 def shares_batches(config: PlanConfig, sources: int, transformed: bool = False) -> bool:
     """Whether a rank's workers share each of its batches, each writing the rows of its share of the rank's slots
     into one shared slot, instead of taking chunks of Q steps in turn (the loader then takes a chunk's Q batches
-    from one worker, and a step that needs several workers waits, even with a chunk of slots a worker: measured
-    in docs/performance.md): canonical streams of one phase over windows, one source, no more workers than the rank
-    has slots, no slot of no item, and no transform of whole batches (``transformed``: it would see parts). A mix's
-    batch is grouped by source, so a worker's rows of each source move with the step: a gather a source and worker,
-    measured slower than chunks (docs/performance.md). The batches are the same."""
+    from one worker, and a step that needs several workers waits, even with a chunk of slots a worker):
+    canonical streams of one phase over windows, one source, no more workers than the rank has slots, no slot of
+    no item, and no transform of whole batches (``transformed``: it would see parts). A mix's batch is grouped by
+    source, so a worker's rows of each source move with the step: a gather a source and worker, slower than
+    chunks. The batches are the same."""
     if transformed or not config.aligned or config.num_workers < 2 or sources != 1:
         return False
     return config.world_size * config.batch_size >= config.canonical[0] >= config.world_size * config.num_workers

@@ -153,6 +153,15 @@ def rest_plan(base: Plan, batches_per_rank: int, config: PlanConfig) -> Plan:
     return deal(config, base.epoch, base.weights, orders, [p.space for p in base.sources], base.generation + 1)
 
 
+def rest_plans(plan: Plan, runs: Sequence, configs: Sequence[PlanConfig], skip: int = 0) -> Plan:
+    """``plan`` after the interrupted runs of its epoch (each {"inputs", "batches": taken by then}), the one after
+    run r dealt over ``configs[r]``; the first ``skip`` runs only name the data (none was taken in them)."""
+    before = [0] + [int(r["batches"]) for r in runs]
+    for run, nxt, taken in list(zip(runs, configs, before))[skip:]:
+        plan = rest_plan(plan, int(run["batches"]) - taken, nxt)
+    return plan
+
+
 def check_elastic(old: PlanConfig, new: PlanConfig) -> None:
     """Refuse to deal an interrupted epoch's rest under another window spec, seed or shuffle."""
     if new.spec != old.spec or new.seed != old.seed or new.shuffle != old.shuffle:

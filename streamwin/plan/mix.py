@@ -39,12 +39,11 @@ class Mixing:
     epoch_windows: int | None = None
     alone: bool = False
 
-    def inputs(self, digests: list[str]) -> dict[str, Any]:
-        """The plan inputs that name the sources, from their manifests' digests."""
+    def inputs(self) -> dict[str, Any]:
+        """The plan inputs of a list or dict of URLs: names, weights and epoch size (none for a URL alone)."""
         if self.alone:
-            return {"dataset": digests[0]}
-        return {"dataset": list(digests), "sources": list(self.names), "weights": self.weights,
-                "epoch_windows": self.epoch_windows}
+            return {}
+        return {"sources": list(self.names), "weights": self.weights, "epoch_windows": self.epoch_windows}
 
 
 def normalized(weights: Sequence[float]) -> np.ndarray:

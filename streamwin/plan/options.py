@@ -97,8 +97,8 @@ class WindowSpec:
         return n
 
     def plain(self) -> dict[str, Any]:
-        """The spec as plan inputs: the fields of streamwin 0.1, and the pretraining ones only where set
-        (so a checkpoint written before they existed still matches)."""
+        """The spec as plan inputs: the window fields, and the pretraining ones only where set (so a checkpoint
+        that does not name them still matches)."""
         out = {"window": self.window, "stride": self.stride, "horizon": self.horizon, "pad": self.pad}
         extra = {"jitter": self.jitter or None, "min_window": self.min_window,
                  "window_multiple": self.window_multiple if self.window_multiple != 1 else None,
@@ -184,7 +184,7 @@ class PlanConfig:
     equalize: str = "drop"
     pack_length: int | None = None  # rows of this many steps, each holding whole crops (plan/rows.py)
     canonical: tuple[int, int] | None = None  # (rank slots, step phases): one order for every world (plan/canon.py)
-    packing: int = PACKING  # how packed rows are counted (PACKING; 1: as states saved before it were planned)
+    packing: int = PACKING  # how packed rows are counted (PACKING; 1: every block's rows estimated, none packed)
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("world_size", 1), ("num_workers", 0), ("seed", 0),

@@ -34,7 +34,7 @@ import numpy as np
 from streamwin.plan.crops import units
 
 SLACK = 0.01  # rows per block: the block's patches plus 1%, plus one row
-EXACT_CROPS = 512  # a block of at most this many crops takes the rows it fills when packed (~0.3 us a crop)
+EXACT_CROPS = 512  # a block of at most this many crops takes the rows it fills when packed (once, when planned)
 
 class RowPlan:
     """The rows of every stream of one source's plan, per block (built once per plan, O(windows) numpy)."""

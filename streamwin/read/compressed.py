@@ -54,7 +54,7 @@ class CompressedReads:
         f0, f1 = self.inflater.take_cached(p.seq[own], u.a[own], u.b[own], u.framed[own], buf, u.pos[own])
         todo = np.flatnonzero((f0 < f1) & (good[own] > 0))  # pieces with units to read (a member laid out whole: all)
         seq = p.seq[own[todo]]
-        shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
+        shard = m.shards_of(seq)
         lo, hi = compressed_ranges(m, seq, f0[todo], f1[todo], u.framed[own[todo]])
         # a member's tar header is checked before its bytes are decompressed: read with it where its range starts
         # at its first byte (``head``), else (and for members of the block no range reads) in a read of its own
@@ -111,7 +111,7 @@ class CompressedReads:
         todo = seqs[~(self.members.checked[seqs] | self.members.bad[seqs])]
         if not len(todo):
             return todo
-        shard = np.searchsorted(m.shard_starts, todo, side="right") - 1
+        shard = m.shards_of(todo)
         heads = np.zeros(len(todo) * tarfmt.BLOCK, dtype=np.uint8)
         reads = [(int(k), int(m.offset[i]) - tarfmt.BLOCK, memoryview(heads)[n * tarfmt.BLOCK : (n + 1) * tarfmt.BLOCK])
                  for n, (i, k) in enumerate(zip(todo.tolist(), shard.tolist()))]

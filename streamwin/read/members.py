@@ -24,8 +24,8 @@ class Members:
         self.url = url.rstrip("/")
         self.manifest = manifest
         self._parsed: dict[bytes, tuple] = {}  # header bytes -> (dtype, shape, header length)
-        self.checked = np.zeros(manifest.num_sequences, dtype=bool)  # members whose tar header named them rightly
-        self.bad = np.zeros(manifest.num_sequences, dtype=bool)  # members a header check failed (on_error="skip")
+        self.checked = np.zeros(manifest.num_members, dtype=bool)  # members whose tar header named them rightly
+        self.bad = np.zeros(manifest.num_members, dtype=bool)  # members a header check failed (on_error="skip")
 
     def shard_url(self, k: int) -> str:
         """The URL of shard k, as errors name it."""
@@ -33,7 +33,7 @@ class Members:
 
     def shard_of(self, i: int) -> int:
         """The shard that holds member i."""
-        return int(np.searchsorted(self.manifest.shard_starts, i, side="right")) - 1
+        return self.manifest.shard_of(i)
 
     def name(self, i: int) -> str:
         """Member i's name in its shard."""

@@ -25,18 +25,23 @@ class Pieces:
     index: np.ndarray  # piece of each window
 
 
-def pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int) -> Pieces:
+def pieces(g: np.ndarray, seq: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int,
+           kind: np.ndarray | None = None) -> Pieces:
     """Cut a block's windows (sorted global indices, their sequence, first and end step) into pieces.
 
     A piece is a run of consecutive windows of one sequence (a slice of the plan, or part of
     one) no more than ``gap`` steps apart: its steps are read as one range. Windows far apart
     in a long sequence are separate pieces, so a block reads what its windows cover, not the
-    sequence between them (nor the steps a stride larger than the window skips).
+    sequence between them (nor the steps a stride larger than the window skips). ``kind``: where
+    it changes between neighbours, a new piece starts too (an extended sequence's windows inside
+    one member and those across two: read/segments.py).
     """
     n = len(g)
     step = np.diff(g) > 1  # duplicates (equalize="pad" wrapping around) stay in one piece
     new = np.ones(n, dtype=bool)
     new[1:] = step | (seq[1:] != seq[:-1]) | (start[1:] - end[:-1] > gap)
+    if kind is not None:
+        new[1:] |= kind[1:] != kind[:-1]
     first = np.flatnonzero(new)
     joined = np.zeros(len(first), dtype=bool)
     joined[1:] = ~step[first[1:] - 1]

@@ -229,8 +229,7 @@ class PlainReads:
         at, nbytes = paged(lo, hi)
         # the page tables are filled by the mapping call, which runs without the GIL, even where every page is
         # hashed right away: its first touches would map them one by one, some with the GIL held (header checks,
-        # edge chunks), stalling the thread that gathers (verified/unverified windows/s in one process 0.84-0.86
-        # -> 0.87-0.94, docs/performance.md)
+        # edge chunks), stalling the thread that gathers
         target = mapped.MappedBuffer(nbytes + tail)
         run_at = at + (runs.run_lo - lo)
         errors: list[ShardError | None] = []

@@ -42,6 +42,7 @@ from streamwin.read.pieces import Pieces, land, pieces, with_headers
 from streamwin.read.plain import PlainReads
 from streamwin.read.remote import RemoteShards
 from streamwin.read.runs import MERGE_GAP
+from streamwin.read.segments import MemberPieces, SegmentMap
 from streamwin.read.sums import Sums
 from streamwin.read.transport import Transport
 from streamwin.read.verify import Verifier, lost_windows
@@ -80,7 +81,8 @@ class ShardReader:
     def __init__(self, url: str, manifest: Manifest, options: ReadOptions | None = None):
         self.options = options = options if options is not None else ReadOptions()
         self.manifest = manifest
-        self.members = Members(url, manifest)
+        self.members = Members(url, manifest.members())  # with continuations: a row per member
+        self.segments = SegmentMap(manifest) if manifest.segments is not None else None
         self.counters = Counters(options.on_error)
         self.shards = _transport(url, self.members, self.counters, options)
         checks = manifest.checks if options.verify_checksums else None
@@ -129,23 +131,37 @@ class ShardReader:
         length = plan.ends(seq)  # a split's view may end before the sequence does
         if npyfmt.is_big_endian(m.dtype) and len(seq):  # an index made elsewhere; every read would be wrong
             raise self.members.byte_order_error(int(seq[0]))
-        p = pieces(g[order], seq, start, np.minimum(start + span, length), MERGE_GAP // sb)
+        end = np.minimum(start + span, length)
+        kind = self.segments.kinds(seq, start, end) if self.segments is not None else None
+        p = pieces(g[order], seq, start, end, MERGE_GAP // sb, kind)
         valid = np.minimum(length - start, span)
-        tail = span * sb
+        split = self.segments.split(p) if self.segments is not None else None  # pieces of members
+        q = split.pieces if split is not None else p
+        tail = span * sb + (split.stitch_bytes if split is not None else 0)  # the stitch area, then the zero tail
         if isinstance(self.reads, PlainReads):
-            heads = self.members.unchecked(p.seq, p.s_lo)  # members whose headers this block must read to check
+            heads = self.members.unchecked(q.seq, q.s_lo)  # members whose headers this block must read to check
             if len(heads):
-                p = with_headers(p, heads)
+                q = with_headers(q, heads)
+        if split is not None:  # read members in the order their bytes lie, not their rows'
+            q = self.segments.in_byte_order(q)
         if isinstance(self.reads, PlainReads) and not isinstance(self.shards, CachedShards):
-            read: Any = self.reads.start(p, tail)
+            read: Any = self.reads.start(q, tail)
         else:  # zstd members and the node cache: read now
-            read = self._read(p, tail)
-        return StartedBlock(p, read, seq, start, real, valid, into_yield, sb, span)
+            read = self._read(q, tail)
+        # (with continuations base and good come per member piece, and are mapped back to ``p`` in finish_block)
+        return StartedBlock(p if split is not None else q, read, seq, start, real, valid, into_yield, sb, span, q,
+                            split)
 
     def finish_block(self, b: "StartedBlock") -> Block:
         """The Block of a started read, once its bytes are in, checked and verified."""
         buf, base, good, damage = b.read if isinstance(b.read, tuple) else self.reads.finish(b.read)
         seq, start, real, valid, sb, span = b.seq, b.start, b.real, b.valid, b.step_bytes, b.span
+        if b.split is not None:  # member pieces back to the sequences' pieces (stitched where they span members)
+            at = b.member_pieces.index  # where each member piece went among those read (with header reads)
+            stitch = len(buf) - span * sb - b.split.stitch_bytes  # (in a mapped buffer: from a page boundary)
+            stitch = stitch if buf.flags.writeable else mapped.page_floor(stitch)
+            base, good = self.segments.join(b.split, b.pieces, buf, base[at], good[at], stitch)
+            damage = self.segments.sequence_damage(damage)
         uniq, inv = np.unique(seq, return_inverse=True)
         offs, lost = land(b.pieces, base, good, start, valid, sb, len(buf) - span * sb)
         if damage:  # on_error="skip": windows with a step in a chunk that failed verification
@@ -245,6 +261,8 @@ class StartedBlock:
     into_yield: np.ndarray
     step_bytes: int
     span: int
+    member_pieces: Pieces | None = None  # what was read: pieces of members (with header reads), if continuations
+    split: MemberPieces | None = None  # how the pieces map onto members, with continuations
 
 
 def _transport(url: str, members: Members, counters: Counters, options: ReadOptions) -> Transport:

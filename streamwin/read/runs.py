@@ -77,7 +77,7 @@ def plain_runs(m: Manifest, p: Pieces) -> PlainRuns:
     """The byte ranges of pieces ``p`` of manifest ``m``'s plain members, merged into runs as documented above."""
     sb = m.step_bytes
     seq = p.seq
-    shard = np.searchsorted(m.shard_starts, seq, side="right") - 1
+    shard = m.shards_of(seq)
     header, hlen = m.offset[seq], m.hlen[seq]
     data0 = header + hlen
     lo = np.where(p.s_lo == 0, header - tarfmt.BLOCK, data0 + p.s_lo * sb)  # from step 0: the tar and npy headers

@@ -14,8 +14,8 @@ corpus. A sums file that is missing, cut short, damaged or another shard's is a 
 naming it, raised when a block first needs it (with on_error="skip": that block's pieces in
 the shard are lost, counted).
 
-Manifests written before sums files hold every shard's chunk sums in memory: they are
-served from there (``Checks.span``), nothing is read.
+A manifest that holds every shard's chunk sums itself (the older form) is served from
+memory (``Checks.span``): nothing is read.
 """
 from __future__ import annotations
 

@@ -42,8 +42,9 @@ def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest,
     ``columns``: the columns file's name (default ``columns_name(name)``); given, a columns
     file of that name is left alone when inline.
     """
-    if columnar is None:  # many sequences, or chunk checksums of more than a GB of shards: a columns file
-        columnar = manifest.num_sequences >= COLUMNAR_FROM or not manifest.sums_inline()
+    if columnar is None:  # many sequences, chunk checksums of more than a GB of shards, continuations: a columns file
+        columnar = manifest.num_sequences >= COLUMNAR_FROM or not manifest.sums_inline() or \
+            manifest.segments is not None
     if not columnar:
         if columns is None:
             remove_if_exists(fs, join(root, columns_name(name)))
@@ -110,7 +111,7 @@ def _is_file(fs, path: str) -> bool:
 def _columns_bytes(url: str, fs, path: str, entry: ShardEntry, fetch_columns, retries: int, backoff: float,
                    check: tuple[str, str] | None):
     """The columns file's bytes, checked against the hash index.json names (``check``: (algorithm, hex digest),
-    or None for a manifest written before seals, checked by size only): a read-only map of a local file (the
+    or None for an unsealed manifest, checked by size only): a read-only map of a local file (the
     dataset's, or the node cache's copy), or the bytes read from storage.
 
     A cached copy that no longer matches is dropped and fetched again, once, with a warning;
@@ -146,7 +147,7 @@ def _columns_bytes(url: str, fs, path: str, entry: ShardEntry, fetch_columns, re
 
 def _columns_check(text: str | bytes) -> tuple[str, str] | None:
     """How to check the columns file a version 2 index.json names: (algorithm, hex digest) of a sealed one
-    (its xxh3_128: ~6 ms for a million sequences, where sha256 takes 35), None of one written before seals."""
+    (its xxh3_128, several times faster than sha256 over a large file), None of an unsealed one."""
     doc = json.loads(text)  # small: the columns are in their file (columns_file_entry parsed it already)
     spec = doc.get("columns_file")
     if CONTENT_FIELD not in doc or not isinstance(spec, dict):

@@ -20,6 +20,7 @@ import numpy as np
 
 PAGE = mmap.PAGESIZE
 _PROT_READ = 0x1
+_PROT_WRITE = 0x2
 _MAP_PRIVATE = 0x02
 _MAP_FIXED = 0x10
 _MAP_ANONYMOUS = 0x20 if sys.platform.startswith("linux") else 0x1000
@@ -115,8 +116,35 @@ class MappedBuffer:
         """A read-only uint8 view; the mapping lives as long as any view of it."""
         return np.asarray(self)
 
+    def scratch(self, at: int, nbytes: int) -> np.ndarray:
+        """Bytes [at, at + nbytes) (``at`` page-aligned, no file mapped there) made zeroed private memory one can
+        write: a writable view of them, valid while a view of the buffer lives (an extended sequence's windows
+        are copied together there: read/segments.py)."""
+        if at % PAGE or at + nbytes > self.nbytes:
+            raise ValueError("unaligned or out-of-range scratch")
+        size = page_ceil(max(nbytes, 1))
+        got = _libc.mmap(self.addr + at, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_FIXED | _MAP_ANONYMOUS,
+                         -1, 0)
+        if got != self.addr + at:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {size} bytes of scratch failed: {os.strerror(err)}")
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(self.addr + at))
+
     def __del__(self) -> None:
         """Unmap the range once no view of it is left."""
         if getattr(self, "addr", None) and _libc:
             _libc.munmap(self.addr, self.nbytes)
             self.addr = None
+
+
+def writable(buf: np.ndarray, at: int, nbytes: int) -> np.ndarray:
+    """A writable view of bytes [at, at + nbytes) of a block buffer: the buffer's own, or, in a mapped one, scratch
+    memory mapped there (``at`` page-aligned, past its files' ranges)."""
+    if buf.flags.writeable:
+        return buf[at : at + nbytes]
+    base = buf.base
+    while base is not None and not isinstance(base, MappedBuffer):
+        base = getattr(base, "base", None)
+    if base is None:
+        raise ValueError("not a block buffer: read-only and not mapped")
+    return base.scratch(at, nbytes)
