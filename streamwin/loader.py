@@ -52,6 +52,7 @@ from streamwin.feed.pool import WorkerPool
 from streamwin.feed.sizing import check_memory, check_workers, idle_workers, slots_text
 from streamwin.feed.stats import RunStats
 from streamwin.feed.to_device import Fixed
+from streamwin.options import MOVED
 from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
 from streamwin.transform import TIMEOUT_S, check_timeout, transformed
@@ -125,6 +126,8 @@ class WindowLoader:
         if kwargs.get("batch_size") is not None:
             raise ValueError("set batch_size on the WindowDataset: batches are formed inside the streams")
         kwargs.pop("batch_size", None)
+        for key in sorted(kwargs.keys() & MOVED.keys()):  # a dataset's option: named where it goes
+            raise TypeError(f"WindowLoader({key}=...) is the dataset's: pass WindowDataset(..., {MOVED[key]})")
         if kwargs:
             raise TypeError(f"WindowLoader got unexpected arguments: {', '.join(sorted(kwargs))}")
         if num_workers is None:  # a worker process when a core is free for it
