@@ -410,10 +410,14 @@ def flag_value(value: object) -> str:
 
 
 def in_flags(message: str, flags: set[str]) -> str:
-    """A library message in this script's words: ``pad=True`` -> ``--pad``, ``window=28`` -> ``--window 28``."""
+    """A library message in this script's words: ``crops=sw.Crops(pad=True)`` -> ``--pad``, ``window=28`` ->
+    ``--window 28`` (a group's wrapper goes where each of its fields is a flag here)."""
     def flag(m: re.Match) -> str:
         option = "--" + m.group(1).replace("_", "-")
         return option if m.group(2) == "True" else f"{option} {m.group(2)}"
+    def unwrapped(m: re.Match) -> str:
+        return m.group(1) if set(re.findall(r"(\w+)=", m.group(1))) <= flags else m.group(0)
+    message = re.sub(r"\b[a-z]+=sw\.[A-Z]\w*\(((?:[^()]|\([^()]*\))*)\)", unwrapped, message)
     return re.sub(rf"\b({'|'.join(sorted(flags, key=len, reverse=True))})=([^\s,;)]+)", flag, message)
 
 

@@ -274,7 +274,8 @@ def check_world(canonical: tuple[int, int], world_size: int, num_workers: int) -
             f"world_size={world_size} does not divide the {slots} rank slots of canonical={canonical} (each rank "
             f"serves whole slots; worlds of {fits} ranks fit): pass order=sw.Order(canonical="
             f"({_multiple(world_size, slots)}, {phases})) to WindowDataset (the same on every job that should share "
-            "one order), or canonical=None for an order that depends on the world size and worker count")
+            "one order), or order=sw.Order(canonical=None) for an order that depends on the world size and worker "
+            "count")
     if num_workers and phases % num_workers:
         fits = [w for w in range(1, phases + 1) if phases % w == 0]
         raise ValueError(
