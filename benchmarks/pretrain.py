@@ -8,7 +8,7 @@ float32), every batch ``--steps-per-batch`` steps (32,768 by default):
             window_multiple=16, pack_length=2048)): 16 rows of 2048 steps, each holding whole crops of
             64..512 steps in patches of 16 (on average 288 steps: 1.8x the items per batch, each
             drawn, placed, packed and cut)
-  packed-p1 the same with window_multiple=1 (lengths of any step; loader alone only)
+  packed-p1 the same with Crops(window_multiple=1) (lengths of any step; loader alone only)
 
 Measured (each case and repeat a fresh child process, repeats interleaved, medians):
   loader alone, workers 0 and 1: steps/s of data delivered (padding excluded), batches/s,

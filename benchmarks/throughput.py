@@ -1,10 +1,10 @@
 """Windows/s of streamwin next to the pipelines users write today, on the same shards, in one run.
 
 Systems (``--systems``): ``streamwin`` (WindowDataset + WindowLoader, every byte read verified against
-the manifest's chunk checksums), ``streamwin-unverified`` (the same with ``verify_checksums=False``:
+the manifest's chunk checksums), ``streamwin-unverified`` (the same with ``Read(verify_checksums=False)``:
 side by side, the two rows give what verification costs), ``streamwin-canonical`` (the same with
-``canonical=(8, 1)``: one order of global batches for every world, what "auto", the default, gives here),
-``streamwin-streams`` (``canonical=None``: one stream per rank and worker, the order before "auto"; beside it
+``Order(canonical=(8, 1))``: one order of global batches for every world, what "auto", the default, gives here),
+``streamwin-streams`` (``Order(canonical=None)``: one stream per rank and worker, the order before "auto"; beside it
 the canonical row gives what one order costs), ``webdataset`` (decode ->
 window generator -> shuffle -> batched), ``tutorial`` (everything in memory, a list of
 windows, DataLoader(shuffle)), and two ceilings: ``read`` (reading the shard bytes) and
