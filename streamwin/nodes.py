@@ -84,8 +84,8 @@ class BlockReader(BaseNode[Block]):
         k = self._next
         if k >= self.num_blocks:
             raise StopIteration
-        if k not in self._pending:
-            self._start_ahead(k)
+        if k not in self._pending:  # a stream's start: its first blocks alone, so the first batch has the store's
+            self._start_ahead(k, further=False)  # bandwidth to itself; the rest once it is taken
             self._queue_finish(k)
         asked = time.perf_counter()
         block = self._pending.pop(k).result()
@@ -98,11 +98,11 @@ class BlockReader(BaseNode[Block]):
         self._queue_finish(k + 1)
         return block
 
-    def _start_ahead(self, batching: int) -> None:
+    def _start_ahead(self, batching: int, further: bool = True) -> None:
         """Queue the starts of the blocks after the last one started: up to ``readahead`` past block ``batching``,
-        more while the read-ahead allows; then, the next stream's first blocks."""
+        and with ``further``, more while the read-ahead allows, then the next stream's first blocks."""
         n, ahead = self.num_blocks, self.reader.readahead
-        while self._last + 1 < n and (self._last + 1 <= batching + self.readahead or ahead.may_start()):
+        while self._last + 1 < n and (self._last + 1 <= batching + self.readahead or further and ahead.may_start()):
             self._last += 1
             key = block_key(self.plan, self.stream, self._block(self._last))
             early = self.reader.started_early(key)  # started by the stream before this one (counted then)
@@ -110,7 +110,7 @@ class BlockReader(BaseNode[Block]):
                 early = self.reader.thread().submit(self._start, self._last)
                 ahead.started()
             self._started[self._last] = early
-        if self._last + 1 >= n and self.then is not None and ahead.may_start():
+        if further and self._last + 1 >= n and self.then is not None and ahead.may_start():
             self._start_next(ahead)
 
     def _start_next(self, ahead) -> None:

@@ -113,9 +113,10 @@ def two_corpora(root) -> tuple[list[str], list[dict[str, np.ndarray]]]:
 
 
 def our_children() -> list[psutil.Process]:
-    """Live child processes of this one, less Python's own resource tracker (spawn starts one per interpreter)."""
+    """Live child processes of this one, less Python's own servers, which live as long as the interpreter: the
+    resource tracker (spawn starts one) and the fork server (forkserver starts one; the workers it forks count)."""
     return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
-            and "resource_tracker" not in " ".join(p.cmdline())]
+            and not any(s in " ".join(p.cmdline()) for s in ("resource_tracker", "multiprocessing.forkserver"))]
 
 
 def expect_killed_worker_named(loader, it) -> None:

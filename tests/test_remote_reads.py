@@ -136,3 +136,49 @@ def test_epoch_after_epoch_the_next_ones_first_blocks_are_read_before_it_begins(
         got, early = epochs(url, 3, workers)
         assert got == local
         assert early[0] == early[1] == 0 < early[2]  # (totals: epoch 1 followed epoch 0, so epoch 2's were early)
+
+
+def test_a_cold_cache_fetches_a_shard_as_parts_in_flight_together_resuming_a_broken_get(corpus, http_server,
+                                                                                      tmp_path, monkeypatch):
+    """The node cache fetches a remote shard whole: as parts with many GETs in flight (not one stream that waits
+    a round trip a read), each byte served about once, a GET that breaks resumed at its byte; the copies verified,
+    the windows the local ones; the next epoch reads the copies, nothing from the server."""
+    local, _ = read_blocks(str(corpus / "ds"))
+    monkeypatch.setattr(sw_fetch, "PART_BYTES", 256 << 10)  # a 4 MB shard in 16 parts
+    srv = http_server(corpus, FaultPlan(latency_seconds=0.05, drop_every_bytes=3 << 20))
+    cache = tmp_path / "cache"
+    got, reader = read_blocks(srv.url_for("ds"), read=sw.Read(cache_dir=str(cache)))
+    assert got == local
+    m = sw.load_manifest(str(corpus / "ds"))
+    whole = sum(s.bytes for s in m.shards) + sum((corpus / "ds" / (s.name + m.checks.suffix)).stat().st_size
+                                                 for s in m.shards)
+    copies = [p for p in cache.iterdir() if p.name.endswith("_tar")]  # (named by a hash of the URL, its dots _)
+    assert len(copies) == len(m.shards) and all(p.stat().st_size in {s.bytes for s in m.shards} for p in copies)
+    assert srv.stats.drops > 0 and srv.stats.most_in_flight > 4
+    assert srv.stats.bytes_served <= whole + (srv.stats.drops + srv.stats.get_requests) * (64 << 10)  # ~once
+    srv.reset_stats()
+    again, _ = read_blocks(srv.url_for("ds"), read=sw.Read(cache_dir=str(cache)))
+    assert again == local and srv.stats.bytes_served < (1 << 20)  # the index only
+
+
+def test_a_streams_first_block_starts_alone_though_the_last_stream_read_far_ahead(corpus, http_server):
+    """The next epoch's stream of a source keeps what the last one measured (far ahead at 100 ms) but starts its
+    first blocks alone: started with many after it, the first block would share the store's bandwidth with all of
+    them and the first batch would come last."""
+    srv = http_server(corpus, FaultPlan(latency_seconds=0.1))
+    ds = sw.WindowDataset(srv.url_for("ds"), window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1,
+                          order=sw.Order(canonical=None))
+    reader = ds.sources[0].reader()
+    local, _ = read_blocks(str(corpus / "ds"))
+    assert epoch_blocks(ds, reader) == local
+    ahead = reader.readahead
+    assert ahead.want >= 4 * ahead.block_bytes  # the last stream ended far ahead
+    events: list[str] = []
+    started, taken = ahead.started, ahead.taken
+    ahead.started = lambda: (events.append("start"), started())[1]
+    ahead.taken = lambda *a: (events.append("take"), taken(*a))[1]
+    assert epoch_blocks(ds, reader) == local
+    first_take = events.index("take")
+    assert 1 <= events[:first_take].count("start") <= 2  # the first block and the one always read ahead
+    assert events.count("start") >= len(local) - 2 and ahead.peak_bytes >= 4 * ahead.block_bytes
+    reader.shutdown()

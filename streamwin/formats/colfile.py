@@ -68,7 +68,8 @@ def file_spec(text: str | bytes, where: str) -> dict | None:
 
 
 def map_members(spec: dict, columns, rows: int, names: dict[str, str], where: str) -> tuple[dict, str]:
-    """Views of the columns file's arrays ``names`` (``rows`` each; the key bytes any number) and the file's path;
+    """Views of the columns file's arrays ``names`` (``rows`` each; the key bytes and chunk sums any number, which
+    the rest of the manifest checks) and the file's path;
     ManifestError naming the file if it is not the one index.json names."""
     name = spec.get("name")
     path = f"{where.rsplit('/', 1)[0]}/{name}" if "/" in where else name
@@ -79,7 +80,7 @@ def map_members(spec: dict, columns, rows: int, names: dict[str, str], where: st
         raise ManifestError(f"{path} is damaged: it has {len(columns)} bytes, {where} says {spec.get('bytes')} "
                             f"(sha256 {str(spec.get('sha256'))[:16]}...); repack, or rerun `streamwin index`")
     layout = fields.mapping(spec.get("layout"), where, "columns_file.layout")
-    out = {col: map_column(layout, col, dt, None if col == "keys" else rows, columns, where, path)
+    out = {col: map_column(layout, col, dt, None if col in ("keys", "check_sums") else rows, columns, where, path)
            for col, dt in {**names, **({"check_sums": "<u4"} if "check_sums" in layout else {})}.items()}
     ends = out["key_ends"]
     if rows and (int(ends[-1]) != len(out["keys"]) or int(ends[0]) < 0):

@@ -14,7 +14,9 @@ the ``readahead`` blocks each stream always reads ahead. A store with no latency
 (local files, the node cache) is never read further ahead; nor is a slow one with none:
 more bytes in flight would not come sooner.
 What was measured outlives a stream: the next epoch's streams of the same source in the same
-process (``of_source``) start as far ahead as the last one ended, not from one block.
+process (``of_source``) read as far ahead as the last one ended, not from one block, once their
+first block is in (a stream starts its first blocks alone: they would share the store's
+bandwidth with every block after them, and the first batch would come last).
 """
 from __future__ import annotations
 

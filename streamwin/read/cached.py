@@ -10,6 +10,7 @@ from streamwin.read.counts import Counters
 from streamwin.read.fetch import Fetcher
 from streamwin.read.members import Members
 from streamwin.formats.manifest import ShardEntry
+from streamwin.read.remote import RemoteShards
 from streamwin.read.transport import Transport, read_file
 from streamwin.storage.cache import ShardCache
 from streamwin.storage.urls import is_local
@@ -32,9 +33,12 @@ class CachedShards(Transport):
     mappable = True
 
     def __init__(self, cache: ShardCache, fs: fsspec.AbstractFileSystem, root: str, members: Members,
-                 counters: Counters):
+                 counters: Counters, *, retries: int = 5, backoff: float = 0.2):
         super().__init__(root, members, counters, fetcher=None if is_local(fs) else Fetcher(FETCHES, part=WHOLE))
         self.cache, self.fs = cache, fs
+        # a remote shard is fetched as parts, many GETs in flight (a stream of fsspec's waits a round trip a read)
+        self.remote = None if is_local(fs) else RemoteShards(fs, root, members, counters, retries=retries,
+                                                             backoff=backoff)
         self._unfetchable: dict[int, ShardError] = {}  # shards that failed to fetch for the current block
         self._whole: set[int] = set()  # shards whose copy was checked whole after a failed read: not again
         self._by_url: dict[str, int] | None = None
@@ -44,8 +48,8 @@ class CachedShards(Transport):
         between fetch and open (by a shard fetched meanwhile: the sums are read while the block's shards are)."""
         entry = self._sums_entry(k)
         for attempt in (0, 1):
-            local = self.cache.fetch(self.sums_url(k), self.fs, self.path(k) + self.members.manifest.checks.suffix,
-                                     entry)
+            path = self.path(k) + self.members.manifest.checks.suffix
+            local = self.cache.fetch(self.sums_url(k), self.fs, path, entry, self._copier(path, self.sums_url(k), entry))
             try:
                 with open(local, "rb", buffering=0) as f:
                     got = read_file(f, offset, out)
@@ -78,6 +82,18 @@ class CachedShards(Transport):
         self._whole.add(k)  # the copy holds what was packed: the error is the file's own
         return False
 
+    def _copier(self, path: str, url: str, entry: ShardEntry):
+        """How the cache writes a copy of the object at ``path``: parts in parallel for a remote one, else its own."""
+        if self.remote is None:
+            return None
+        return lambda dest: self.remote.download(path, url, entry.bytes, dest)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the fetching threads and the GET threads (closing their connections)."""
+        super().shutdown(wait)
+        if self.remote is not None:
+            self.remote.shutdown(wait)
+
     def _sums_entry(self, k: int) -> ShardEntry:
         """Shard k's sums file as the node cache fetches it: its name, size and sha256."""
         checks = self.members.manifest.checks
@@ -104,7 +120,7 @@ class CachedShards(Transport):
                 raise failed
             hit = self.cache.has(url, entry)
             try:
-                local = self.cache.fetch(url, self.fs, self.path(k), entry)
+                local = self.cache.fetch(url, self.fs, self.path(k), entry, self._copier(self.path(k), url, entry))
             except ShardError as e:
                 self._unfetchable[k] = e
                 raise

@@ -271,7 +271,7 @@ def _transport(url: str, members: Members, counters: Counters, options: ReadOpti
     retries, backoff = options.retries, options.retry_backoff
     if options.cache_dir is not None:  # node-local copies: fetched once per node, verified, then read locally
         cache = ShardCache(options.cache_dir, limit_bytes=options.cache_limit, retries=retries, backoff=backoff)
-        return CachedShards(cache, fs, root, members, counters)
+        return CachedShards(cache, fs, root, members, counters, retries=retries, backoff=backoff)
     if is_local(fs):
         return LocalShards(root, members, counters, retries=retries, backoff=backoff)
     return RemoteShards(fs, root, members, counters, retries=retries, backoff=backoff)

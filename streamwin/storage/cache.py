@@ -20,11 +20,13 @@ read fetches it anew; a fresh copy that fails too fails its fetch, naming the re
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import uuid
 import warnings
+from typing import Callable
 
 from filelock import FileLock, Timeout
 
@@ -66,8 +68,9 @@ class ShardCache:
         """Whether a complete copy of the shard, as the manifest describes it, is in the cache now."""
         return self._valid(self.local_path(url, entry), entry)
 
-    def fetch(self, url: str, fs, path: str, entry: ShardEntry) -> str:
-        """Local path of a verified copy of the shard, downloading it first if needed."""
+    def fetch(self, url: str, fs, path: str, entry: ShardEntry, copy: Callable[[str], str] | None = None) -> str:
+        """Local path of a verified copy of the shard, downloading it first if needed: with ``copy(dest)`` (which
+        writes the shard to local file ``dest`` and returns its sha256) where given, else one stream of ``fs``."""
         local = self.local_path(url, entry)
         if self._valid(local, entry):
             self.hits += 1
@@ -80,7 +83,7 @@ class ShardCache:
                 return local
             self.misses += 1
             self.sweep()
-            self._download(url, fs, path, entry, local)
+            self._download(url, entry, local, copy or functools.partial(_copy, fs, path))
         self.evict(keep=local)
         return local
 
@@ -108,12 +111,14 @@ class ShardCache:
         except OSError:
             return False
 
-    def _download(self, url: str, fs, path: str, entry: ShardEntry, local: str) -> None:
+    def _download(self, url: str, entry: ShardEntry, local: str, copy: Callable[[str], str]) -> None:
         """Copy the shard to a temporary name, check size and sha256 against ``entry``, rename it to ``local``."""
         tmp = f"{local}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             try:  # a transient failure starts the fetch over: a shard is fetched whole
-                digest = with_retries(lambda: _copy(fs, path, tmp), retries=self.retries, backoff=self.backoff)
+                digest = with_retries(lambda: copy(tmp), retries=self.retries, backoff=self.backoff)
+            except ShardError:  # the copy's own, naming the shard and offset (it retried at the byte)
+                raise
             except (FileNotFoundError, PermissionError) as e:
                 raise ShardError(f"cannot fetch shard into the cache: {e}", shard=url) from e
             except Exception as e:
