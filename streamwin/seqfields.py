@@ -206,5 +206,6 @@ def vocabulary_of(spec: FieldSpec | None, name: str) -> tuple[str, ...]:
     """The strings of str field ``name`` of ``spec``; KeyError naming the str fields there are."""
     vocab = dict(spec.vocabulary) if spec is not None else {}
     if name not in vocab:
-        raise KeyError(f"{name!r} is not a str field of this dataset's select=sw.Select(fields=...) (str fields: {sorted(vocab)})")
+        raise KeyError(f"{name!r} is not a str field of this dataset's select=sw.Select(fields=...) (str fields: "
+                       f"{sorted(vocab)})")
     return vocab[name]

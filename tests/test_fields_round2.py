@@ -293,8 +293,9 @@ def test_a_field_time_needs_start_and_freq_said_in_one_sentence(tmp_path):
     sw.pack([("a", np.ones(8, np.float32))], url, progress=False)
     with pytest.raises(ValueError) as e:
         sw.WindowDataset(url, window=2, select=sw.Select(fields=["time"]))
-    assert str(e.value) == (f"fields: 'time' (each window's start + offset x freq) needs the fields 'start' and 'freq', "
-                            f"and {url} has no field 'start' (its fields are none)")  # before: "has 'time' needs"
+    assert str(e.value) == ("select=sw.Select(fields=['time']): fields: 'time' (each window's start + offset x freq) "
+                            f"needs the fields 'start' and 'freq', and {url} has no field 'start' (its fields are "
+                            "none)")  # before: "has 'time' needs"
 
 
 def test_where_and_fill_on_a_source_without_the_field(selectable, tmp_path):
