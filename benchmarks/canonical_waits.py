@@ -40,9 +40,10 @@ def run_case(order: str, data_dir: str, workers: int, window: int, step_ms: floa
     import streamwin as sw  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    source = {"url": {"a": data_dir, "b": data_dir}, "weights": {"a": 0.7, "b": 0.3}} if mix else {"url": data_dir}
+    source = {"url": {"a": data_dir, "b": data_dir}, "mix": sw.Mix(weights={"a": 0.7, "b": 0.3})} if mix else \
+        {"url": data_dir}
     ds = sw.WindowDataset(**source, window=window, stride=max(1, window // 4), batch_size=256, shuffle_buffer=10_000,
-                          seed=0, rank=0, world_size=1, canonical=None if order == "none" else order)
+                          seed=0, rank=0, world_size=1, order=sw.Order(canonical=None if order == "none" else order))
     loader = sw.WindowLoader(ds, num_workers=workers)
 
     def forever():  # epoch after epoch (a small corpus)

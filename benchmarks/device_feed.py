@@ -38,10 +38,14 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
 
 WINDOW, BATCH = 256, 256  # stride: window / 4, as perf-notes
 #: --ops-by-layout: the batch layouts whose launches are counted (W=128, stride 64, batch 64, F=8)
-LAYOUTS = {"windows": {}, "horizon + pad": dict(horizon=16, pad=True, equalize="pad"),
-           "mixed (two sources)": dict(weights=[0.7, 0.3]), "missing='mask'": dict(horizon=16, missing="mask"),
-           "drawn lengths": dict(min_window=32, window_multiple=16, horizon=16, pad=True),
-           "packed rows": dict(pack_length=512, min_window=32, window_multiple=16, jitter=True)}
+LAYOUTS = {  # each layout's WindowDataset arguments, made of streamwin (``sw``) once it is imported
+    "windows": lambda sw: {},
+    "horizon + pad": lambda sw: dict(horizon=16, crops=sw.Crops(pad=True), order=sw.Order(equalize="pad")),
+    "mixed (two sources)": lambda sw: dict(mix=sw.Mix(weights=[0.7, 0.3])),
+    "missing='mask'": lambda sw: dict(horizon=16, crops=sw.Crops(missing="mask")),
+    "drawn lengths": lambda sw: dict(horizon=16, crops=sw.Crops(min_window=32, window_multiple=16, pad=True)),
+    "packed rows": lambda sw: dict(crops=sw.Crops(pack_length=512, min_window=32, window_multiple=16, jitter=True)),
+}
 
 
 class Ops(TorchDispatchMode):
@@ -78,8 +82,9 @@ def ops_by_layout(case: str, root: str) -> dict:
             sw.pack(seqs, os.path.join(root, name), shard_bytes=1 << 20, progress=False)
     kind, workers = case.split(":")
     out = {"case": case, "tree": os.path.dirname(os.path.dirname(sw.__file__))}
-    for name, kw in LAYOUTS.items():
-        url = [os.path.join(root, "a"), os.path.join(root, "b")] if "weights" in kw else os.path.join(root, "a")
+    for name, arguments in LAYOUTS.items():
+        kw = arguments(sw)
+        url = [os.path.join(root, "a"), os.path.join(root, "b")] if "mix" in kw else os.path.join(root, "a")
         ds = sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=2000, seed=0, rank=0,
                               world_size=1, **kw)
         loader = sw.WindowLoader(ds, num_workers=int(workers), **loader_kwargs(kind))

@@ -52,10 +52,11 @@ import data  # noqa: E402
 WINDOW, STRIDE, BATCH, POOL, SEED = 256, 64, 256, 10_000, 0
 
 
-def make_loader(url: str, **kw):
+def make_loader(url: str, cache_dir: str | None = None):
     import streamwin as sw
 
-    ds = sw.WindowDataset(url, window=WINDOW, stride=STRIDE, batch_size=BATCH, shuffle_buffer=POOL, seed=SEED, **kw)
+    ds = sw.WindowDataset(url, window=WINDOW, stride=STRIDE, batch_size=BATCH, shuffle_buffer=POOL, seed=SEED,
+                          read=sw.Read(cache_dir=cache_dir))
     return sw.WindowLoader(ds)
 
 

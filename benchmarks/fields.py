@@ -48,7 +48,7 @@ def cpu_s() -> float:
 
 
 def epoch_rate(url: str, fields: list[str] | None, workers: int, batch: int) -> dict:
-    ds = sw.WindowDataset(url, window=64, stride=32, batch_size=batch, fields=fields, seed=1)
+    ds = sw.WindowDataset(url, window=64, stride=32, batch_size=batch, seed=1, select=sw.Select(fields=fields))
     loader = sw.WindowLoader(ds, num_workers=workers)
     t, c, n = time.perf_counter(), cpu_s(), 0
     for b in loader:
@@ -60,7 +60,8 @@ def epoch_rate(url: str, fields: list[str] | None, workers: int, batch: int) -> 
 
 def fill_cost(url: str, batch: int) -> float:
     """CPU microseconds the two fields add to one batch's gather: FieldGather.fill alone, on real batches."""
-    ds = sw.WindowDataset(url, window=64, stride=32, batch_size=batch, fields=["label", "store"], seed=1)
+    ds = sw.WindowDataset(url, window=64, stride=32, batch_size=batch, seed=1,
+                          select=sw.Select(fields=["label", "store"]))
     layout, gather = ds.layout(), ds.field_gather()
     views = layout.views(np.zeros(layout.nbytes, dtype=np.uint8))
     views["seq"][:] = np.random.default_rng(0).integers(0, ds.manifest.num_sequences, len(views["seq"]))
@@ -90,7 +91,7 @@ def tokens(batch: dict, rng: np.random.Generator) -> dict:
 
 
 def step_wait(url: str, transform, step_s: float, batch: int, steps: int) -> dict:
-    ds = sw.WindowDataset(url, window=64, stride=32, batch_size=batch, fields=["label"], seed=2)
+    ds = sw.WindowDataset(url, window=64, stride=32, batch_size=batch, seed=2, select=sw.Select(fields=["label"]))
     loader = sw.WindowLoader(ds, num_workers=1, transform=transform)
     it = iter(loader)
     next(it)  # the worker's start is not a step's wait

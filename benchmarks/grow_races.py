@@ -159,9 +159,10 @@ def reader(work: Path, dest: str, options: dict | None, rng: random.Random) -> t
 
     base = old()
     sw.pack(list(base.items()), dest, shard_bytes=4 << 10, progress=False, storage_options=options)
-    want = [epoch(sw.WindowLoader(sw.WindowDataset(dest, storage_options=options, **LOADER)), e) for e in (0, 1)]
+    read = sw.Read(storage_options=options)
+    want = [epoch(sw.WindowLoader(sw.WindowDataset(dest, read=read, **LOADER)), e) for e in (0, 1)]
     # forkserver: each pass's workers load index.json themselves (forked ones inherit the trainer's manifest)
-    loader = sw.WindowLoader(sw.WindowDataset(dest, storage_options=options, **LOADER), num_workers=2,
+    loader = sw.WindowLoader(sw.WindowDataset(dest, read=read, **LOADER), num_workers=2,
                              multiprocessing_context="forkserver")
     append = Proc(work, dict(repo=str(REPO), dest=dest, options=options, seed=1)).ready()
     n = len(want[0])

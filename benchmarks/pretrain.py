@@ -4,11 +4,11 @@ Cases, on the perf-notes corpus (benchmarks/data.py: lengths log-uniform 200..20
 float32), every batch ``--steps-per-batch`` steps (32,768 by default):
 
   fixed     WindowDataset(window=512, stride=256, batch_size=64): 64 windows of 512 steps
-  packed    WindowDataset(window=512, stride=256, jitter=True, min_window=64, window_multiple=16,
-            pack_length=2048, batch_size=16): 16 rows of 2048 steps, each holding whole crops of
+  packed    WindowDataset(window=512, stride=256, batch_size=16, crops=sw.Crops(jitter=True, min_window=64,
+            window_multiple=16, pack_length=2048)): 16 rows of 2048 steps, each holding whole crops of
             64..512 steps in patches of 16 (on average 288 steps: 1.8x the items per batch, each
             drawn, placed, packed and cut)
-  packed-p1 the same with window_multiple=1 (lengths of any step; loader alone only)
+  packed-p1 the same with Crops(window_multiple=1) (lengths of any step; loader alone only)
 
 Measured (each case and repeat a fresh child process, repeats interleaved, medians):
   loader alone, workers 0 and 1: steps/s of data delivered (padding excluded), batches/s,
@@ -65,8 +65,9 @@ def make_loader(case: str, data_dir: str, steps_per_batch: int):
     if kind == "fixed":
         ds = sw.WindowDataset(data_dir, batch_size=steps_per_batch // WINDOW, **common)
     else:
-        ds = sw.WindowDataset(data_dir, batch_size=steps_per_batch // ROW, jitter=True, min_window=SHORTEST,
-                              window_multiple=PATCH if kind == "packed" else 1, pack_length=ROW, **common)
+        crops = sw.Crops(jitter=True, min_window=SHORTEST, window_multiple=PATCH if kind == "packed" else 1,
+                         pack_length=ROW)
+        ds = sw.WindowDataset(data_dir, batch_size=steps_per_batch // ROW, **common, crops=crops)
     return sw.WindowLoader(ds, num_workers=int(workers), persistent_workers=int(workers) > 0)
 
 

@@ -77,10 +77,10 @@ def child(job: dict[str, Any]) -> None:
 
         Members.check_members = lambda self, buf, at, seqs, shards: []
         Members.unchecked = lambda self, seq, s_lo: seq[:0]
-    options = {"storage_options": s3fs_options(job["endpoint"])} if job.get("endpoint") else {}
+    read = sw.Read(storage_options=s3fs_options(job["endpoint"]) if job.get("endpoint") else None)
     started = time.perf_counter()
     ds = sw.WindowDataset(job["url"], window=WINDOW, stride=STRIDE, batch_size=BATCH, shuffle_buffer=POOL, seed=0,
-                          **options)
+                          read=read)
     loader = sw.WindowLoader(ds, num_workers=job["workers"])
     first = windows = 0
     for epoch in range(job["epochs"]):

@@ -6,10 +6,10 @@ shards; ``--quick``: its first 150 sequences in 8 MB shards) over the network an
 stride 64 windows into batches of 256 out of a 20,000-window shuffle pool (seed 0):
 
   streamwin-http       WindowDataset(url) + WindowLoader(ds, num_workers): ranged GETs, no node cache
-  streamwin-http-cold  the same with cache_dir= an empty directory (whole shards fetched, read locally)
-  streamwin-http-warm  the same with cache_dir= filled by a previous epoch (untimed, before the rounds)
+  streamwin-http-cold  the same with Read(cache_dir=...) an empty directory (whole shards fetched, read locally)
+  streamwin-http-warm  the same with Read(cache_dir=...) filled by a previous epoch (untimed, before the rounds)
   webdataset-http      peers_systems.py's WebDataset pipeline on http:// URLs (a whole shard a GET)
-  streamwin-s3         WindowDataset("s3://...", storage_options={endpoint}): ranged GETs
+  streamwin-s3         WindowDataset("s3://...", read=sw.Read(storage_options={endpoint})): ranged GETs
   mosaic-s3            MosaicML Streaming: StreamingDataset(remote="s3://...", local=<empty dir>), a sample a
                        sequence (peers_formats.py's mosaic-seqs copy), windows cut in a WindowPool
   litdata-s3           LitData: StreamingDataset("s3://...", cache_dir=<empty dir>, storage_options), an item a

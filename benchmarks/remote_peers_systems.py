@@ -62,13 +62,10 @@ def _streamwin(job: dict[str, Any], workers: int) -> Iterable[Any]:
     import streamwin as sw  # noqa: PLC0415
 
     p = PARAMS
-    options: dict[str, Any] = {}
-    if job.get("cache_dir"):
-        options["cache_dir"] = job["cache_dir"]
-    if job.get("endpoint"):
-        options["storage_options"] = s3fs_options(job["endpoint"])
+    read = sw.Read(cache_dir=job.get("cache_dir") or None,
+                   storage_options=s3fs_options(job["endpoint"]) if job.get("endpoint") else None)
     ds = sw.WindowDataset(job["url"], window=p.window, stride=p.stride, batch_size=p.batch_size,
-                          shuffle_buffer=p.shuffle_buffer, seed=p.seed, **options)
+                          shuffle_buffer=p.shuffle_buffer, seed=p.seed, read=read)
     return sw.WindowLoader(ds, num_workers=workers)
 
 

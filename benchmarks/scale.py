@@ -201,7 +201,7 @@ def child_plan(url: str) -> dict:
     assert len(ds) == n
     t4 = time.perf_counter()
     private = anon_mb() - before
-    split = sw.WindowDataset(url, **LOADER, split="train")  # key hashes of every sequence, once
+    split = sw.WindowDataset(url, **LOADER, select=sw.Select(split="train"))  # key hashes of every sequence, once
     t5 = time.perf_counter()
     split.sources[0].space
     t6 = time.perf_counter()

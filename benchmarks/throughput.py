@@ -1,10 +1,10 @@
 """Windows/s of streamwin next to the pipelines users write today, on the same shards, in one run.
 
 Systems (``--systems``): ``streamwin`` (WindowDataset + WindowLoader, every byte read verified against
-the manifest's chunk checksums), ``streamwin-unverified`` (the same with ``verify_checksums=False``:
+the manifest's chunk checksums), ``streamwin-unverified`` (the same with ``Read(verify_checksums=False)``:
 side by side, the two rows give what verification costs), ``streamwin-canonical`` (the same with
-``canonical=(8, 1)``: one order of global batches for every world, what "auto", the default, gives here),
-``streamwin-streams`` (``canonical=None``: one stream per rank and worker, the order before "auto"; beside it
+``Order(canonical=(8, 1))``: one order of global batches for every world, what "auto", the default, gives here),
+``streamwin-streams`` (``Order(canonical=None)``: one stream per rank and worker, the order before "auto"; beside it
 the canonical row gives what one order costs), ``webdataset`` (decode ->
 window generator -> shuffle -> batched), ``tutorial`` (everything in memory, a list of
 windows, DataLoader(shuffle)), and two ceilings: ``read`` (reading the shard bytes) and
@@ -113,15 +113,16 @@ def build_pipeline(case: str, data_dir: Path, params: Params, workers: int) -> I
     if case in OURS:
         import streamwin as sw  # noqa: PLC0415 - the library may not exist yet
 
-        verify = {"verify_checksums": False} if case == "streamwin-unverified" else {}
+        read = sw.Read(verify_checksums=case != "streamwin-unverified")
+        order = sw.Order(shuffle=True)
         if case == "streamwin-canonical":
-            verify = {"canonical": CANONICAL}
+            order = sw.Order(shuffle=True, canonical=CANONICAL)
         if case == "streamwin-streams":  # one stream per rank and worker: the order of every job before "auto"
-            verify = {"canonical": None}
+            order = sw.Order(shuffle=True, canonical=None)
         dataset = sw.WindowDataset(str(data_dir), window=params.window, stride=params.stride,
-                                   horizon=0, shuffle=True, shuffle_buffer=params.shuffle_buffer,
+                                   horizon=0, shuffle_buffer=params.shuffle_buffer,
                                    seed=params.seed, batch_size=params.batch_size,
-                                   rank=0, world_size=1, **verify)
+                                   rank=0, world_size=1, order=order, read=read)
         if case != "streamwin-unverified" and dataset.manifest.checks is None:
             raise SystemExit(f"{data_dir} was packed without chunk checksums: delete it (it is written anew) "
                              "to measure what verifying them costs")

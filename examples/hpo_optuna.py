@@ -47,12 +47,12 @@ def datasets(args: argparse.Namespace, window: int, seed: int) -> tuple[sw.Windo
         split = dict(holdout=args.holdout)
     else:
         split = dict(split_fractions=(1 - args.val_fraction, args.val_fraction, 0.0), split_seed=args.split_seed)
-    common = dict(horizon=args.horizon, batch_size=args.batch_size, rank=0, world_size=1, **split)
-    train = sw.WindowDataset(args.data, window=window, stride=max(1, window // 2), split="train", seed=seed,
-                             shuffle_buffer=args.shuffle_buffer, **common)
+    common = dict(horizon=args.horizon, batch_size=args.batch_size, rank=0, world_size=1)
+    train = sw.WindowDataset(args.data, window=window, stride=max(1, window // 2), seed=seed,
+                             shuffle_buffer=args.shuffle_buffer, select=sw.Select(split="train", **split), **common)
     # validation: every window once (equalize="pad" marks the filler with weight 0), in a fixed order
-    val = sw.WindowDataset(args.data, window=window, stride=args.horizon, split="val", shuffle=False,
-                           equalize="pad", **common)
+    val = sw.WindowDataset(args.data, window=window, stride=args.horizon, order=sw.Order(shuffle=False, equalize="pad"),
+                           select=sw.Select(split="val", **split), **common)
     return train, val
 
 

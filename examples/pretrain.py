@@ -130,11 +130,12 @@ def packed_loss(model: nn.Module, batch: dict, patch: int, device: torch.device)
 def dataset(args: argparse.Namespace, **world) -> sw.WindowDataset:
     """Packed rows of crops of ``--min-window``..``--window`` steps (whole patches), the datasets mixed
     (``world``: rank and world_size, to replay a job's ranks in one process)."""
-    mixing = {"weights": args.weights} if len(args.data) > 1 else {}
-    return sw.WindowDataset(args.data if len(args.data) > 1 else args.data[0], **mixing, window=args.window,
-                            stride=args.window // 2, pad=args.pad, jitter=True, min_window=args.min_window,
-                            window_multiple=args.patch, pack_length=args.pack_length, missing="mask",
-                            batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed, **world)
+    mix = sw.Mix(weights=args.weights) if len(args.data) > 1 else None
+    crops = sw.Crops(pad=args.pad, jitter=True, min_window=args.min_window, window_multiple=args.patch,
+                     pack_length=args.pack_length, missing="mask")
+    return sw.WindowDataset(args.data if len(args.data) > 1 else args.data[0], window=args.window,
+                            stride=args.window // 2, batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer,
+                            seed=args.seed, crops=crops, mix=mix, **world)
 
 
 def model_of(args: argparse.Namespace, ds: sw.WindowDataset) -> PatchTransformer:

@@ -271,10 +271,10 @@ def set_up(args: argparse.Namespace, world: int, local_rank: int, device: torch.
         log.info("prefetched %d shards into %s in %.1fs", fetched, args.cache_dir, time.perf_counter() - t)
 
     data = args.data[0] if len(args.data) == 1 else args.data  # one URL, or several mixed by --weights
-    mixing = {} if len(args.data) == 1 else {"weights": args.weights}
-    ds = sw.WindowDataset(data, **mixing, window=args.window, stride=args.stride, horizon=args.horizon,
-                          batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed,
-                          cache_dir=args.cache_dir)
+    mix = None if len(args.data) == 1 else sw.Mix(weights=args.weights)
+    ds = sw.WindowDataset(data, window=args.window, stride=args.stride, horizon=args.horizon,
+                          batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed, mix=mix,
+                          read=sw.Read(cache_dir=args.cache_dir))
     features = features_of(ds)  # reads the manifest: a missing or unfinished dataset is said here
     loader = sw.WindowLoader(ds, num_workers=args.workers, pin_memory=device.type == "cuda")
 
@@ -410,10 +410,14 @@ def flag_value(value: object) -> str:
 
 
 def in_flags(message: str, flags: set[str]) -> str:
-    """A library message in this script's words: ``pad=True`` -> ``--pad``, ``window=28`` -> ``--window 28``."""
+    """A library message in this script's words: ``crops=sw.Crops(pad=True)`` -> ``--pad``, ``window=28`` ->
+    ``--window 28`` (a group's wrapper goes where each of its fields is a flag here)."""
     def flag(m: re.Match) -> str:
         option = "--" + m.group(1).replace("_", "-")
         return option if m.group(2) == "True" else f"{option} {m.group(2)}"
+    def unwrapped(m: re.Match) -> str:
+        return m.group(1) if set(re.findall(r"(\w+)=", m.group(1))) <= flags else m.group(0)
+    message = re.sub(r"\b[a-z]+=sw\.[A-Z]\w*\(((?:[^()]|\([^()]*\))*)\)", unwrapped, message)
     return re.sub(rf"\b({'|'.join(sorted(flags, key=len, reverse=True))})=([^\s,;)]+)", flag, message)
 
 

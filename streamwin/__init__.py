@@ -8,6 +8,7 @@ from streamwin.storage.cache import ShardCache, prefetch
 from streamwin.errors import ManifestError, PackError, ShardError, StateMismatchError, StreamwinError
 from streamwin.packing.scan import index_shards, verify
 from streamwin.formats.manifest import Manifest
+from streamwin.options import Crops, Mix, Order, Read, Select
 from streamwin.packing.compact import compact
 from streamwin.packing.pack import pack
 from streamwin.packing.parts import merge
@@ -29,7 +30,7 @@ def __getattr__(name: str):
         return WindowLoader
     raise AttributeError(f"module 'streamwin' has no attribute {name!r}")
 __all__ = sorted([
-    "Manifest", "ManifestError", "PackError", "Plan", "PlanConfig", "ShardCache", "ShardError", "StateMismatchError",
-    "StreamwinError", "WindowDataset", "WindowLoader", "WindowSpec", "compact", "index_shards", "load_manifest",
-    "make_plan", "merge", "pack", "prefetch", "verify",
+    "Crops", "Manifest", "ManifestError", "Mix", "Order", "PackError", "Plan", "PlanConfig", "Read", "Select",
+    "ShardCache", "ShardError", "StateMismatchError", "StreamwinError", "WindowDataset", "WindowLoader", "WindowSpec",
+    "compact", "index_shards", "load_manifest", "make_plan", "merge", "pack", "prefetch", "verify",
 ])

@@ -10,6 +10,7 @@ import difflib
 import functools
 import inspect
 import os
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, TypeVar
 
 import numpy as np
@@ -72,22 +73,24 @@ def did_you_mean(name: str, known: Iterable[str], cutoff: float = 0.75) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def check_keywords(error: type[Exception] = TypeError) -> Callable[[T], T]:
+def check_keywords(error: type[Exception] = TypeError, moved: Mapping[str, str] | None = None) -> Callable[[T], T]:
     """Decorator for a public function or class: a keyword argument it does not take is an ``error``
     that names it and the parameter it was probably meant as (``shard_byte=`` -> ``shard_bytes``).
 
     Where the callable also takes ``**kwargs`` (options it checks itself), only a name close to
-    one of its parameters is refused here; any other is left to its own check.
+    one of its parameters is refused here; any other is left to its own check. ``moved`` maps
+    keywords it no longer takes to their new spelling (``cache_dir`` -> ``read=sw.Read(cache_dir=...)``):
+    an old one is an ``error`` that names the new.
     """
     def decorate(obj: T) -> T:
         if isinstance(obj, type):  # a class (a dataclass too): its constructor
-            obj.__init__ = _checked(obj.__init__, obj.__name__, error)  # type: ignore[misc]
+            obj.__init__ = _checked(obj.__init__, obj.__name__, error, moved or {})  # type: ignore[misc]
             return obj
-        return _checked(obj, obj.__name__, error)  # type: ignore[return-value]
+        return _checked(obj, obj.__name__, error, moved or {})  # type: ignore[return-value]
     return decorate
 
 
-def _checked(func: Callable, name: str, error: type[Exception]) -> Callable:
+def _checked(func: Callable, name: str, error: type[Exception], moved: Mapping[str, str]) -> Callable:
     params = inspect.signature(func).parameters.values()
     named = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
@@ -96,6 +99,8 @@ def _checked(func: Callable, name: str, error: type[Exception]) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         if not named.issuperset(kwargs):
             for key in sorted(kwargs.keys() - named):
+                if key in moved:
+                    raise error(f"{name}({key}=...) is now {name}({moved[key]})")
                 hint = did_you_mean(key, named, 0.8 if open_ended else 0.6)
                 if hint or not open_ended:
                     raise error(f"{name}() got an unexpected keyword argument {key!r}{hint}")

@@ -6,11 +6,10 @@ batch's ``source`` field (which source each window came from) exists where there
 several. The dataset knows nothing of processes: the loader says how many streams a rank
 runs (``num_workers``), so two loaders with different worker counts can share one dataset.
 
-Every argument is checked once, in the constructor, into frozen option objects that name the
-argument as the user typed it: ``WindowSpec`` (window, stride, horizon, pad), ``ShuffleSpec``
-(shuffle, shuffle_buffer, seed, slice_windows), ``SplitSpec`` (split, split_fractions,
-split_seed, holdout) and the read options (storage_options, retries, retry_backoff, on_error,
-cache_dir, cache_limit, verify_checksums).
+Every argument is checked once, in the constructor or in its option group (streamwin/options.py),
+into frozen objects that name the argument as the user typed it: ``WindowSpec`` (window, stride,
+horizon and the crops), ``ShuffleSpec`` (shuffle_buffer, seed and the order's shuffle and
+slice_windows), ``SplitSpec`` (the selection's split) and ``ReadOptions`` (the read options).
 """
 from __future__ import annotations
 
@@ -22,18 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-import numpy as np
-
-from streamwin.arguments import MAX_BATCH, check_choice, check_fits, check_int, check_keywords, is_real
+from streamwin.arguments import MAX_BATCH, check_fits, check_int, check_keywords
 from streamwin.batch import BatchLayout
 from streamwin.formats.manifest import Manifest, check_mixable
+from streamwin.options import MOVED, Crops, Mix, Order, Read, Select
 from streamwin.plan.canon import sharing
 from streamwin.plan.epoch import Plan, plan_epoch, rest_plans
-from streamwin.plan.mix import Mixing, normalized
-from streamwin.plan.options import (AUTO, DEFAULT_CANONICAL, EQUALIZE, PlanConfig, ShuffleSpec, WindowSpec, canonical_for,
-                                    check_canonical, pretraining, stream_block)
-from streamwin.plan.split import split_spec
-from streamwin.read import READAHEAD_BYTES, ReadOptions, zstd_slice_windows
+from streamwin.plan.options import PlanConfig, ShuffleSpec, canonical_for, pretraining, stream_block
+from streamwin.read import zstd_slice_windows
 from streamwin.selection import check_where, where_of
 from streamwin.seqfields import FieldGather, field_spec, vocabulary_of
 from streamwin.source import Source, dataset_inputs, views_named
@@ -44,7 +39,7 @@ from streamwin.world import resolve
 log = logging.getLogger("streamwin")
 
 
-@check_keywords()
+@check_keywords(moved=MOVED)
 class WindowDataset:
     """Sliding windows over the sequences of a packed dataset (or a mix of several), as batches.
 
@@ -53,117 +48,57 @@ class WindowDataset:
             of them, or a dict {name: url}, to mix several datasets (same dtype and feature shape)
             into every batch: ``batch["source"]`` says which each window came from (its position
             in the list or dict).
-        weights: with several URLs, each source's share of the epoch and of every batch (a list,
-            or a dict by name; normalized). Source i gives round(w_i * E) windows of an epoch of E
-            (a small source repeats, a large one gives another subset each epoch) and
-            floor(w_i * B) or ceil(w_i * B) windows of every batch. Default: each source all of
-            its windows once, batches mixed in proportion.
-        epoch_windows: with several URLs, the windows of an epoch (default: every source's, summed).
         window: steps per window (``batch["x"]`` is ``[B, window, *features]``).
         stride: steps between window starts (default: ``window``, no overlap).
         horizon: target steps right after the window (``batch["y"]``), 0 for none.
-        pad: give a sequence shorter than window + horizon one zero-padded window with ``batch["mask"]``.
-        shuffle: permute slices per epoch and windows within blocks of ``shuffle_buffer``.
-        shuffle_buffer: windows per shuffle block; bounds resident memory.
-        seed: the order is a pure function of (seed, epoch, world_size x batch_size) with canonical streams, else
-            of (seed, epoch, world_size, num_workers, batch_size).
         batch_size: windows per batch of one rank (batches are formed in the worker).
-        canonical: "auto" (default): (8, 1) for 1, 2, 4 or 8 ranks (windows or packed rows, one source or a mix), else None
-            (one stream per rank and worker); (A, P): rank slots x step phases (plan/canon.py, docs/resume.md).
-        equalize: "drop" (each window at most once, < streams * batch_size dropped) or "pad"
-            (each at least once, repeats marked ``batch["weight"] == 0``).
+        shuffle_buffer: windows per shuffle block; bounds resident memory.
+        seed: the order is a pure function of (seed, epoch, world_size x batch_size) with canonical
+            streams, else of (seed, epoch, world_size, num_workers, batch_size).
+        crops: how windows are cut and packed beyond the stride grid: ``sw.Crops(pad, jitter,
+            min_window, window_multiple, windows_per_sequence, pack_length, missing)``.
+        order: how the order is drawn: ``sw.Order(shuffle, slice_windows, equalize, canonical)``.
+        select: which sequences and fields: ``sw.Select(split, split_fractions, split_seed, holdout,
+            where, fields, fill)``.
+        mix: with several URLs, how they mix: ``sw.Mix(weights, epoch_windows)``.
+        read: how bytes are read: ``sw.Read(storage_options, retries, retry_backoff, on_error,
+            cache_dir, cache_limit, verify_checksums, readahead, readahead_bytes, prefetch)``.
         rank, world_size: override the detected ones (see streamwin.world).
-        storage_options: passed to fsspec (credentials, endpoint_url, ...).
-        slice_windows: windows per read slice (default shuffle_buffer // 8, or with zstd enough to span a
-            few of the frames or members a read decompresses whole, so that each is read about once
-            an epoch); smaller mixes more.
-        readahead, readahead_bytes: blocks read ahead of the one being batched, on a thread; on remote storage
-            more, as far as the latency needs, within ``readahead_bytes`` a source and process.
-        retries: failed attempts in a row allowed per read on transient storage errors.
-        retry_backoff: seconds before the first retry, doubling with each failure in a row.
-        on_error: "raise" a ShardError on bad data, or "skip": only the windows whose bytes cannot
-            be read become zeros with ``batch["weight"] == 0``, counted in ``loader.stats()``, and
-            every rank still yields the same number of batches.
-        cache_dir, cache_limit: keep verified node-local copies of remote shards (fetched once
-            per node, evicted least-recently-used down to ``cache_limit`` bytes).
-        verify_checksums: check every byte read against the manifest's chunk checksums (a byte that
-            differs is a ShardError, or with on_error="skip" its windows weigh 0); False only to
-            measure what that costs.
-        split: None (all data), "train", "val" or "test".
-        split_fractions, split_seed: with ``holdout=0``, a sequence belongs to one split, chosen by a
-            stable hash of (split_seed, key): never in two splits, stable as the dataset grows.
-        holdout: H > 0 selects a temporal split instead: "train" windows (with their horizon) lie
-            in steps [0, T - 2H) of every sequence; a "val" window's last target step lies in
-            [T - 2H, T - H), a "test" window's in [T - H, T) (inputs may look back for context).
-        prefetch: batches gathered ahead on another thread. Off by default: the gather holds the
-            GIL, so on few cores a third thread only adds hand-offs and slows the loader; it can
-            help when the training step leaves the GIL free for long.
-        jitter: move each window's start by a random offset in [0, stride) (staying inside its
-            sequence), drawn afresh each epoch from (seed, epoch, window); windows per sequence
-            stay the grid's.
-        min_window, window_multiple: draw each crop's length among the multiples of
-            ``window_multiple`` in [min_window, window] (patch-aligned); batches stay ``window``
-            long, right-padded with zeros, with ``batch["length"]`` and ``batch["mask"]``.
-        windows_per_sequence: k crops per sequence per epoch at stratified random starts (fewer
-            when a sequence has fewer than k distinct starts) instead of the stride grid.
-        pack_length: rows of this many steps, each holding whole crops: ``x`` [B, L, ...],
-            ``segment_ids`` and ``positions`` [B, L] (int32, 0 = padding), and per crop, flat in
-            row-major order, ``key``, ``start``, ``length``, ``row`` (``source`` when mixed).
-            A batch is B rows; needs horizon=0 and equalize="drop".
-        missing: None, or "mask": ``batch["observed"]`` (bool, like x) says where x holds a finite
-            value, and NaN and inf in x become 0.
-        fields: per-sequence fields stored at pack time (a label, a store, a start time; see
-            ``manifest.fields``) to put in every batch: ``batch[name]``, one value per window (per
-            crop, flat like ``start``, with ``pack_length``); str fields as int64 codes into
-            ``vocabulary(name)``; ``"time"``: each window's first step's timestamp, int64,
-            start + offset x freq. Names of batch keys (x, y, key, start, mask, ...) are refused.
-        fill: {field: value} for sources of a mix that lack the field (else refused, naming them).
-        where: {field: [values]}: only the sequences whose field holds one of the values; applied
-            in the plan, so the other sequences' windows are never read.
+
+    Each group's defaults are the dataset's (None: every default); streamwin/options.py says what
+    each option does.
     """
 
-    def __init__(self, url: str, window: int, stride: int | None = None, horizon: int = 0, *, pad: bool = False,
-                 shuffle: bool = True, shuffle_buffer: int = 10_000, seed: int = 0, batch_size: int = 64,
-                 equalize: str = "drop", rank: int | None = None, world_size: int | None = None,
-                 storage_options: dict[str, Any] | None = None, slice_windows: int | None = None,
-                 readahead: int = 1, prefetch: int = 0, retries: int = 5, retry_backoff: float = 0.2,
-                 on_error: str = "raise", readahead_bytes: int = READAHEAD_BYTES,
-                 cache_dir: str | None = None, cache_limit: int | None = None, split: str | None = None,
-                 split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_seed: int = 0,
-                 holdout: int = 0, weights: Sequence[float] | Mapping[str, float] | None = None,
-                 epoch_windows: int | None = None, jitter: bool = False, min_window: int | None = None,
-                 window_multiple: int = 1, windows_per_sequence: int | None = None, pack_length: int | None = None,
-                 missing: str | None = None, verify_checksums: bool = True, fields: Sequence[str] | None = None,
-                 fill: Mapping[str, Any] | None = None, where: Mapping[str, Sequence[Any]] | None = None,
-                 canonical: tuple[int, int] | str | None = DEFAULT_CANONICAL):
-        self.mixing, urls = mix_of(url, weights, epoch_windows)  # a URL alone is a mix of one
-        self.spec = WindowSpec(window, window if stride is None else stride, horizon, pad, jitter, min_window,
-                               window_multiple, windows_per_sequence)
-        self.pack_length, self.missing = pretraining(self.spec, pack_length, equalize, missing)
-        self.shuffle_spec = ShuffleSpec(shuffle, shuffle_buffer, seed, slice_windows)
+    def __init__(self, url: str | Sequence[str] | Mapping[str, str], window: int, stride: int | None = None,
+                 horizon: int = 0, *, batch_size: int = 64, shuffle_buffer: int = 10_000, seed: int = 0,
+                 crops: Crops | None = None, order: Order | None = None, select: Select | None = None,
+                 mix: Mix | None = None, read: Read | None = None, rank: int | None = None,
+                 world_size: int | None = None):
+        crops, order, select, mix, read = (Crops.given(crops), Order.given(order), Select.given(select),
+                                           Mix.given(mix), Read.given(read))
+        self.mixing, urls = mix.of(url)  # a URL alone is a mix of one
+        self.spec = crops.window_spec(window, window if stride is None else stride, horizon)
+        with crops.named():
+            self.pack_length, self.missing = pretraining(self.spec, crops.pack_length, order.equalize, crops.missing)
+        self.shuffle_spec = ShuffleSpec(order.shuffle, shuffle_buffer, seed, order.slice_windows)
         check_int("batch_size", batch_size, 1, MAX_BATCH)
-        check_choice("equalize", equalize, EQUALIZE)
-        self.batch_size, self.equalize = int(batch_size), equalize
-        self.canonical = canonical if canonical is None or canonical == AUTO else check_canonical(canonical)
+        self.batch_size, self.equalize, self.canonical = int(batch_size), order.equalize, order.canonical
         self._rank, self._world_size = _explicit_world(rank, world_size)
-        read = ReadOptions(storage_options, retries, retry_backoff, on_error, cache_dir, cache_limit, verify_checksums, readahead_bytes)
-        for name, value in (("readahead", readahead), ("prefetch", prefetch)):
-            check_int(name, value, 0)
-        self.readahead, self.prefetch = int(readahead), int(prefetch)
-        self.split = split_spec(split, split_fractions, split_seed, holdout)
+        self.read, self.readahead, self.prefetch = read.options(), int(read.readahead), int(read.prefetch)
+        self.split = select.split_spec()
         self.url = str(url) if isinstance(url, (str, os.PathLike)) else tuple(urls)
-        names, self.weights, self.epoch_windows = self.mixing.names, self.mixing.weights, self.mixing.epoch_windows
-        self.names = names
-        self.where = where_of(where)
-        self.sources = tuple(Source(u, n, self.spec, self.split, read, self.where, fill) for n, u in zip(names, urls))
-        self.read = read
+        self.names, self.weights, self.epoch_windows = self.mixing.names, self.mixing.weights, self.mixing.epoch_windows
+        self.where = where_of(select.where)
+        self.sources = tuple(Source(u, n, self.spec, self.split, self.read, self.where, select.fill)
+                             for n, u in zip(self.names, urls))
         self._world: tuple[int, int] | None = None
         self._slices: int | None = None  # the default slice_windows, once computed
         self._lens: dict[PlanConfig, int] = {}
         self._check_sources()
-        if self.where:  # each value of the field's kind, held by some sequence; every source keeps one
-            check_where(where, self.where, self.sources)
-        self.field_spec = field_spec(fields, fill, [(s.url, s.manifest.fields) for s in self.sources])
+        with select.named():
+            if self.where:  # each value of the field's kind, held by some sequence; every source keeps one
+                check_where(select.where, self.where, self.sources)
+            self.field_spec = field_spec(select.fields, select.fill, [(s.url, s.manifest.fields) for s in self.sources])
         self.transform: Transform | None = None  # a loader's (``transformed``): batches hold its outputs
         self.check_fits()
 
@@ -346,47 +281,6 @@ class WindowDataset:
 
 
 # -- arguments: each checked once, named as the user typed it ----------------------------------------
-
-def mix_of(url: Any, weights: Any, epoch_windows: Any) -> tuple[Mixing, list[str]]:
-    """(the mixing, the URLs) of one URL, or of a list / dict of them."""
-    if isinstance(url, (str, os.PathLike)):
-        for name, value in (("weights", weights), ("epoch_windows", epoch_windows)):
-            if value is not None:
-                raise ValueError(f"{name}={value!r} mixes several datasets: pass url as a list or dict of URLs")
-        return Mixing([str(url)], alone=True), [str(url)]
-    urls = list(url.values()) if isinstance(url, Mapping) else list(url) if isinstance(url, (list, tuple)) else None
-    if not urls or not all(isinstance(u, (str, os.PathLike)) for u in urls):
-        raise TypeError(f"url must be a path or an fsspec URL string, or a non-empty list or dict of them, got {url!r}")
-    if isinstance(url, Mapping) and not all(isinstance(k, str) for k in url):
-        raise TypeError(f"the names of a dict of URLs must be strings, got {list(url)!r}")
-    if epoch_windows is not None:
-        check_int("epoch_windows", epoch_windows, 0)
-    names = list(url) if isinstance(url, Mapping) else [str(u) for u in urls]
-    mixing = Mixing(names, _weights(url, weights), None if epoch_windows is None else int(epoch_windows))
-    return mixing, [str(u) for u in urls]
-
-
-def _weights(url: Sequence | Mapping, weights: Any) -> list[float] | None:
-    """Weights matching the sources: a list as long as the list of URLs, or a dict with the same names."""
-    if weights is None:
-        return None
-    if isinstance(url, Mapping):
-        if not isinstance(weights, Mapping) or set(weights) != set(url):
-            raise ValueError(f"weights must be a dict with the names of url ({sorted(url)}), got {weights!r}")
-        values = [weights[k] for k in url]
-    else:
-        if isinstance(weights, (str, Mapping)) or not isinstance(weights, (Sequence, np.ndarray)) \
-                or np.ndim(weights) != 1 or len(weights) != len(url):
-            raise ValueError(f"weights must be a list of {len(url)} numbers, one per URL, got {weights!r}")
-        values = list(weights)
-    if not all(is_real(v) for v in values):
-        raise TypeError(f"weights must be numbers >= 0, got {weights!r}")
-    try:
-        normalized(values)
-    except ValueError:
-        raise ValueError(f"weights must be finite numbers >= 0, not all 0, got {weights!r}") from None
-    return [float(w) for w in values]
-
 
 def _explicit_world(rank: Any, world_size: Any) -> tuple[int | None, int | None]:
     """The rank and world size the user gave (None: detect them when iteration starts)."""

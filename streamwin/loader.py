@@ -52,6 +52,7 @@ from streamwin.feed.pool import WorkerPool
 from streamwin.feed.sizing import check_memory, check_workers, idle_workers, slots_text
 from streamwin.feed.stats import RunStats
 from streamwin.feed.to_device import Fixed
+from streamwin.options import MOVED
 from streamwin.plan.epoch import Plan
 from streamwin.state import STATE_VERSION, Position, check_state, read_state, same_position
 from streamwin.transform import TIMEOUT_S, check_timeout, transformed
@@ -125,6 +126,8 @@ class WindowLoader:
         if kwargs.get("batch_size") is not None:
             raise ValueError("set batch_size on the WindowDataset: batches are formed inside the streams")
         kwargs.pop("batch_size", None)
+        for key in sorted(kwargs.keys() & MOVED.keys()):  # a dataset's option: named where it goes
+            raise TypeError(f"WindowLoader({key}=...) is the dataset's: pass WindowDataset(..., {MOVED[key]})")
         if kwargs:
             raise TypeError(f"WindowLoader got unexpected arguments: {', '.join(sorted(kwargs))}")
         if num_workers is None:  # a worker process when a core is free for it
@@ -353,7 +356,7 @@ class WindowLoader:
                 f"streamwin: this loader yields 0 batches per rank: {summary['windows_per_epoch']} windows for "
                 f"{summary['streams']} streams of batch_size {ds.batch_size} (window {ds.spec.window} + horizon "
                 f"{ds.spec.horizon} vs. your sequence lengths). Use a smaller window or batch, fewer workers, or "
-                "pad=True (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=5)
+                "crops=sw.Crops(pad=True) (one zero-padded window per short sequence).", RuntimeWarning, stacklevel=5)
 
     def summary(self) -> dict[str, Any]:
         """The dataset's numbers for this loader's plan: windows, dropped, batches per rank, streams."""
@@ -381,7 +384,8 @@ def warn_about_data(ds: WindowDataset) -> None:
             warnings.warn(
                 f"streamwin: {source.url} holds {m.nonfinite.nan:,} NaN and {m.nonfinite.inf:,} inf values (counted "
                 "by pack, in index.json); windows that cover them reach the model as they are. Repack with "
-                "nan='raise' to find them, clean them before packing, or use missing='mask' to mask them",
+                "nan='raise' to find them, clean them before packing, or pass crops=sw.Crops(missing='mask') to mask "
+                "them",
                 NonFiniteData, stacklevel=6)
         if m.checks is None and ds.read.verify_checksums:
             warnings.warn(f"streamwin: {source.url} was packed without chunk checksums (by an older streamwin): "

@@ -138,6 +138,6 @@ def warn_unmapped(ds: WindowDataset, readers: list[ShardReader], lanes: int) -> 
         warnings.warn(
             f"streamwin: {source.url}: {why}, so each of this process's {lanes} canonical streams holds its blocks "
             f"in memory: up to {lanes} x (readahead={ds.readahead} + 1) blocks of up to {block / 2**20:,.1f} MB "
-            "(shuffle_buffer windows; packed rows: shuffle_buffer / A). Pass cache_dir= (a node cache: blocks are "
-            "mapped from it), a smaller shuffle_buffer, or canonical=None (one stream a process; the order then "
-            "depends on the world size and workers)", RuntimeWarning, stacklevel=3)
+            "(shuffle_buffer windows; packed rows: shuffle_buffer / A). Pass read=sw.Read(cache_dir=...) (a node "
+            "cache: blocks are mapped from it), a smaller shuffle_buffer, or order=sw.Order(canonical=None) (one "
+            "stream a process; the order then depends on the world size and workers)", RuntimeWarning, stacklevel=3)

@@ -1,6 +1,6 @@
 """Per-sequence fields in every batch: one value per window (per crop with ``pack_length``), looked up by sequence.
 
-``WindowDataset(..., fields=["label", "store", "time"])`` adds one array per field to each
+``WindowDataset(..., select=sw.Select(fields=["label", "store", "time"]))`` adds one array per field to each
 batch, filled where the batch is gathered (a worker, or the stream's thread) from the
 manifests' field columns (formats/meta.py) by each window's sequence index, ``seq``: one
 ``np.take`` per field and source, no Python per window. ``time`` is each window's first
@@ -39,20 +39,27 @@ class FieldSpec:
         return [(n, np.dtype(BATCH_DTYPES[k])) for n, k in zip(self.names, self.kinds)]
 
 
-def field_spec(names: Any, fill: Any, sources: list[tuple[str, SeqFields | None]]) -> FieldSpec | None:
-    """The FieldSpec of ``fields=`` and ``fill=`` over the sources ``(url, manifest fields)``; ValueError naming the
-    field (and the source) when one is missing, reserved or of different kinds."""
+def field_names(names: Any, fill: Any) -> None:
+    """Refuse ``fields=`` and ``fill=`` unless a list of distinct names and a dict of some of them (or None)."""
     if names is None:
         if fill:
             raise ValueError(f"fill={fill!r} gives values of fields: pass fields=[...] too")
-        return None
+        return
     if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
         raise TypeError(f"fields must be a list of field names, got {names!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"fields names a field twice: {list(names)!r}")
-    fill = dict(fill or {})
-    if not isinstance(fill, Mapping) or set(fill) - set(names):
+    if (fill is not None and not isinstance(fill, Mapping)) or set(fill or {}) - set(names):
         raise ValueError(f"fill must map some of fields={list(names)!r} to values, got {fill!r}")
+
+
+def field_spec(names: Any, fill: Any, sources: list[tuple[str, SeqFields | None]]) -> FieldSpec | None:
+    """The FieldSpec of ``fields=`` and ``fill=`` over the sources ``(url, manifest fields)``; ValueError naming the
+    field (and the source) when one is missing, reserved or of different kinds."""
+    field_names(names, fill)
+    if names is None:
+        return None
+    fill = dict(fill or {})
     kinds, fills, vocab = [], [], []
     for name in names:
         if name in RESERVED:
@@ -199,5 +206,6 @@ def vocabulary_of(spec: FieldSpec | None, name: str) -> tuple[str, ...]:
     """The strings of str field ``name`` of ``spec``; KeyError naming the str fields there are."""
     vocab = dict(spec.vocabulary) if spec is not None else {}
     if name not in vocab:
-        raise KeyError(f"{name!r} is not a str field of this dataset's fields= (str fields: {sorted(vocab)})")
+        raise KeyError(f"{name!r} is not a str field of this dataset's select=sw.Select(fields=...) (str fields: "
+                       f"{sorted(vocab)})")
     return vocab[name]

@@ -139,7 +139,8 @@ class Transform:
                 f"its 'key' keeps {want}, one a window"
             raise ValueError(f"transform {_name(self.fn)} returned {key!r} of shape {value.shape}: {got} rows out, "
                              f"{want} in ({what}): a transform keeps the rows (every output's first dimension is "
-                             "the batch's rows); select windows with where= or weights= instead")
+                             "the batch's rows); select windows with select=sw.Select(where=...) or "
+                             "mix=sw.Mix(weights=...) instead")
 
     def gatherer(self, gatherer: Any, seed: int, epoch: int) -> "TransformGather":
         """``gatherer`` followed by this transform, its draws keyed by (``seed``, ``epoch``, each window)."""

@@ -44,8 +44,8 @@ def main() -> None:
     so = json.load(open(a.storage_options)) if a.storage_options else None
     # built before init_process_group, as users often do: rank is resolved when iteration starts
     ds = sw.WindowDataset(a.url, window=a.window, stride=a.stride, batch_size=a.batch_size, shuffle_buffer=64,
-                          seed=7, equalize=a.equalize, storage_options=so, cache_dir=a.cache_dir,
-                          canonical=canonical(a.canonical))
+                          seed=7, order=sw.Order(equalize=a.equalize, canonical=canonical(a.canonical)),
+                          read=sw.Read(storage_options=so, cache_dir=a.cache_dir))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     loader = sw.WindowLoader(ds, num_workers=a.workers)

@@ -1,6 +1,7 @@
 """Every public argument of WindowDataset is checked once, up front: a bad value is one
-ValueError or TypeError whose message names the argument as the user typed it and says what
-would be valid, never an internal name (block_windows) or a silently truncated value."""
+ValueError or TypeError whose message names the argument as the user typed it (in its option
+group, the group too) and says what would be valid, never an internal name (block_windows) or a
+silently truncated value."""
 from __future__ import annotations
 
 import math
@@ -14,33 +15,35 @@ import streamwin as sw
 URL = "/nonexistent/streamwin-dataset"  # validation comes first: no dataset is needed to refuse an argument
 INTERNAL = ("block_windows", "PlanConfig", "WindowSpec", "SplitSpec")
 
-BAD = [
-    ("window", 2.5), ("window", "64"), ("window", True), ("window", 0), ("window", None),
-    ("stride", 0), ("stride", 1.5), ("stride", False),
-    ("horizon", -1), ("horizon", 0.5),
-    ("pad", "yes"), ("pad", 1),
-    ("shuffle", "no"), ("shuffle", None),
-    ("shuffle_buffer", 0), ("shuffle_buffer", 2.5), ("shuffle_buffer", "4"),
-    ("seed", -1), ("seed", 1.5), ("seed", "0"), ("seed", True),
-    ("batch_size", 2.5), ("batch_size", "4"), ("batch_size", 0), ("batch_size", True), ("batch_size", -8),
-    ("equalize", "repeat"), ("equalize", None),
-    ("rank", -1), ("rank", 1.0),
-    ("world_size", 0), ("world_size", 2.5),
-    ("storage_options", "anon=true"), ("storage_options", [("anon", True)]),
-    ("slice_windows", 0), ("slice_windows", 2.5),
-    ("readahead", -1), ("readahead", 1.5),
-    ("prefetch", -1), ("prefetch", "2"),
-    ("retries", -1), ("retries", 2.5),
-    ("retry_backoff", -0.1), ("retry_backoff", "0.2"), ("retry_backoff", math.nan), ("retry_backoff", math.inf),
-    ("retry_backoff", True),
-    ("on_error", "ignore"),
-    ("cache_dir", 5),
-    ("cache_limit", -1), ("cache_limit", 2.5), ("cache_limit", "10GB"),
-    ("split", "validation"), ("split", "Train"),
-    ("split_fractions", (0.5, 0.5)), ("split_fractions", (0.8, 0.3, -0.1)), ("split_fractions", (0.5, 0.5, 0.5)),
-    ("split_fractions", "abc"), ("split_fractions", (0.8, 0.1, math.nan)),
-    ("split_seed", -1), ("split_seed", 0.5),
-    ("holdout", -1), ("holdout", 2.5),
+BAD = [  # (the option group, or None for WindowDataset's own arguments; the argument; a bad value)
+    (None, "window", 2.5), (None, "window", "64"), (None, "window", True), (None, "window", 0), (None, "window", None),
+    (None, "stride", 0), (None, "stride", 1.5), (None, "stride", False),
+    (None, "horizon", -1), (None, "horizon", 0.5),
+    (sw.Crops, "pad", "yes"), (sw.Crops, "pad", 1),
+    (sw.Order, "shuffle", "no"), (sw.Order, "shuffle", None),
+    (None, "shuffle_buffer", 0), (None, "shuffle_buffer", 2.5), (None, "shuffle_buffer", "4"),
+    (None, "seed", -1), (None, "seed", 1.5), (None, "seed", "0"), (None, "seed", True),
+    (None, "batch_size", 2.5), (None, "batch_size", "4"), (None, "batch_size", 0), (None, "batch_size", True),
+    (None, "batch_size", -8),
+    (sw.Order, "equalize", "repeat"), (sw.Order, "equalize", None),
+    (None, "rank", -1), (None, "rank", 1.0),
+    (None, "world_size", 0), (None, "world_size", 2.5),
+    (sw.Read, "storage_options", "anon=true"), (sw.Read, "storage_options", [("anon", True)]),
+    (sw.Order, "slice_windows", 0), (sw.Order, "slice_windows", 2.5),
+    (sw.Read, "readahead", -1), (sw.Read, "readahead", 1.5),
+    (sw.Read, "prefetch", -1), (sw.Read, "prefetch", "2"),
+    (sw.Read, "retries", -1), (sw.Read, "retries", 2.5),
+    (sw.Read, "retry_backoff", -0.1), (sw.Read, "retry_backoff", "0.2"), (sw.Read, "retry_backoff", math.nan),
+    (sw.Read, "retry_backoff", math.inf), (sw.Read, "retry_backoff", True),
+    (sw.Read, "on_error", "ignore"),
+    (sw.Read, "cache_dir", 5),
+    (sw.Read, "cache_limit", -1), (sw.Read, "cache_limit", 2.5), (sw.Read, "cache_limit", "10GB"),
+    (sw.Select, "split", "validation"), (sw.Select, "split", "Train"),
+    (sw.Select, "split_fractions", (0.5, 0.5)), (sw.Select, "split_fractions", (0.8, 0.3, -0.1)),
+    (sw.Select, "split_fractions", (0.5, 0.5, 0.5)), (sw.Select, "split_fractions", "abc"),
+    (sw.Select, "split_fractions", (0.8, 0.1, math.nan)),
+    (sw.Select, "split_seed", -1), (sw.Select, "split_seed", 0.5),
+    (sw.Select, "holdout", -1), (sw.Select, "holdout", 2.5),
 ]
 
 
@@ -50,24 +53,28 @@ def build(url: str = URL, **overrides):
     return sw.WindowDataset(url, **kwargs)
 
 
-@pytest.mark.parametrize(("name", "value"), BAD, ids=[f"{n}={v!r}" for n, v in BAD])
-def test_a_bad_argument_is_refused_naming_it(name, value):
+@pytest.mark.parametrize(("group", "name", "value"), BAD,
+                         ids=[f"{g.KEYWORD + '.' if g else ''}{n}={v!r}" for g, n, v in BAD])
+def test_a_bad_argument_is_refused_naming_it(group, name, value):
     with pytest.raises((ValueError, TypeError)) as info:
-        build(**{name: value})
+        build(**{name: value}) if group is None else build(**{group.KEYWORD: group(**{name: value})})
     message = str(info.value)
     assert re.search(rf"\b{name}\b", message), f"the message does not name {name}: {message}"
     assert "got " in message and repr(value) in message, f"the message does not show what was given: {message}"
     assert not any(word in message for word in INTERNAL), f"internal name in: {message}"
+    if group is not None:
+        typed = f"{group.KEYWORD}=sw.{group.__name__}({name}={value!r})"
+        assert message.startswith(typed + ": "), f"the message does not start with {typed}: {message}"
 
 
 @pytest.mark.parametrize(("overrides", "name"), [
     ({"rank": 2, "world_size": 2}, "rank"),
-    ({"holdout": 24}, "holdout"),
-    ({"split": "val", "holdout": -3}, "holdout"),
+    ({"select": lambda: sw.Select(holdout=24)}, "holdout"),
+    ({"select": lambda: sw.Select(split="val", holdout=-3)}, "holdout"),
 ])
 def test_arguments_that_disagree_are_refused_naming_them(overrides, name):
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
-        build(**overrides)
+        build(**{k: v() if callable(v) else v for k, v in overrides.items()})
 
 
 def test_url_must_be_a_path_or_url():
@@ -77,10 +84,11 @@ def test_url_must_be_a_path_or_url():
 
 def test_good_arguments_are_accepted_numpy_integers_included(tiny):
     ds = build(tiny[0], window=np.int64(16), stride=np.int32(8), horizon=np.uint8(2), batch_size=np.int64(4), seed=np.int64(3),
-               shuffle_buffer=np.int64(100), pad=np.bool_(True), shuffle=False, rank=np.int64(1), world_size=2,
-               storage_options={}, slice_windows=10, readahead=0, prefetch=0, retries=0, retry_backoff=0,
-               on_error="skip", cache_dir=None, cache_limit=0, split="train", split_fractions=[0.5, 0.25, 0.25],
-               split_seed=7, holdout=0)
+               shuffle_buffer=np.int64(100), rank=np.int64(1), world_size=2, crops=sw.Crops(pad=np.bool_(True)),
+               order=sw.Order(shuffle=False, slice_windows=10),
+               read=sw.Read(storage_options={}, readahead=0, prefetch=0, retries=0, retry_backoff=0, on_error="skip",
+                            cache_dir=None, cache_limit=0),
+               select=sw.Select(split="train", split_fractions=[0.5, 0.25, 0.25], split_seed=7, holdout=0))
     assert (ds.batch_size, ds.seed, ds.spec.window, ds.spec.stride) == (4, 3, 16, 8)
 
 

@@ -40,9 +40,11 @@ W, S, H, B = 16, 8, 4, 8
 pytestmark = pytest.mark.timeout(120)
 
 
-def make_loader(url, workers=0, **kw):
-    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=200, seed=2, verify_checksums=False) | kw
-    return sw.WindowLoader(sw.WindowDataset(str(url), **args), num_workers=workers)
+def make_loader(url, workers=0, *, rank=None, world_size=None, order=None, **read):
+    """A loader of ``url`` reading with ``sw.Read(verify_checksums=False, **read)``."""
+    ds = sw.WindowDataset(str(url), window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=200, seed=2, rank=rank,
+                          world_size=world_size, order=order, read=sw.Read(**({"verify_checksums": False} | read)))
+    return sw.WindowLoader(ds, num_workers=workers)
 
 
 def epoch(loader):
@@ -491,7 +493,7 @@ def test_big_endian_dataset_is_refused_on_read(packed, tmp_path, cached):
     edit_manifest(ds, dtype=np.dtype(">f4"), shards=shards)
     kw = {"cache_dir": str(tmp_path / "cache")} if cached else {}
     with pytest.raises(sw.ShardError, match="big-endian") as info:
-        epoch(make_loader(ds, shuffle=False, **kw))
+        epoch(make_loader(ds, order=sw.Order(shuffle=False), **kw))
     err = info.value
     shard = err.shard.rsplit("/", 1)[-1]
     assert err.shard == f"{ds}/{shard}" and err.member in packed.members[shard]
@@ -516,7 +518,7 @@ def test_big_endian_arrays_are_packed_little_endian_by_value(tmp_path, compressi
     url = str(tmp_path / "ds")
     sw.pack(list(seqs.items()), url, progress=False, compression=compression)
     assert sw.load_manifest(url).dtype == np.dtype("<f4")
-    loader = sw.WindowLoader(sw.WindowDataset(url, window=20, batch_size=1, shuffle=False))
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=20, batch_size=1, order=sw.Order(shuffle=False)))
     got = {b["key"][0]: b["x"][0].numpy() for b in loader}
     assert set(got) == set(seqs)
     for k, arr in seqs.items():  # bit-exact by value: same float32 bit patterns, NaN and -0.0 included

@@ -33,9 +33,10 @@ SHARDS = FaultPlan(path_contains="shard-")  # count shard GETs only (not index.j
 pytestmark = pytest.mark.timeout(120)
 
 
-def make_loader(url, **kw):
-    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=300, seed=4) | kw
-    return sw.WindowLoader(sw.WindowDataset(str(url), **args))
+def make_loader(url, order=None, **read):
+    """A loader of ``url`` reading with ``sw.Read(**read)``."""
+    return sw.WindowLoader(sw.WindowDataset(str(url), window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=300,
+                                            seed=4, order=order, read=sw.Read(**read)))
 
 
 def epoch(loader):
@@ -375,7 +376,7 @@ def test_object_dtype_member_is_refused_without_unpickling(tmp_path, monkeypatch
 
     forbid_unpickling(monkeypatch)
     kw = {"cache_dir": str(tmp_path / "cache")} if cached else {}
-    loader = make_loader(ds, shuffle=False, **kw)
+    loader = make_loader(ds, order=sw.Order(shuffle=False), **kw)
     with pytest.raises(sw.ShardError) as info:
         epoch(loader)
     err = info.value

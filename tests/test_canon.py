@@ -25,10 +25,10 @@ CANON = (8, 8)  # rank slots x step phases: worlds of 1, 2, 4, 8 ranks, 0, 1, 2,
 WORLDS = [(1, 0), (1, 2), (2, 0), (2, 1), (4, 1)]
 CASES = {
     "plain": dict(),
-    "jitter": dict(jitter=True),
-    "windows_per_sequence": dict(windows_per_sequence=3),
-    "packed": dict(pack_length=48, min_window=8, window_multiple=4),
-    "mix": dict(weights=[0.7, 0.3]),
+    "jitter": dict(crops=sw.Crops(jitter=True)),
+    "windows_per_sequence": dict(crops=sw.Crops(windows_per_sequence=3)),
+    "packed": dict(crops=sw.Crops(pack_length=48, min_window=8, window_multiple=4)),
+    "mix": dict(mix=sw.Mix(weights=[0.7, 0.3])),
 }
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
@@ -36,10 +36,12 @@ def corpus(tmp_path_factory):
     return two_corpora(root)
 
 
-def job(url, world, workers, batch=G, **kw):
-    kw = {"shuffle_buffer": 64, "seed": 11, "canonical": CANON, **kw}
+def job(url, world, workers, batch=G, canonical=CANON, shuffle=True, slice_windows=None, equalize="drop", **kw):
+    """A job's loaders, one per rank; ``kw``: the dataset's other arguments (crops=, mix=, ...)."""
+    order = sw.Order(canonical=canonical, shuffle=shuffle, slice_windows=slice_windows, equalize=equalize)
+    kw = {"shuffle_buffer": 64, "seed": 11, **kw}
     return [opened(sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=batch // world, rank=r,
-                                                    world_size=world, **kw), num_workers=workers))
+                                                    world_size=world, order=order, **kw), num_workers=workers))
             for r in range(world)]
 
 
@@ -94,15 +96,15 @@ def test_global_batches_are_the_same_in_every_world_and_worker_count(corpus, cas
     urls, seqs = corpus
     kw = dict(CASES[case]) | ({"canonical": ALIGNED} if canon == "aligned" else {})
     worlds = ALIGNED_WORLDS if canon == "aligned" else WORLDS
-    mixed = "weights" in kw
+    mixed, packed = "mix" in kw, "crops" in kw and kw["crops"].pack_length is not None
     url = urls if mixed else urls[0]
     seqs_by_source = seqs if mixed else seqs[:1]
-    check = check_content(seqs_by_source, "pack_length" in kw)
+    check = check_content(seqs_by_source, packed)
     runs, xs = {}, {}
     for world, workers in worlds:
         group = job(url, world, workers, **kw)
         # one source of windows, 2+ workers, a share of the rank's slots each: the workers share every batch
-        shares = canon == "aligned" and not ({"weights", "pack_length"} & set(kw)) and 2 <= workers <= 8 // world
+        shares = canon == "aligned" and not (mixed or packed) and 2 <= workers <= 8 // world
         assert group[0]._plan().shared == shares
         per_rank = lockstep(group, summary, check=check)
         assert {len(x) for x in group} == {len(r) for r in per_rank}, "equal steps on every rank, as len() says"
@@ -223,16 +225,17 @@ def test_a_resume_under_another_global_batch_deals_the_rest_once(corpus):
 
 def test_worlds_and_workers_the_canonical_streams_do_not_divide_are_refused(corpus):
     url = corpus[0][0]
-    ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4, canonical=CANON)
+    ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4, order=sw.Order(canonical=CANON))
     with pytest.raises(ValueError, match=r"world_size=3 does not divide the 8 rank slots of canonical=\(8, 8\).*"
                                          r"canonical=\(9, 8\)"):
         len(ds)
-    ds = sw.WindowDataset(url, window=W, rank=0, world_size=1, batch_size=4, canonical=CANON)
+    ds = sw.WindowDataset(url, window=W, rank=0, world_size=1, batch_size=4, order=sw.Order(canonical=CANON))
     with pytest.raises(ValueError, match=r"num_workers=3 does not divide the 8 step phases"):
         ds.plan(0, 3)
-    with pytest.raises(ValueError, match=r'canonical must be None \(the default\), "auto" or \(rank slots, step phases\)'):
-        sw.WindowDataset(url, window=W, canonical=8)
-    ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4, canonical=None)
+    with pytest.raises(ValueError, match=r'order=sw.Order\(canonical=8\): canonical must be "auto" \(the default\), '
+                                         r'None or \(rank slots, step phases\)'):
+        sw.WindowDataset(url, window=W, order=sw.Order(canonical=8))
+    ds = sw.WindowDataset(url, window=W, rank=0, world_size=3, batch_size=4, order=sw.Order(canonical=None))
     assert len(ds) > 0  # the order of one stream per rank and worker
 
 
@@ -261,7 +264,7 @@ def test_auto_is_8_slots_one_phase_where_8_is_divided_else_one_stream_a_process(
     want = global_batches(lockstep(job(url, 1, 0, canonical=(8, 1)), summary))
     for world, workers in [(1, 2), (4, 1), (8, 0)]:
         assert global_batches(lockstep(job(url, world, workers, canonical="auto"), summary)) == want
-    mixed = dict(url=corpus[0], weights=[0.7, 0.3])  # a mix too (its workers take chunks of steps)
+    mixed = dict(url=corpus[0], mix=sw.Mix(weights=[0.7, 0.3]))  # a mix too (its workers take chunks of steps)
     want = global_batches(lockstep(job(world=1, workers=0, canonical=(8, 1), **mixed), summary), grouped=True)
     for world, workers in [(1, 2), (2, 3), (4, 1)]:
         got = lockstep(job(world=world, workers=workers, canonical="auto", **mixed), summary)
@@ -272,7 +275,7 @@ def test_auto_is_8_slots_one_phase_where_8_is_divided_else_one_stream_a_process(
         assert global_batches(lockstep(job(url, world, 0, batch=48, canonical="auto"), summary)) == \
             global_batches(lockstep(job(url, world, 0, batch=48, canonical=None), summary))
     packed = dict(CASES["packed"])  # packed rows too (their workers take chunks of steps), of one source or a mix
-    for urls, extra in [(url, {}), (corpus[0], {"weights": [0.7, 0.3]})]:
+    for urls, extra in [(url, {}), (corpus[0], {"mix": sw.Mix(weights=[0.7, 0.3])})]:
         want = global_batches(lockstep(job(urls, 1, 0, canonical=(8, 1), **packed, **extra), summary), grouped=True)
         for world, workers in [(1, 2), (2, 3)]:
             got = lockstep(job(urls, world, workers, canonical="auto", **packed, **extra), summary)
@@ -380,7 +383,7 @@ def test_a_process_block_is_each_slots_block_in_that_streams_own_order(corpus):
     reads), micro-batch by micro-batch: step after step, slot after slot."""
     url = corpus[0][0]
     ds = sw.WindowDataset(url, window=W, stride=S, batch_size=G, shuffle_buffer=64, seed=11, rank=0, world_size=1,
-                          canonical=(4, 1))
+                          order=sw.Order(canonical=(4, 1)))
     plan = ds.plan(0)
     table = plan.slots.rows(0, plan.steps)  # [steps, slots, sources]
     group, slots = plan.schedule(0).plans[0], [table[:, a, 0] for a in range(table.shape[1])]
@@ -411,13 +414,13 @@ def test_workers_of_chunked_canonical_streams_get_up_to_a_chunk_of_slots(corpus)
     assert spare_slots(mb, 2) == spare_slots(mb, 2, chunk=1) == min(MAX_SPARE, (64 * mb) // (2 * mb))
     url = corpus[0][0]
     ds = sw.WindowDataset(url, window=W, stride=S, batch_size=G, shuffle_buffer=64, rank=0, world_size=1,
-                          canonical=(4, 1))
+                          order=sw.Order(canonical=(4, 1)))
     assert chunk_of(ds, 5) == -(-64 // G) == 4 and chunk_of(ds, 1) == 1  # 5 workers, 4 slots: chunks of steps
     assert chunk_of(ds, 2) == chunk_of(ds, 3) == chunk_of(ds, 4) == 1  # 2 to 4 workers share each batch
     assert chunk_of(ds.transformed(lambda b, rng: b), 2) == 4  # a transform of whole batches: chunks
     assert chunk_of(sw.WindowDataset(url, window=W, stride=S, batch_size=G, rank=0, world_size=1), 2) == 1
     assert chunk_of(sw.WindowDataset(url, window=W, stride=S, batch_size=G, rank=0, world_size=1,
-                                     canonical=(4, 2)), 2) == 1  # phases: workers take batches in turn
+                                     order=sw.Order(canonical=(4, 2))), 2) == 1  # phases: workers take batches in turn
 
 
 def test_a_packed_state_saved_before_small_blocks_were_counted_exactly_resumes_without_losing_crops(corpus,

@@ -160,7 +160,8 @@ def test_a_broken_sums_file_is_an_error_naming_it(dataset, how):
     url, seqs, m = dataset
     shard = m.shards[1].name
     break_sums(url / f"{shard}.sums", how, url / f"{m.shards[2].name}.sums")
-    loader = sw.WindowLoader(sw.WindowDataset(str(url), window=W, stride=S, batch_size=B, shuffle=False), num_workers=0)
+    loader = sw.WindowLoader(sw.WindowDataset(str(url), window=W, stride=S, batch_size=B,
+                                              order=sw.Order(shuffle=False)), num_workers=0)
     with pytest.raises(sw.ShardError) as e:
         for _ in loader:
             pass
@@ -175,7 +176,8 @@ def test_skip_loses_the_windows_of_the_shard_whose_sums_fail(dataset, how):
     url, seqs, m = dataset
     break_sums(url / f"{m.shards[1].name}.sums", how)
     lost_keys = {m.key(i) for i in range(m.shard_starts[1], m.shard_starts[2])}
-    loader = sw.WindowLoader(sw.WindowDataset(str(url), window=W, stride=S, batch_size=B, on_error="skip", seed=3),
+    loader = sw.WindowLoader(sw.WindowDataset(str(url), window=W, stride=S, batch_size=B, seed=3,
+                                              read=sw.Read(on_error="skip")),
                              num_workers=0)
     seen = lost = 0
     with pytest.warns(RuntimeWarning, match="chunk checksums file"):
@@ -195,14 +197,16 @@ def test_broken_sums_files_over_http_and_s3_are_named(dataset, http_server, s3_s
     shard = m.shards[1].name
     s3_url, opts = f"{s3_bucket}/ds", s3_server.storage_options()
     sw.pack(list(seqs.items()), s3_url, shard_bytes=100_000, progress=False, storage_options=opts)
-    good = sw.WindowLoader(sw.WindowDataset(s3_url, window=W, stride=S, batch_size=B, storage_options=opts))
+    good = sw.WindowLoader(sw.WindowDataset(s3_url, window=W, stride=S, batch_size=B,
+                                            read=sw.Read(storage_options=opts)))
     assert sum(len(b["key"]) for b in good) > 0 and good.stats()["bytes_sums"] > 0  # read through S3, verified
     fs = s3_server.filesystem()
     fs.pipe(f"{s3_url}/{shard}.sums", fs.cat(f"{s3_url}/{m.shards[2].name}.sums"))  # another shard's
     break_sums(url / f"{shard}.sums", "damaged")
     srv = http_server(url.parent)
     for where, options, why in ((srv.url_for("ds"), None, "is damaged"), (s3_url, opts, "another shard's")):
-        loader = sw.WindowLoader(sw.WindowDataset(where, window=W, stride=S, batch_size=B, storage_options=options))
+        loader = sw.WindowLoader(sw.WindowDataset(where, window=W, stride=S, batch_size=B,
+                                                  read=sw.Read(storage_options=options)))
         with pytest.raises(sw.ShardError) as e:
             for _ in loader:
                 pass

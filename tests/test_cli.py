@@ -176,8 +176,8 @@ def test_inspect_plans_what_the_dataset_plans(packed, capsys, world, workers, ca
             str(workers)] + (["--canonical", canonical[0]] if canonical else [])
     code, out, err = run(capsys, "inspect", str(packed), *opts)
     assert code == 0, err
-    kw = {} if canonical is None else {"canonical": canonical[1]}
-    ds = sw.WindowDataset(str(packed), window=16, stride=8, batch_size=4, world_size=world, rank=0, **kw)
+    order = None if canonical is None else sw.Order(canonical=canonical[1])
+    ds = sw.WindowDataset(str(packed), window=16, stride=8, batch_size=4, world_size=world, rank=0, order=order)
     want = ds.summary(num_workers=workers)
     streams = re.search(r"streams\s+(\d+)( canonical \((\d+) rank slot\(s\) x (\d+) step phase)?", out)
     assert int(streams.group(1)) == want["streams"], out  # before: 2 (2 ranks x 1 stream) where summary said 8
@@ -501,7 +501,7 @@ def test_unreachable_or_forbidden_object_storage_fails_the_loader_fast(s3_server
     proxy = s3_fault_proxy(FaultPlan(status_503_times=10**6, error_status=403, path_contains="index.json"))
     t0 = time.monotonic()
     with pytest.raises(sw.ManifestError, match="403") as e:
-        sw.WindowDataset(f"{s3_bucket}/ds", window=8, storage_options=proxy.storage_options()).manifest
+        sw.WindowDataset(f"{s3_bucket}/ds", window=8, read=sw.Read(storage_options=proxy.storage_options())).manifest
     assert time.monotonic() - t0 < 10 and f"{s3_bucket}/ds/index.json" in str(e.value)
     del opts
 

@@ -35,9 +35,9 @@ OPEN: list[sw.WindowLoader] = []
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 LAYOUTS = {
     "windows": dict(horizon=3),
-    "pad": dict(horizon=3, pad=True, equalize="pad"),
-    "drawn": dict(min_window=4, window_multiple=4, horizon=3, pad=True),
-    "packed": dict(pack_length=48, min_window=4, window_multiple=4, jitter=True, missing="mask"),
+    "pad": dict(horizon=3, crops=sw.Crops(pad=True), order=sw.Order(equalize="pad")),
+    "drawn": dict(horizon=3, crops=sw.Crops(min_window=4, window_multiple=4, pad=True)),
+    "packed": dict(crops=sw.Crops(pack_length=48, min_window=4, window_multiple=4, jitter=True, missing="mask")),
 }
 
 
@@ -64,8 +64,8 @@ def nothing_left_over():
 
 def loader(url, workers=0, device=None, *, static=False, batch=B, **kw) -> sw.WindowLoader:
     args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=48, seed=5) | kw
-    weights = {"weights": [0.7, 0.3]} if isinstance(url, list) else {}
-    ld = sw.WindowLoader(sw.WindowDataset(url, rank=0, world_size=1, **weights, **args), num_workers=workers,
+    mix = sw.Mix(weights=[0.7, 0.3]) if isinstance(url, list) else None
+    ld = sw.WindowLoader(sw.WindowDataset(url, rank=0, world_size=1, mix=mix, **args), num_workers=workers,
                          device=device, static=static)
     OPEN.append(ld)
     return ld

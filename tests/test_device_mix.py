@@ -40,7 +40,7 @@ def nothing_left_over():
 
 def make(urls, workers=0, device=None, *, weights=(0.5, 0.5), rank=0, world_size=1, batch_size=B, **kw):
     args = dict(window=W, stride=S, horizon=H, batch_size=batch_size, shuffle_buffer=64, seed=7) | kw
-    ds = sw.WindowDataset(urls, weights=list(weights), rank=rank, world_size=world_size, **args)
+    ds = sw.WindowDataset(urls, rank=rank, world_size=world_size, mix=sw.Mix(weights=list(weights)), **args)
     loader = sw.WindowLoader(ds, num_workers=workers, device=device)
     OPEN.append(loader)
     return loader
@@ -84,7 +84,7 @@ def assert_contents(batches: list[dict], seqs: list[dict]) -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_mixed_device_batches_are_bitwise_the_cpu_path_for_two_epochs(corpora, workers, pad, weights):
     urls, seqs = corpora
-    opts = dict(pad=True, equalize="pad") if pad else {}
+    opts = dict(crops=sw.Crops(pad=True), order=sw.Order(equalize="pad")) if pad else {}
     cpu, dev = make(urls, workers, weights=weights, **opts), make(urls, workers, "cpu", weights=weights, **opts)
     epochs = []
     for epoch in range(2):

@@ -125,7 +125,7 @@ def test_elastic_resume_yields_the_rest_of_the_epoch_once(corpus, old, new):
 
 def test_elastic_resume_with_padding_yields_every_window(corpus):
     url, seqs = corpus
-    kw = dict(equalize="pad")
+    kw = dict(order=sw.Order(equalize="pad"))
     before, states = interrupted(url, (2, 2, 16), 5, **kw)
     group = loaders(url, 3, 0, 8, **kw)
     for x in group:
@@ -166,7 +166,8 @@ def test_elastic_resume_twice_and_an_exact_resume_within_it(corpus):
     assert len(set(flat(last))) > 0
 
 
-@pytest.mark.parametrize("change", [dict(window=12), dict(seed=8), dict(shuffle=False)])
+@pytest.mark.parametrize("change", [dict(window=12), dict(seed=8),
+                                    dict(order=sw.Order(shuffle=False))])
 def test_elastic_resume_refuses_another_order_or_window(corpus, change):
     url, _ = corpus
     _, states = interrupted(url, (2, 1, 16), 2)

@@ -329,7 +329,8 @@ def test_slurm_pack_array_then_merge_has_every_sequence(tmp_path):
     m = sw.load_manifest(dest)
     assert m.keys(range(m.num_sequences)) == sorted(seqs)
     assert m.length.tolist() == [len(seqs[k]) for k in sorted(seqs)]
-    ds = sw.WindowDataset(dest, window=50, stride=1000, shuffle=False, batch_size=1, rank=0, world_size=1)
+    ds = sw.WindowDataset(dest, window=50, stride=1000, batch_size=1, rank=0, world_size=1,
+                          order=sw.Order(shuffle=False))
     firsts = {b["key"][0]: b["x"][0].numpy() for b in sw.WindowLoader(ds)}
     assert sorted(firsts) == sorted(seqs)
     for key, x in firsts.items():

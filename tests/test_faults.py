@@ -28,12 +28,13 @@ SHARDS = "shard-"  # FaultPlan.path_contains: fault the shard GETs, not index.js
 pytestmark = pytest.mark.timeout(120)
 
 
-LOADER_DEFAULTS: dict = {}  # more arguments of every make_loader (fast_backoff sets one)
+LOADER_DEFAULTS: dict = {}  # more read options of every make_loader (fast_backoff sets one)
 
 
-def make_loader(url, **kw):
-    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=300, seed=1) | LOADER_DEFAULTS | kw
-    return sw.WindowLoader(sw.WindowDataset(url, **args))
+def make_loader(url, **read):
+    """A loader of ``url`` reading with ``sw.Read(**read)`` (and LOADER_DEFAULTS)."""
+    return sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=300,
+                                            seed=1, read=sw.Read(**(LOADER_DEFAULTS | read))))
 
 
 def epoch(loader):

@@ -332,7 +332,7 @@ def test_the_workers_of_a_failed_pass_stop_with_it(tiny, tmp_path, persistent):
     for shard in sorted(p for p in os.listdir(bad) if p.endswith(".tar")):
         data = (bad / shard).read_bytes()
         (bad / shard).write_bytes(data.replace(b"\x93NUMPY", b"\x93NOMPY"))
-    loader = make(str(bad), shuffle=False, persistent_workers=persistent)
+    loader = make(str(bad), order=sw.Order(shuffle=False), persistent_workers=persistent)
     it = iter(loader)
     with pytest.raises(sw.ShardError):
         next(it)

@@ -72,16 +72,16 @@ def check_batch(b, metas, vocab, names=("label", "store", "w", "ok", "time")):
     return len(keys)
 
 
-KINDS = {"plain": {}, "crops": dict(min_window=8, window_multiple=4, horizon=3),
-         "packed": dict(pack_length=64, min_window=8, window_multiple=4)}
+KINDS = {"plain": {}, "crops": dict(crops=sw.Crops(min_window=8, window_multiple=4), horizon=3),
+         "packed": dict(crops=sw.Crops(pack_length=64, min_window=8, window_multiple=4))}
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("how", ["inprocess", "workers", "device"])
 def test_every_window_carries_its_sequences_fields(packed, kind, how):
     url, meta, *_ = packed
-    ds = sw.WindowDataset(url, window=16, stride=8, batch_size=8, fields=["label", "store", "w", "ok", "time"],
-                          **KINDS[kind])
+    ds = sw.WindowDataset(url, window=16, stride=8, batch_size=8, **KINDS[kind],
+                          select=sw.Select(fields=["label", "store", "w", "ok", "time"]))
     kw = {"inprocess": dict(num_workers=0), "workers": dict(num_workers=2), "device": dict(num_workers=0, device="cpu")}
     loader = sw.WindowLoader(ds, **kw[how])
     seen = 0
@@ -98,7 +98,8 @@ def test_every_window_carries_its_sequences_fields(packed, kind, how):
 
 def test_device_cpu_with_workers_matches(packed):
     url, meta, *_ = packed
-    ds = sw.WindowDataset(url, window=16, batch_size=8, fields=["label", "time"], pack_length=64, min_window=8)
+    ds = sw.WindowDataset(url, window=16, batch_size=8,
+                          crops=sw.Crops(pack_length=64, min_window=8), select=sw.Select(fields=["label", "time"]))
     got = list(sw.WindowLoader(ds, num_workers=1, device="cpu"))
     for b in got:
         check_batch(b, [meta], (), names=("label", "time"))
@@ -106,7 +107,7 @@ def test_device_cpu_with_workers_matches(packed):
 
 def test_a_mix_maps_codes_to_one_vocabulary_and_fills(packed, tmp_path):
     url, meta, _, url_b, meta_b, _ = packed
-    ds = sw.WindowDataset([url, url_b], window=16, batch_size=8, fields=["label", "store", "time"])
+    ds = sw.WindowDataset([url, url_b], window=16, batch_size=8, select=sw.Select(fields=["label", "store", "time"]))
     vocab = ds.vocabulary("store")
     assert vocab == tuple(sorted(set(STORES) | {"nara", "sapporo"}))
     for nw in (0, 1):
@@ -116,9 +117,9 @@ def test_a_mix_maps_codes_to_one_vocabulary_and_fills(packed, tmp_path):
     bare = str(tmp_path / "bare")
     sw.pack([(f"z{i}", np.ones(40, np.float32)) for i in range(6)], bare, progress=False)
     with pytest.raises(ValueError, match=r"bare has no field 'label' .*fill="):
-        sw.WindowDataset([url, bare], window=16, fields=["label"])
-    ds = sw.WindowDataset([url, bare], window=16, batch_size=8, fields=["label", "store"],
-                          fill={"label": -1, "store": "unknown"})
+        sw.WindowDataset([url, bare], window=16, select=sw.Select(fields=["label"]))
+    ds = sw.WindowDataset([url, bare], window=16, batch_size=8,
+                          select=sw.Select(fields=["label", "store"], fill={"label": -1, "store": "unknown"}))
     vocab = ds.vocabulary("store")
     for b in sw.WindowLoader(ds, num_workers=0):
         for key, src, lab, st in zip(b["key"], b["source"].tolist(), b["label"].tolist(), b["store"].tolist()):
@@ -131,9 +132,9 @@ def test_field_names_are_checked(packed):
     for name, match in [("x", "batch key"), ("start", "ask for 'time'"), ("nope", "no field 'nope'"),
                         ("tags", "no field")]:
         with pytest.raises(ValueError, match=match):
-            sw.WindowDataset(url, window=16, fields=[name])
+            sw.WindowDataset(url, window=16, select=sw.Select(fields=[name]))
     with pytest.raises(KeyError, match="not a str field"):
-        sw.WindowDataset(url, window=16, fields=["label"]).vocabulary("label")
+        sw.WindowDataset(url, window=16, select=sw.Select(fields=["label"])).vocabulary("label")
 
 
 def batches(loader, names=("label", "time", "x")):
@@ -148,7 +149,8 @@ def same(a, b):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_at_every_step_is_bitwise(packed, workers):
     url, meta, *_ = packed
-    ds = sw.WindowDataset(url, window=16, batch_size=8, fields=["label", "time"], pack_length=48, min_window=8)
+    ds = sw.WindowDataset(url, window=16, batch_size=8,
+                          crops=sw.Crops(pack_length=48, min_window=8), select=sw.Select(fields=["label", "time"]))
     full = batches(sw.WindowLoader(ds, num_workers=workers))
     loader = sw.WindowLoader(ds, num_workers=workers)
     states = [json.loads(json.dumps(loader.state_dict()))]
@@ -167,8 +169,9 @@ def test_elastic_resume_two_to_three_ranks_keeps_fields(packed):
     url, meta, *_ = packed
 
     def group(world):
-        return [sw.WindowLoader(sw.WindowDataset(url, window=16, batch_size=4, fields=["label", "store", "time"],
-                                                 rank=r, world_size=world), num_workers=0) for r in range(world)]
+        select = sw.Select(fields=["label", "store", "time"])
+        return [sw.WindowLoader(sw.WindowDataset(url, window=16, batch_size=4, rank=r, world_size=world, select=select),
+                                num_workers=0) for r in range(world)]
     old = group(2)
     its = [iter(x) for x in old]
     for _ in range(3):
@@ -193,7 +196,8 @@ def test_where_keeps_the_sequences_and_reads_none_of_the_others(tmp_path):
     url = str(tmp_path / "q")
     sw.pack(items, url, progress=False, shard_bytes=1 << 20)
     kept = {k: a for k, a, m in items if m["label"] in (1, 3)}
-    ds = sw.WindowDataset(url, window=512, stride=512, batch_size=16, fields=["label"], where={"label": [1, 3]})
+    ds = sw.WindowDataset(url, window=512, stride=512, batch_size=16,
+                          select=sw.Select(fields=["label"], where={"label": [1, 3]}))
     loader = sw.WindowLoader(ds, num_workers=0)
     seen = set()
     for b in loader:
@@ -214,7 +218,8 @@ def test_where_keeps_the_sequences_and_reads_none_of_the_others(tmp_path):
 
 def test_where_resumes_exactly(packed):
     url, *_ = packed
-    ds = sw.WindowDataset(url, window=16, batch_size=4, fields=["label", "store"], where={"store": ["nara", "kobe"]})
+    ds = sw.WindowDataset(url, window=16, batch_size=4,
+                          select=sw.Select(fields=["label", "store"], where={"store": ["nara", "kobe"]}))
     full = batches(sw.WindowLoader(ds, num_workers=0), ("label", "store", "x"))
     assert {ds.vocabulary("store")[int(s)] for b in full for s in b["store"]} == {"nara", "kobe"}
     loader = sw.WindowLoader(ds, num_workers=0)
@@ -238,7 +243,7 @@ def scale_tokens(batch, rng):
 @pytest.mark.parametrize("workers", [0, 1])
 def test_transform_runs_in_the_worker_and_resumes_bitwise(packed, workers):
     url, meta, *_ = packed
-    ds = sw.WindowDataset(url, window=16, batch_size=8, fields=["label"])
+    ds = sw.WindowDataset(url, window=16, batch_size=8, select=sw.Select(fields=["label"]))
     full = [dict(b) for b in sw.WindowLoader(ds, num_workers=workers, transform=scale_tokens)]
     assert set(full[0]) == {"tokens", "label", "pid", "key"}
     pids = {int(b["pid"][0]) for b in full}
@@ -291,7 +296,7 @@ def test_meta_kinds_and_left_out_keys(tmp_path):
     assert "missing in the sequences before 'k1'" in m.fields.left_out["late"]
     assert m.fields.columns["when"].tolist() == [ns(f"2020-01-0{i + 1}") for i in range(4)]
     with pytest.raises(ValueError, match="left out when packing: .*missing"):
-        sw.WindowDataset(str(tmp_path / "d"), window=2, fields=["late"])
+        sw.WindowDataset(str(tmp_path / "d"), window=2, select=sw.Select(fields=["late"]))
 
 
 def long_table(rows_per_id=(10, 12, 7), irregular=False, varying=False):
@@ -312,7 +317,7 @@ def test_table_meta_columns_and_time_from_the_order_column(tmp_path):
     assert m.fields.kinds == {"freq": "duration", "label": "int", "site": "str", "start": "time"}
     assert m.value_columns == ("v",)
     assert m.fields.columns["freq"].tolist() == [3600 * 10**9] * 3
-    ds = sw.WindowDataset(url, window=4, stride=1, batch_size=2, fields=["label", "site", "time"])
+    ds = sw.WindowDataset(url, window=4, stride=1, batch_size=2, select=sw.Select(fields=["label", "site", "time"]))
     for b in sw.WindowLoader(ds, num_workers=0):
         for key, start, t, x in zip(b["key"], b["start"].tolist(), b["time"].tolist(), b["x"].numpy()):
             assert t == ns(pd.Timestamp("2022-05-01") + pd.Timedelta(hours=int(x[0])))  # v = the step's hour
@@ -326,7 +331,7 @@ def test_table_meta_columns_and_time_from_the_order_column(tmp_path):
     assert "irregular in id 'u1'" in m.fields.left_out["start"]
     with pytest.raises(ValueError, match="'time' .* needs the fields 'start' and 'freq', and .* has no field 'start' "
                                          ".*irregular in id 'u1'"):
-        sw.WindowDataset(str(tmp_path / "z"), window=2, fields=["time"])
+        sw.WindowDataset(str(tmp_path / "z"), window=2, select=sw.Select(fields=["time"]))
     with pytest.raises(PackError, match="irregular in id 'u1'"):
         sw.pack(str(tmp_path / "z.parquet"), str(tmp_path / "z2"), id_column="id", order_column="t",
                 regular_order=True, progress=False)
@@ -414,8 +419,8 @@ def test_row_tables_take_meta_columns_per_row(tmp_path):
 @pytest.mark.parametrize("workers", [0, 1])
 def test_fields_on_cuda(packed, workers):
     url, meta, *_ = packed
-    for kw in ({}, dict(pack_length=64, min_window=8, window_multiple=4)):
-        ds = sw.WindowDataset(url, window=16, batch_size=8, fields=["label", "store", "time"], **kw)
+    for kw in ({}, dict(crops=sw.Crops(pack_length=64, min_window=8, window_multiple=4))):
+        ds = sw.WindowDataset(url, window=16, batch_size=8, **kw, select=sw.Select(fields=["label", "store", "time"]))
         for b in sw.WindowLoader(ds, num_workers=workers, device="cuda"):
             assert b["label"].is_cuda and b["time"].is_cuda
             check_batch({k: (v.cpu() if hasattr(v, "cpu") else v) for k, v in b.items()}, [meta],

@@ -26,9 +26,9 @@ from streamwin.packing.pack import MissingValuesWarning
 UNITS = ["ns", "us", "ms", "s", "m", "h", "D", "W"]
 
 
-def batch_fields(url, names, **kw):
+def batch_fields(url, names):
     """key -> {field: value} of every window the loader yields (each sequence's value, once per window)."""
-    ds = sw.WindowDataset(url, window=2, batch_size=2, fields=names, **kw)
+    ds = sw.WindowDataset(url, window=2, batch_size=2, select=sw.Select(fields=names))
     out = {}
     for b in sw.WindowLoader(ds, num_workers=0):
         for i, key in enumerate(b["key"]):
@@ -92,7 +92,7 @@ def test_a_timestamp_out_of_range_is_left_out_naming_the_sequence(tmp_path, valu
     assert m.fields.kinds == {"label": "int"}
     assert "outside what int64 ns hold" in m.fields.left_out["t"] and "'late'" in m.fields.left_out["t"]
     with pytest.raises(ValueError, match=r"no field 't' \(it was left out when packing: .*outside .*'late'"):
-        sw.WindowDataset(url, window=2, fields=["t"])
+        sw.WindowDataset(url, window=2, select=sw.Select(fields=["t"]))
     assert members_json(url)["late"]["t"].startswith(("3000", "1500", "2262"))  # the .json member keeps the date
 
 
@@ -224,7 +224,7 @@ def selectable(tmp_path_factory):
 
 
 def kept_keys(url, where) -> set[str]:
-    ds = sw.WindowDataset(url, window=30, batch_size=1, where=where, seed=0)
+    ds = sw.WindowDataset(url, window=30, batch_size=1, seed=0, select=sw.Select(where=where))
     return {k for b in sw.WindowLoader(ds, num_workers=0) for k in b["key"]}
 
 
@@ -238,7 +238,7 @@ def kept_keys(url, where) -> set[str]:
 def test_where_refuses_a_value_of_another_type_naming_the_field(selectable, field, value, kind):
     url, *_ = selectable
     with pytest.raises(TypeError) as e:  # before: 1.5 kept label 1, 0.5 the False ones, "yes" a bare int() error
-        sw.WindowDataset(url, window=4, where={field: [value]})
+        sw.WindowDataset(url, window=4, select=sw.Select(where={field: [value]}))
     text = str(e.value)
     assert f"where[{field!r}] holds {value!r}" in text and f"field {field!r} is {kind}" in text, text
     assert "nothing is converted" in text
@@ -262,25 +262,27 @@ def test_where_names_the_values_no_sequence_holds(selectable):
     url, *_ = selectable
     with pytest.raises(ValueError, match=r"where\['site'\]: no sequence holds 'kobee' \(field 'site' is str; its "
                                          r"strings: 'kobe', 'nara', 'osaka'; did you mean 'kobe'\?\)"):
-        sw.WindowDataset(url, window=4, where={"site": ["kobe", "kobee"]})  # before: kept the kobe ones silently
+        sw.WindowDataset(url, window=4,
+                         select=sw.Select(where={"site": ["kobe", "kobee"]}))  # before: kept the kobe ones silently
     with pytest.raises(ValueError, match=r"where\['label'\]: no sequence holds 7, 9 \(field 'label' is int; its "
                                          r"values: 0, 1, 2\)"):
-        sw.WindowDataset(url, window=4, where={"label": [1, 7, 9]})
+        sw.WindowDataset(url, window=4, select=sw.Select(where={"label": [1, 7, 9]}))
     with pytest.raises(ValueError, match=r"no sequence holds np.datetime64\('2030-01-01'\) .*its values: "
                                          r"2020-01-01T00:00:00.000000000, "):
-        sw.WindowDataset(url, window=4, where={"t": [np.datetime64("2030-01-01")]})
+        sw.WindowDataset(url, window=4, select=sw.Select(where={"t": [np.datetime64("2030-01-01")]}))
 
 
 def test_an_empty_selection_says_it_is_the_selection_not_the_window(selectable):
     url, metas, url_b, _ = selectable
     with pytest.raises(ValueError) as e:  # each value is held, but never both: label 0 is always kobe
-        sw.WindowDataset(url, window=4, where={"label": [0], "site": ["nara"]})
+        sw.WindowDataset(url, window=4, select=sw.Select(where={"label": [0], "site": ["nara"]}))
     text = str(e.value)
     assert "keeps no sequence of" in text and "label in [0]: 4 of its 12 sequences" in text
     assert "site in ['nara']: 4 of its 12 sequences, none in all of them" in text and "the selection is empty" in text
     with pytest.raises(ValueError, match=f"keeps no sequence of {url_b}: label in \\[1\\]: 0 of its 4 sequences"):
-        sw.WindowDataset([url, url_b], window=4, where={"label": [1]})  # held in the first source only
-    both = sw.WindowDataset([url, url_b], window=30, batch_size=1, where={"label": [1, 5]})
+        sw.WindowDataset([url, url_b], window=4,
+                         select=sw.Select(where={"label": [1]}))  # held in the first source only
+    both = sw.WindowDataset([url, url_b], window=30, batch_size=1, select=sw.Select(where={"label": [1, 5]}))
     keys = {k for b in sw.WindowLoader(both, num_workers=0) for k in b["key"]}
     assert keys <= {k for k, m in metas.items() if m["label"] == 1} | {"o0", "o2"}  # (a few windows dropped)
     assert any(k.startswith("o") for k in keys) and any(k.startswith("k") for k in keys)
@@ -290,9 +292,10 @@ def test_a_field_time_needs_start_and_freq_said_in_one_sentence(tmp_path):
     url = str(tmp_path / "m1_nofreq")
     sw.pack([("a", np.ones(8, np.float32))], url, progress=False)
     with pytest.raises(ValueError) as e:
-        sw.WindowDataset(url, window=2, fields=["time"])
-    assert str(e.value) == (f"fields: 'time' (each window's start + offset x freq) needs the fields 'start' and 'freq', "
-                            f"and {url} has no field 'start' (its fields are none)")  # before: "has 'time' needs"
+        sw.WindowDataset(url, window=2, select=sw.Select(fields=["time"]))
+    assert str(e.value) == ("select=sw.Select(fields=['time']): fields: 'time' (each window's start + offset x freq) "
+                            f"needs the fields 'start' and 'freq', and {url} has no field 'start' (its fields are "
+                            "none)")  # before: "has 'time' needs"
 
 
 def test_where_and_fill_on_a_source_without_the_field(selectable, tmp_path):
@@ -301,11 +304,13 @@ def test_where_and_fill_on_a_source_without_the_field(selectable, tmp_path):
     url, metas, *_ = selectable
     bare = str(tmp_path / "bare")
     sw.pack([(f"n{i}", np.arange(30, dtype=np.float32)) for i in range(3)], bare, progress=False)
-    ds = sw.WindowDataset([url, bare], window=30, batch_size=1, fields=["w"], fill={"w": float("nan")})
+    ds = sw.WindowDataset([url, bare], window=30, batch_size=1,
+                          select=sw.Select(fields=["w"], fill={"w": float("nan")}))
     got = {k: float(w) for b in sw.WindowLoader(ds, num_workers=0) for k, w in zip(b["key"], b["w"])}
     assert all(np.isnan(w) for k, w in got.items() if k.startswith("n")) and any(k.startswith("n") for k in got)
     assert all(w == metas[k]["w"] for k, w in got.items() if k.startswith("k"))
     day = dt.datetime(2020, 1, 4)
-    ds = sw.WindowDataset([url, bare], window=30, batch_size=1, fields=["t"], fill={"t": day}, where={"t": [day]})
+    ds = sw.WindowDataset([url, bare], window=30, batch_size=1,
+                          select=sw.Select(fields=["t"], fill={"t": day}, where={"t": [day]}))
     keys = {k for b in sw.WindowLoader(ds, num_workers=0) for k in b["key"]}
     assert {k for k in keys if k.startswith("k")} <= {"k3"} and {k for k in keys if k.startswith("n")}

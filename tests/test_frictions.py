@@ -113,8 +113,8 @@ def test_a_csv_with_its_order_column_named_takes_the_other_numeric_columns_as_va
     m = sw.pack(str(path), str(tmp_path / "ds"), id_column="id", order_column="t", progress=False)
     assert m.value_columns == tuple(names)  # file order; id and order column excluded
     first_seen = list(dict.fromkeys(r[0] for r in shuffled))
-    ds = sw.WindowDataset(str(tmp_path / "ds"), window=3, stride=1000, shuffle=False, batch_size=1, rank=0,
-                          world_size=1)
+    ds = sw.WindowDataset(str(tmp_path / "ds"), window=3, stride=1000, batch_size=1, rank=0,
+                          world_size=1, order=sw.Order(shuffle=False))
     got = {b["key"][0]: b["x"][0].numpy() for b in sw.WindowLoader(ds, num_workers=0)}
     assert list(m.keys(range(m.num_sequences))) == first_seen
     for sid in first_seen:
@@ -137,9 +137,10 @@ def test_a_csv_with_its_order_column_named_takes_the_other_numeric_columns_as_va
 def test_a_mix_with_a_dataset_too_short_for_the_window_says_which_why_and_what_to_pass(data, short):
     url, longest = short
     with pytest.raises(ValueError) as e:
-        len(sw.WindowLoader(sw.WindowDataset([data, url], weights=[0.8, 0.2], window=W, stride=W // 2, jitter=True,
-                                             min_window=8, window_multiple=4, pack_length=64, rank=0, world_size=1,
-                                             batch_size=4), num_workers=0))
+        len(sw.WindowLoader(sw.WindowDataset([data, url], window=W, stride=W // 2, rank=0, world_size=1,
+                                             batch_size=4, mix=sw.Mix(weights=[0.8, 0.2]),
+                                             crops=sw.Crops(jitter=True, min_window=8, window_multiple=4,
+                                                            pack_length=64)), num_workers=0))
     msg = str(e.value)
     assert msg.startswith(f"{url!r} has no windows but a share of ")
     assert f"its longest sequence has {longest} steps, fewer than the {W} a window reads" in msg
@@ -241,8 +242,9 @@ def test_a_mistyped_inspect_option_gets_inspects_usage_and_the_close_option(data
     assert "did you mean '--num-workers'?" in capsys.readouterr().err
 
 
-PUBLIC_CALLERS = ("pack", "merge", "compact", "verify", "index_shards", "prefetch", "load_manifest", "make_plan", "ShardCache",
-                  "WindowSpec", "PlanConfig", "WindowDataset", "WindowLoader")
+PUBLIC_CALLERS = ("pack", "merge", "compact", "verify", "index_shards", "prefetch", "load_manifest", "make_plan",
+                  "ShardCache", "WindowSpec", "PlanConfig", "WindowDataset", "WindowLoader", "Crops", "Order", "Select",
+                  "Mix", "Read")
 NOT_CALLED_BY_USERS = {"Manifest", "Plan"}  # returned by streamwin, not built by its users
 
 

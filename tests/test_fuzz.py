@@ -196,7 +196,7 @@ def test_tar_header_corruption_fails_its_chunk_and_is_never_read_unverified(pris
     with pytest.MonkeyPatch.context() as mp:
         _booby_trap(mp)
         with pytest.raises(sw.ShardError, match="tar header here is of member 'garbage tar header!'") as e:
-            sum(1 for _ in make_loader(ds, verify_checksums=False))
+            sum(1 for _ in make_loader(ds, read=sw.Read(verify_checksums=False)))
         assert e.value.member == f"{key}.npy" and e.value.offset == off
         with pytest.raises(sw.ShardError, match="checksum mismatch") as e:
             sum(1 for _ in make_loader(ds))

@@ -57,13 +57,12 @@ def corpora(root: pathlib.Path) -> dict[str, object]:
     return urls
 
 
-def dataset(url, **kw) -> sw.WindowDataset:
+def dataset(url, order: sw.Order = sw.Order(canonical=None), **kw) -> sw.WindowDataset:
     """The cases recorded before the redesign keep their order, one stream per rank and worker (canonical=None,
     the default until "auto"); the ``auto_`` cases take canonical streams (canonical="auto": (8, 1) here; a mix,
     which "auto" gives one stream per rank and worker, passes (8, 1))."""
-    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=48, seed=5, rank=0, world_size=1,
-                canonical=None) | kw
-    return sw.WindowDataset(url, **args)
+    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=48, seed=5, rank=0, world_size=1) | kw
+    return sw.WindowDataset(url, order=order, **args)
 
 
 def run(loader, take: int | None = None, epochs=(0,)) -> list[str]:
@@ -120,9 +119,10 @@ def elastic(url, old_world: int, new_world: int, take: int, **kw) -> list[str]:
 
 def cases(urls: dict) -> dict[str, callable]:
     plain, zstd, small = urls["plain"], urls["zstd"], urls["small"]
-    pad = dict(pad=True, equalize="pad")
-    mix = dict(weights=[0.7, 0.3])
-    auto = "auto"
+    pad = dict(crops=sw.Crops(pad=True), order=sw.Order(canonical=None, equalize="pad"))
+    mix = dict(mix=sw.Mix(weights=[0.7, 0.3]))
+    auto, auto_pad = sw.Order(canonical="auto"), dict(crops=sw.Crops(pad=True), order=sw.Order(equalize="pad"))
+    eight = sw.Order(canonical=(8, 1))
     return {
         "in_process": lambda: run(sw.WindowLoader(dataset(plain), num_workers=0), epochs=(0, 1)),
         "in_process_pad": lambda: run(sw.WindowLoader(dataset(plain, **pad), num_workers=0)),
@@ -144,25 +144,28 @@ def cases(urls: dict) -> dict[str, callable]:
         "elastic_2_to_3": lambda: elastic(plain, 2, 3, 4),
         "elastic_2_to_3_pad": lambda: elastic(plain, 2, 3, 3, **pad),
         "elastic_2_to_3_mixed": lambda: elastic([plain, small], 2, 3, 3, **mix),
-        "split_val": lambda: run(sw.WindowLoader(dataset(plain, split="val", split_fractions=(0.5, 0.3, 0.2)),
+        "split_val": lambda: run(sw.WindowLoader(dataset(plain, select=sw.Select(split="val",
+                                                                                 split_fractions=(0.5, 0.3, 0.2))),
                                                  num_workers=0)),
-        "holdout_test": lambda: run(sw.WindowLoader(dataset(plain, split="test", holdout=20), num_workers=0)),
-        "skip_errors_no_shuffle": lambda: run(sw.WindowLoader(dataset(plain, on_error="skip", shuffle=False),
+        "holdout_test": lambda: run(sw.WindowLoader(dataset(plain, select=sw.Select(split="test", holdout=20)),
+                                                    num_workers=0)),
+        "skip_errors_no_shuffle": lambda: run(sw.WindowLoader(dataset(plain, read=sw.Read(on_error="skip"),
+                                                                      order=sw.Order(canonical=None, shuffle=False)),
                                                               num_workers=0)),
         # canonical streams (canonical="auto": 8 rank slots, one phase), recorded with the striped order (415f365)
-        "auto_in_process": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto), num_workers=0),
+        "auto_in_process": lambda: run(sw.WindowLoader(dataset(plain, order=auto), num_workers=0),
                                           epochs=(0, 1)),
-        "auto_workers_3_pad": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto, **pad), num_workers=3)),
-        "auto_device_cpu_2": lambda: run(sw.WindowLoader(dataset(plain, canonical=auto, **pad), num_workers=2,
+        "auto_workers_3_pad": lambda: run(sw.WindowLoader(dataset(plain, **auto_pad), num_workers=3)),
+        "auto_device_cpu_2": lambda: run(sw.WindowLoader(dataset(plain, **auto_pad), num_workers=2,
                                                             device="cpu")),
-        "auto_zstd_workers_2": lambda: run(sw.WindowLoader(dataset(zstd, canonical=auto), num_workers=2)),
-        "auto_mixed_workers_2": lambda: run(sw.WindowLoader(dataset([plain, small], canonical=(8, 1), **mix),
+        "auto_zstd_workers_2": lambda: run(sw.WindowLoader(dataset(zstd, order=auto), num_workers=2)),
+        "auto_mixed_workers_2": lambda: run(sw.WindowLoader(dataset([plain, small], order=eight, **mix),
                                                                num_workers=2)),
-        "auto_resume_workers_2": lambda: resumed(lambda: sw.WindowLoader(dataset(plain, canonical=auto),
+        "auto_resume_workers_2": lambda: resumed(lambda: sw.WindowLoader(dataset(plain, order=auto),
                                                                             num_workers=2), 5),
-        "auto_two_ranks": lambda: lockstep([sw.WindowLoader(dataset(plain, rank=r, world_size=2, canonical=auto),
+        "auto_two_ranks": lambda: lockstep([sw.WindowLoader(dataset(plain, rank=r, world_size=2, order=auto),
                                                                num_workers=1) for r in range(2)]),
-        "auto_elastic_2_to_4_mixed": lambda: elastic([plain, small], 2, 4, 3, canonical=(8, 1), **mix),
+        "auto_elastic_2_to_4_mixed": lambda: elastic([plain, small], 2, 4, 3, order=eight, **mix),
     }
 
 

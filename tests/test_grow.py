@@ -7,6 +7,7 @@ under every order option, for 1 and 2 ranks (ranks stepped in lockstep in one pr
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -17,15 +18,17 @@ import streamwin as sw
 from conftest import opened
 
 W, S = 16, 8
+PAD = sw.Order(equalize="pad")  # every window of an epoch at least once: the epochs compare whole
 CASES = {
     "shuffled": dict(),
-    "unshuffled": dict(shuffle=False),
-    "canonical_none": dict(canonical=None),
-    "jitter": dict(jitter=True),
-    "windows_per_sequence": dict(windows_per_sequence=2),
-    "packed_rows": dict(pack_length=48, min_window=8, window_multiple=4, equalize="drop"),
-    "split": dict(split="train"),
-    "holdout": dict(split="val", holdout=40),
+    "unshuffled": dict(order=sw.Order(shuffle=False, equalize="pad")),
+    "canonical_none": dict(order=sw.Order(canonical=None, equalize="pad")),
+    "jitter": dict(crops=sw.Crops(jitter=True)),
+    "windows_per_sequence": dict(crops=sw.Crops(windows_per_sequence=2)),
+    "packed_rows": dict(crops=sw.Crops(pack_length=48, min_window=8, window_multiple=4),
+                        order=sw.Order(equalize="drop")),
+    "split": dict(select=sw.Select(split="train")),
+    "holdout": dict(select=sw.Select(split="val", holdout=40)),
     "horizon": dict(horizon=4, stride=5),
 }
 
@@ -39,8 +42,7 @@ def data(tmp_path_factory):
 
 def epoch(url: str, world: int, full: dict, **kw) -> list[tuple[str, int, int]]:
     """The real windows of one epoch of every rank, the ranks stepped together, each checked against ``full``."""
-    kw = {"window": W, "stride": S, "batch_size": 8 // world, "shuffle_buffer": 48, "seed": 3, "equalize": "pad",
-          **kw}
+    kw = {"window": W, "stride": S, "batch_size": 8 // world, "shuffle_buffer": 48, "seed": 3, "order": PAD, **kw}
     loaders = [opened(sw.WindowLoader(sw.WindowDataset(url, rank=r, world_size=world, **kw))) for r in range(world)]
     out = []
     for step in zip(*loaders, strict=True):
@@ -55,8 +57,9 @@ def test_the_grown_dataset_reads_as_the_one_packed_at_once(data, case, world):
     kw = CASES[case]
     got, want = epoch(grown, world, full, **kw), epoch(once, world, full, **kw)
     assert len(got) == len(set(got)), "a window twice in an epoch"
-    if kw.get("pack_length"):  # packed rows: which crops fill the rows follows the order; each is whole, once
-        every = epoch(once, 1, full, **(kw | {"pack_length": None, "equalize": "pad"}))  # the epoch's crops, all
+    if "crops" in kw and kw["crops"].pack_length:  # packed rows: which crops fill the rows follows the order
+        crops = dataclasses.replace(kw["crops"], pack_length=None)  # each whole, once; the epoch's crops, all:
+        every = epoch(once, 1, full, crops=crops, order=PAD)
         assert set(got) <= set(every) and set(want) <= set(every)
         assert len(got) > 0.8 * len(every)
         return
@@ -81,7 +84,8 @@ def test_a_byte_changed_in_a_continuation_member_is_named(data, tmp_path):
         f.seek(at)
         f.write(bytes([b[0] ^ 0xFF]))
     with pytest.raises(sw.ShardError) as e:
-        for _ in sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=8, shuffle=False)):
+        ds = sw.WindowDataset(url, window=W, stride=S, batch_size=8, order=sw.Order(shuffle=False))
+        for _ in sw.WindowLoader(ds):
             pass
     import re
     assert shard in str(e.value) and re.search(r"member s\d+\.g\d{6}\.npy, byte offset \d+", str(e.value)), str(e.value)
@@ -155,7 +159,8 @@ def test_fields_join_and_vocabularies_keep_their_codes(data):
     m = sw.load_manifest(grown)
     assert m.fields.vocabulary["site"][:3] == tuple(sorted(gc.SITES))  # the first pack's codes, unchanged
     assert set(m.fields.vocabulary["site"][3:]) == {"aomori", "zama"}
-    ds = sw.WindowDataset(grown, window=W, stride=S, batch_size=8, fields=["site", "label", "time"])
+    ds = sw.WindowDataset(grown, window=W, stride=S, batch_size=8,
+                          select=sw.Select(fields=["site", "label", "time"]))
     assert ds.vocabulary("site") == m.fields.vocabulary["site"]
     for b in sw.WindowLoader(ds):
         for key, start, site, label, time in zip(b["key"], b["start"].tolist(), b["site"].tolist(),
@@ -219,7 +224,7 @@ def test_compact_merges_continuations_and_reads_the_same_batches(tmp_path, compr
         pytest.importorskip("zstandard")
     full = gc.corpus(seed=8)
     url = gc.grown(str(tmp_path / "ds"), full, compression=compression)
-    kw = dict(window=W, stride=S, batch_size=8, seed=2, shuffle_buffer=48, fields=["site"])
+    kw = dict(window=W, stride=S, batch_size=8, seed=2, shuffle_buffer=48, select=sw.Select(fields=["site"]))
 
     def batches():
         return [(list(b["key"]), b["start"].tolist(), b["x"].numpy().copy(), b["site"].tolist())
@@ -264,10 +269,11 @@ def test_a_damaged_continuation_costs_only_the_windows_with_a_step_there(data, t
         b = f.read(1)
         f.seek(at)
         f.write(bytes([b[0] ^ 0xFF]))
-    kw = dict(window=W, stride=S, batch_size=8, shuffle=False, on_error="skip", equalize="pad")
+    kw = dict(order=sw.Order(shuffle=False, equalize="pad"), read=sw.Read(on_error="skip"))
     with pytest.warns(RuntimeWarning, match="skipping unreadable data"):
-        got = [w for b in sw.WindowLoader(sw.WindowDataset(url, **kw)) for w in gc.windows([b], full, W)]
-    want = epoch(grown, 1, full, **{k: v for k, v in kw.items() if k not in ("window", "stride", "batch_size")})
+        got = [w for b in sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=8, **kw))
+               for w in gc.windows([b], full, W)]
+    want = epoch(grown, 1, full, **kw)
     lost = set(want) - set(got)
     assert lost and len(got) == len(set(got)) and set(got) <= set(want)
     # independently: the steps whose bytes lie in the damaged 4 KiB chunk, in any member of that shard
@@ -300,5 +306,5 @@ def test_a_grown_dataset_on_s3_reads_whole_with_and_without_the_node_cache(data,
         sw.pack([(key, a) if m is None else (key, a, m) for key, a, m in items], url, shard_bytes=6000,
                 progress=False, mode=None if k == 0 else "extend", storage_options=so)
     want = sorted(epoch(once, 1, full))
-    assert sorted(epoch(url, 1, full, storage_options=so)) == want
-    assert sorted(epoch(url, 1, full, storage_options=so, cache_dir=str(tmp_path / "cache"))) == want
+    assert sorted(epoch(url, 1, full, read=sw.Read(storage_options=so))) == want
+    assert sorted(epoch(url, 1, full, read=sw.Read(storage_options=so, cache_dir=str(tmp_path / "cache")))) == want

@@ -33,7 +33,8 @@ def write_npy(folder: Path, items) -> str:
 
 
 def read(url: str, full: dict) -> list:
-    loader = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=8, equalize="pad", shuffle=False))
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=8,
+                                              order=sw.Order(equalize="pad", shuffle=False)))
     return sorted(gc.windows(loader, full, W))
 
 

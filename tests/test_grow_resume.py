@@ -94,18 +94,19 @@ def test_an_elastic_resume_onto_the_grown_dataset_deals_the_rest_of_the_old_epoc
     full = gc.corpus(seed=11)
     url = str(tmp_path / "ds")
     first_pack(url, full)
-    taken_steps, state, loaders = run(url, 2, take=4, equalize="pad")
+    taken_steps, state, loaders = run(url, 2, take=4, order=sw.Order(equalize="pad"))
     taken = []
     # every window of the old epoch: an uninterrupted 2-rank epoch with equalize="pad" covers all of them
     every = set()
-    for step in run(url, 2, equalize="pad")[0]:
+    for step in run(url, 2, order=sw.Order(equalize="pad"))[0]:
         for keys, starts, _ in step:
             every |= set(zip(keys, starts))
     for step in taken_steps:
         for keys, starts, _ in step:
             taken += list(zip(keys, starts))
     grow(url, full)
-    ds = sw.WindowDataset(url, batch_size=6, equalize="pad", **KW)  # another global batch: an elastic resume
+    # another global batch: an elastic resume
+    ds = sw.WindowDataset(url, batch_size=6, order=sw.Order(equalize="pad"), **KW)
     loader = opened(sw.WindowLoader(ds))
     loader.load_state_dict(state)
     counted = []
@@ -158,7 +159,7 @@ def test_a_mix_whose_one_dataset_grew_resumes_its_epoch_exactly(tmp_path):
     first_pack(url, full)
     sw.pack([(f"o{i}", np.full((60, 2), -i, np.float32)) for i in range(10)], other, progress=False)
     shutil.copytree(url, before)
-    mix = dict(weights=[0.7, 0.3], batch_size=8, **KW)
+    mix = dict(mix=sw.Mix(weights=[0.7, 0.3]), batch_size=8, **KW)
 
     def loader(a):
         return opened(sw.WindowLoader(sw.WindowDataset([a, other], **mix)))

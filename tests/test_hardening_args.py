@@ -18,23 +18,25 @@ from streamwin.formats import npy as npyfmt
 
 pytestmark = pytest.mark.timeout(120)
 
-HUGE = [
+HUGE = [  # the arguments, an option group's as a dict of its fields (made in the test: its check refuses them)
     (dict(window=2**61), "window"), (dict(window=2**62), "window"), (dict(window=2**63), "window"),
     (dict(window=2**64), "window"), (dict(window=8, horizon=2**63), "horizon"),
-    (dict(window=2**62, pad=True), "window"), (dict(window=8, shuffle_buffer=2**63), "shuffle_buffer"),
-    (dict(window=8, stride=2**64), "stride"), (dict(window=8, slice_windows=2**63), "slice_windows"),
-    (dict(window=8, windows_per_sequence=2**63), "windows_per_sequence"),
-    (dict(window=8, batch_size=2**40), "batch_size"), (dict(window=8, split="train", holdout=2**63), "holdout"),
-    (dict(window=8, pack_length=2**63), "pack_length"),
-    (dict(window=2**40, batch_size=1, pad=True), "window=1099511627776"),  # in range, but no memory holds it
+    (dict(window=2**62, crops=dict(pad=True)), "window"), (dict(window=8, shuffle_buffer=2**63), "shuffle_buffer"),
+    (dict(window=8, stride=2**64), "stride"), (dict(window=8, order=dict(slice_windows=2**63)), "slice_windows"),
+    (dict(window=8, crops=dict(windows_per_sequence=2**63)), "windows_per_sequence"),
+    (dict(window=8, batch_size=2**40), "batch_size"),
+    (dict(window=8, select=dict(split="train", holdout=2**63)), "holdout"),
+    (dict(window=8, crops=dict(pack_length=2**63)), "pack_length"),
+    (dict(window=2**40, batch_size=1, crops=dict(pad=True)), "window=1099511627776"),  # in range; no memory holds it
 ]
+GROUPS = {"crops": sw.Crops, "order": sw.Order, "select": sw.Select}
 
 
 @pytest.mark.parametrize("kw, named", HUGE, ids=[f"{n}-{i}" for i, (_, n) in enumerate(HUGE)])
 def test_numbers_too_large_are_refused_naming_the_argument(tiny, kw, named):
     url, _ = tiny
     with pytest.raises(ValueError) as e:  # not an OverflowError, not a loader that starts
-        sw.WindowDataset(url, **kw)
+        sw.WindowDataset(url, **{k: GROUPS[k](**v) if k in GROUPS else v for k, v in kw.items()})
     assert named in str(e.value) and "OverflowError" not in str(e.value)
 
 
@@ -90,9 +92,11 @@ def test_numpy_arguments_make_a_state_that_loads(tiny):
 
     def make():
         ds = sw.WindowDataset(url, window=np.int64(8), stride=np.int32(4), seed=np.int64(3), batch_size=np.int64(4),
-                              shuffle_buffer=np.int64(100), pad=np.bool_(False), shuffle=np.bool_(True), split="train",
-                              split_fractions=[np.float32(0.5), np.float32(0.25), np.float32(0.25)],
-                              split_seed=np.int64(2))
+                              shuffle_buffer=np.int64(100),
+                              crops=sw.Crops(pad=np.bool_(False)),
+                              order=sw.Order(shuffle=np.bool_(True)),
+                              select=sw.Select(split="train", split_seed=np.int64(2),
+                                               split_fractions=[np.float32(0.5), np.float32(0.25), np.float32(0.25)]))
         return sw.WindowLoader(ds, num_workers=0)
 
     full = [b["start"].tolist() for b in make()]

@@ -56,7 +56,7 @@ def swap_offsets(doc: dict) -> None:
 
 
 def first_windows(url: str) -> dict[str, np.ndarray]:
-    loader = sw.WindowLoader(sw.WindowDataset(url, window=50, batch_size=1, shuffle=False))
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=50, batch_size=1, order=sw.Order(shuffle=False)))
     return {b["key"][0]: b["x"][0].numpy().copy() for b in loader}
 
 
@@ -157,7 +157,7 @@ def test_a_file_url_fails_at_once_saying_to_pass_the_directory(tmp_path, what):
     name = "index.json" if what == "index.json" else sw.load_manifest(str(root)).shards[0].name
     t0 = time.monotonic()
     with pytest.raises(ManifestError) as e:  # before: NotADirectoryError retried for 6-7 s
-        sw.WindowDataset(str(root / name), window=8, retry_backoff=0.5)
+        sw.WindowDataset(str(root / name), window=8, read=sw.Read(retry_backoff=0.5))
     took = time.monotonic() - t0
     assert "is a file, not a dataset" in str(e.value) and repr(str(root)) in str(e.value)
     assert took < 2.0, took  # 5 retries from 0.5 s would take 15 s

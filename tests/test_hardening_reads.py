@@ -30,9 +30,10 @@ W, S, B = 16, 8, 8
 pytestmark = pytest.mark.timeout(180)
 
 
-def loader(url, **kw):
-    args = dict(window=W, stride=S, batch_size=B, shuffle_buffer=300, seed=4) | kw
-    return sw.WindowLoader(sw.WindowDataset(str(url), **args))
+def loader(url, **read):
+    """A loader of ``url`` reading with ``sw.Read(**read)``."""
+    return sw.WindowLoader(sw.WindowDataset(str(url), window=W, stride=S, batch_size=B, shuffle_buffer=300, seed=4,
+                                            read=sw.Read(**read)))
 
 
 def epoch(ld):
@@ -125,7 +126,8 @@ def test_zstd_skip_loses_only_the_damaged_frames_windows(tmp_path):
     flip(os.path.join(url, m.shards[0].name), at)
 
     win = 64
-    ld = sw.WindowLoader(sw.WindowDataset(url, window=win, stride=win, batch_size=16, on_error="skip", seed=1))
+    ld = sw.WindowLoader(sw.WindowDataset(url, window=win, stride=win, batch_size=16, seed=1,
+                                          read=sw.Read(on_error="skip")))
     with pytest.warns(RuntimeWarning, match="checksum"):
         got = [(k, s, x, w) for b in ld for k, s, x, w in zip(b["key"], b["start"].tolist(), b["x"].numpy().copy(),
                                                                b["weight"].tolist())]

@@ -224,7 +224,7 @@ def test_indexed_webdataset_shards_load_through_streamwin(tmp_path):
     samples = wds_samples(12, seed=1)
     write_wds_shards(root, samples, per_shard=5)
     index_shards(str(root), progress=False)
-    ds = sw.WindowDataset(str(root), window=1, batch_size=1, shuffle=False, rank=0, world_size=1)
+    ds = sw.WindowDataset(str(root), window=1, batch_size=1, rank=0, world_size=1, order=sw.Order(shuffle=False))
     got: dict[str, list] = {}
     for batch in sw.WindowLoader(ds):
         for key, start, x in zip(batch["key"], batch["start"].tolist(), batch["x"].numpy()):

@@ -26,9 +26,11 @@ W, S, H, B = 16, 8, 4, 8
 pytestmark = pytest.mark.timeout(120)
 
 
-def make(url, workers=0, **kw):
-    args = dict(window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=200, seed=2) | kw
-    return sw.WindowLoader(sw.WindowDataset(str(url), **args), num_workers=workers)
+def make(url, workers=0, **read):
+    """A loader of ``url`` reading with ``sw.Read(**read)``."""
+    ds = sw.WindowDataset(str(url), window=W, stride=S, horizon=H, batch_size=B, shuffle_buffer=200, seed=2,
+                          read=sw.Read(**read))
+    return sw.WindowLoader(ds, num_workers=workers)
 
 
 def windows(loader) -> list[tuple[str, int, np.ndarray, float]]:

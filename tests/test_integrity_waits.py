@@ -115,8 +115,8 @@ def test_a_trickling_or_stalling_server_fails_in_bounded_time(served, mode):
     srv, _ = served
     srv.mode = mode
     retries, backoff = 2, 0.05
-    ds = sw.WindowDataset(srv.url("ds"), window=8, batch_size=4, retries=retries, retry_backoff=backoff,
-                          storage_options=timeouts())
+    ds = sw.WindowDataset(srv.url("ds"), window=8, batch_size=4,
+                          read=sw.Read(retries=retries, retry_backoff=backoff, storage_options=timeouts()))
     loader = sw.WindowLoader(ds, num_workers=0)
     t0 = time.monotonic()
     with pytest.raises(sw.ShardError) as e:

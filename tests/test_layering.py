@@ -31,7 +31,7 @@ ORDER = [
     "read.transport", "read.local", "read.remote", "read.cached", "read.plain", "read.inflate", "read.compressed",
     "read.reader", "read",
     "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "window_random", "transform", "nodes",
-    "dataset", "pipeline",
+    "options", "dataset", "pipeline",
     "feed.stats", "feed.to_device", "feed.device_crops", "feed.device_fields", "feed.device", "feed.slots", "feed.protocol",
     "feed.sizing", "feed.watch", "feed.worker", "feed.stopping", "feed.pool", "feed.context",
     "feed.feeds", "feed.device_feeds", "feed",
@@ -39,7 +39,7 @@ ORDER = [
     "__init__", "__main__",
 ]
 PURE = {"errors", "arguments", "progress", "formats", "storage", "plan", "packing", "read", "state", "seqfields", "source",
-        "selection", "crop_stage", "window_random"}  # no torch
+        "selection", "crop_stage", "window_random", "options"}  # no torch
 READ_SIDE = {"plan", "read", "state", "seqfields", "source", "selection", "crop_stage", "buffers", "batch", "window_random",
              "transform", "nodes", "dataset", "pipeline", "feed", "loader"}
 

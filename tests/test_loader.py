@@ -47,7 +47,7 @@ def same(a, b):
 @pytest.mark.parametrize("pad", [False, True])
 def test_windows_are_exact_and_each_at_most_once(tiny, workers, pad):
     url, seqs = tiny
-    loader = make(url, workers, pad=pad)
+    loader = make(url, workers, crops=sw.Crops(pad=pad))
     batches = run(loader)
     assert len(batches) == len(loader) > 0
     seen = []
@@ -68,8 +68,8 @@ def test_eval_mode_every_window_exactly_once_across_ranks(tiny):
     world = 3
     per_rank, real = [], []
     for rank in range(world):
-        ds = sw.WindowDataset(url, window=W, stride=S, horizon=H, batch_size=B, shuffle=False, equalize="pad",
-                              rank=rank, world_size=world)
+        ds = sw.WindowDataset(url, window=W, stride=S, horizon=H, batch_size=B, rank=rank, world_size=world,
+                              order=sw.Order(shuffle=False, equalize="pad"))
         batches = run(sw.WindowLoader(ds))
         per_rank.append(len(batches))
         for b in batches:
@@ -90,7 +90,7 @@ def test_same_seed_same_batches_new_epoch_new_order(tiny):
     assert sorted(k for x in a for k in zip(x["key"], x["start"].tolist())) != [] and len(c) == len(a)
 
 
-@pytest.mark.parametrize("opts", [{}, dict(pad=True, equalize="pad")])
+@pytest.mark.parametrize("opts", [{}, dict(crops=sw.Crops(pad=True), order=sw.Order(equalize="pad"))])
 def test_resume_at_every_step_in_process(tiny, opts):
     """A state taken after every step k (one pass, which taking them does not change) resumes to the batches
     of an uninterrupted pass: the next 16 (past a shuffle buffer's refill) at every k, all the rest at every
@@ -178,8 +178,8 @@ def test_set_epoch_to_another_epoch_discards_restored_position(tiny):
     assert same(run(restored), expected)
 
 
-@pytest.mark.parametrize("change", [dict(window=8), dict(horizon=2), dict(stride=4), dict(seed=5), dict(shuffle=False),
-                                    dict(pad=True)])
+@pytest.mark.parametrize("change", [dict(window=8), dict(horizon=2), dict(stride=4), dict(seed=5),
+                                    dict(order=sw.Order(shuffle=False)), dict(crops=sw.Crops(pad=True))])
 def test_loading_state_into_different_plan_is_refused(tiny, change):
     """Another world, worker count or batch size resumes elastically (test_elastic.py); another order is refused."""
     url, _ = tiny
@@ -238,9 +238,9 @@ def test_mapped_and_copied_reads_give_identical_epochs(tiny, monkeypatch):
     from streamwin.storage import mapped
 
     assert mapped.available()
-    mapped_run = run(make(url, pad=True))
+    mapped_run = run(make(url, crops=sw.Crops(pad=True)))
     monkeypatch.setattr(mapped, "available", lambda: False)
-    copied_run = run(make(url, pad=True))
+    copied_run = run(make(url, crops=sw.Crops(pad=True)))
     assert same(mapped_run, copied_run) and len(mapped_run) > 0
     for b in mapped_run:
         check_batch(b, seqs, W, H, True)
@@ -258,7 +258,8 @@ def test_batches_kept_stay_intact(tiny, workers, prefetch):
     from streamwin.storage import mapped
 
     url, seqs = tiny
-    loader = make(url, workers, shuffle_buffer=16, prefetch=prefetch)  # small blocks: many mapped and unmapped
+    # small blocks: many mapped and unmapped
+    loader = make(url, workers, shuffle_buffer=16, read=sw.Read(prefetch=prefetch))
     kept = list(loader)  # the tensors themselves
     del loader
     gc.collect()

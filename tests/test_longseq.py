@@ -114,7 +114,8 @@ def rss(field):
 url, = sys.argv[1:]
 # readahead_bytes=0: the blocks read ahead beyond the one each stream always reads are sized by rate x latency and
 # bounded by readahead_bytes (tests/test_remote_reads.py), not by the data; this is about the blocks themselves
-ds = sw.WindowDataset(url, window=16, stride=1, batch_size=64, shuffle_buffer=1024, seed=1, readahead_bytes=0)
+ds = sw.WindowDataset(url, window=16, stride=1, batch_size=64, shuffle_buffer=1024, seed=1,
+                      read=sw.Read(readahead_bytes=0))
 loader = sw.WindowLoader(ds, num_workers=0)  # read in this process, where RSS is measured
 before = rss("VmRSS:")
 with open("/proc/self/clear_refs", "w") as f:
@@ -193,7 +194,7 @@ def test_zstd_long_member_is_framed_and_windows_are_exact(packed):
     assert check_windows(loader, seqs) == len(loader) * B > 100_000
 
 
-@pytest.mark.parametrize("options", [{}, {"shuffle_buffer": 256}, {"slice_windows": 64, "shuffle": False}],
+@pytest.mark.parametrize("options", [{}, {"shuffle_buffer": 256}, {"order": sw.Order(slice_windows=64, shuffle=False)}],
                          ids=["default", "small-buffer", "small-slices-in-order"])
 def test_zstd_frames_are_read_and_decompressed_about_once(options, http_server, tmp_path):
     """Slices of a few windows in 256 kB frames: each frame is still read and decompressed about once an epoch.
@@ -256,7 +257,7 @@ def test_zstd_corrupt_frame_names_member_and_offset(packed, tmp_path):
         f.seek(at)
         f.write(b"\0\0\0\0")
     with pytest.raises(sw.ShardError) as e:  # unverified: zstd's own checks name the frame's first byte
-        for _ in make(url, num_workers=0, verify_checksums=False):
+        for _ in make(url, num_workers=0, read=sw.Read(verify_checksums=False)):
             pass
     assert e.value.member == "s0000.npy.zst" and e.value.offset == at and m.shards[0].name in e.value.shard
     with pytest.raises(sw.ShardError, match="checksum mismatch") as e:  # verified: the chunk that holds it
@@ -420,7 +421,7 @@ def test_epoch_reads_each_byte_about_once_from_s3(s3_server, s3_bucket, s3_fault
     m = sw.pack(list(seqs.items()), url, shard_bytes=1 << 20, progress=False,
                 storage_options=s3_server.storage_options())
     proxy = s3_fault_proxy()  # no faults: counts the GetObject body bytes it relays
-    loader = make(url, storage_options=proxy.storage_options())
+    loader = make(url, read=sw.Read(storage_options=proxy.storage_options()))
     assert check_windows(loader, seqs) > 0
     total = sum(s.bytes for s in m.shards)
     assert proxy.stats.bytes_served / total <= 1.25, (proxy.stats.bytes_served, total)
@@ -431,7 +432,7 @@ def test_epoch_reads_each_byte_about_once_through_the_cache(http_server, packed,
     seqs = layout("mixed")
     url, _ = packed("mixed", None)
     srv = http_server(os.path.dirname(url))
-    loader = make(srv.url_for("ds"), cache_dir=str(tmp_path / "cache"))
+    loader = make(srv.url_for("ds"), read=sw.Read(cache_dir=str(tmp_path / "cache")))
     assert check_windows(loader, seqs) > 0
     total = shard_bytes(url)
     assert srv.stats.bytes_served / total <= 1.25  # whole shards, fetched once

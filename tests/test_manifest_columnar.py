@@ -87,7 +87,8 @@ def test_either_form_gives_the_same_batches(both):
                 for b in sw.WindowLoader(ds, num_workers=0)]
 
     assert epoch(inline) == epoch(columnar)
-    assert epoch(inline, split="val") == epoch(columnar, split="val")
+    val = sw.Select(split="val")
+    assert epoch(inline, select=val) == epoch(columnar, select=val)
 
 
 def test_a_version_1_index_written_by_an_older_streamwin_still_loads(tmp_path):
@@ -146,7 +147,7 @@ def test_remote_columns_come_through_the_node_cache(both, http_server, tmp_path)
     srv = http_server(root)
     url = srv.url_for(os.path.basename(both[1]))
     cache_dir = tmp_path / "cache"
-    ds = sw.WindowDataset(url, window=16, batch_size=8, cache_dir=str(cache_dir))
+    ds = sw.WindowDataset(url, window=16, batch_size=8, read=sw.Read(cache_dir=str(cache_dir)))
     m = ds.manifest
     assert np.array_equal(m.length, sw.load_manifest(both[1]).length)
     cached = [n for n in os.listdir(cache_dir) if n.endswith(COLS.replace(".", "_")) or n.endswith(COLS)]
@@ -164,7 +165,8 @@ def test_a_corrupt_remote_columns_file_is_named(tmp_path, http_server):
         f.write(b"\xff")
     srv = http_server(str(tmp_path))
     with pytest.raises(ManifestError, match=f"columnar/{COLS}.*checksum"):  # named when the dataset is made
-        sw.WindowDataset(srv.url_for("columnar"), window=16, batch_size=8, cache_dir=str(tmp_path / "cache"))
+        sw.WindowDataset(srv.url_for("columnar"), window=16, batch_size=8,
+                         read=sw.Read(cache_dir=str(tmp_path / "cache")))
 
 
 def test_columnar_parts_merge_into_the_same_manifest_and_repacking_small_drops_the_columns(tmp_path, monkeypatch):

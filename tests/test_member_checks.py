@@ -124,9 +124,10 @@ def test_a_member_read_only_from_its_middle_is_checked_too(tmp_path):
     url = tmp_path / "ds"
     sw.pack(list(seqs.items()), str(url), progress=False)
     bad = attacked(url, tmp_path, lambda doc: swap_rows(doc, 0, 1))
-    _, err = read_until_error(bad, seqs, split="val", holdout=500)  # windows of the last 1,000 steps only
+    last = sw.Select(split="val", holdout=500)  # windows of the last 1,000 steps only
+    _, err = read_until_error(bad, seqs, select=last)
     assert err is not None and "tar header" in str(err)
-    n, err = read_until_error(str(url), seqs, split="val", holdout=500)  # the dataset as packed reads whole
+    n, err = read_until_error(str(url), seqs, select=last)  # the dataset as packed reads whole
     assert err is None and n > 0
 
 
@@ -135,7 +136,8 @@ def test_skip_loses_the_members_whose_headers_disagree_and_nothing_else(packed, 
     m = sw.load_manifest(str(url))
     i, j = pairs(m, np.random.default_rng(5), 1, same_length=True)[0]
     bad = attacked(url, tmp_path, lambda doc: swap_rows(doc, i, j))
-    ds = sw.WindowDataset(bad, window=W, stride=S, batch_size=8, shuffle_buffer=64, seed=2, on_error="skip")
+    ds = sw.WindowDataset(bad, window=W, stride=S, batch_size=8, shuffle_buffer=64, seed=2,
+                          read=sw.Read(on_error="skip"))
     lost, kept = set(), 0
     with pytest.warns(RuntimeWarning, match="tar header"):
         for b in sw.WindowLoader(ds):

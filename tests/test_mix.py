@@ -119,8 +119,9 @@ def corpora(tmp_path_factory):
     return two_corpora(tmp_path_factory.mktemp("mix"))
 
 
-def loaders(urls, world, workers, batch=B, **kw):
-    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=64, seed=7, weights=WEIGHTS) | kw
+def loaders(urls, world, workers, batch=B, weights=WEIGHTS, epoch_windows=None, equalize="drop"):
+    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=64, seed=7, order=sw.Order(equalize=equalize),
+                mix=sw.Mix(weights=weights, epoch_windows=epoch_windows))
     return [sw.WindowLoader(sw.WindowDataset(urls, rank=r, world_size=world, **args), num_workers=workers)
             for r in range(world)]
 
@@ -267,12 +268,12 @@ def test_sources_of_another_dtype_or_feature_shape_are_refused_naming_both(corpo
 def test_bad_mixing_arguments_are_named(corpora, kw, match):
     urls, _ = corpora
     with pytest.raises((ValueError, TypeError), match=match):
-        sw.WindowDataset(urls, window=W, **kw)
+        sw.WindowDataset(urls, window=W, mix=sw.Mix(**kw))
 
 
 def test_weights_need_several_urls(corpora):
     with pytest.raises(ValueError, match="weights=.*list or dict of URLs"):
-        sw.WindowDataset(corpora[0][0], window=W, weights=[1.0])
+        sw.WindowDataset(corpora[0][0], window=W, mix=sw.Mix(weights=[1.0]))
 
 
 def test_a_state_of_other_weights_or_sources_is_refused(corpora):
@@ -305,7 +306,8 @@ def test_a_url_alone_is_a_mix_of_one_whose_states_name_it_as_before(corpora):
     for url, keys, dataset, sources in cases:
         inputs = sw.WindowDataset(url, window=W, rank=0, world_size=1).plan_inputs()
         assert list(inputs) == keys and inputs["dataset"] == dataset and inputs.get("sources") == sources
-    inputs = sw.WindowDataset(urls, window=W, weights=[1, 3], epoch_windows=9, rank=0, world_size=1).plan_inputs()
+    inputs = sw.WindowDataset(urls, window=W, rank=0, world_size=1,
+                              mix=sw.Mix(weights=[1, 3], epoch_windows=9)).plan_inputs()
     assert (inputs["dataset"], inputs["weights"], inputs["epoch_windows"]) == (digest, [1.0, 3.0], 9)
     source = inspect.getsource(sw.WindowDataset.plan_inputs)
     assert "isinstance" not in source and "self.url" not in source and "len(self.sources)" not in source
@@ -314,8 +316,8 @@ def test_a_url_alone_is_a_mix_of_one_whose_states_name_it_as_before(corpora):
 def test_epoch_windows_and_summary_per_source(corpora):
     urls, seqs = corpora
     n = [len(r) for r in references(seqs)]
-    ds = sw.WindowDataset(urls, window=W, stride=S, batch_size=B, weights=[0.7, 0.3], epoch_windows=1001,
-                          rank=0, world_size=1)
+    ds = sw.WindowDataset(urls, window=W, stride=S, batch_size=B, rank=0, world_size=1,
+                          mix=sw.Mix(weights=[0.7, 0.3], epoch_windows=1001))
     out = ds.summary()
     assert [s["windows"] for s in out["sources"]] == n
     assert [s["share"] for s in out["sources"]] == [701, 300] and out["windows_per_epoch"] == 1001

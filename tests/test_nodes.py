@@ -24,10 +24,11 @@ def two(tmp_path_factory):
     return urls
 
 
-def dataset(urls, **kw):
-    kw = {"canonical": None, "horizon": 2, **kw}  # one stream per rank and worker: a lane a source (canonical: below)
+def dataset(urls, canonical=None, equalize="drop", **kw):
+    kw = {"horizon": 2, **kw}  # one stream per rank and worker: a lane a source (canonical: below)
     return sw.WindowDataset(urls if len(urls) > 1 else urls[0], window=8, stride=4, batch_size=6,
-                            shuffle_buffer=40, seed=3, rank=0, world_size=2, **kw)
+                            shuffle_buffer=40, seed=3, rank=0, world_size=2,
+                            order=sw.Order(canonical=canonical, equalize=equalize), **kw)
 
 
 def batcher(ds, stream=1, workers=2):
@@ -60,14 +61,14 @@ def test_block_reader_resumes_at_every_block(two):
 
 @pytest.mark.parametrize("mixed", [False, True])
 def test_batcher_resumes_at_every_batch(two, mixed):
-    ds = dataset(two if mixed else two[:1], **({"weights": [0.7, 0.3]} if mixed else {}))
+    ds = dataset(two if mixed else two[:1], mix=sw.Mix(weights=[0.7, 0.3]) if mixed else None)
     batches = assert_resumes_identically(lambda: batcher(ds), digest)
     assert len(batches) == ds.plan(1, 2).batches_per_stream > 3
 
 
 @pytest.mark.parametrize("mixed", [False, True])
 def test_a_batcher_of_canonical_lanes_resumes_at_every_batch(two, mixed):
-    ds = dataset(two if mixed else two[:1], canonical=(4, 4), **({"weights": [0.7, 0.3]} if mixed else {}))
+    ds = dataset(two if mixed else two[:1], canonical=(4, 4), mix=sw.Mix(weights=[0.7, 0.3]) if mixed else None)
     batches = assert_resumes_identically(lambda: batcher(ds), digest)  # rank 0 of 2, worker 1 of 2
     assert len(batches) == ds.plan(1, 2).batches_per_rank // 2 > 3
     assert len(batcher(ds).readers) == (2 if mixed else 1) * 2 * 2  # sources x slots x phases
@@ -85,7 +86,8 @@ SCHEDULES = {  # the plans of every kind of schedule: its class, and the dataset
     "QuotaSchedule": dict(canonical=None),
     "CanonSchedule": dict(canonical=(4, 4)),
     "GroupSchedule": dict(canonical=(4, 1)),
-    "RowChunkSchedule": dict(canonical=(4, 1), pack_length=24, min_window=4, window_multiple=4, horizon=0),
+    "RowChunkSchedule": dict(canonical=(4, 1), crops=sw.Crops(pack_length=24, min_window=4, window_multiple=4),
+                             horizon=0),
 }
 
 
@@ -97,7 +99,7 @@ def test_every_schedule_keeps_the_one_protocol(two, kind, mixed):
     batch's items of each source are its parts' sum; a lane reads the blocks listed (or all)."""
     from streamwin.plan.schedule import Schedule
 
-    ds = dataset(two if mixed else two[:1], **{**SCHEDULES[kind], **({"weights": [0.7, 0.3]} if mixed else {})})
+    ds = dataset(two if mixed else two[:1], **SCHEDULES[kind], mix=sw.Mix(weights=[0.7, 0.3]) if mixed else None)
     plan = ds.plan(1, 2)
     for stream in range(2):  # rank 0's two workers
         schedule = plan.schedule(stream)

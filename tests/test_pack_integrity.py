@@ -69,7 +69,7 @@ def start_pack(dest: str, seed: int, n: int, progress: Path, pause: float = 0.00
 def read_all(url: str, options: dict | None = None) -> dict[str, np.ndarray]:
     """Every sequence of the dataset at ``url``, read through its manifest (shards checked by verify first)."""
     sw.verify(url, storage_options=options, progress=False)
-    ds = sw.WindowDataset(url, window=1, stride=1, batch_size=1, storage_options=options)
+    ds = sw.WindowDataset(url, window=1, stride=1, batch_size=1, read=sw.Read(storage_options=options))
     m = ds.manifest
     out = {}
     import fsspec

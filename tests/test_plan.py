@@ -222,7 +222,7 @@ def test_a_dataset_builds_its_window_index_once_and_len_once(tiny, monkeypatch):
     import streamwin as sw
     import streamwin.dataset
 
-    ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4, split="train")
+    ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4, select=sw.Select(split="train"))
     a, b = ds.plan(0, 0), ds.plan(3, 4)
     assert a.sources[0].space is b.sources[0].space and a.sources[0].space is ds.sources[0].space
     n = len(ds)
@@ -235,7 +235,7 @@ def test_a_pickled_dataset_carries_its_index_scan_not_the_manifest(tiny, monkeyp
 
     import streamwin as sw
 
-    ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4, split="val")
+    ds = sw.WindowDataset(tiny[0], window=16, stride=8, batch_size=4, select=sw.Select(split="val"))
     plan = ds.plan(1, 2)
     copy = pickle.loads(pickle.dumps(ds))
     assert all(s._manifest is None for s in copy.sources)

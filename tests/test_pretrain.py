@@ -47,10 +47,12 @@ def close_loaders():
         OPEN.pop().close()
 
 
-def loader(url, workers=0, device=None, *, rank=0, world=1, batch=4, **kw) -> sw.WindowLoader:
-    args = dict(window=W, stride=S, batch_size=batch, shuffle_buffer=48, seed=11) | kw
-    ld = sw.WindowLoader(sw.WindowDataset(url, rank=rank, world_size=world, **args), num_workers=workers,
-                         device=device)
+def loader(url, workers=0, device=None, *, rank=0, world=1, batch=4, horizon=0, select=None, mix=None,
+           **crops) -> sw.WindowLoader:
+    """A loader of ``url`` cutting ``sw.Crops(**crops)``."""
+    ds = sw.WindowDataset(url, window=W, stride=S, horizon=horizon, batch_size=batch, shuffle_buffer=48, seed=11,
+                          rank=rank, world_size=world, crops=sw.Crops(**crops), select=select, mix=mix)
+    ld = sw.WindowLoader(ds, num_workers=workers, device=device)
     OPEN.append(ld)
     return ld
 
@@ -146,7 +148,7 @@ def test_jitter_draws_new_offsets_each_epoch_independent_of_world_workers_and_ba
 def test_crops_stay_inside_a_temporal_split(corpus, opts):
     url, seqs = corpus
     h = 20
-    got = batches(loader(url, batch=1, split="train", holdout=h, **opts))
+    got = batches(loader(url, batch=1, select=sw.Select(split="train", holdout=h), **opts))
     check_windows(seqs, got)
     assert got and all(st + W <= len(seqs[k]) - 2 * h for b in got for k, st in zip(b["key"], b["start"].tolist()))
 
@@ -242,8 +244,8 @@ def test_rows_are_97_percent_full_for_lengths_64_to_512_into_2048(tmp_path):
     url = str(tmp_path / "long")
     sw.pack([(f"s{i}", rng.standard_normal(int(n)).astype(np.float32)) for i, n in
              enumerate(rng.integers(600, 4000, 160))], url, progress=False)
-    ds = sw.WindowDataset(url, window=512, stride=64, min_window=64, pack_length=2048, batch_size=8, seed=1,
-                          rank=0, world_size=1)
+    ds = sw.WindowDataset(url, window=512, stride=64, batch_size=8, seed=1,
+                          rank=0, world_size=1, crops=sw.Crops(min_window=64, pack_length=2048))
     fill, lengths, spread, mean = [], [], [], []
     for b in sw.WindowLoader(ds, num_workers=0):
         fill.append((b["segment_ids"] > 0).float().mean().item())
@@ -275,9 +277,9 @@ def test_readme_pretraining_snippet_runs_as_pasted(tmp_path):
 def test_packing_refuses_horizon_and_padding_repeats(corpus):
     url, _ = corpus
     with pytest.raises(ValueError, match="horizon=0 with it"):
-        sw.WindowDataset(url, window=W, horizon=2, pack_length=64)
+        sw.WindowDataset(url, window=W, horizon=2, crops=sw.Crops(pack_length=64))
     with pytest.raises(ValueError, match="equalize='pad'"):
-        sw.WindowDataset(url, window=W, equalize="pad", pack_length=64)
+        sw.WindowDataset(url, window=W, crops=sw.Crops(pack_length=64), order=sw.Order(equalize="pad"))
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -293,7 +295,7 @@ def test_packing_refuses_horizon_and_padding_repeats(corpus):
 ])
 def test_bad_pretraining_arguments_are_refused_naming_the_argument(corpus, kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
-        sw.WindowDataset(corpus[0], window=W, **kw)
+        sw.WindowDataset(corpus[0], window=W, crops=sw.Crops(**kw))
 
 
 # -- every delivery, the same batches; equal steps; resume ---------------------------------------
@@ -316,7 +318,8 @@ def test_workers_and_device_cpu_are_bitwise_in_process(corpus, combo):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_mixed_packed_rows_follow_row_quotas_and_device_cpu_is_bitwise(mix, workers):
     urls, seqs = mix
-    kw = dict(weights=[0.9, 0.1], epoch_windows=2000, pack_length=48, min_window=4, window_multiple=2, jitter=True)
+    kw = dict(mix=sw.Mix(weights=[0.9, 0.1], epoch_windows=2000), pack_length=48, min_window=4, window_multiple=2,
+              jitter=True)
     got = batches(loader(urls, workers, **kw))
     assert_same(got, batches(loader(urls, workers, "cpu", **kw)))
     seen = check_rows(lambda s: seqs[s], got, 48, shortest=4)
@@ -366,7 +369,7 @@ def test_packed_resume_at_every_step_is_exact(corpus, workers, device):
 @pytest.mark.parametrize("combo", ["packed", "drawn"])
 def test_elastic_2_to_3_ranks_and_another_batch_size_keeps_every_crop_at_most_once_and_as_drawn(mix, combo):
     urls, _ = mix
-    kw = COMBOS[combo] | dict(weights=[0.9, 0.1], epoch_windows=2000, batch=3)  # no source repeats
+    kw = COMBOS[combo] | dict(mix=sw.Mix(weights=[0.9, 0.1], epoch_windows=2000), batch=3)  # no source repeats
     full = {c[:3]: c[3] for b in batches(loader(urls, **(kw | dict(batch=1)))) for c in crops_of(b)}
     old = [loader(urls, rank=r, world=2, **kw) for r in range(2)]
     before = lockstep(old, crops_of, take=4)
@@ -438,7 +441,7 @@ def test_missing_mask_in_device_mode_is_bitwise_the_cpu_path(holes, kw):
 
 def test_nonfinite_data_without_missing_warns_once_when_iteration_starts(holes, corpus):
     ld = loader(holes[0])
-    with pytest.warns(RuntimeWarning, match="NaN and .* inf values .* missing='mask'") as caught:
+    with pytest.warns(RuntimeWarning, match=r"NaN and .* inf values .* crops=sw\.Crops\(missing='mask'\)") as caught:
         batches(ld)
         batches(ld, epoch=1)
     assert sum("NaN and" in str(w.message) for w in caught) == 1

@@ -17,10 +17,11 @@ from streamwin.nodes import BlockReader
 from test_nodes import batcher, two  # noqa: F401  (two: the corpora, a fixture)
 
 
-def dataset(urls, **kw):
-    args = dict(window=8, stride=4, batch_size=3, shuffle_buffer=40, seed=3, rank=0, world_size=2, min_window=3,
-                jitter=True) | kw
-    return sw.WindowDataset(urls if len(urls) > 1 else urls[0], **args)
+def dataset(urls, pack_length=None, missing=None, mix=None):
+    """Drawn crops (rows of ``pack_length`` when given) of ``urls``, for rank 0 of 2."""
+    return sw.WindowDataset(urls if len(urls) > 1 else urls[0], window=8, stride=4, batch_size=3, shuffle_buffer=40,
+                            seed=3, rank=0, world_size=2, mix=mix,
+                            crops=sw.Crops(min_window=3, jitter=True, pack_length=pack_length, missing=missing))
 
 
 def digest(batch) -> str:
@@ -51,7 +52,7 @@ def test_a_cutting_block_reader_resumes_at_every_block(two, pack):
 @pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("pack", [None, 24])
 def test_the_batcher_over_crops_resumes_at_every_batch(two, mixed, pack):
-    ds = dataset(two if mixed else two[:1], pack_length=pack, **({"weights": [0.7, 0.3]} if mixed else {}))
+    ds = dataset(two if mixed else two[:1], pack_length=pack, mix=sw.Mix(weights=[0.7, 0.3]) if mixed else None)
     if pack:  # each of the 2 workers takes several chunks of steps (RowChunkSchedule)
         assert len(ds.plan(1, 2).schedule(1).chunks) > 1
     batches = assert_resumes_identically(lambda: batcher(ds), digest)

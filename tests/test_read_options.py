@@ -1,4 +1,4 @@
-"""ReadOptions refuses what WindowDataset refuses, with the very same error naming the argument."""
+"""ReadOptions refuses what WindowDataset's read options (sw.Read) refuse, with the same error naming the argument."""
 from __future__ import annotations
 
 import pathlib
@@ -22,10 +22,10 @@ BAD = [
 @pytest.mark.parametrize("name,value", BAD, ids=[f"{n}={v!r}" for n, v in BAD])
 def test_bad_options_are_refused_as_window_dataset_refuses_them(tmp_path, name, value):
     with pytest.raises((TypeError, ValueError)) as want:
-        sw.WindowDataset(str(tmp_path), window=4, **{name: value})  # checked before anything is read
+        sw.WindowDataset(str(tmp_path), window=4, read=sw.Read(**{name: value}))  # checked before anything is read
     with pytest.raises(type(want.value)) as got:
         ReadOptions(**{name: value})
-    assert str(got.value) == str(want.value) and name in str(got.value)
+    assert str(want.value) == f"read=sw.Read({name}={value!r}): {got.value}" and name in str(got.value)
 
 
 def test_good_options_are_kept_and_normalized(tmp_path):

@@ -32,8 +32,8 @@ def corpus(tmp_path_factory):
 def read_blocks(url: str, **kw) -> tuple[list[list[bytes]], object]:
     """Every block of one stream's epoch as its windows' bytes, read by a BlockReader that spends 5 ms on each
     (as a batcher would: the read-ahead is sized by that rate); and its ShardReader."""
-    ds = sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1, canonical=None,
-                          **kw)
+    ds = sw.WindowDataset(url, window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1, **kw,
+                          order=sw.Order(canonical=None))
     reader = ds.sources[0].reader()
     blocks = epoch_blocks(ds, reader)
     reader.shutdown()
@@ -76,7 +76,7 @@ def test_the_read_ahead_grows_with_latency_and_stays_within_readahead_bytes(corp
     assert srv.stats.most_in_flight > 2
     limit = int(3 * block_bytes(late))
     got, bounded = read_blocks(http_server(corpus, FaultPlan(latency_seconds=0.1)).url_for("ds"),
-                               readahead_bytes=limit)
+                               read=sw.Read(readahead_bytes=limit))
     assert got == local
     assert bounded.readahead.peak_bytes <= limit + 0.5 * block_bytes(bounded)  # (block sizes vary a little)
 
@@ -99,7 +99,7 @@ def test_a_store_that_says_slow_down_gets_fewer_gets_then_as_many_again(corpus, 
     monkeypatch.setattr(sw_remote, "CONNECTIONS", 16)  # (grown back in a few hundred GETs)
     srv = http_server(corpus, FaultPlan(latency_seconds=0.02, busy_above=4))
     ds = sw.WindowDataset(srv.url_for("ds"), window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1,
-                          canonical=None, retry_backoff=0.01, retries=8)
+                          order=sw.Order(canonical=None), read=sw.Read(retry_backoff=0.01, retries=8))
     reader = ds.sources[0].reader()
 
     def epoch() -> list[list[bytes]]:
@@ -147,7 +147,7 @@ def test_a_cold_cache_fetches_a_shard_as_parts_in_flight_together_resuming_a_bro
     monkeypatch.setattr(sw_fetch, "PART_BYTES", 256 << 10)  # a 4 MB shard in 16 parts
     srv = http_server(corpus, FaultPlan(latency_seconds=0.05, drop_every_bytes=3 << 20))
     cache = tmp_path / "cache"
-    got, reader = read_blocks(srv.url_for("ds"), cache_dir=str(cache))
+    got, reader = read_blocks(srv.url_for("ds"), read=sw.Read(cache_dir=str(cache)))
     assert got == local
     m = sw.load_manifest(str(corpus / "ds"))
     whole = sum(s.bytes for s in m.shards) + sum((corpus / "ds" / (s.name + m.checks.suffix)).stat().st_size
@@ -157,7 +157,7 @@ def test_a_cold_cache_fetches_a_shard_as_parts_in_flight_together_resuming_a_bro
     assert srv.stats.drops > 0 and srv.stats.most_in_flight > 4
     assert srv.stats.bytes_served <= whole + (srv.stats.drops + srv.stats.get_requests) * (64 << 10)  # ~once
     srv.reset_stats()
-    again, _ = read_blocks(srv.url_for("ds"), cache_dir=str(cache))
+    again, _ = read_blocks(srv.url_for("ds"), read=sw.Read(cache_dir=str(cache)))
     assert again == local and srv.stats.bytes_served < (1 << 20)  # the index only
 
 
@@ -167,7 +167,7 @@ def test_a_streams_first_block_starts_alone_though_the_last_stream_read_far_ahea
     them and the first batch would come last."""
     srv = http_server(corpus, FaultPlan(latency_seconds=0.1))
     ds = sw.WindowDataset(srv.url_for("ds"), window=128, stride=64, batch_size=64, shuffle_buffer=512, seed=1,
-                          canonical=None)
+                          order=sw.Order(canonical=None))
     reader = ds.sources[0].reader()
     local, _ = read_blocks(str(corpus / "ds"))
     assert epoch_blocks(ds, reader) == local

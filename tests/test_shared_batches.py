@@ -37,8 +37,8 @@ def corpus(tmp_path_factory):
 def test_workers_share_batches_where_each_can_write_rows_of_every_batch(corpus):
     """One source, no more workers than a rank has slots, no slot of no item; else chunks of steps."""
     def cfg(workers, world=1, batch=32):
-        return sw.WindowDataset(corpus[0], window=W, stride=S, batch_size=batch, canonical=SLOTS, rank=0,
-                                world_size=world).config(workers, world)
+        return sw.WindowDataset(corpus[0], window=W, stride=S, batch_size=batch, rank=0,
+                                world_size=world, order=sw.Order(canonical=SLOTS)).config(workers, world)
     assert canon.shares_batches(cfg(2), 1) and canon.shares_batches(cfg(8), 1) and canon.shares_batches(cfg(2, 4), 1)
     assert not canon.shares_batches(cfg(9), 1) and not canon.shares_batches(cfg(3, 4), 1)  # more workers than slots
     assert not canon.shares_batches(cfg(2), 2)  # a mix
@@ -47,8 +47,8 @@ def test_workers_share_batches_where_each_can_write_rows_of_every_batch(corpus):
 
 
 def make(url, workers, *, rank=0, world=1, device=None, persistent=False, **kw):
-    ds = sw.WindowDataset(url, window=W, stride=S, batch_size=B, shuffle_buffer=96, seed=7, canonical=SLOTS,
-                          rank=rank, world_size=world, **kw)
+    ds = sw.WindowDataset(url, window=W, stride=S, batch_size=B, shuffle_buffer=96, seed=7, rank=rank, world_size=world,
+                          order=sw.Order(canonical=SLOTS), **kw)
     return opened(sw.WindowLoader(ds, num_workers=workers, device=device, persistent_workers=persistent and workers > 0))
 
 
@@ -114,7 +114,7 @@ def test_the_workers_rows_tile_each_ranks_batch(corpus):
     url, _ = corpus
     for world, workers in [(1, 2), (1, 3), (1, 4), (1, 8), (2, 2), (2, 3), (2, 4), (4, 2)]:
         ds = sw.WindowDataset(url, window=W, stride=S, batch_size=12, shuffle_buffer=96, rank=0, world_size=world,
-                              canonical=SLOTS)
+                              order=sw.Order(canonical=SLOTS))
         plan = ds.plan(0, workers, world_size=world)
         assert plan.shared
         g, per = 12 * world, SLOTS[0] // world
@@ -126,9 +126,10 @@ def test_the_workers_rows_tile_each_ranks_batch(corpus):
                 assert plan.rows(rank * workers + w) == (at, at + sum(mine)), (world, workers, rank, w)
                 at += sum(mine)
             assert at == 12
-    ds = sw.WindowDataset(url, window=W, stride=S, batch_size=12, rank=0, world_size=1, canonical=SLOTS)
+    ds = sw.WindowDataset(url, window=W, stride=S, batch_size=12, rank=0, world_size=1, order=sw.Order(canonical=SLOTS))
     assert not ds.plan(0, 9).shared and ds.plan(0, 9).rows(0) is None  # more workers than slots: chunks of steps
-    tiny = sw.WindowDataset(url, window=W, stride=S, batch_size=4, rank=0, world_size=1, canonical=SLOTS)
+    tiny = sw.WindowDataset(url, window=W, stride=S, batch_size=4, rank=0, world_size=1,
+                            order=sw.Order(canonical=SLOTS))
     assert not tiny.plan(0, 2).shared  # a global batch of 4 leaves slots of no item: a worker would write no row
 
 
@@ -236,8 +237,9 @@ def test_a_canonical_plan_keeps_no_table_a_slot_and_step(tmp_path, mix, canonica
     rng = np.random.default_rng(0)
     url = str(tmp_path / "long")
     sw.pack([(f"s{i}", rng.normal(size=(1000, 3)).astype(np.float32)) for i in range(300)], url, progress=False)
-    mixed = {"url": {"a": url, "b": url}, "weights": {"a": 0.7, "b": 0.3}} if mix else {"url": url}
-    ds = sw.WindowDataset(**mixed, window=4, stride=1, batch_size=8, shuffle_buffer=2000, seed=1, canonical=canonical)
+    mixed = {"url": {"a": url, "b": url}, "mix": sw.Mix(weights={"a": 0.7, "b": 0.3})} if mix else {"url": url}
+    ds = sw.WindowDataset(**mixed, window=4, stride=1, batch_size=8, shuffle_buffer=2000, seed=1,
+                          order=sw.Order(canonical=canonical))
     ds.plan(0, 2)  # the window index, built once
     tracemalloc.start()
     try:

@@ -10,8 +10,10 @@ from streamwin.plan.split import SplitSpec, key_hashes, split_views
 W, S, B = 16, 8, 4
 
 
-def seen(url, **kw):
-    loader = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=B, equalize="pad", **kw))
+def seen(url, horizon=0, **select):
+    """(key, start) of every real window of ``url`` with ``sw.Select(**select)``, each at least once."""
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, horizon=horizon, batch_size=B,
+                                              order=sw.Order(equalize="pad"), select=sw.Select(**select)))
     out = set()
     for b in loader:
         for k, s, w in zip(b["key"], b["start"].tolist(), b["weight"].tolist()):
@@ -127,8 +129,9 @@ def test_temporal_holdout_end_to_end_with_horizon(tiny):
 def test_padded_training_windows_never_see_holdout_values(tiny):
     url, seqs = tiny
     holdout = 15
-    loader = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=B, pad=True, split="train",
-                                              holdout=holdout))
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=W, stride=S, batch_size=B,
+                                              crops=sw.Crops(pad=True),
+                                              select=sw.Select(split="train", holdout=holdout)))
     for b in loader:
         for k, s, x, m in zip(b["key"], b["start"].tolist(), b["x"], b["mask"]):
             usable = len(seqs[k]) - 2 * holdout  # train ends where val's targets begin
@@ -140,4 +143,4 @@ def test_padded_training_windows_never_see_holdout_values(tiny):
                                  dict(split="train", holdout=-1), dict(holdout=5)])
 def test_bad_split_arguments(tiny, bad):
     with pytest.raises(ValueError):
-        sw.WindowDataset(tiny[0], window=W, batch_size=B, **bad)
+        sw.WindowDataset(tiny[0], window=W, batch_size=B, select=sw.Select(**bad))

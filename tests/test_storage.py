@@ -148,7 +148,7 @@ def test_s3_connection_refused_fails_fast_naming_url():
     opts = s3_storage_options(endpoint)
     t0 = time.perf_counter()
     with pytest.raises(sw.ManifestError) as info:  # the dataset reads index.json, with the default retries and backoff
-        sw.WindowDataset("s3://bucket/ds", window=8, batch_size=4, storage_options=opts)
+        sw.WindowDataset("s3://bucket/ds", window=8, batch_size=4, read=sw.Read(storage_options=opts))
     assert time.perf_counter() - t0 < 15  # before: ~51 s (botocore's retries inside each of ours)
     text = str(info.value)
     assert "s3://bucket/ds/index.json" in text and endpoint in text and "connection refused" in text
@@ -214,7 +214,8 @@ def test_shutdown_stops_the_readers_get_threads_and_a_later_read_starts_them_aga
     """A block of runs in several shards is read by concurrent GETs; ``shutdown`` ends those threads."""
     seqs = {f"k{i:02d}": np.arange(i * 1000, i * 1000 + 900, dtype=np.float32) for i in range(40)}
     sw.pack(list(seqs.items()), str(tmp_path / "ds"), shard_bytes=8_000, progress=False)
-    ds = sw.WindowDataset(http_server(tmp_path).url_for("ds"), window=100, batch_size=4, slice_windows=2)
+    ds = sw.WindowDataset(http_server(tmp_path).url_for("ds"), window=100, batch_size=4,
+                          order=sw.Order(slice_windows=2))
     plan, reader = ds.plan().schedule(0).plans[0], ShardReader(ds.url, ds.manifest, ReadOptions())
     before = set(threading.enumerate())
     block = reader.read_block(plan, 0, 0)

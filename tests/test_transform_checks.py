@@ -74,7 +74,7 @@ def test_a_transform_that_changes_the_rows_is_refused_naming_the_key_and_counts(
 
 
 def test_a_packed_batch_keeps_its_per_crop_fields_whole(url):
-    ds = sw.WindowDataset(url, window=16, batch_size=4, pack_length=48, min_window=8, window_multiple=4)
+    ds = sw.WindowDataset(url, window=16, batch_size=4, crops=sw.Crops(pack_length=48, min_window=8, window_multiple=4))
 
     def cuts_starts(batch, rng):
         return {"x": batch["x"], "start": batch["start"][:5]}

@@ -24,10 +24,10 @@ MASK, GOLD, M1, M2 = (1 << 64) - 1, 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94
 SEED = 11
 CASES = {
     "plain": dict(),
-    "drawn lengths": dict(jitter=True, min_window=8),
-    "mix": dict(weights=[0.7, 0.3]),
-    "pad repeats": dict(equalize="pad"),
-    "packed": dict(pack_length=48, min_window=8, window_multiple=4),
+    "drawn lengths": dict(crops=sw.Crops(jitter=True, min_window=8)),
+    "mix": dict(mix=sw.Mix(weights=[0.7, 0.3])),
+    "pad repeats": dict(order=sw.Order(equalize="pad")),
+    "packed": dict(crops=sw.Crops(pack_length=48, min_window=8, window_multiple=4)),
 }
 
 
@@ -101,7 +101,7 @@ def corpus(tmp_path_factory):
 
 def dataset(urls, case, world=1, rank=0, **kw):
     kw = CASES[case] | kw
-    url = urls if "weights" in kw else urls[0]
+    url = urls if "mix" in kw else urls[0]
     return sw.WindowDataset(url, window=W, stride=S, batch_size=G // world, rank=rank, world_size=world,
                             shuffle_buffer=64, seed=SEED, **kw)
 
@@ -145,7 +145,7 @@ def indexes(seqs_by_source):
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_row_is_its_window_with_its_own_draws(corpus, case):
     urls, seqs = corpus
-    mixed = "weights" in CASES[case]
+    mixed = "mix" in CASES[case]
     by_source = seqs if mixed else seqs[:1]
     index_of = indexes(by_source)
     ds = dataset(urls, case)
@@ -156,7 +156,7 @@ def test_every_row_is_its_window_with_its_own_draws(corpus, case):
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         for b in loader:
-            check_rows(b, by_source, index_of, epoch, packed="pack_length" in CASES[case])
+            check_rows(b, by_source, index_of, epoch, packed=case == "packed")
             batches += 1
     assert batches > 10
 
@@ -254,7 +254,7 @@ def test_probe_rows_make_one_stream_each_and_later_rows_theirs(tmp_path):
     """Rows of the same window draw the same values, and other windows other values (within a batch too)."""
     url = str(tmp_path / "d")
     sw.pack([(f"s{i}", np.zeros((40, 2), np.float32)) for i in range(8)], url, progress=False)
-    ds = sw.WindowDataset(url, window=8, stride=8, batch_size=8, seed=1, windows_per_sequence=1)
+    ds = sw.WindowDataset(url, window=8, stride=8, batch_size=8, seed=1, crops=sw.Crops(windows_per_sequence=1))
 
     def draws(b, rng):
         return {"u": rng.random((len(b["x"]), 4))}

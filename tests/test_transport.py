@@ -49,7 +49,7 @@ def same(a, b):
 @pytest.mark.parametrize("pad", [False, True])
 def test_every_mode_yields_exact_windows_at_most_once(tiny, workers, device, pad):
     url, seqs = tiny
-    loader = make(url, workers, device, pad=pad)
+    loader = make(url, workers, device, crops=sw.Crops(pad=pad))
     batches = run(loader)
     assert len(batches) == len(loader) > 0
     seen = []
@@ -68,7 +68,7 @@ def test_every_mode_yields_exact_windows_at_most_once(tiny, workers, device, pad
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("opts", [{}, dict(pad=True, equalize="pad")])
+@pytest.mark.parametrize("opts", [{}, dict(crops=sw.Crops(pad=True), order=sw.Order(equalize="pad"))])
 def test_device_mode_is_bitwise_the_cpu_path(tiny, workers, opts):
     url, _ = tiny
     cpu, dev = run(make(url, workers, **opts)), run(make(url, workers, "cpu", **opts))
@@ -133,7 +133,7 @@ def test_an_error_in_a_worker_is_raised_in_the_trainer(tiny, tmp_path):
     shard = sorted(p for p in os.listdir(bad) if p.endswith(".tar"))[0]
     data = (bad / shard).read_bytes()
     (bad / shard).write_bytes(data.replace(b"\x93NUMPY", b"\x93NOMPY"))  # every .npy header of a shard damaged
-    loader = make(str(bad), 2, shuffle=False)
+    loader = make(str(bad), 2, order=sw.Order(shuffle=False))
     with pytest.raises(sw.ShardError, match=shard):
         run(loader)
     loader.close()
@@ -311,7 +311,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 @cuda
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("opts", [{}, dict(pad=True, equalize="pad")])
+@pytest.mark.parametrize("opts", [{}, dict(crops=sw.Crops(pad=True), order=sw.Order(equalize="pad"))])
 def test_cuda_batches_are_bitwise_the_cpu_path(tiny, workers, opts):
     url, _ = tiny
     cpu = run(make(url, workers, **opts))

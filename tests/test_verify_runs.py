@@ -104,7 +104,7 @@ def test_a_flipped_byte_anywhere_in_a_long_run_is_caught_to_the_chunk(long_runs,
     monkeypatch.setattr(read_sums, "READ_PAGES", pages)
     at = place(m, where)
     flip(url / m.shards[0].name, at)
-    ds = sw.WindowDataset(str(url), window=W, stride=S, batch_size=8, shuffle=False)
+    ds = sw.WindowDataset(str(url), window=W, stride=S, batch_size=8, order=sw.Order(shuffle=False))
     # the reference: a window is lost iff one of its steps has a byte in the damaged chunk
     data0, sb = int(m.offset[1] + m.hlen[1]), m.step_bytes
     c0 = at // C * C
@@ -127,7 +127,7 @@ def test_a_flipped_byte_anywhere_in_a_long_run_is_caught_to_the_chunk(long_runs,
 
 def test_an_undamaged_long_run_reads_exact_and_verifies_each_byte_once(long_runs):
     url, seqs, m = long_runs
-    ds = sw.WindowDataset(str(url), window=W, stride=S, batch_size=8, shuffle=False)
+    ds = sw.WindowDataset(str(url), window=W, stride=S, batch_size=8, order=sw.Order(shuffle=False))
     real, x, stats = read(url, m, ds, 1, W0, W1, "raise")
     lo, hi = run_bytes(m, 1, W0, W1)
     assert real.all() and np.array_equal(x, np.stack([seqs["s1"][s : s + W] for s in range(W0 * S, (W1 - 1) * S + 1, S)]))

@@ -22,11 +22,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     load_manifest(args.url, storage_options(args.storage_option))  # a store that cannot be read fails before torch
     from streamwin.dataset import WindowDataset  # torch, seconds to import: only the verb that loads batches pays for it
     from streamwin.loader import WindowLoader
+    from streamwin.options import Crops, Read
 
     start = time.perf_counter()
-    ds = WindowDataset(args.url, window=args.window, stride=args.stride, horizon=args.horizon, pad=args.pad,
+    ds = WindowDataset(args.url, window=args.window, stride=args.stride, horizon=args.horizon,
                        batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed,
-                       rank=0, world_size=1, storage_options=storage_options(args.storage_option))
+                       rank=0, world_size=1, crops=Crops(pad=args.pad),
+                       read=Read(storage_options=storage_options(args.storage_option)))
     loader = WindowLoader(ds, num_workers=args.num_workers)
     total = min(len(loader), args.batches) if args.batches else len(loader)
     windows = nbytes = batches = 0

@@ -190,7 +190,7 @@ def add_inspect_command(sub: Any) -> None:
     p.add_argument("--world-size", type=int_at_least(1), default=1, help="ranks to plan for (default 1)")
     p.add_argument("--equalize", choices=["drop", "pad"], default="drop", help="how ranks get equal batch counts")
     p.add_argument("--canonical", type=canonical_arg, default=DEFAULT_CANONICAL, metavar="auto|none|A,P",
-                   help="canonical streams, as WindowDataset(canonical=...): auto (the default: (8, 1) where the world "
+                   help="canonical streams, as sw.Order(canonical=...): auto (the default: (8, 1) where the world "
                         "divides 8), none (one stream per rank and worker), or A,P rank slots and step phases")
     p.add_argument("--png", metavar="FILE", help="also save the length histogram as a PNG (needs matplotlib)")
     add_storage(p)

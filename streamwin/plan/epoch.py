@@ -116,8 +116,8 @@ def no_windows(name: str, space: WindowSpace, share: int) -> str:
     if smaller and spec.min_window is not None:  # min_window only draws crop lengths within a window
         smaller += f" (and min_window={min(fits, spec.min_window)} or less)" if spec.min_window > fits else \
             " (min_window only draws crop lengths within the window: it does not lower this)"
-    return (f"{name!r} has no windows but a share of {share} windows per epoch: {why}. Pass pad=True (one window "
-            f"per shorter sequence, padded and masked){smaller}, or leave it out of the mix")
+    return (f"{name!r} has no windows but a share of {share} windows per epoch: {why}. Pass crops=sw.Crops(pad=True) "
+            f"(one window per shorter sequence, padded and masked){smaller}, or leave it out of the mix")
 
 
 @check_keywords()

@@ -256,11 +256,11 @@ def stream_block(shuffle_buffer: int, canonical: tuple[int, int] | None, pack_le
 def check_canonical(canonical: Any) -> tuple[int, int]:
     """``canonical`` as (rank slots, step phases), two integers >= 1, named as the user typed it."""
     if isinstance(canonical, (str, bytes)) or not hasattr(canonical, "__len__") or len(canonical) != 2:
-        raise ValueError(f"canonical must be None (the default), \"auto\" or (rank slots, step phases), two integers "
+        raise ValueError(f"canonical must be \"auto\" (the default), None or (rank slots, step phases), two integers "
                          f">= 1, got {canonical!r}")
     for what, value in zip(("rank slots", "step phases"), canonical):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 4096:
-            raise ValueError(f"canonical must be None, \"auto\" or (rank slots, step phases), two integers of 1..4096: "
+            raise ValueError(f"canonical must be \"auto\", None or (rank slots, step phases), two integers of 1..4096: "
                              f"its {what} is {value!r} in canonical={tuple(canonical)!r}")
     return int(canonical[0]), int(canonical[1])
 
@@ -272,15 +272,16 @@ def check_world(canonical: tuple[int, int], world_size: int, num_workers: int) -
         fits = [w for w in range(1, slots + 1) if slots % w == 0]
         raise ValueError(
             f"world_size={world_size} does not divide the {slots} rank slots of canonical={canonical} (each rank "
-            f"serves whole slots; worlds of {fits} ranks fit): pass canonical=({_multiple(world_size, slots)}, "
-            f"{phases}) to WindowDataset (the same on every job that should share one order), or canonical=None "
-            "for an order that depends on the world size and worker count")
+            f"serves whole slots; worlds of {fits} ranks fit): pass order=sw.Order(canonical="
+            f"({_multiple(world_size, slots)}, {phases})) to WindowDataset (the same on every job that should share "
+            "one order), or order=sw.Order(canonical=None) for an order that depends on the world size and worker "
+            "count")
     if num_workers and phases % num_workers:
         fits = [w for w in range(1, phases + 1) if phases % w == 0]
         raise ValueError(
             f"num_workers={num_workers} does not divide the {phases} step phases of canonical={canonical} (each "
             f"worker serves whole phases; {fits} workers fit, or 0): pass num_workers= one of those to WindowLoader, "
-            f"or canonical=({slots}, {_multiple(num_workers, phases)}) to WindowDataset")
+            f"or order=sw.Order(canonical=({slots}, {_multiple(num_workers, phases)})) to WindowDataset")
 
 
 def _multiple(n: int, at_least: int) -> int:
