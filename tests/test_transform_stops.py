@@ -176,3 +176,56 @@ def test_timeout_is_seconds_or_none(url, bad):
     ds = sw.WindowDataset(url, window=16, stride=8, batch_size=8)
     with pytest.raises(ValueError, match=r"timeout must be None \(wait for ever\) or seconds > 0, got"):
         sw.WindowLoader(ds, num_workers=0, timeout=bad)
+
+
+FINALIZER_HIT = """
+import os, signal, sys, time
+import streamwin as sw
+
+class Dropped:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while garbage collection runs a finalizer
+        for _ in range(10_000):  # Python code: the handler runs here, inside the finalizer
+            pass
+
+loader = sw.WindowLoader(sw.WindowDataset(sys.argv[1], window=16, stride=8, batch_size=8), num_workers=2)
+it = iter(loader)
+next(it)
+d = Dropped()
+del d
+for _ in range(500):
+    time.sleep(0.01)
+print("ran on", flush=True)
+"""
+
+
+def test_ctrl_c_while_a_finalizer_runs_stops_the_job(tmp_path, url):
+    """Before: Python prints "Exception ignored in: <function Dropped.__del__>" with the KeyboardInterrupt and the
+    job runs on. While a loader is open, the Ctrl-C is delivered again once the finalizer has returned."""
+    script = tmp_path / "finalizer.py"
+    script.write_text(FINALIZER_HIT)
+    env = {**os.environ, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "ran on" not in r.stdout, r.stderr[-3000:]
+    assert r.stderr.count("Traceback") == 1 and r.stderr.rstrip().endswith("KeyboardInterrupt"), r.stderr[-3000:]
+    assert "Exception ignored" not in r.stderr, r.stderr[-3000:]
+
+
+def test_the_default_handler_is_given_back_once_no_loader_is_open(url):
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=16, stride=8, batch_size=8))
+    it = iter(loader)
+    next(it)
+    assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # ours while it is open
+    loader.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    mine = lambda signum, frame: None  # noqa: E731 - a handler of the user's own is left alone
+    signal.signal(signal.SIGINT, mine)
+    try:
+        loader = sw.WindowLoader(sw.WindowDataset(url, window=16, stride=8, batch_size=8))
+        next(iter(loader))
+        assert signal.getsignal(signal.SIGINT) is mine
+        loader.close()
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -7,8 +7,11 @@ is printed as "Exception ignored" and lost, and the job runs on. And one raised 
 making the pool leaves it half made. So while a loader starts or stops (``held()``), SIGINT only
 marks that it came; a wait inside polls ``check()``, which raises it; at the end it is raised, or,
 in a finalizer (``__del__``, atexit), where a raise is lost, delivered again to the main thread
-once the finalizer has returned. Only the main thread's default handler is replaced: a handler
-of the user's own is left alone.
+once the finalizer has returned. While a loader is open, a SIGINT that comes while garbage
+collection runs a finalizer (a dropped loader's, a pipe's) is delivered again once it has
+returned; anywhere else it raises KeyboardInterrupt at once, as Python's handler does. Only the
+main thread's default handler is replaced, and given back once no loader is open: a handler of
+the user's own is left alone.
 
 A script may end without ``loader.close()`` (or with a pass abandoned midway): its worker
 processes and threads would then be stopped by garbage collection during interpreter
@@ -19,7 +22,6 @@ loader dies, where a Ctrl-C would be lost.
 """
 from __future__ import annotations
 
-import _thread
 import atexit
 import signal
 import threading
@@ -32,8 +34,63 @@ _state = {"depth": 0, "hit": False}  # scopes open on the main thread; whether S
 _OPEN: dict[int, weakref.ref] = {}  # loaders with a pass or workers running, closed at exit
 
 
-def _mark(signum, frame) -> None:
-    _state["hit"] = True
+def _interrupt(signum: int, frame: Any) -> None:
+    """The main thread's SIGINT handler while a loader is open or held: Python's (raise KeyboardInterrupt), except
+    that within a held scope it marks that SIGINT came, and within a finalizer (where a raise is lost) it is
+    delivered again once the finalizer has returned."""
+    if _state["depth"]:
+        _state["hit"] = True
+    elif _in_finalizer(frame):
+        _again()
+    else:
+        raise KeyboardInterrupt
+
+
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` runs inside a finalizer: a ``__del__``, or a weakref or multiprocessing callback (garbage
+    collection may run one in any code of the main thread; an exception raised in it is printed and dropped)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code in _FINALIZER_CODES or \
+                (code.co_name in ("remove", "_remove") and code.co_filename.endswith(("weakref.py", "_weakrefset.py"))):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _finalizer_codes() -> frozenset:
+    """The code of the callables that run finalizers: weakref.finalize's and multiprocessing's."""
+    import multiprocessing.util
+
+    return frozenset({weakref.finalize.__call__.__code__, multiprocessing.util.Finalize.__call__.__code__})
+
+
+_FINALIZER_CODES = _finalizer_codes()
+
+
+def _ours() -> bool:
+    """Whether the main thread's SIGINT handler is ours, installing it where it is Python's default (not from
+    another thread, nor over a handler of the user's own)."""
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            return signal.getsignal(signal.SIGINT) is _interrupt
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _interrupt)
+            return True
+        return handler is _interrupt
+    except (ValueError, TypeError, AttributeError):  # no signals here (interpreter shutdown, an embedded one)
+        return False
+
+
+def _release() -> None:
+    """Give the main thread Python's default SIGINT handler back once no loader is open or held."""
+    try:
+        if not _state["depth"] and not _OPEN and threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is _interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (ValueError, TypeError, AttributeError):
+        pass
 
 
 def check() -> None:
@@ -47,23 +104,16 @@ def check() -> None:
 def held(finalizer: bool = False) -> Iterator[None]:
     """SIGINT held while the block runs (see the module docstring); ``finalizer``: the block runs in ``__del__`` or
     at exit, so a SIGINT that came is delivered to the main thread again afterwards instead of raised here."""
-    mine = False
-    try:
-        if threading.current_thread() is threading.main_thread() and \
-                (_state["depth"] or signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            if not _state["depth"]:
-                signal.signal(signal.SIGINT, _mark)
-            _state["depth"] += 1
-            mine = True
-    except (ValueError, TypeError, AttributeError):  # no signals here (interpreter shutdown, an embedded one)
-        pass
+    mine = threading.current_thread() is threading.main_thread() and _ours()
+    if mine:
+        _state["depth"] += 1
     try:
         yield
     finally:
         if mine:
             _state["depth"] -= 1
             if not _state["depth"]:
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+                _release()
                 if _state["hit"]:
                     _state["hit"] = False
                     if not finalizer:
@@ -78,7 +128,8 @@ def _again() -> None:
     """Deliver SIGINT to the main thread again, from a thread of its own, once this finalizer is done."""
     def deliver() -> None:
         time.sleep(AGAIN_S)
-        _thread.interrupt_main()
+        signal.pthread_kill(main, signal.SIGINT)  # a signal, not interrupt_main: it ends a blocking call too
+    main = threading.main_thread().ident
     try:
         threading.Thread(target=deliver, name="streamwin-interrupt", daemon=True).start()
     except RuntimeError:  # the interpreter is shutting down: it is exiting anyway
@@ -90,11 +141,13 @@ def opened(loader: Any) -> None:
     for key in [k for k, ref in _OPEN.items() if ref() is None]:
         del _OPEN[key]
     _OPEN[id(loader)] = weakref.ref(loader)
+    _ours()
 
 
 def closed(loader: Any) -> None:
     """``loader`` has nothing running any more."""
     _OPEN.pop(id(loader), None)
+    _release()
 
 
 @atexit.register
