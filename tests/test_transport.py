@@ -212,8 +212,8 @@ for epoch in range(1000):
     for i, batch in enumerate(loader):
         if epoch == 0 and i == 0:
             import signal
-            deliverable = signal.getsignal(signal.SIGINT) is signal.default_int_handler and \
-                signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            deliverable = callable(signal.getsignal(signal.SIGINT)) and \
+                signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # (Python's, or the loader's)
             print("PIDS", os.getpid(), *[p.pid for p in loader._pool.procs], flush=True)
             print("SIGINT", "deliverable" if deliverable else "ignored or blocked", flush=True)
         time.sleep(0.001)
