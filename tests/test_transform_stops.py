@@ -229,3 +229,23 @@ def test_the_default_handler_is_given_back_once_no_loader_is_open(url):
         assert signal.getsignal(signal.SIGINT) is mine
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_a_loader_closed_in_a_finalizer_keeps_the_handler_that_delivers_ctrl_c_again(url):
+    """Before: a loader closed by garbage collection gave Python's handler back from inside its ``__del__``, where
+    a SIGINT pending meanwhile met it and was lost ("Exception ignored in: WindowLoader.__del__")."""
+    from streamwin.feed import stopping
+
+    loader = sw.WindowLoader(sw.WindowDataset(url, window=16, stride=8, batch_size=8))
+    next(iter(loader))
+
+    class Closer:
+        def __del__(self):
+            loader.close()
+    closer = Closer()
+    del closer
+    assert signal.getsignal(signal.SIGINT) is stopping._interrupt  # not given back inside the finalizer
+    another = sw.WindowLoader(sw.WindowDataset(url, window=16, stride=8, batch_size=8))
+    next(iter(another))
+    another.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back outside one
