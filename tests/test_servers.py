@@ -7,6 +7,7 @@ the reader's retry logic relies on (documented at the top of servers.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import os
 import sys
@@ -296,10 +297,11 @@ def test_http_503_then_success(served: HTTPFileServer):
         ei.value.close()
     with urllib.request.urlopen(url, timeout=10) as r:
         assert r.read() == PAYLOAD
-    assert served.stats == FaultStats(
+    # (the most in flight may count a 503's handler still returning as the next GET arrives: 1 or 2)
+    assert dataclasses.replace(served.stats, most_in_flight=1) == FaultStats(
         requests=3, get_requests=3, faults_injected=2, status_errors=2,
         bytes_served=len(PAYLOAD), completed_gets=1, most_in_flight=1,
-    )
+    ) and served.stats.most_in_flight in (1, 2)
     # Through fsspec: aiohttp.ClientResponseError with .status 503; fsspec does not retry.
     served.set_faults(FaultPlan(status_503_times=1))
     fs = _http_fs()

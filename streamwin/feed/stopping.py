@@ -88,7 +88,8 @@ def _release() -> None:
     """Give the main thread Python's default SIGINT handler back once no loader is open or held; not from within a
     finalizer (a loader's ``__del__``), where a SIGINT pending meanwhile would meet Python's handler and be lost."""
     try:
-        if not _state["depth"] and not _OPEN and threading.current_thread() is threading.main_thread() and \
+        if not _state["depth"] and not any(ref() is not None for ref in _OPEN.values()) and \
+                threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is _interrupt and not _in_finalizer(sys._getframe(1)):
             signal.signal(signal.SIGINT, signal.default_int_handler)
     except (ValueError, TypeError, AttributeError):
