@@ -13,8 +13,9 @@ view of the new manifest (``Growth.lengths_at``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from typing import Callable
+from typing import Callable, Iterator
 
 from streamwin.errors import PackError
 from streamwin.formats.manifest import Manifest
@@ -26,11 +27,12 @@ from streamwin.storage.manifests import load_manifest
 GROW_MODES = ("append", "extend")
 
 
-def append(fs, root: str, dest: str, storage_options: dict | None, run: Callable[..., object], *, mode: str,
-           gaps: str, overwrite: bool) -> tuple[Manifest, list[Manifest]]:
-    """Pack ``run``'s units as a new generation and commit the dataset grown by them: (its manifest, the manifests
-    of what this append wrote). An empty destination is packed as a new dataset."""
-    with PackLock(fs, root, dest, what=f"pack --{mode}") as lock:
+@contextlib.contextmanager
+def new_generation(fs, root: str, dest: str, overwrite: bool, what: str = "pack"
+                   ) -> Iterator[tuple[PackLock, Survey, int]]:
+    """Under the pack lock, with no live part beside it: (the lock, what ``dest`` holds, the generation to write),
+    once foreign files and unmerged parts are refused and what killed packs left is removed."""
+    with PackLock(fs, root, dest, what=what) as lock:
         exclude_parts(fs, root, dest, lock)
         start = survey(fs, root)
         refuse_foreign(start, dest, overwrite)
@@ -38,6 +40,14 @@ def append(fs, root: str, dest: str, storage_options: dict | None, run: Callable
         remove_generations(fs, root, start, {start.gen, start.kept})  # what killed packs left
         gen = max(start.newest, lock.stale_gen) + 1
         lock.set_generation(gen)
+        yield lock, start, gen
+
+
+def append(fs, root: str, dest: str, storage_options: dict | None, run: Callable[..., object], *, mode: str,
+           gaps: str, overwrite: bool) -> tuple[Manifest, list[Manifest]]:
+    """Pack ``run``'s units as a new generation and commit the dataset grown by them: (its manifest, the manifests
+    of what this append wrote). An empty destination is packed as a new dataset."""
+    with new_generation(fs, root, dest, overwrite, what=f"pack --{mode}") as (lock, start, gen):
         if start.index is None:  # nothing to append to: this is the dataset's first pack
             manifest = committed(fs, root, dest, lambda: run(gen), gen, start, lock, overwrite)
             return manifest, [manifest]

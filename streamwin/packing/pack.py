@@ -29,13 +29,13 @@ import numpy as np
 from streamwin.arguments import check_keywords
 from streamwin.errors import PackError
 from streamwin.formats.manifest import Manifest
-from streamwin.packing.dest import committed, prepare, refuse_foreign, refuse_unmerged, remove_generations, survey
+from streamwin.packing.dest import committed, prepare, refuse_foreign, survey
 from streamwin.packing.encode import EncodeOptions
 from streamwin.packing.engines import run_units
-from streamwin.packing.append import GROW_MODES, append, growing_part
+from streamwin.packing.append import GROW_MODES, append, growing_part, new_generation
 from streamwin.packing.fragments import FragmentMerger
 from streamwin.packing.grow import GAPS, ExistingKeys
-from streamwin.packing.lock import PackLock, exclude_parts, part_lock_name, yield_to_pack
+from streamwin.packing.lock import PackLock, part_lock_name, yield_to_pack
 from streamwin.packing.parts import merge, parse_part, part_generation, unpublish_part, write_part
 from streamwin.packing.sources import Source, open_dest, source_of
 from streamwin.packing.unit import UnitJob
@@ -141,14 +141,7 @@ def pack(inputs: Any, dest: str, *, shard_bytes: int = 256 << 20, format: str | 
     elif mode is not None:
         manifest, written = append(fs, root, dest, storage_options, run, mode=mode, gaps=gaps, overwrite=overwrite)
     else:
-        with PackLock(fs, root, dest) as lock:
-            exclude_parts(fs, root, dest, lock)
-            start = survey(fs, root)
-            refuse_foreign(start, dest, overwrite)
-            refuse_unmerged(start, dest, overwrite)
-            remove_generations(fs, root, start, {start.gen, start.kept})  # what killed packs left
-            gen = max(start.newest, lock.stale_gen) + 1
-            lock.set_generation(gen)
+        with new_generation(fs, root, dest, overwrite) as (lock, start, gen):
             manifest = committed(fs, root, dest, lambda: run(gen), gen, start, lock, overwrite)
     nan, inf = (sum(m.nonfinite.nan for m in written), sum(m.nonfinite.inf for m in written)) if mode is not None \
         else (manifest.nonfinite.nan, manifest.nonfinite.inf)
