@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -39,6 +36,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks import races  # noqa: E402
 from benchmarks.races import clean_failure  # noqa: E402
 
 # One append process: waits for "go", then appends additions(seed) (new sequences and extensions) with mode="extend",
@@ -65,29 +63,11 @@ print("committed")
 LOADER = dict(window=8, stride=4, batch_size=8, shuffle_buffer=32, seed=1)
 
 
-class Proc:
+class Proc(races.Proc):
     """An APPEND process, started and ready (streamwin imported), waiting for `go`."""
 
     def __init__(self, work: Path, args: dict):
-        self.progress = work / f"p{uuid.uuid4().hex[:8]}"
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.p = subprocess.Popen([sys.executable, "-c", APPEND, json.dumps({**args, "progress": str(self.progress)})],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-    def ready(self, timeout: float = 120) -> "Proc":
-        deadline = time.monotonic() + timeout
-        while not (self.progress / "ready").exists():
-            if self.p.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"append process did not start: {self.p.communicate()}")
-            time.sleep(0.005)
-        return self
-
-    def go(self) -> None:
-        (self.progress / "go").touch()
-
-    def result(self, timeout: float = 300) -> tuple[int, str, str]:
-        out, err = self.p.communicate(timeout=timeout)
-        return self.p.returncode, out, err
+        super().__init__(work, args, script=APPEND, what="append")
 
 
 def old(n: int = 24) -> dict[str, np.ndarray]:

@@ -118,19 +118,20 @@ def same(got: dict | None, want: dict, ordered: bool = True) -> bool:
 
 
 class Proc:
-    """A PACK process, started and ready (streamwin imported), waiting for `go`."""
+    """A process running ``script`` (PACK by default), started and ready (streamwin imported), waiting for `go`."""
 
-    def __init__(self, work: Path, args: dict, tag: str = ""):
-        self.progress = work / f"p{uuid.uuid4().hex[:8]}"
+    def __init__(self, work: Path, args: dict, tag: str = "", script: str | None = None, what: str = "pack"):
+        self.progress, self.what = work / f"p{uuid.uuid4().hex[:8]}", what
         env = dict(os.environ, PYTHONPATH=str(REPO), **({TAG: tag} if tag else {}))
-        self.p = subprocess.Popen([sys.executable, "-c", PACK, json.dumps({**args, "progress": str(self.progress)})],
+        self.p = subprocess.Popen([sys.executable, "-c", script or PACK,
+                                   json.dumps({**args, "progress": str(self.progress)})],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
     def ready(self, timeout: float = 120) -> "Proc":
         deadline = time.monotonic() + timeout
         while not (self.progress / "ready").exists():
             if self.p.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"pack process did not start: {self.p.communicate()}")
+                raise RuntimeError(f"{self.what} process did not start: {self.p.communicate()}")
             time.sleep(0.005)
         return self
 
