@@ -6,7 +6,6 @@ import mmap
 
 import fsspec
 
-from streamwin.errors import ShardError
 
 from streamwin.read.counts import Counters
 from streamwin.read.fetch import Fetcher, Throttle
@@ -44,6 +43,8 @@ class RemoteShards(Transport):
         """Write the ``size`` bytes of the object at ``path`` (``where``: its URL, as errors name it) to the local
         file ``dest`` as parts on the GET threads, each straight into its place and retried at the byte; their
         sha256. The node cache's fetch of a whole shard: as many GETs in flight as a block's reads."""
+        def fill(k: int, offset: int, part: memoryview) -> None:
+            self.retrying.fill(self._get, path, where, offset, part)
         with open(dest, "w+b") as f:
             if not size:
                 return hashlib.sha256().hexdigest()
@@ -51,20 +52,12 @@ class RemoteShards(Transport):
             with mmap.mmap(f.fileno(), size) as mapped:
                 out = memoryview(mapped)
                 try:
-                    err = self.fetcher.submit([(0, 0, out)], lambda run: self._fill(path, where, run)).wait()[0]
+                    err = self.read_many([(0, 0, out)], fill)[0]  # as parts on the GET threads
                     if err is not None:
                         raise err
                     return hashlib.sha256(out).hexdigest()
                 finally:
                     out.release()
-
-    def _fill(self, path: str, where: str, run: tuple[int, int, memoryview]) -> ShardError | None:
-        """Fill one part of a download; its ShardError instead of raising it."""
-        try:
-            self.retrying.fill(self._get, path, where, run[1], run[2])
-            return None
-        except ShardError as e:
-            return e
 
     def latency(self) -> float:
         """Seconds a part of a block takes to arrive, lately: its GET's wait for the first byte, and its bytes at the
